@@ -1,0 +1,178 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SideEffect(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SIDE_EFFECT_UNSPECIFIED: _ClassVar[SideEffect]
+    SIDE_EFFECT_NONE: _ClassVar[SideEffect]
+    SIDE_EFFECT_INTERNAL_REVERSIBLE: _ClassVar[SideEffect]
+    SIDE_EFFECT_EXTERNAL_REVERSIBLE: _ClassVar[SideEffect]
+    SIDE_EFFECT_EXTERNAL_IRREVERSIBLE: _ClassVar[SideEffect]
+
+class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STATUS_UNSPECIFIED: _ClassVar[Status]
+    STATUS_SUCCESS: _ClassVar[Status]
+    STATUS_PARTIAL_SUCCESS: _ClassVar[Status]
+    STATUS_ERROR: _ClassVar[Status]
+    STATUS_APPROVAL_REQUIRED: _ClassVar[Status]
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_ARGUMENT: _ClassVar[ErrorCode]
+    ERROR_CODE_TOOL_UNAVAILABLE: _ClassVar[ErrorCode]
+    ERROR_CODE_PERMISSION_DENIED: _ClassVar[ErrorCode]
+    ERROR_CODE_RESOURCE_NOT_FOUND: _ClassVar[ErrorCode]
+    ERROR_CODE_APPROVAL_REQUIRED: _ClassVar[ErrorCode]
+    ERROR_CODE_PREVIEW_EXPIRED: _ClassVar[ErrorCode]
+    ERROR_CODE_IDEMPOTENCY_KEY_REUSED: _ClassVar[ErrorCode]
+    ERROR_CODE_OPERATION_IN_PROGRESS: _ClassVar[ErrorCode]
+    ERROR_CODE_RATE_LIMITED: _ClassVar[ErrorCode]
+    ERROR_CODE_TIMEOUT: _ClassVar[ErrorCode]
+    ERROR_CODE_SERVICE_UNAVAILABLE: _ClassVar[ErrorCode]
+    ERROR_CODE_INTERNAL_ERROR: _ClassVar[ErrorCode]
+
+class Recovery(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RECOVERY_UNSPECIFIED: _ClassVar[Recovery]
+    RECOVERY_CORRECT_ARGUMENTS: _ClassVar[Recovery]
+    RECOVERY_DO_NOT_RETRY: _ClassVar[Recovery]
+    RECOVERY_REQUEST_PERMISSION: _ClassVar[Recovery]
+    RECOVERY_REQUEST_USER_INPUT: _ClassVar[Recovery]
+    RECOVERY_CHECK_OPERATION_STATUS: _ClassVar[Recovery]
+    RECOVERY_RETRY_WITH_BACKOFF: _ClassVar[Recovery]
+    RECOVERY_RETRY_SAME_REQUEST: _ClassVar[Recovery]
+SIDE_EFFECT_UNSPECIFIED: SideEffect
+SIDE_EFFECT_NONE: SideEffect
+SIDE_EFFECT_INTERNAL_REVERSIBLE: SideEffect
+SIDE_EFFECT_EXTERNAL_REVERSIBLE: SideEffect
+SIDE_EFFECT_EXTERNAL_IRREVERSIBLE: SideEffect
+STATUS_UNSPECIFIED: Status
+STATUS_SUCCESS: Status
+STATUS_PARTIAL_SUCCESS: Status
+STATUS_ERROR: Status
+STATUS_APPROVAL_REQUIRED: Status
+ERROR_CODE_UNSPECIFIED: ErrorCode
+ERROR_CODE_INVALID_ARGUMENT: ErrorCode
+ERROR_CODE_TOOL_UNAVAILABLE: ErrorCode
+ERROR_CODE_PERMISSION_DENIED: ErrorCode
+ERROR_CODE_RESOURCE_NOT_FOUND: ErrorCode
+ERROR_CODE_APPROVAL_REQUIRED: ErrorCode
+ERROR_CODE_PREVIEW_EXPIRED: ErrorCode
+ERROR_CODE_IDEMPOTENCY_KEY_REUSED: ErrorCode
+ERROR_CODE_OPERATION_IN_PROGRESS: ErrorCode
+ERROR_CODE_RATE_LIMITED: ErrorCode
+ERROR_CODE_TIMEOUT: ErrorCode
+ERROR_CODE_SERVICE_UNAVAILABLE: ErrorCode
+ERROR_CODE_INTERNAL_ERROR: ErrorCode
+RECOVERY_UNSPECIFIED: Recovery
+RECOVERY_CORRECT_ARGUMENTS: Recovery
+RECOVERY_DO_NOT_RETRY: Recovery
+RECOVERY_REQUEST_PERMISSION: Recovery
+RECOVERY_REQUEST_USER_INPUT: Recovery
+RECOVERY_CHECK_OPERATION_STATUS: Recovery
+RECOVERY_RETRY_WITH_BACKOFF: Recovery
+RECOVERY_RETRY_SAME_REQUEST: Recovery
+
+class ListToolsRequest(_message.Message):
+    __slots__ = ("conversation_id",)
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    conversation_id: str
+    def __init__(self, conversation_id: _Optional[str] = ...) -> None: ...
+
+class ListToolsResponse(_message.Message):
+    __slots__ = ("tools", "policy_revision")
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_REVISION_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedCompositeFieldContainer[ToolDescriptor]
+    policy_revision: str
+    def __init__(self, tools: _Optional[_Iterable[_Union[ToolDescriptor, _Mapping]]] = ..., policy_revision: _Optional[str] = ...) -> None: ...
+
+class ToolDescriptor(_message.Message):
+    __slots__ = ("name", "version", "description", "input_schema_json", "side_effect", "requires_idempotency_key", "timeout_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    SIDE_EFFECT_FIELD_NUMBER: _ClassVar[int]
+    REQUIRES_IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    description: str
+    input_schema_json: str
+    side_effect: SideEffect
+    requires_idempotency_key: bool
+    timeout_ms: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., side_effect: _Optional[_Union[SideEffect, str]] = ..., requires_idempotency_key: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ExecuteToolRequest(_message.Message):
+    __slots__ = ("tool", "arguments_json", "idempotency_key", "approval_id", "conversation_id", "call_id")
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    tool: str
+    arguments_json: str
+    idempotency_key: str
+    approval_id: str
+    conversation_id: str
+    call_id: str
+    def __init__(self, tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., approval_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., call_id: _Optional[str] = ...) -> None: ...
+
+class ToolError(_message.Message):
+    __slots__ = ("code", "message", "retryable", "recovery", "field")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    code: ErrorCode
+    message: str
+    retryable: bool
+    recovery: Recovery
+    field: str
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., retryable: _Optional[bool] = ..., recovery: _Optional[_Union[Recovery, str]] = ..., field: _Optional[str] = ...) -> None: ...
+
+class ResultMeta(_message.Message):
+    __slots__ = ("request_id", "tool", "tool_version", "duration_ms", "attempt", "idempotency_replayed", "truncated", "policy_revision")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    TOOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_REVISION_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tool: str
+    tool_version: str
+    duration_ms: int
+    attempt: int
+    idempotency_replayed: bool
+    truncated: bool
+    policy_revision: str
+    def __init__(self, request_id: _Optional[str] = ..., tool: _Optional[str] = ..., tool_version: _Optional[str] = ..., duration_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., idempotency_replayed: _Optional[bool] = ..., truncated: _Optional[bool] = ..., policy_revision: _Optional[str] = ...) -> None: ...
+
+class ToolResult(_message.Message):
+    __slots__ = ("status", "data_json", "error", "errors", "meta")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    data_json: str
+    error: ToolError
+    errors: _containers.RepeatedCompositeFieldContainer[ToolError]
+    meta: ResultMeta
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[ToolError, _Mapping]]] = ..., meta: _Optional[_Union[ResultMeta, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,175 @@
+"""Domain types shared by every layer: side effects, error codes, recovery, results.
+
+Nothing here knows about gRPC; ``sidecar.server.convert`` maps these types to and
+from the protobuf messages of ``proto/toolbooth/v1``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SideEffect(StrEnum):
+    """How far a tool's effects reach (reference design, side-effect classes)."""
+
+    NONE = "none"
+    INTERNAL_REVERSIBLE = "internal_reversible"
+    EXTERNAL_REVERSIBLE = "external_reversible"
+    EXTERNAL_IRREVERSIBLE = "external_irreversible"
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes; the table in ``docs/errors.md`` and the proto enum match this."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    TOOL_UNAVAILABLE = "TOOL_UNAVAILABLE"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    RESOURCE_NOT_FOUND = "RESOURCE_NOT_FOUND"
+    APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
+    PREVIEW_EXPIRED = "PREVIEW_EXPIRED"
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+    OPERATION_IN_PROGRESS = "OPERATION_IN_PROGRESS"
+    RATE_LIMITED = "RATE_LIMITED"
+    TIMEOUT = "TIMEOUT"
+    SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+
+
+class Recovery(StrEnum):
+    """What the caller should do next."""
+
+    CORRECT_ARGUMENTS = "correct_arguments"
+    DO_NOT_RETRY = "do_not_retry"
+    REQUEST_PERMISSION = "request_permission"
+    REQUEST_USER_INPUT = "request_user_input"
+    CHECK_OPERATION_STATUS = "check_operation_status"
+    RETRY_WITH_BACKOFF = "retry_with_backoff"
+    RETRY_SAME_REQUEST = "retry_same_request"
+
+
+class Status(StrEnum):
+    """Outcome of one call."""
+
+    SUCCESS = "success"
+    PARTIAL_SUCCESS = "partial_success"
+    ERROR = "error"
+    APPROVAL_REQUIRED = "approval_required"
+
+
+_GUIDANCE: dict[ErrorCode, tuple[bool, Recovery]] = {
+    ErrorCode.INVALID_ARGUMENT: (False, Recovery.CORRECT_ARGUMENTS),
+    ErrorCode.TOOL_UNAVAILABLE: (False, Recovery.DO_NOT_RETRY),
+    ErrorCode.PERMISSION_DENIED: (False, Recovery.REQUEST_PERMISSION),
+    ErrorCode.RESOURCE_NOT_FOUND: (False, Recovery.CORRECT_ARGUMENTS),
+    ErrorCode.APPROVAL_REQUIRED: (False, Recovery.REQUEST_USER_INPUT),
+    ErrorCode.PREVIEW_EXPIRED: (False, Recovery.REQUEST_USER_INPUT),
+    ErrorCode.IDEMPOTENCY_KEY_REUSED: (False, Recovery.CORRECT_ARGUMENTS),
+    ErrorCode.OPERATION_IN_PROGRESS: (True, Recovery.CHECK_OPERATION_STATUS),
+    ErrorCode.RATE_LIMITED: (True, Recovery.RETRY_WITH_BACKOFF),
+    ErrorCode.TIMEOUT: (True, Recovery.RETRY_SAME_REQUEST),
+    ErrorCode.SERVICE_UNAVAILABLE: (True, Recovery.RETRY_WITH_BACKOFF),
+    ErrorCode.INTERNAL_ERROR: (False, Recovery.DO_NOT_RETRY),
+}
+
+
+def guidance(code: ErrorCode, side_effect: SideEffect = SideEffect.NONE) -> tuple[bool, Recovery]:
+    """Return ``(retryable, recovery)`` for ``code``.
+
+    A timeout of a tool with side effects may have taken effect, so it is not
+    retryable: the caller must check the operation's status instead.
+    """
+    if code is ErrorCode.TIMEOUT and side_effect is not SideEffect.NONE:
+        return False, Recovery.CHECK_OPERATION_STATUS
+    return _GUIDANCE[code]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Principal(_Frozen):
+    """The authenticated caller. Comes only from trusted context, never from arguments."""
+
+    id: str = Field(min_length=1)
+    tenant: str = ""
+    roles: tuple[str, ...] = ()
+    permissions: tuple[str, ...] = ()
+
+
+class ErrorInfo(_Frozen):
+    """One error as the model sees it."""
+
+    code: ErrorCode
+    message: str
+    retryable: bool
+    recovery: Recovery
+    field: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        code: ErrorCode,
+        message: str,
+        *,
+        field: str | None = None,
+        side_effect: SideEffect = SideEffect.NONE,
+    ) -> ErrorInfo:
+        """Build an error with the standard guidance for ``code``."""
+        retryable, recovery = guidance(code, side_effect)
+        return cls(code=code, message=message, retryable=retryable, recovery=recovery, field=field)
+
+
+class ResultMeta(_Frozen):
+    """Facts about how a result was produced."""
+
+    request_id: str
+    tool: str
+    tool_version: str = ""
+    duration_ms: int = 0
+    attempt: int = 0
+    idempotency_replayed: bool = False
+    truncated: bool = False
+    policy_revision: str = ""
+
+
+class ToolResult(_Frozen):
+    """The typed result of one call: data on success, errors otherwise."""
+
+    status: Status
+    data: Any = None
+    error: ErrorInfo | None = None
+    errors: tuple[ErrorInfo, ...] = ()
+    meta: ResultMeta
+
+
+class ToolDescriptor(_Frozen):
+    """What discovery shows about a tool."""
+
+    name: str
+    version: str
+    description: str
+    input_schema: dict[str, Any]
+    side_effect: SideEffect
+    requires_idempotency_key: bool
+    timeout_ms: int
+
+
+class ToolListing(_Frozen):
+    """The tools a caller may see, with the policy revision that decided it."""
+
+    tools: tuple[ToolDescriptor, ...]
+    policy_revision: str
+
+
+class CallRequest(_Frozen):
+    """One ``ExecuteTool`` request, transport-free."""
+
+    tool: str
+    arguments_json: str = ""
+    idempotency_key: str | None = None
+    approval_id: str | None = None
+    conversation_id: str | None = None
+    call_id: str | None = None
