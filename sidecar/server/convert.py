@@ -1,0 +1,170 @@
+"""Domain types ↔ ``toolbooth.v1`` protobuf messages, in both directions.
+
+Enum values are paired by name (``ErrorCode.TIMEOUT`` ↔ ``ERROR_CODE_TIMEOUT``), never
+by a hand-written table, so a member missing on either side fails at import time.
+Optional strings travel as ``""`` on the wire and are ``None`` in the domain.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from typing import Any, Generic, TypeVar
+
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
+from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
+from sidecar.contract import (
+    CallRequest,
+    ErrorCode,
+    ErrorInfo,
+    Recovery,
+    ResultMeta,
+    SideEffect,
+    Status,
+    ToolDescriptor,
+    ToolListing,
+    ToolResult,
+)
+
+E = TypeVar("E", bound=Enum)
+
+_OPTIONAL_CALL_FIELDS = ("idempotency_key", "approval_id", "conversation_id", "call_id")
+
+
+class EnumMap(Generic[E]):
+    """Pairs a domain enum with a proto enum: ``Member.NAME`` ↔ ``PREFIX_NAME``."""
+
+    def __init__(self, domain: type[E], proto: EnumTypeWrapper) -> None:
+        prefix = proto.Name(0).removesuffix("UNSPECIFIED")
+        self._to_pb = {member: proto.Value(prefix + member.name) for member in domain}
+        self._from_pb = {number: member for member, number in self._to_pb.items()}
+        self._name = proto.DESCRIPTOR.name
+
+    def to_pb(self, member: E) -> int:
+        """The proto number of ``member``."""
+        return self._to_pb[member]
+
+    def from_pb(self, number: int) -> E:
+        """The domain member for ``number``; ``ValueError`` for UNSPECIFIED or unknown values."""
+        try:
+            return self._from_pb[number]
+        except KeyError:
+            raise ValueError(f"unknown {self._name} value {number}") from None
+
+
+STATUS = EnumMap(Status, pb.Status)
+ERROR_CODE = EnumMap(ErrorCode, pb.ErrorCode)
+RECOVERY = EnumMap(Recovery, pb.Recovery)
+SIDE_EFFECT = EnumMap(SideEffect, pb.SideEffect)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def error_to_pb(error: ErrorInfo) -> pb.ToolError:
+    """One domain error as a proto ``ToolError``."""
+    return pb.ToolError(
+        code=ERROR_CODE.to_pb(error.code),
+        message=error.message,
+        retryable=error.retryable,
+        recovery=RECOVERY.to_pb(error.recovery),
+        field=error.field or "",
+    )
+
+
+def error_from_pb(message: pb.ToolError) -> ErrorInfo:
+    """A proto ``ToolError`` as a domain error."""
+    return ErrorInfo(
+        code=ERROR_CODE.from_pb(message.code),
+        message=message.message,
+        retryable=message.retryable,
+        recovery=RECOVERY.from_pb(message.recovery),
+        field=message.field or None,
+    )
+
+
+def meta_to_pb(meta: ResultMeta) -> pb.ResultMeta:
+    """Result facts as a proto ``ResultMeta`` (same field names on both sides)."""
+    return pb.ResultMeta(**meta.model_dump())
+
+
+def meta_from_pb(message: pb.ResultMeta) -> ResultMeta:
+    """A proto ``ResultMeta`` as domain result facts."""
+    return ResultMeta(**{field.name: getattr(message, field.name) for field in message.DESCRIPTOR.fields})
+
+
+def result_to_pb(result: ToolResult) -> pb.ToolResult:
+    """A domain result as a proto ``ToolResult``; ``data`` becomes compact JSON."""
+    return pb.ToolResult(
+        status=STATUS.to_pb(result.status),
+        data_json="" if result.data is None else _dumps(result.data),
+        error=None if result.error is None else error_to_pb(result.error),
+        errors=[error_to_pb(error) for error in result.errors],
+        meta=meta_to_pb(result.meta),
+    )
+
+
+def result_from_pb(message: pb.ToolResult) -> ToolResult:
+    """A proto ``ToolResult`` as a domain result."""
+    return ToolResult(
+        status=STATUS.from_pb(message.status),
+        data=json.loads(message.data_json) if message.data_json else None,
+        error=error_from_pb(message.error) if message.HasField("error") else None,
+        errors=tuple(error_from_pb(error) for error in message.errors),
+        meta=meta_from_pb(message.meta),
+    )
+
+
+def descriptor_to_pb(descriptor: ToolDescriptor) -> pb.ToolDescriptor:
+    """A tool descriptor as proto; the input schema becomes compact JSON."""
+    return pb.ToolDescriptor(
+        name=descriptor.name,
+        version=descriptor.version,
+        description=descriptor.description,
+        input_schema_json=_dumps(descriptor.input_schema),
+        side_effect=SIDE_EFFECT.to_pb(descriptor.side_effect),
+        requires_idempotency_key=descriptor.requires_idempotency_key,
+        timeout_ms=descriptor.timeout_ms,
+    )
+
+
+def descriptor_from_pb(message: pb.ToolDescriptor) -> ToolDescriptor:
+    """A proto tool descriptor as a domain descriptor."""
+    return ToolDescriptor(
+        name=message.name,
+        version=message.version,
+        description=message.description,
+        input_schema=json.loads(message.input_schema_json) if message.input_schema_json else {},
+        side_effect=SIDE_EFFECT.from_pb(message.side_effect),
+        requires_idempotency_key=message.requires_idempotency_key,
+        timeout_ms=message.timeout_ms,
+    )
+
+
+def listing_to_pb(listing: ToolListing) -> pb.ListToolsResponse:
+    """A tool listing as a ``ListToolsResponse``."""
+    return pb.ListToolsResponse(
+        tools=[descriptor_to_pb(tool) for tool in listing.tools],
+        policy_revision=listing.policy_revision,
+    )
+
+
+def listing_from_pb(message: pb.ListToolsResponse) -> ToolListing:
+    """A ``ListToolsResponse`` as a domain tool listing."""
+    return ToolListing(
+        tools=tuple(descriptor_from_pb(tool) for tool in message.tools),
+        policy_revision=message.policy_revision,
+    )
+
+
+def call_request_to_pb(request: CallRequest) -> pb.ExecuteToolRequest:
+    """A domain call as an ``ExecuteToolRequest``; ``None`` becomes ``""``."""
+    return pb.ExecuteToolRequest(**{name: value or "" for name, value in request.model_dump().items()})
+
+
+def call_request_from_pb(message: pb.ExecuteToolRequest) -> CallRequest:
+    """An ``ExecuteToolRequest`` as a domain call; empty optional fields become ``None``."""
+    optional = {name: getattr(message, name) or None for name in _OPTIONAL_CALL_FIELDS}
+    return CallRequest(tool=message.tool, arguments_json=message.arguments_json, **optional)

@@ -1,0 +1,141 @@
+"""Round trips between domain types and ``toolbooth.v1`` messages."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import pytest
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
+from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
+from sidecar.contract import (
+    CallRequest,
+    ErrorCode,
+    ErrorInfo,
+    Recovery,
+    ResultMeta,
+    SideEffect,
+    Status,
+    ToolDescriptor,
+    ToolListing,
+    ToolResult,
+)
+from sidecar.server import convert
+
+ENUM_PAIRS: list[tuple[type[Enum], EnumTypeWrapper, convert.EnumMap]] = [
+    (Status, pb.Status, convert.STATUS),
+    (ErrorCode, pb.ErrorCode, convert.ERROR_CODE),
+    (Recovery, pb.Recovery, convert.RECOVERY),
+    (SideEffect, pb.SideEffect, convert.SIDE_EFFECT),
+]
+
+
+def _meta(**changes: object) -> ResultMeta:
+    base = ResultMeta(request_id="r-1", tool="calculate", tool_version="1.0.0", duration_ms=12, attempt=1)
+    return base.model_copy(update=changes)
+
+
+@pytest.mark.parametrize(("domain", "proto", "mapping"), ENUM_PAIRS)
+def test_every_domain_member_has_a_proto_value_of_the_same_name(
+    domain: type[Enum], proto: EnumTypeWrapper, mapping: convert.EnumMap
+) -> None:
+    prefix = proto.Name(0).removesuffix("UNSPECIFIED")
+    for member in domain:
+        assert proto.Name(mapping.to_pb(member)) == prefix + member.name
+        assert mapping.from_pb(mapping.to_pb(member)) is member
+
+
+@pytest.mark.parametrize(("domain", "proto", "mapping"), ENUM_PAIRS)
+def test_every_proto_value_except_unspecified_has_a_domain_member(
+    domain: type[Enum], proto: EnumTypeWrapper, mapping: convert.EnumMap
+) -> None:
+    specified = [number for name, number in proto.items() if not name.endswith("_UNSPECIFIED")]
+    assert {mapping.from_pb(number) for number in specified} == set(domain)
+    assert len(specified) == len(domain)
+
+
+@pytest.mark.parametrize("mapping", [pair[2] for pair in ENUM_PAIRS])
+def test_unspecified_and_unknown_values_are_rejected(mapping: convert.EnumMap) -> None:
+    for number in (0, 999):
+        with pytest.raises(ValueError, match=f"value {number}"):
+            mapping.from_pb(number)
+
+
+def test_success_result_round_trips_with_compact_json_data() -> None:
+    result = ToolResult(status=Status.SUCCESS, data={"sum": 3, "text": "é"}, meta=_meta(policy_revision="rev-7"))
+    message = convert.result_to_pb(result)
+    assert message.status == pb.STATUS_SUCCESS
+    assert message.data_json == '{"sum":3,"text":"é"}'
+    assert not message.HasField("error")
+    assert convert.result_from_pb(pb.ToolResult.FromString(message.SerializeToString())) == result
+
+
+def test_error_result_round_trips_every_error_and_field() -> None:
+    first = ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "must be a number", field="operands.1")
+    second = ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "field required", field="op")
+    result = ToolResult(status=Status.ERROR, error=first, errors=(first, second), meta=_meta(attempt=0))
+    message = convert.result_to_pb(result)
+    assert message.error.code == pb.ERROR_CODE_INVALID_ARGUMENT
+    assert message.error.recovery == pb.RECOVERY_CORRECT_ARGUMENTS
+    assert message.error.field == "operands.1"
+    assert convert.result_from_pb(message) == result
+
+
+def test_none_fields_travel_as_empty_strings() -> None:
+    error = ErrorInfo.of(ErrorCode.TIMEOUT, "took too long", side_effect=SideEffect.EXTERNAL_REVERSIBLE)
+    result = ToolResult(status=Status.ERROR, error=error, errors=(error,), meta=_meta())
+    message = convert.result_to_pb(result)
+    assert (message.data_json, message.error.field) == ("", "")
+    assert message.error.recovery == pb.RECOVERY_CHECK_OPERATION_STATUS
+    assert convert.result_from_pb(message).error == error
+
+
+def test_meta_flags_round_trip() -> None:
+    meta = _meta(idempotency_replayed=True, truncated=True, policy_revision="abc")
+    assert convert.meta_from_pb(convert.meta_to_pb(meta)) == meta
+
+
+def test_listing_round_trips_with_schema_as_json() -> None:
+    descriptor = ToolDescriptor(
+        name="send_email",
+        version="2.1.0",
+        description="Send one email.",
+        input_schema={"type": "object", "properties": {"to": {"type": "string"}}},
+        side_effect=SideEffect.EXTERNAL_IRREVERSIBLE,
+        requires_idempotency_key=True,
+        timeout_ms=5000,
+    )
+    listing = ToolListing(tools=(descriptor,), policy_revision="rev-1")
+    message = convert.listing_to_pb(listing)
+    assert message.tools[0].side_effect == pb.SIDE_EFFECT_EXTERNAL_IRREVERSIBLE
+    assert message.tools[0].input_schema_json == '{"type":"object","properties":{"to":{"type":"string"}}}'
+    assert convert.listing_from_pb(message) == listing
+
+
+def test_empty_listing_round_trips() -> None:
+    listing = ToolListing(tools=(), policy_revision="")
+    assert convert.listing_from_pb(convert.listing_to_pb(listing)) == listing
+
+
+def test_call_request_empty_strings_become_none() -> None:
+    message = pb.ExecuteToolRequest(tool="calculate", arguments_json='{"a":1}', call_id="c-9")
+    request = convert.call_request_from_pb(message)
+    assert request == CallRequest(tool="calculate", arguments_json='{"a":1}', call_id="c-9")
+    assert request.idempotency_key is None and request.approval_id is None and request.conversation_id is None
+
+
+def test_call_request_round_trips_every_field() -> None:
+    request = CallRequest(
+        tool="send_email",
+        arguments_json="{}",
+        idempotency_key="k-1",
+        approval_id="a-1",
+        conversation_id="conv-1",
+        call_id="call-1",
+    )
+    assert convert.call_request_from_pb(convert.call_request_to_pb(request)) == request
+
+
+def test_call_request_without_options_serializes_empty_strings() -> None:
+    message = convert.call_request_to_pb(CallRequest(tool="calculate"))
+    assert message == pb.ExecuteToolRequest(tool="calculate")
