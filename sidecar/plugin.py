@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from sidecar.contract import ErrorCode, Principal, SideEffect, guidance
+from sidecar.contract import ErrorCode, Principal, SideEffect
 
 __all__ = [
     "RetryPolicy",
@@ -55,8 +55,9 @@ class ToolDefinitionError(ValueError):
 class ToolError(Exception):
     """The only way a handler's own text reaches the model.
 
-    ``retryable`` defaults to the standard guidance for ``code``; anything else a
-    handler raises becomes a generic ``INTERNAL_ERROR``.
+    ``retryable`` defaults to the standard guidance for ``code`` and the tool's side
+    effect (a timeout of a write tool is not retryable); anything else a handler
+    raises becomes a generic ``INTERNAL_ERROR``.
     """
 
     def __init__(
@@ -71,7 +72,7 @@ class ToolError(Exception):
         self.code = ErrorCode(code)
         self.message = message
         self.field = field
-        self.retryable = guidance(self.code)[0] if retryable is None else retryable
+        self.retryable = retryable
 
 
 @dataclass(frozen=True, slots=True)

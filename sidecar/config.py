@@ -1,0 +1,225 @@
+"""The one configuration model: a YAML file plus ``TOOLBOOTH_*`` environment overrides.
+
+Validated at start; every error names the key that is wrong, e.g.
+``config error at limits.max_argument_bytes: Input should be greater than 0``.
+Environment variables override file values: ``TOOLBOOTH_STORE__SQLITE_PATH=/x.db``
+sets ``store.sqlite_path`` (sections and keys joined by a double underscore; values
+are parsed as YAML, so ``[a, b]`` is a list and ``true`` a boolean).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sidecar.contract import Principal
+
+ENV_PREFIX = "TOOLBOOTH_"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the offending key."""
+
+
+def default_socket_path() -> Path:
+    """Default Unix socket: under ``$XDG_RUNTIME_DIR`` or a per-user directory in /tmp."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/toolbooth-{os.getuid()}"
+    return Path(runtime) / "toolbooth" / "toolbooth.sock"
+
+
+def default_state_dir() -> Path:
+    """Default directory for the SQLite store."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "toolbooth"
+
+
+def bundled_policy_dir() -> Path:
+    """The default policies: bundled in the wheel, or ``policies/`` of a source checkout."""
+    here = Path(__file__).resolve().parent
+    bundled = here / "_bundled_policies" / "toolbooth"
+    return bundled if bundled.is_dir() else here.parent / "policies" / "toolbooth"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AuthMode(StrEnum):
+    DEV = "dev"
+    JWT = "jwt"
+
+
+class JwtSettings(_Section):
+    """Verification of the bearer token in the ``authorization`` metadata."""
+
+    algorithms: tuple[str, ...] = ("RS256", "ES256")
+    issuer: str = Field(min_length=1)
+    audience: str = Field(min_length=1)
+    key: str | None = None
+    key_file: Path | None = None
+    leeway_seconds: float = Field(default=30.0, ge=0)
+    tenant_claim: str = "tenant"
+    roles_claim: str = "roles"
+    permissions_claim: str = "permissions"
+
+    @field_validator("algorithms")
+    @classmethod
+    def _known_algorithms(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        allowed = {"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "EdDSA", "HS256", "HS384", "HS512"}
+        if not value:
+            raise ValueError("at least one algorithm is required")
+        if bad := [a for a in value if a not in allowed]:
+            raise ValueError(f"unsupported algorithm(s) {bad}; 'none' is never accepted")
+        return value
+
+    @model_validator(mode="after")
+    def _one_key(self) -> JwtSettings:
+        if (self.key is None) == (self.key_file is None):
+            raise ValueError("exactly one of 'key' or 'key_file' must be set")
+        return self
+
+    def verification_key(self) -> str:
+        """The PEM (or HMAC secret) tokens are verified with."""
+        if self.key is not None:
+            return self.key
+        assert self.key_file is not None
+        try:
+            return self.key_file.read_text()
+        except OSError as exc:
+            raise ConfigError(f"config error at auth.jwt.key_file: cannot read {self.key_file}: {exc}") from exc
+
+
+class AuthSettings(_Section):
+    """``dev`` trusts a static principal (loopback only); ``jwt`` verifies tokens."""
+
+    mode: AuthMode | None = None
+    jwt: JwtSettings | None = None
+    dev_principal: Principal = Principal(id="dev", tenant="dev", roles=("developer",), permissions=())
+
+    @model_validator(mode="after")
+    def _mode_matches(self) -> AuthSettings:
+        if self.mode is AuthMode.JWT and self.jwt is None:
+            raise ValueError("mode 'jwt' needs an 'auth.jwt' section")
+        return self
+
+    @property
+    def effective_mode(self) -> AuthMode:
+        """No mode given: ``jwt`` when a jwt section exists, else ``dev``."""
+        if self.mode is not None:
+            return self.mode
+        return AuthMode.JWT if self.jwt is not None else AuthMode.DEV
+
+
+class PolicySettings(_Section):
+    engine: str = Field(default="embedded", pattern="^embedded$")
+    path: Path = Field(default_factory=bundled_policy_dir)
+
+
+class StoreSettings(_Section):
+    sqlite_path: Path = Field(default_factory=lambda: default_state_dir() / "toolbooth.db")
+    busy_timeout_ms: int = Field(default=5000, gt=0)
+
+
+class Limits(_Section):
+    max_argument_bytes: int = Field(default=64 * 1024, gt=0)
+    max_argument_depth: int = Field(default=16, gt=0)
+    max_result_bytes: int = Field(default=256 * 1024, gt=0)
+    max_message_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    sync_handler_threads: int = Field(default=8, gt=0)
+
+
+class PluginSettings(_Section):
+    """``allow``: entry-point names or distribution names that may load (``None``: all)."""
+
+    allow: tuple[str, ...] | None = None
+
+
+class ServerSettings(_Section):
+    listen: tuple[str, ...] = Field(default_factory=lambda: (f"unix://{default_socket_path()}",), min_length=1)
+    reflection: bool | None = None
+    shutdown_grace_seconds: float = Field(default=10.0, ge=0)
+
+    @field_validator("listen")
+    @classmethod
+    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for address in value:
+            if address.startswith("unix://"):
+                if not address.removeprefix("unix://").startswith("/"):
+                    raise ValueError(f"{address!r}: a unix socket path must be absolute (unix:///path)")
+            elif address.rpartition(":")[0] == "" or not address.rpartition(":")[2].isdigit():
+                raise ValueError(f"{address!r}: expected unix:///path or HOST:PORT")
+        return value
+
+
+class Settings(_Section):
+    """The whole configuration."""
+
+    server: ServerSettings = ServerSettings()
+    auth: AuthSettings = AuthSettings()
+    policy: PolicySettings = PolicySettings()
+    store: StoreSettings = StoreSettings()
+    limits: Limits = Limits()
+    plugins: PluginSettings = PluginSettings()
+    log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+
+
+def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Read ``path`` (optional), apply environment overrides and validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_yaml(path)
+    _apply_env(raw, os.environ if env is None else env)
+    return parse_settings(raw)
+
+
+def parse_settings(raw: Mapping[str, Any]) -> Settings:
+    """Validate a mapping, turning pydantic errors into ``ConfigError`` naming each key."""
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(err) for err in exc.errors())) from None
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown key"
+    return f"config error at {key}: {message}"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"config error: cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config error: {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config error: {path} must contain a mapping at the top level")
+    return data
+
+
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    for name, text in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name.startswith(f"{ENV_PREFIX}TEST_"):
+            continue
+        keys = name.removeprefix(ENV_PREFIX).lower().split("__")
+        node = raw
+        for key in keys[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"config error at {'.'.join(keys)}: {key!r} is not a section (from {name})")
+            node = child
+        try:
+            node[keys[-1]] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ConfigError(f"config error at {'.'.join(keys)}: cannot parse {name}={text!r}") from None

@@ -1,0 +1,107 @@
+"""Stage 7: run a handler within its deadline, retrying only where that is safe.
+
+Async handlers are awaited and cancelled at the deadline. Sync handlers run in a
+bounded thread pool; at the deadline the caller gets ``TIMEOUT`` at once, but the
+thread itself cannot be interrupted and finishes in the background.
+Only ``SideEffect.NONE`` tools may carry a retry policy (checked by ``@tool``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from sidecar.contract import ErrorCode, ErrorInfo
+from sidecar.plugin import ToolContext, ToolDefinition, ToolError
+
+log = logging.getLogger("toolbooth.dispatch")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What dispatch produced: an output model or an error, and the attempts made."""
+
+    output: BaseModel | None
+    error: ErrorInfo | None
+    attempts: int
+
+
+class Dispatcher:
+    """Invokes handlers with deadlines, retries and a bounded pool for sync handlers."""
+
+    def __init__(self, *, sync_threads: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=sync_threads, thread_name_prefix="toolbooth-handler")
+
+    async def run(self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext) -> Outcome:
+        """Call ``defn``'s handler until success, a final error or the deadline."""
+        attempt = 1
+        while True:
+            ctx = replace(ctx, attempt=attempt)
+            error = await self._attempt(defn, args, ctx)
+            if not isinstance(error, ErrorInfo):
+                return Outcome(error, None, attempt)
+            delay = defn.retry.backoff(attempt)
+            if not _should_retry(defn, error, attempt, delay, ctx):
+                return Outcome(None, error, attempt)
+            ctx.logger.info("retrying after %s (attempt %d)", error.code, attempt)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    def close(self) -> None:
+        """Stop accepting sync handlers; running ones finish in the background."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _attempt(self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext) -> BaseModel | ErrorInfo:
+        remaining = ctx.deadline - time.monotonic()
+        if remaining <= 0:
+            return ErrorInfo.of(ErrorCode.TIMEOUT, "the call's deadline passed before the tool ran",
+                                side_effect=defn.side_effect)
+        try:
+            result = await asyncio.wait_for(self._invoke(defn, args, ctx), timeout=remaining)
+        except TimeoutError:
+            return ErrorInfo.of(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within "
+                                f"{remaining * 1000:.0f} ms", side_effect=defn.side_effect)
+        except ToolError as exc:
+            return _published(exc, defn)
+        except Exception:  # the handler's own failure: details to the log only
+            ctx.logger.exception("handler of tool %r raised", defn.name)
+            return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the tool failed unexpectedly")
+        return _checked_output(defn, result, ctx)
+
+    async def _invoke(self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext) -> Any:
+        if defn.is_async:
+            return await defn.handler(args, ctx)  # type: ignore[misc]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(defn.handler, args, ctx))
+
+
+def _should_retry(defn: ToolDefinition[Any, Any], error: ErrorInfo, attempt: int, delay: float,
+                  ctx: ToolContext) -> bool:
+    return (
+        error.retryable
+        and error.code in defn.retry.retry_on
+        and attempt < defn.retry.max_attempts
+        and ctx.time_remaining() > delay
+    )
+
+
+def _published(exc: ToolError, defn: ToolDefinition[Any, Any]) -> ErrorInfo:
+    info = ErrorInfo.of(exc.code, exc.message, field=exc.field, side_effect=defn.side_effect)
+    return info if exc.retryable is None else info.model_copy(update={"retryable": exc.retryable})
+
+
+def _checked_output(defn: ToolDefinition[Any, Any], result: Any, ctx: ToolContext) -> BaseModel | ErrorInfo:
+    if isinstance(result, defn.output_model):
+        return result
+    try:
+        return defn.output_model.model_validate(result)
+    except ValidationError:
+        ctx.logger.exception("tool %r returned a value that does not fit %s", defn.name, defn.output_model.__name__)
+        return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the tool returned an invalid result")

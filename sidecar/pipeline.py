@@ -1,0 +1,292 @@
+"""One call through every stage, with no transport code (DESIGN.md, stages 1-9).
+
+Authentication happens before the pipeline (the server hands it a ``Principal``).
+Then: resolve + availability, validate, authorize, approval, idempotency, dispatch,
+shape the result, audit. Denials and failures are ``ToolResult``s; the only
+exception that leaves ``list_tools`` is ``ServiceUnavailable`` (fail closed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from sidecar.canonical import canonical_json, sha256_hex
+from sidecar.config import Limits, Settings
+from sidecar.contract import (
+    CallRequest, ErrorCode, ErrorInfo, Principal, ResultMeta, SideEffect, Status, ToolListing, ToolResult,
+)
+from sidecar.dispatch import Dispatcher
+from sidecar.plugin import ToolContext, ToolDefinition
+from sidecar.policy import Decision, PolicyEngine, PolicyEvaluationError, Stage
+from sidecar.policy.input import policy_input
+from sidecar.registry import Registry
+from sidecar.state import AuditEvent, ClaimState, KeyScope, Store, StoreUnavailableError
+from sidecar.validation import ArgumentError, parse_arguments
+
+log = logging.getLogger("toolbooth.pipeline")
+MAX_IDEMPOTENCY_KEY_CHARS = 256
+
+
+class ServiceUnavailable(RuntimeError):
+    """A dependency (policy engine, store) failed; the request was denied."""
+
+
+class _Stop(Exception):
+    """Ends a call early with an error result (``errors[0]`` is the primary error)."""
+
+    def __init__(self, *errors: ErrorInfo, status: Status = Status.ERROR) -> None:
+        super().__init__(errors[0].message)
+        self.errors, self.status = errors, status
+
+
+@dataclass(slots=True)
+class _Call:
+    """What one call accumulates on its way through the stages."""
+
+    principal: Principal
+    request: CallRequest
+    request_id: str
+    started: float
+    policy_revision: str
+    defn: ToolDefinition[Any, Any] | None = None
+    args: BaseModel | None = None
+    decisions: dict[str, Any] = field(default_factory=dict)
+    scope: KeyScope | None = None
+    attempts: int = 0
+
+
+class Pipeline:
+    """Gates, runs and audits tool calls."""
+
+    def __init__(self, *, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits) -> None:
+        self.registry, self.policy, self.store, self.limits = registry, policy, store, limits
+        self._dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads)
+
+    async def list_tools(self, principal: Principal, *, conversation_id: str | None = None) -> ToolListing:
+        """The tools the availability policy shows ``principal``, decided in one pass."""
+        revision = self.policy.revision
+        tools = list(self.registry)
+        inputs = [policy_input(principal, d, Stage.AVAILABILITY, conversation_id=conversation_id) for d in tools]
+        try:
+            decisions = await self.policy.decide_many(Stage.AVAILABILITY, inputs)
+        except PolicyEvaluationError as exc:
+            log.error("availability policy failed during ListTools: %s", exc)
+            raise ServiceUnavailable("policy evaluation failed") from exc
+        shown = tuple(self.registry.descriptor(d.name) for d, dec in zip(tools, decisions, strict=True) if dec.allow)
+        return ToolListing(tools=shown, policy_revision=revision)
+
+    async def execute(self, principal: Principal, request: CallRequest, *,
+                      caller_deadline: float | None = None) -> ToolResult:
+        """Run ``request`` through every stage and return its typed result."""
+        call = _Call(principal, request, uuid.uuid4().hex, time.monotonic(), self.policy.revision)
+        try:
+            result = await self._stages(call, caller_deadline)
+        except _Stop as stop:
+            result = self._result(call, stop.status, errors=stop.errors)
+        await self._audit(call, result)
+        return result
+
+    async def aclose(self) -> None:
+        """Release the handler pool and the store."""
+        self._dispatcher.close()
+        await self.store.aclose()
+
+    async def _stages(self, call: _Call, caller_deadline: float | None) -> ToolResult:
+        defn = await self._resolve(call)
+        call.args = self._validate(defn, call.request.arguments_json)
+        await self._authorize(call)
+        await self._check_approval(call)
+        if defn.requires_idempotency_key and (replay := await self._claim(call)) is not None:
+            return replay
+        if defn.side_effect is not SideEffect.NONE:
+            await self._audit_before_dispatch(call)
+        return await self._dispatch(call, caller_deadline)
+
+    async def _resolve(self, call: _Call) -> ToolDefinition[Any, Any]:
+        defn = self.registry.get(call.request.tool)
+        if defn is not None:
+            decision = await self._decide(call, Stage.AVAILABILITY, defn)
+            if decision.allow:
+                call.defn = defn
+                return defn
+        raise _Stop(ErrorInfo.of(ErrorCode.TOOL_UNAVAILABLE, f"tool {call.request.tool!r} is not available"))
+
+    def _validate(self, defn: ToolDefinition[Any, Any], arguments_json: str) -> BaseModel:
+        try:
+            return parse_arguments(arguments_json, defn.input_model, max_bytes=self.limits.max_argument_bytes,
+                                   max_depth=self.limits.max_argument_depth)
+        except ArgumentError as exc:
+            raise _Stop(*exc.errors) from None
+
+    async def _authorize(self, call: _Call) -> None:
+        decision = await self._decide(call, Stage.AUTHZ, call.defn)
+        if not decision.allow:
+            code = decision.code or ErrorCode.PERMISSION_DENIED
+            raise _Stop(ErrorInfo.of(code, decision.reason or "the call is not permitted"))
+
+    async def _check_approval(self, call: _Call) -> None:
+        decision = await self._decide(call, Stage.APPROVAL, call.defn)
+        if decision.required:
+            reason = decision.reason or "this call needs a person's approval"
+            raise _Stop(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, reason), status=Status.APPROVAL_REQUIRED)
+
+    async def _decide(self, call: _Call, stage: Stage, defn: ToolDefinition[Any, Any] | None) -> Decision:
+        assert defn is not None
+        arguments = None if call.args is None else call.args.model_dump(mode="json")
+        document = policy_input(call.principal, defn, stage, arguments=arguments, request=call.request)
+        try:
+            decision = await self.policy.decide(stage, document)
+        except PolicyEvaluationError as exc:
+            log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
+            call.decisions[stage.value] = {"error": str(exc)}
+            raise _Stop(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "policy evaluation failed; "
+                                     "the call was denied")) from None
+        call.decisions[stage.value] = decision.model_dump(mode="json", exclude_defaults=True)
+        return decision
+
+    async def _claim(self, call: _Call) -> ToolResult | None:
+        assert call.defn is not None and call.args is not None
+        key = call.request.idempotency_key
+        if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+            raise _Stop(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, f"tool {call.defn.name!r} has side effects: an "
+                                     f"idempotency_key of 1-{MAX_IDEMPOTENCY_KEY_CHARS} characters is required",
+                                     field="idempotency_key"))
+        call.scope = KeyScope(call.principal.tenant, call.principal.id, call.defn.name, key)
+        claim = await self._store(self.store.claim(call.scope, self._request_hash(call), call.request_id))
+        if claim.state is ClaimState.CLAIMED:
+            return None
+        call.scope = None  # not ours: never complete or release it
+        if claim.state is ClaimState.REPLAY:
+            assert claim.result_json is not None
+            stored = ToolResult.model_validate_json(claim.result_json)
+            meta = stored.meta.model_copy(update={"request_id": call.request_id, "idempotency_replayed": True})
+            return stored.model_copy(update={"meta": meta})
+        if claim.state is ClaimState.IN_PROGRESS:
+            raise _Stop(ErrorInfo.of(ErrorCode.OPERATION_IN_PROGRESS, "a call with this idempotency key is still "
+                                     "running", field="idempotency_key"))
+        raise _Stop(ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_REUSED, "this idempotency key was used for a "
+                                 "different request", field="idempotency_key"))
+
+    async def _audit_before_dispatch(self, call: _Call) -> None:
+        try:
+            await self.store.record_audit(self._event(call, "dispatching", None))
+        except StoreUnavailableError as exc:
+            await self._release(call)
+            log.error("audit write failed before dispatch of request %s: %s", call.request_id, exc)
+            raise _Stop(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "the audit log is unavailable; "
+                                     "nothing was executed")) from None
+
+    async def _dispatch(self, call: _Call, caller_deadline: float | None) -> ToolResult:
+        defn, args = call.defn, call.args
+        assert defn is not None and args is not None
+        deadline = time.monotonic() + defn.timeout
+        if caller_deadline is not None:
+            deadline = min(deadline, caller_deadline)
+        outcome = await self._dispatcher.run(defn, args, self._context(call, deadline))
+        call.attempts = outcome.attempts
+        if outcome.error is not None:
+            result = self._result(call, Status.ERROR, errors=(outcome.error,))
+        else:
+            assert outcome.output is not None
+            result = self._success(call, outcome.output.model_dump(mode="json"))
+        await self._finish_key(call, result)
+        return result
+
+    def _success(self, call: _Call, data: Any) -> ToolResult:
+        size = len(canonical_json(data).encode())
+        if size > self.limits.max_result_bytes:
+            log.error("tool %r returned %d bytes (limit %d)", call.request.tool, size, self.limits.max_result_bytes)
+            error = ErrorInfo.of(ErrorCode.INTERNAL_ERROR, f"the tool's result is {size} bytes, above the "
+                                 f"limit of {self.limits.max_result_bytes}; it was not returned")
+            return self._result(call, Status.ERROR, errors=(error,))
+        return self._result(call, Status.SUCCESS, data=data)
+
+    async def _finish_key(self, call: _Call, result: ToolResult) -> None:
+        """Store the outcome of a keyed call; forget it if the tool said nothing happened."""
+        if call.scope is None:
+            return
+        if result.error is not None and result.error.retryable and result.error.code is not ErrorCode.TIMEOUT:
+            await self._release(call)
+            return
+        try:
+            await self.store.complete(call.scope, result.model_dump_json())
+        except StoreUnavailableError as exc:
+            log.error("could not store the result of request %s under its key: %s", call.request_id, exc)
+
+    async def _release(self, call: _Call) -> None:
+        if call.scope is not None:
+            try:
+                await self.store.release(call.scope)
+            except StoreUnavailableError as exc:
+                log.error("could not release idempotency key of request %s: %s", call.request_id, exc)
+
+    async def _store(self, operation: Any) -> Any:
+        try:
+            return await operation
+        except StoreUnavailableError as exc:
+            log.error("store unavailable: %s", exc)
+            raise _Stop(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "state store unavailable; "
+                                     "nothing was executed")) from None
+
+    def _context(self, call: _Call, deadline: float) -> ToolContext:
+        logger = logging.LoggerAdapter(logging.getLogger(f"toolbooth.tool.{call.request.tool}"),
+                                       {"request_id": call.request_id})
+        return ToolContext(principal=call.principal, request_id=call.request_id, deadline=deadline,
+                           idempotency_key=call.request.idempotency_key, attempt=1, logger=logger)
+
+    def _request_hash(self, call: _Call) -> str:
+        assert call.defn is not None and call.args is not None
+        return sha256_hex({"tool": call.defn.name, "version": call.defn.version,
+                           "arguments": call.args.model_dump(mode="json")})
+
+    def _result(self, call: _Call, status: Status, *, data: Any = None,
+                errors: tuple[ErrorInfo, ...] = ()) -> ToolResult:
+        error = errors[0] if errors else None
+        return ToolResult(status=status, data=data, error=error, errors=errors, meta=self._meta(call))
+
+    def _meta(self, call: _Call) -> ResultMeta:
+        defn = call.defn
+        return ResultMeta(
+            request_id=call.request_id, tool=call.request.tool, tool_version=defn.version if defn else "",
+            duration_ms=round((time.monotonic() - call.started) * 1000), attempt=call.attempts,
+            policy_revision=call.policy_revision,
+        )
+
+    async def _audit(self, call: _Call, result: ToolResult) -> None:
+        event = self._event(call, result.status.value, result.error.code.value if result.error else None)
+        try:
+            await self.store.record_audit(event)
+        except StoreUnavailableError as exc:
+            log.error("audit write failed for request %s: %s", call.request_id, exc)
+
+    def _event(self, call: _Call, status: str, error_code: str | None) -> AuditEvent:
+        defn, request = call.defn, call.request
+        return AuditEvent(
+            request_id=call.request_id, time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"), principal_id=call.principal.id, tenant=call.principal.tenant,
+            tool=request.tool, tool_version=defn.version if defn else "",
+            input_hash=sha256_hex({"tool": request.tool, "arguments_json": request.arguments_json}),
+            decisions_json=json.dumps(call.decisions, sort_keys=True), policy_revision=call.policy_revision,
+            idempotency_key=request.idempotency_key, call_id=request.call_id,
+            conversation_id=request.conversation_id, status=status, error_code=error_code,
+            duration_ms=round((time.monotonic() - call.started) * 1000),
+        )
+
+
+async def build_pipeline(settings: Settings, *, registry: Registry | None = None) -> Pipeline:
+    """Load plugins (unless ``registry`` is given) and policies, open the store."""
+    from sidecar.policy.embedded import EmbeddedEngine
+    from sidecar.state.sqlite import SqliteStore
+
+    if registry is None:
+        registry = Registry.from_entry_points(allow=settings.plugins.allow)
+    engine = EmbeddedEngine.load(settings.policy.path)
+    store = await SqliteStore.open(settings.store.sqlite_path, busy_timeout_ms=settings.store.busy_timeout_ms)
+    return Pipeline(registry=registry, policy=engine, store=store, limits=settings.limits)

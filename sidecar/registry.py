@@ -1,0 +1,112 @@
+"""Tool discovery from the ``toolbooth.tools`` entry-point group.
+
+An entry point names a ``ToolDefinition`` or a list of them::
+
+    [project.entry-points."toolbooth.tools"]
+    calculator = "toolbooth_calculator:TOOLS"
+
+Discovery happens only when ``Registry.from_entry_points`` is called, never at
+import. A plugin that fails to import, an entry point that names something other
+than tools, and two tools with one name stop start-up with ``PluginLoadError``
+naming the entry points and distributions involved. ``Registry.from_tools`` is the
+test seam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from sidecar.contract import ToolDescriptor
+from sidecar.plugin import ToolDefinition
+
+GROUP = "toolbooth.tools"
+
+
+class PluginLoadError(RuntimeError):
+    """A plugin cannot be loaded; the message names entry points and distributions."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    entry_point: str
+    distribution: str
+
+    def __str__(self) -> str:
+        return f"entry point {self.entry_point!r} of distribution {self.distribution!r}"
+
+
+class Registry:
+    """The tools this sidecar can dispatch to, by name."""
+
+    def __init__(self, tools: dict[str, ToolDefinition[Any, Any]]) -> None:
+        self._tools = dict(sorted(tools.items()))
+        self._descriptors = {name: describe(defn) for name, defn in self._tools.items()}
+
+    @classmethod
+    def from_tools(cls, tools: Iterable[ToolDefinition[Any, Any]]) -> Registry:
+        """Build a registry from explicit definitions; duplicate names are an error."""
+        found: dict[str, ToolDefinition[Any, Any]] = {}
+        for defn in tools:
+            if defn.name in found:
+                raise PluginLoadError(f"duplicate tool name {defn.name!r} (plugins {found[defn.name].plugin!r} "
+                                      f"and {defn.plugin!r})")
+            found[defn.name] = defn
+        return cls(found)
+
+    @classmethod
+    def from_entry_points(cls, *, group: str = GROUP, allow: Iterable[str] | None = None) -> Registry:
+        """Load every installed plugin (or only those ``allow`` names by entry point or distribution)."""
+        allowed = None if allow is None else set(allow)
+        found: dict[str, tuple[ToolDefinition[Any, Any], _Origin]] = {}
+        for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+            origin = _Origin(ep.name, ep.dist.name if ep.dist else "?")
+            if allowed is not None and not allowed & {origin.entry_point, origin.distribution}:
+                continue
+            for defn in _load(ep, origin):
+                if defn.name in found:
+                    raise PluginLoadError(f"duplicate tool name {defn.name!r}: defined by {found[defn.name][1]} "
+                                          f"and by {origin}")
+                found[defn.name] = (defn, origin)
+        return cls({name: defn for name, (defn, _) in found.items()})
+
+    def get(self, name: str) -> ToolDefinition[Any, Any] | None:
+        """The tool called ``name``, or ``None``."""
+        return self._tools.get(name)
+
+    def descriptor(self, name: str) -> ToolDescriptor:
+        """What discovery shows about tool ``name`` (precomputed)."""
+        return self._descriptors[name]
+
+    def __iter__(self) -> Iterator[ToolDefinition[Any, Any]]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+
+def describe(defn: ToolDefinition[Any, Any]) -> ToolDescriptor:
+    """The descriptor of a definition; the schema comes from its input model."""
+    return ToolDescriptor(
+        name=defn.name,
+        version=defn.version,
+        description=defn.description,
+        input_schema=defn.input_model.model_json_schema(),
+        side_effect=defn.side_effect,
+        requires_idempotency_key=defn.requires_idempotency_key,
+        timeout_ms=round(defn.timeout * 1000),
+    )
+
+
+def _load(ep: EntryPoint, origin: _Origin) -> list[ToolDefinition[Any, Any]]:
+    try:
+        loaded = ep.load()
+    except Exception as exc:  # any import failure of a plugin stops start-up, with its cause
+        raise PluginLoadError(f"cannot load {origin} ({ep.value}): {type(exc).__name__}: {exc}") from exc
+    items = loaded if isinstance(loaded, list | tuple) else [loaded]
+    if not items or not all(isinstance(item, ToolDefinition) for item in items):
+        raise PluginLoadError(f"{origin} ({ep.value}) must name a tool defined with @tool or a list of them, "
+                              f"got {type(loaded).__name__}")
+    return list(items)

@@ -1,0 +1,50 @@
+"""Fixtures shared by unit and integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.config import Limits, bundled_policy_dir
+from sidecar.contract import Principal
+from sidecar.pipeline import Pipeline
+from sidecar.policy import PolicyEngine
+from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.registry import Registry
+from sidecar.state.sqlite import SqliteStore
+from tests.support import tools
+
+DEVELOPER = Principal(id="dev-1", tenant="acme", roles=("developer",))
+ADMIN = Principal(id="admin-1", tenant="acme", roles=("admin",))
+
+PipelineFactory = Callable[..., Awaitable[Pipeline]]
+
+
+@pytest.fixture
+def default_engine() -> EmbeddedEngine:
+    return EmbeddedEngine.load(bundled_policy_dir())
+
+
+@pytest.fixture
+async def make_pipeline(tmp_path: Path) -> AsyncIterator[PipelineFactory]:
+    """Build pipelines over the test tools, a fresh SQLite store and (by default) the default policies."""
+    made: list[Pipeline] = []
+
+    async def make(*, policy: PolicyEngine | None = None, limits: Limits | None = None,
+                   registry: Registry | None = None, **limit_overrides: Any) -> Pipeline:
+        store = await SqliteStore.open(tmp_path / f"store-{len(made)}.db")
+        pipeline = Pipeline(
+            registry=registry or Registry.from_tools(tools.ALL),
+            policy=policy or EmbeddedEngine.load(bundled_policy_dir()),
+            store=store,
+            limits=limits or Limits(**limit_overrides),
+        )
+        made.append(pipeline)
+        return pipeline
+
+    yield make
+    for pipeline in made:
+        await pipeline.aclose()

@@ -1,0 +1,134 @@
+"""Tools used by the tests: each shows one behaviour of the pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sidecar.contract import ErrorCode
+from sidecar.plugin import RetryPolicy, SideEffect, ToolContext, ToolError, tool
+
+
+class Text(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(max_length=10_000)
+
+
+class Nested(BaseModel):
+    payload: dict[str, object] = {}
+
+
+class Count(BaseModel):
+    count: int = Field(ge=0)
+
+
+class Echoed(BaseModel):
+    text: str
+    principal: str
+    attempt: int = 1
+
+
+class Counter:
+    """Thread-safe invocation counter shared by a test and a tool."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def bump(self) -> int:
+        with self._lock:
+            self.value += 1
+            return self.value
+
+
+@tool(name="echo", version="1.0.0", side_effect=SideEffect.NONE, timeout=2)
+async def echo(args: Text, ctx: ToolContext) -> Echoed:
+    """Return the text and who asked."""
+    return Echoed(text=args.text, principal=ctx.principal.id, attempt=ctx.attempt)
+
+
+@tool(name="echo_sync", version="1.0.0", side_effect=SideEffect.NONE, timeout=2)
+def echo_sync(args: Text, ctx: ToolContext) -> Echoed:
+    """A sync handler: runs in the thread pool."""
+    return Echoed(text=args.text, principal=ctx.principal.id)
+
+
+@tool(name="nested", version="1.0.0", side_effect=SideEffect.NONE)
+async def nested(args: Nested, ctx: ToolContext) -> Nested:
+    """Accept any object; used for size and depth limits."""
+    return args
+
+
+@tool(name="boom", version="1.0.0", side_effect=SideEffect.NONE)
+async def boom(args: Text, ctx: ToolContext) -> Echoed:
+    """Fail with an unexpected exception whose text must never reach the caller."""
+    raise RuntimeError("secret-db-password=hunter2")
+
+
+@tool(name="not_found", version="1.0.0", side_effect=SideEffect.NONE)
+async def not_found(args: Text, ctx: ToolContext) -> Echoed:
+    """Fail with a published ToolError."""
+    raise ToolError(ErrorCode.RESOURCE_NOT_FOUND, f"no document named {args.text!r}", field="text")
+
+
+@tool(name="slow", version="1.0.0", side_effect=SideEffect.NONE, timeout=0.2)
+async def slow(args: Count, ctx: ToolContext) -> Count:
+    """Sleep ``count`` milliseconds (timeout 200 ms)."""
+    await asyncio.sleep(args.count / 1000)
+    return args
+
+
+@tool(name="big", version="1.0.0", side_effect=SideEffect.NONE)
+async def big(args: Count, ctx: ToolContext) -> Text:
+    """Return ``count`` characters: above the result limit, an error."""
+    return Text.model_construct(text="x" * args.count)
+
+
+FLAKY = Counter()
+
+
+@tool(name="flaky", version="1.0.0", side_effect=SideEffect.NONE,
+      retry=RetryPolicy(max_attempts=3, initial_backoff=0.001))
+async def flaky(args: Count, ctx: ToolContext) -> Count:
+    """Fail retryably until attempt ``count``."""
+    FLAKY.bump()
+    if ctx.attempt < args.count:
+        raise ToolError(ErrorCode.SERVICE_UNAVAILABLE, "backend busy")
+    return Count(count=ctx.attempt)
+
+
+CREATED = Counter()
+
+
+@tool(name="create_note", version="1.0.0", side_effect=SideEffect.INTERNAL_REVERSIBLE, timeout=2)
+async def create_note(args: Text, ctx: ToolContext) -> Count:
+    """A write tool: counts real executions, slowly enough for duplicates to overlap."""
+    number = CREATED.bump()
+    await asyncio.sleep(0.05)
+    return Count(count=number)
+
+
+@tool(name="send_email", version="1.0.0", side_effect=SideEffect.EXTERNAL_IRREVERSIBLE,
+      permissions=("email:send",))
+async def send_email(args: Text, ctx: ToolContext) -> Count:
+    """Irreversible: the default approval policy requires a person's approval."""
+    raise AssertionError("must never run without approval")
+
+
+@tool(name="admin_console", version="1.0.0", side_effect=SideEffect.NONE)
+async def admin_console(args: Text, ctx: ToolContext) -> Text:
+    """Hidden from non-admins by the default availability policy."""
+    return args
+
+
+@tool(name="delete_records", version="1.0.0", side_effect=SideEffect.NONE, permissions=("records:delete",))
+async def delete_records(args: Text, ctx: ToolContext) -> Text:
+    """Needs a permission the default developer principal lacks."""
+    return args
+
+
+ALL = [echo, echo_sync, nested, boom, not_found, slow, big, flaky, create_note, send_email, admin_console,
+       delete_records]

@@ -1,0 +1,259 @@
+"""Each pipeline stage on its own, through ``Pipeline.execute`` with the default policies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from sidecar.contract import CallRequest, ErrorCode, Recovery, Status, ToolResult
+from sidecar.pipeline import Pipeline, ServiceUnavailable
+from sidecar.policy import Decision, PolicyEvaluationError, Stage
+from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
+from tests.support import tools
+
+
+async def call(pipeline: Pipeline, tool: str, args: Any = None, **fields: Any) -> ToolResult:
+    arguments = args if isinstance(args, str) else json.dumps(args or {})
+    return await pipeline.execute(fields.pop("principal", DEVELOPER), CallRequest(tool=tool, arguments_json=arguments,
+                                                                                  **fields))
+
+
+class FailingEngine:
+    """A policy engine whose chosen stage cannot be evaluated."""
+
+    revision = "sha256:failing"
+
+    def __init__(self, inner: Any, failing: Stage) -> None:
+        self.inner, self.failing = inner, failing
+
+    async def decide(self, stage: Stage, input: dict[str, Any]) -> Decision:
+        if stage is self.failing:
+            raise PolicyEvaluationError("division by zero in authz.rego:12")
+        return await self.inner.decide(stage, input)
+
+    async def decide_many(self, stage: Stage, inputs: Sequence[dict[str, Any]]) -> list[Decision]:
+        return [await self.decide(stage, i) for i in inputs]
+
+
+async def test_success_carries_data_and_meta(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    result = await call(pipeline, "echo", {"text": "hi"})
+    assert result.status is Status.SUCCESS
+    assert result.data == {"text": "hi", "principal": "dev-1", "attempt": 1}
+    assert result.error is None and result.errors == ()
+    assert result.meta.tool == "echo" and result.meta.tool_version == "1.0.0" and result.meta.attempt == 1
+    assert result.meta.policy_revision == pipeline.policy.revision and len(result.meta.request_id) == 32
+
+
+async def test_sync_handler_runs_in_pool(make_pipeline: PipelineFactory) -> None:
+    result = await call(await make_pipeline(), "echo_sync", {"text": "a"})
+    assert result.status is Status.SUCCESS and result.data["text"] == "a"
+
+
+# --- resolve + availability -------------------------------------------------------------------
+
+async def test_unknown_and_hidden_tools_look_the_same(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    unknown = await call(pipeline, "no_such_tool", {"text": "x"})
+    hidden = await call(pipeline, "admin_console", {"text": "x"})
+    for result, name in ((unknown, "no_such_tool"), (hidden, "admin_console")):
+        assert result.status is Status.ERROR and result.error is not None
+        assert result.error.code is ErrorCode.TOOL_UNAVAILABLE and result.error.recovery is Recovery.DO_NOT_RETRY
+        assert result.error.message == f"tool {name!r} is not available"
+    assert (await call(pipeline, "admin_console", {"text": "x"}, principal=ADMIN)).status is Status.SUCCESS
+
+
+async def test_list_tools_is_filtered_by_availability(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    developer = {t.name for t in (await pipeline.list_tools(DEVELOPER)).tools}
+    admin = {t.name for t in (await pipeline.list_tools(ADMIN)).tools}
+    assert "admin_console" not in developer and "admin_console" in admin
+    assert admin - developer == {"admin_console"}
+    listing = await pipeline.list_tools(DEVELOPER)
+    note = next(t for t in listing.tools if t.name == "create_note")
+    assert note.requires_idempotency_key and note.timeout_ms == 2000
+    assert note.input_schema["properties"]["text"]["type"] == "string"
+    assert listing.policy_revision == pipeline.policy.revision
+
+
+# --- validation -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("arguments", "field", "fragment"), [
+    ("{not json", None, "not valid JSON"),
+    ("[1, 2]", None, "must be a JSON object, got an array"),
+    ('{"text": 5}', "text", "valid string"),
+    ('{"text": "a", "extra": 1}', "extra", "Extra inputs"),
+    ("{}", "text", "Field required"),
+])
+async def test_invalid_arguments(make_pipeline: PipelineFactory, arguments: str, field: str | None,
+                                 fragment: str) -> None:
+    result = await call(await make_pipeline(), "echo", arguments)
+    assert result.status is Status.ERROR and result.error is not None
+    assert result.error.code is ErrorCode.INVALID_ARGUMENT and result.error.recovery is Recovery.CORRECT_ARGUMENTS
+    assert result.error.field == field and fragment in result.error.message
+    assert result.meta.attempt == 0
+
+
+async def test_every_invalid_field_is_reported(make_pipeline: PipelineFactory) -> None:
+    result = await call(await make_pipeline(), "echo", {"text": 1, "a": 2, "b": 3})
+    assert [e.field for e in result.errors] == ["text", "a", "b"]
+    assert result.error == result.errors[0]
+
+
+async def test_size_and_depth_limits(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline(max_argument_bytes=100, max_argument_depth=4)
+    too_big = await call(pipeline, "nested", {"payload": {"x": "y" * 200}})
+    assert too_big.error is not None and "limit is 100" in too_big.error.message
+    deep: dict[str, Any] = {}
+    for _ in range(5):
+        deep = {"k": deep}
+    too_deep = await call(pipeline, "nested", {"payload": deep})
+    assert too_deep.error is not None and "nested deeper than 4" in too_deep.error.message
+    assert (await call(pipeline, "nested", {"payload": {"k": {"k": 1}}})).status is Status.SUCCESS
+
+
+async def test_pathological_nesting_is_rejected_not_crashed(make_pipeline: PipelineFactory) -> None:
+    result = await call(await make_pipeline(max_argument_bytes=1_000_000), "nested", "[" * 200_000)
+    assert result.error is not None and result.error.code is ErrorCode.INVALID_ARGUMENT
+
+
+# --- authorization and approval ---------------------------------------------------------------
+
+async def test_missing_permission_is_denied_with_reason(make_pipeline: PipelineFactory) -> None:
+    result = await call(await make_pipeline(), "delete_records", {"text": "x"})
+    assert result.error is not None and result.error.code is ErrorCode.PERMISSION_DENIED
+    assert result.error.recovery is Recovery.REQUEST_PERMISSION and "records:delete" in result.error.message
+
+
+async def test_approval_required_does_not_run_handler(make_pipeline: PipelineFactory) -> None:
+    result = await call(await make_pipeline(), "send_email", {"text": "x"}, idempotency_key="k1")
+    assert result.status is Status.APPROVAL_REQUIRED and result.error is not None
+    assert result.error.code is ErrorCode.APPROVAL_REQUIRED and result.error.recovery is Recovery.REQUEST_USER_INPUT
+
+
+@pytest.mark.parametrize("stage", list(Stage))
+async def test_policy_failure_fails_closed(make_pipeline: PipelineFactory, default_engine: Any, stage: Stage) -> None:
+    before = tools.CREATED.value
+    pipeline = await make_pipeline(policy=FailingEngine(default_engine, stage))
+    result = await call(pipeline, "create_note", {"text": "x"}, idempotency_key=f"fail-{stage}")
+    assert result.error is not None and result.error.code is ErrorCode.SERVICE_UNAVAILABLE
+    assert result.error.retryable and result.error.recovery is Recovery.RETRY_WITH_BACKOFF
+    assert "division" not in result.error.message and tools.CREATED.value == before
+
+
+async def test_list_tools_fails_closed(make_pipeline: PipelineFactory, default_engine: Any) -> None:
+    pipeline = await make_pipeline(policy=FailingEngine(default_engine, Stage.AVAILABILITY))
+    with pytest.raises(ServiceUnavailable):
+        await pipeline.list_tools(DEVELOPER)
+
+
+# --- idempotency ------------------------------------------------------------------------------
+
+async def test_write_tool_requires_key(make_pipeline: PipelineFactory) -> None:
+    result = await call(await make_pipeline(), "create_note", {"text": "x"})
+    assert result.error is not None and result.error.code is ErrorCode.INVALID_ARGUMENT
+    assert result.error.field == "idempotency_key"
+
+
+async def test_replay_and_reuse(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    first = await call(pipeline, "create_note", {"text": "x"}, idempotency_key="k")
+    again = await call(pipeline, "create_note", {"text": "x"}, idempotency_key="k")
+    assert first.status is Status.SUCCESS and again.data == first.data
+    assert again.meta.idempotency_replayed and not first.meta.idempotency_replayed
+    assert again.meta.request_id != first.meta.request_id
+    other = await call(pipeline, "create_note", {"text": "y"}, idempotency_key="k")
+    assert other.error is not None and other.error.code is ErrorCode.IDEMPOTENCY_KEY_REUSED
+    someone_else = await call(pipeline, "create_note", {"text": "y"}, idempotency_key="k", principal=ADMIN)
+    assert someone_else.status is Status.SUCCESS and not someone_else.meta.idempotency_replayed
+
+
+async def test_concurrent_duplicates_execute_once(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    before = tools.CREATED.value
+    results = await asyncio.gather(*(call(pipeline, "create_note", {"text": "dup"}, idempotency_key="same")
+                                     for _ in range(32)))
+    assert tools.CREATED.value == before + 1
+    codes = {r.error.code if r.error else r.status for r in results}
+    assert codes <= {Status.SUCCESS, ErrorCode.OPERATION_IN_PROGRESS}
+    assert sum(r.status is Status.SUCCESS and not r.meta.idempotency_replayed for r in results) == 1
+
+
+# --- dispatch and results ---------------------------------------------------------------------
+
+async def test_handler_exception_is_generic(make_pipeline: PipelineFactory, caplog: pytest.LogCaptureFixture) -> None:
+    result = await call(await make_pipeline(), "boom", {"text": "x"})
+    assert result.error is not None and result.error.code is ErrorCode.INTERNAL_ERROR
+    assert "hunter2" not in result.model_dump_json() and "hunter2" in caplog.text
+
+
+async def test_tool_error_is_published(make_pipeline: PipelineFactory) -> None:
+    result = await call(await make_pipeline(), "not_found", {"text": "q3"})
+    assert result.error is not None and result.error.code is ErrorCode.RESOURCE_NOT_FOUND
+    assert result.error.message == "no document named 'q3'" and result.error.field == "text"
+
+
+async def test_tool_timeout(make_pipeline: PipelineFactory) -> None:
+    started = time.monotonic()
+    result = await call(await make_pipeline(), "slow", {"count": 5000})
+    assert time.monotonic() - started < 1
+    assert result.error is not None and result.error.code is ErrorCode.TIMEOUT
+    assert result.error.retryable and result.error.recovery is Recovery.RETRY_SAME_REQUEST
+
+
+async def test_caller_deadline_wins_when_shorter(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    started = time.monotonic()
+    result = await pipeline.execute(DEVELOPER, CallRequest(tool="slow", arguments_json='{"count": 150}'),
+                                    caller_deadline=time.monotonic() + 0.03)
+    assert result.error is not None and result.error.code is ErrorCode.TIMEOUT
+    assert time.monotonic() - started < 0.12
+
+
+async def test_read_tool_retries_retryable_errors(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    before = tools.FLAKY.value
+    result = await call(pipeline, "flaky", {"count": 3})
+    assert result.status is Status.SUCCESS and result.meta.attempt == 3 and tools.FLAKY.value == before + 3
+    gave_up = await call(pipeline, "flaky", {"count": 9})
+    assert gave_up.error is not None and gave_up.error.code is ErrorCode.SERVICE_UNAVAILABLE
+    assert gave_up.meta.attempt == 3
+
+
+async def test_result_above_limit_is_an_error(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline(max_result_bytes=1000)
+    result = await call(pipeline, "big", {"count": 5000})
+    assert result.error is not None and result.error.code is ErrorCode.INTERNAL_ERROR
+    assert "above the limit of 1000" in result.error.message and result.data is None
+    assert not result.meta.truncated
+
+
+# --- audit ------------------------------------------------------------------------------------
+
+async def test_every_call_is_audited_with_decisions(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    ok = await call(pipeline, "echo", {"text": "secret words"}, call_id="m-1", conversation_id="c-1")
+    denied = await call(pipeline, "delete_records", {"text": "x"})
+    events = {e.request_id: e for e in await pipeline.store.audit_events()}  # type: ignore[attr-defined]
+    event = events[ok.meta.request_id]
+    assert (event.principal_id, event.tool, event.status, event.call_id) == ("dev-1", "echo", "success", "m-1")
+    assert "secret words" not in event.input_hash and event.input_hash.startswith("sha256:")
+    assert set(json.loads(event.decisions_json)) == {"availability", "authz", "approval"}
+    assert event.policy_revision == pipeline.policy.revision
+    assert events[denied.meta.request_id].error_code == "PERMISSION_DENIED"
+
+
+async def test_write_tool_is_audited_before_dispatch(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    task = asyncio.create_task(call(pipeline, "create_note", {"text": "x"}, idempotency_key="audit-first"))
+    await asyncio.sleep(0.02)  # the handler sleeps 50 ms
+    during = await pipeline.store.audit_events()  # type: ignore[attr-defined]
+    assert [e.status for e in during] == ["dispatching"]
+    result = await task
+    after = await pipeline.store.audit_events()  # type: ignore[attr-defined]
+    assert [(e.request_id, e.status) for e in after] == [(result.meta.request_id, "success")]
