@@ -1,0 +1,153 @@
+"""Who is calling: the principal from trusted gRPC metadata, never from tool arguments.
+
+``jwt`` mode verifies ``authorization: Bearer <jwt>`` against the configured key,
+algorithm allow-list, issuer and audience, and requires ``exp`` and ``sub``.
+``dev`` mode returns the configured static principal and ignores any token.
+Failures raise ``AuthenticationError`` with a constant message that is safe to send.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jwt
+from jwt.algorithms import get_default_algorithms
+
+from sidecar.config import AuthMode, AuthSettings, ConfigError, JwtSettings
+from sidecar.contract import Principal
+
+log = logging.getLogger(__name__)
+
+Metadata = Sequence[tuple[str, str | bytes]]
+
+_REQUIRED_CLAIMS = ["exp", "iss", "aud", "sub"]
+
+# Most specific first: the first matching class decides the message.
+_MESSAGES: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
+    (jwt.ExpiredSignatureError, "token expired"),
+    (jwt.ImmatureSignatureError, "token not yet valid"),
+    (jwt.InvalidAudienceError, "invalid token audience"),
+    (jwt.InvalidIssuerError, "invalid token issuer"),
+    (jwt.PyJWTError, "invalid token"),
+)
+
+
+class AuthenticationError(Exception):
+    """The caller is not authenticated; the message is constant and safe to return."""
+
+
+class Authenticator:
+    """Turns call metadata into a ``Principal`` according to ``AuthSettings``."""
+
+    def __init__(self, settings: AuthSettings) -> None:
+        self._dev_principal = settings.dev_principal
+        jwt_settings = settings.jwt if settings.effective_mode is AuthMode.JWT else None
+        self._jwt = None if jwt_settings is None else _JwtVerifier(jwt_settings)
+
+    def authenticate(self, metadata: Metadata) -> Principal:
+        """The principal of a call, or ``AuthenticationError``."""
+        if self._jwt is None:
+            return self._dev_principal
+        return self._jwt.principal(_bearer_token(metadata))
+
+
+class _JwtVerifier:
+    """Verifies bearer tokens with keys prepared once, one per usable algorithm."""
+
+    def __init__(self, settings: JwtSettings) -> None:
+        self._settings = settings
+        self._keys = _prepare_keys(settings)
+        log.debug("JWT algorithms usable with the configured key: %s", ", ".join(self._keys))
+
+    def principal(self, token: str) -> Principal:
+        """Verify ``token`` and build the principal from its claims."""
+        claims = self._verify(token)
+        return _principal_from(claims, self._settings)
+
+    def _verify(self, token: str) -> dict[str, Any]:
+        try:
+            algorithm = jwt.get_unverified_header(token).get("alg")
+            if not isinstance(algorithm, str) or algorithm not in self._keys:
+                raise jwt.InvalidAlgorithmError("algorithm not allowed")
+            # The key was parsed for this allowed algorithm, so the header cannot choose another key type.
+            return jwt.decode(
+                token,
+                self._keys[algorithm],
+                algorithms=[algorithm],
+                issuer=self._settings.issuer,
+                audience=self._settings.audience,
+                leeway=self._settings.leeway_seconds,
+                options={"require": _REQUIRED_CLAIMS},
+            )
+        except jwt.PyJWTError as exc:
+            log.debug("token rejected: %s", exc)
+            raise AuthenticationError(_message(exc)) from None
+
+
+def _prepare_keys(settings: JwtSettings) -> dict[str, Any]:
+    """Map each allowed algorithm that accepts the configured key to the parsed key.
+
+    An algorithm the key does not fit is dropped, so an RSA public key can never be
+    used as an HMAC secret (the key-confusion attack).
+    """
+    pem = settings.verification_key()
+    available = get_default_algorithms()
+    keys: dict[str, Any] = {}
+    for name in settings.algorithms:
+        try:
+            key = available[name].prepare_key(pem)
+        except (jwt.InvalidKeyError, TypeError, ValueError):
+            continue
+        # A private key configured by mistake still verifies through its public half.
+        keys[name] = key.public_key() if hasattr(key, "public_key") else key
+    if not keys:
+        algorithms = ", ".join(settings.algorithms)
+        raise ConfigError(f"config error at auth.jwt: the key fits none of the algorithms {algorithms}")
+    return keys
+
+
+def _bearer_token(metadata: Metadata) -> str:
+    values = [value for key, value in metadata if key.lower() == "authorization"]
+    if not values:
+        raise AuthenticationError("missing bearer token")
+    if len(values) > 1 or not isinstance(values[0], str):
+        raise AuthenticationError("malformed authorization header")
+    scheme, _, token = values[0].strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or " " in token:
+        raise AuthenticationError("malformed authorization header")
+    return token
+
+
+def _message(exc: jwt.PyJWTError) -> str:
+    if isinstance(exc, jwt.MissingRequiredClaimError):
+        return f"token is missing the {exc.claim} claim"
+    return next(message for kind, message in _MESSAGES if isinstance(exc, kind))
+
+
+def _principal_from(claims: Mapping[str, Any], settings: JwtSettings) -> Principal:
+    subject, tenant = claims.get("sub"), claims.get(settings.tenant_claim, "")
+    if not isinstance(subject, str) or not subject:
+        raise AuthenticationError("invalid token subject")
+    if not isinstance(tenant, str):
+        raise AuthenticationError(f"invalid token claim {settings.tenant_claim}")
+    return Principal(
+        id=subject,
+        tenant=tenant,
+        roles=_strings(claims, settings.roles_claim, space_separated=False),
+        permissions=_strings(claims, settings.permissions_claim, space_separated=True),
+    )
+
+
+def _strings(claims: Mapping[str, Any], name: str, *, space_separated: bool) -> tuple[str, ...]:
+    """A list-of-strings claim; a ``scope``-style string too when ``space_separated``."""
+    value = claims.get(name)
+    if value is None:
+        return ()
+    if space_separated and isinstance(value, str):
+        return tuple(value.split())
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    raise AuthenticationError(f"invalid token claim {name}")
