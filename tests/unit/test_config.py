@@ -1,0 +1,91 @@
+"""Configuration: YAML file, environment overrides, errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import AuthMode, ConfigError, load_settings, parse_settings
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "toolbooth.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_need_no_file() -> None:
+    settings = load_settings(env={})
+    assert settings.auth.effective_mode is AuthMode.DEV
+    assert settings.server.listen[0].startswith("unix:///")
+    assert (settings.policy.path / "authz.rego").is_file()
+
+
+def test_file_and_env_overrides(tmp_path: Path) -> None:
+    path = write(tmp_path, "server:\n  listen: ['127.0.0.1:0']\nlimits:\n  max_argument_bytes: 100\n")
+    env = {"TOOLBOOTH_LIMITS__MAX_ARGUMENT_BYTES": "200", "TOOLBOOTH_PLUGINS__ALLOW": "[calculator]",
+           "TOOLBOOTH_TEST_OPA_URL": "ignored", "OTHER": "x"}
+    settings = load_settings(path, env)
+    assert settings.server.listen == ("127.0.0.1:0",)
+    assert settings.limits.max_argument_bytes == 200 and settings.plugins.allow == ("calculator",)
+
+
+def test_jwt_mode_is_chosen_by_a_jwt_section() -> None:
+    settings = parse_settings({"auth": {"jwt": {"issuer": "i", "audience": "a", "key": "k", "algorithms": ["HS256"]}}})
+    assert settings.auth.effective_mode is AuthMode.JWT
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ({"limits": {"max_argument_bytes": 0}}, "config error at limits.max_argument_bytes: Input should be greater than 0"),
+    ({"limits": {"max_argument_bytes": "lots"}}, "config error at limits.max_argument_bytes: Input should be a valid"),
+    ({"surprise": 1}, "config error at surprise: unknown key"),
+    ({"server": {"lissen": []}}, "config error at server.lissen: unknown key"),
+    ({"server": {"listen": ["foo"]}}, "config error at server.listen: 'foo': expected unix:///path or HOST:PORT"),
+    ({"server": {"listen": ["unix://relative.sock"]}}, "must be absolute"),
+    ({"server": {"listen": []}}, "config error at server.listen"),
+    ({"auth": {"mode": "jwt"}}, "config error at auth: mode 'jwt' needs an 'auth.jwt' section"),
+    ({"auth": {"mode": "magic"}}, "config error at auth.mode"),
+    ({"auth": {"jwt": {"issuer": "i", "audience": "a"}}}, "exactly one of 'key' or 'key_file'"),
+    ({"auth": {"jwt": {"issuer": "i", "audience": "a", "key": "k", "algorithms": ["none"]}}}, "'none' is never"),
+    ({"auth": {"jwt": {"audience": "a", "key": "k"}}}, "config error at auth.jwt.issuer: Field required"),
+    ({"auth": {"dev_principal": {"id": ""}}}, "config error at auth.dev_principal.id"),
+    ({"policy": {"engine": "opa"}}, "config error at policy.engine"),
+    ({"log_level": "LOUD"}, "config error at log_level"),
+])
+def test_errors_name_the_key(raw: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings(raw)
+    assert expected in str(info.value)
+
+
+def test_every_error_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings({"limits": {"max_argument_bytes": 0, "max_argument_depth": 0}})
+    assert len(str(info.value).splitlines()) == 2
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("server: [unclosed", "is not valid YAML"),
+    ("- a list\n", "must contain a mapping"),
+])
+def test_bad_files(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        load_settings(write(tmp_path, text), {})
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path / "nope.yaml", {})
+
+
+def test_env_value_into_a_scalar_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="config error at log_level.deep: 'log_level' is not a section"):
+        load_settings(None, {"TOOLBOOTH_LOG_LEVEL": "INFO", "TOOLBOOTH_LOG_LEVEL__DEEP": "x"})
+
+
+def test_unreadable_jwt_key_file(tmp_path: Path) -> None:
+    settings = parse_settings({"auth": {"jwt": {"issuer": "i", "audience": "a", "key_file": str(tmp_path / "k")}}})
+    assert settings.auth.jwt is not None
+    with pytest.raises(ConfigError, match="auth.jwt.key_file: cannot read"):
+        settings.auth.jwt.verification_key()
