@@ -1,0 +1,66 @@
+"""Policy decisions: the ``PolicyEngine`` protocol and the decision documents it returns.
+
+Three questions, three Rego packages, each answering with a decision document
+(not a bare boolean) at the rule ``decision``:
+
+* ``data.toolbooth.availability.decision`` -> ``{"allow": bool, "reason"?: str}``
+* ``data.toolbooth.authz.decision`` -> ``{"allow": bool, "code"?: "PERMISSION_DENIED"|"RESOURCE_NOT_FOUND", "reason"?: str}``
+* ``data.toolbooth.approval.decision`` -> ``{"required": bool, "reason"?: str}``
+
+Any evaluation failure raises ``PolicyEvaluationError``; the pipeline then denies
+(fails closed) with ``SERVICE_UNAVAILABLE``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from sidecar.contract import ErrorCode
+
+
+class Stage(StrEnum):
+    """Which question a decision answers; also the Rego package name under ``toolbooth``."""
+
+    AVAILABILITY = "availability"
+    AUTHZ = "authz"
+    APPROVAL = "approval"
+
+
+class Decision(BaseModel):
+    """A well-typed decision document. ``allow`` answers availability/authz, ``required`` approval."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    allow: bool = False
+    required: bool = False
+    code: ErrorCode | None = None
+    reason: str = ""
+
+
+class PolicyEvaluationError(Exception):
+    """A policy could not be evaluated (compile or runtime error, malformed decision)."""
+
+
+class PolicyLoadError(ValueError):
+    """The policy source cannot be loaded; the message names the file."""
+
+
+class PolicyEngine(Protocol):
+    """Evaluates the three decisions. Implementations must fail closed by raising."""
+
+    @property
+    def revision(self) -> str:
+        """Content hash of the policy set and its data in force."""
+        ...
+
+    async def decide(self, stage: Stage, input: dict[str, Any]) -> Decision:
+        """Evaluate one decision."""
+        ...
+
+    async def decide_many(self, stage: Stage, inputs: Sequence[dict[str, Any]]) -> list[Decision]:
+        """Evaluate one decision per input, in order (used by ``ListTools``)."""
+        ...
