@@ -1,0 +1,176 @@
+"""The embedded policy engine: Rego evaluated in-process by regorus.
+
+A policy directory holds Rego modules (``**/*.rego``; ``*_test.rego`` files are
+policy tests and are not loaded) and an optional ``data.json`` at its root,
+which becomes ``data``. ``EmbeddedEngine.load`` reads and checks them once; the
+compiled engine is then reused, and a decision costs tens of microseconds.
+
+regorus engines are pinned to the thread that creates them (pyo3 ``unsendable``:
+any use from another thread panics) and setting the input then evaluating is not
+atomic. ``load`` may run on any thread: it compiles a throwaway engine to check
+the policies. The engine that evaluates is built on the first decision, by the
+thread that makes it, and only that thread may decide from then on (another
+thread gets ``PolicyEvaluationError``). In the sidecar that is the event-loop
+thread, which also drops the engine after a reload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import regorus
+
+from sidecar.contract import ErrorCode
+from sidecar.policy import Decision, PolicyEvaluationError, PolicyLoadError, Stage
+
+DATA_FILE = "data.json"
+
+_RULES = {stage: f"data.toolbooth.{stage.value}.decision" for stage in Stage}
+_FLAGS = {Stage.AVAILABILITY: "allow", Stage.AUTHZ: "allow", Stage.APPROVAL: "required"}
+_CODES = (ErrorCode.PERMISSION_DENIED.value, ErrorCode.RESOURCE_NOT_FOUND.value)
+
+
+def clean_regorus_error(exc: BaseException) -> str:
+    """The regorus message, without the Rust backtrace appended when ``RUST_BACKTRACE`` is set."""
+    return str(exc).partition("Stack backtrace:")[0].strip()
+
+
+@dataclass(frozen=True)
+class _Sources:
+    """The policy set as read from disk: modules by relative path, and the data document."""
+
+    root: Path
+    modules: tuple[tuple[str, str], ...]
+    data: str | None
+
+    @classmethod
+    def read(cls, root: Path) -> _Sources:
+        """Read every non-test ``*.rego`` under ``root`` and ``root/data.json`` if present."""
+        if not root.is_dir():
+            raise PolicyLoadError(f"policy directory {root} does not exist")
+        files = sorted(f.relative_to(root).as_posix() for f in root.rglob("*.rego") if not _is_test(f))
+        if not files:
+            raise PolicyLoadError(f"policy directory {root} contains no policies (*.rego)")
+        data_file = root / DATA_FILE
+        data = _read(data_file) if data_file.is_file() else None
+        return cls(root, tuple((name, _read(root / name)) for name in files), data)
+
+    def files(self) -> list[tuple[str, str]]:
+        """``(relative path, content)`` of every file, policies and data, sorted by path."""
+        data = [(DATA_FILE, self.data)] if self.data is not None else []
+        return sorted([*self.modules, *data])
+
+    def build(self) -> regorus.Engine:
+        """A compiled regorus engine holding these modules and data."""
+        engine = regorus.Engine()
+        for name, text in self.modules:
+            _load_step(self.root / name, engine.add_policy, str(self.root / name), text)
+        if self.data is not None:
+            _load_step(self.root / DATA_FILE, engine.add_data_json, self.data)
+        # regorus compiles on first evaluation; a trivial query surfaces errors such as unsafe variables now.
+        _load_step(self.root, engine.eval_query, "true")
+        return engine
+
+
+def _is_test(file: Path) -> bool:
+    return file.name.endswith("_test.rego")
+
+
+def _read(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyLoadError(f"cannot read {file}: {exc}") from None
+
+
+def _load_step(where: Path, step: Callable[..., object], *args: str) -> None:
+    try:
+        step(*args)
+    except Exception as exc:
+        raise PolicyLoadError(f"cannot load {where}: {clean_regorus_error(exc)}") from None
+
+
+def _revision(sources: _Sources) -> str:
+    digest = hashlib.sha256()
+    for name, text in sources.files():
+        for part in (name.encode(), text.encode()):
+            digest.update(len(part).to_bytes(8, "big") + part)
+    return f"sha256:{digest.hexdigest()[:16]}"
+
+
+def _check_packages(engine: regorus.Engine, root: Path) -> None:
+    packages = set(engine.get_packages())
+    missing = [package for rule in _RULES.values() if (package := rule.removesuffix(".decision")) not in packages]
+    if missing:
+        raise PolicyLoadError(f"policy directory {root} does not define package(s) {', '.join(missing)}")
+
+
+def _decision(stage: Stage, rule: str, value: Any) -> Decision:
+    """Check the shape of a decision document; anything malformed fails closed."""
+    if not isinstance(value, dict):
+        shape = "undefined or null" if value is None else f"a {type(value).__name__}, not an object"
+        raise PolicyEvaluationError(f"{rule} is {shape}")
+    flag = _FLAGS[stage]
+    if not isinstance(value.get(flag), bool):
+        raise PolicyEvaluationError(f"{rule}.{flag} must be a boolean, got {value.get(flag)!r}")
+    code = value.get("code")
+    if code is not None and code not in _CODES:
+        raise PolicyEvaluationError(f"{rule}.code must be one of {', '.join(_CODES)} or absent, got {code!r}")
+    reason = value.get("reason", "")
+    if not isinstance(reason, str):
+        raise PolicyEvaluationError(f"{rule}.reason must be a string, got {reason!r}")
+    return Decision.model_validate({flag: value[flag], "code": code, "reason": reason})
+
+
+class EmbeddedEngine:
+    """``PolicyEngine`` evaluating ``data.toolbooth.<stage>.decision`` with regorus, in-process."""
+
+    def __init__(self, sources: _Sources) -> None:
+        self._sources = sources
+        self._revision = _revision(sources)
+        self._engine: regorus.Engine | None = None
+        self._owner: int | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> EmbeddedEngine:
+        """Read, compile and check the policy directory ``path``; raise ``PolicyLoadError`` naming the file."""
+        sources = _Sources.read(Path(path))
+        _check_packages(sources.build(), sources.root)
+        return cls(sources)
+
+    @property
+    def revision(self) -> str:
+        """``sha256:`` and 16 hex digits over the policies' and data's paths and contents."""
+        return self._revision
+
+    async def decide(self, stage: Stage, input: dict[str, Any]) -> Decision:
+        """Evaluate one decision."""
+        return self._evaluate(stage, input)
+
+    async def decide_many(self, stage: Stage, inputs: Sequence[dict[str, Any]]) -> list[Decision]:
+        """Evaluate one decision per input, in order."""
+        return [self._evaluate(stage, item) for item in inputs]
+
+    def _evaluate(self, stage: Stage, input: dict[str, Any]) -> Decision:
+        rule = _RULES[stage]
+        try:
+            engine = self._bound_engine()
+            engine.set_input_json(json.dumps(input))
+            value = engine.eval_rule(rule)
+        except Exception as exc:
+            raise PolicyEvaluationError(f"{rule}: {clean_regorus_error(exc)}") from exc
+        return _decision(stage, rule, value)
+
+    def _bound_engine(self) -> regorus.Engine:
+        """The evaluating engine: built by the first thread that decides, usable only by that thread."""
+        if self._engine is None:
+            self._engine, self._owner = self._sources.build(), threading.get_ident()
+        elif self._owner != threading.get_ident():
+            raise RuntimeError("the embedded engine evaluates on the thread of its first decision only")
+        return self._engine
