@@ -1,0 +1,167 @@
+"""Typed clients for agent processes: ``AsyncClient`` (asyncio) and ``Client`` (blocking).
+
+Both return domain models and raise ``ClientError`` for every gRPC failure
+(UNAUTHENTICATED, UNAVAILABLE, DEADLINE_EXCEEDED …); denials and tool failures are
+not exceptions but ``ToolResult``s with ``status`` and ``error``::
+
+    async with AsyncClient("unix:///run/toolbooth/toolbooth.sock", token=jwt) as client:
+        result = await client.execute("calculate", {"op": "add", "operands": [1, 2]})
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+
+from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
+from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
+from sidecar.contract import CallRequest, ToolListing, ToolResult
+from sidecar.server import convert
+
+__all__ = ["AsyncClient", "Client", "ClientError"]
+
+Response = TypeVar("Response")
+Arguments = Mapping[str, Any] | str
+
+
+class ClientError(Exception):
+    """A call failed at the gRPC level; ``code`` says why (e.g. ``UNAUTHENTICATED``)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class _Base:
+    """What both clients share: credentials, default timeout and request building."""
+
+    def __init__(self, *, token: str | None, timeout: float | None) -> None:
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._timeout = timeout
+
+    def _timeout_or_default(self, timeout: float | None) -> float | None:
+        return self._timeout if timeout is None else timeout
+
+
+class AsyncClient(_Base):
+    """An asyncio client; ``target`` is ``unix:///path`` or ``host:port``."""
+
+    def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None) -> None:
+        super().__init__(token=token, timeout=timeout)
+        self._channel = grpc.aio.insecure_channel(target)
+        self._stub = pb_grpc.ToolServiceStub(self._channel)
+
+    async def list_tools(self, *, conversation_id: str | None = None) -> ToolListing:
+        """The tools the caller may see."""
+        request = pb.ListToolsRequest(conversation_id=conversation_id or "")
+        return convert.listing_from_pb(await self._call(self._stub.ListTools, request, None))
+
+    async def execute(
+        self,
+        tool: str,
+        arguments: Arguments = "{}",
+        *,
+        idempotency_key: str | None = None,
+        approval_id: str | None = None,
+        conversation_id: str | None = None,
+        call_id: str | None = None,
+        timeout: float | None = None,
+    ) -> ToolResult:
+        """Run one call; denials and tool failures come back as the result's ``error``."""
+        request = _execute_request(tool, arguments, idempotency_key, approval_id, conversation_id, call_id)
+        return convert.result_from_pb(await self._call(self._stub.ExecuteTool, request, timeout))
+
+    async def close(self) -> None:
+        """Close the channel; calls in flight are cancelled."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await self.close()
+
+    async def _call(self, method: Callable[..., Awaitable[Response]], request: Any,
+                    timeout: float | None) -> Response:
+        try:
+            return await method(request, metadata=self._metadata, timeout=self._timeout_or_default(timeout))
+        except grpc.RpcError as exc:
+            raise _client_error(exc) from exc
+
+
+class Client(_Base):
+    """A blocking client; ``target`` is ``unix:///path`` or ``host:port``."""
+
+    def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None) -> None:
+        super().__init__(token=token, timeout=timeout)
+        self._channel = grpc.insecure_channel(target)
+        self._stub = pb_grpc.ToolServiceStub(self._channel)
+
+    def list_tools(self, *, conversation_id: str | None = None) -> ToolListing:
+        """The tools the caller may see."""
+        request = pb.ListToolsRequest(conversation_id=conversation_id or "")
+        return convert.listing_from_pb(self._call(self._stub.ListTools, request, None))
+
+    def execute(
+        self,
+        tool: str,
+        arguments: Arguments = "{}",
+        *,
+        idempotency_key: str | None = None,
+        approval_id: str | None = None,
+        conversation_id: str | None = None,
+        call_id: str | None = None,
+        timeout: float | None = None,
+    ) -> ToolResult:
+        """Run one call; denials and tool failures come back as the result's ``error``."""
+        request = _execute_request(tool, arguments, idempotency_key, approval_id, conversation_id, call_id)
+        return convert.result_from_pb(self._call(self._stub.ExecuteTool, request, timeout))
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    def _call(self, method: Callable[..., Response], request: Any, timeout: float | None) -> Response:
+        try:
+            return method(request, metadata=self._metadata, timeout=self._timeout_or_default(timeout))
+        except grpc.RpcError as exc:
+            raise _client_error(exc) from exc
+
+
+def _execute_request(
+    tool: str,
+    arguments: Arguments,
+    idempotency_key: str | None,
+    approval_id: str | None,
+    conversation_id: str | None,
+    call_id: str | None,
+) -> pb.ExecuteToolRequest:
+    arguments_json = arguments if isinstance(arguments, str) else json.dumps(dict(arguments), separators=(",", ":"))
+    call = CallRequest(
+        tool=tool,
+        arguments_json=arguments_json,
+        idempotency_key=idempotency_key,
+        approval_id=approval_id,
+        conversation_id=conversation_id,
+        call_id=call_id,
+    )
+    return convert.call_request_to_pb(call)
+
+
+def _client_error(exc: grpc.RpcError) -> ClientError:
+    """``grpc.RpcError`` raised by a call is also a ``grpc.Call`` carrying code and details."""
+    call: Any = exc
+    return ClientError(call.code(), call.details() or "")

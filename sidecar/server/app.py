@@ -1,0 +1,216 @@
+"""The gRPC server: listeners (Unix socket, TCP), health, reflection, graceful shutdown.
+
+``create_server`` builds and binds a server without starting it (tests use it with
+port 0 or a temporary socket); ``serve`` runs the sidecar until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import signal
+import socket
+import stat
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
+from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
+from sidecar.config import AuthMode, ConfigError, Limits, Settings
+from sidecar.contract import Principal
+from sidecar.server.auth import Authenticator
+from sidecar.server.service import ToolGateway, ToolServicer
+
+if TYPE_CHECKING:
+    from sidecar.registry import Registry
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolService"].full_name
+UNIX_PREFIX = "unix://"
+_HEALTH_SERVICES = ("", SERVICE_NAME)
+_LOOPBACK_NAMES = frozenset({"localhost"})
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """A bound, not yet started server and what it needs to start and stop cleanly."""
+
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    addresses: tuple[str, ...]
+    socket_paths: tuple[Path, ...]
+    dev_principal: Principal | None
+
+    async def start(self) -> None:
+        """Start serving, restrict the sockets to owner and group, then report SERVING."""
+        await self.server.start()
+        for path in self.socket_paths:
+            path.chmod(0o660)
+        for service in _HEALTH_SERVICES:
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        if self.dev_principal is not None:
+            log.warning("auth mode 'dev': every caller is trusted as principal %r; never use it in production",
+                        self.dev_principal.id)
+
+    async def stop(self, grace: float | None) -> None:
+        """Report NOT_SERVING, let in-flight calls finish within ``grace``, remove the sockets."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        _remove_sockets(self.socket_paths)
+
+
+async def create_server(settings: Settings, gateway: ToolGateway) -> tuple[grpc.aio.Server, Sidecar]:
+    """Build the server with every service and bind each ``settings.server.listen`` address."""
+    dev = settings.auth.effective_mode is AuthMode.DEV
+    if dev:
+        _refuse_non_loopback(settings.server.listen)
+    servicer = ToolServicer(gateway, Authenticator(settings.auth))
+    server = grpc.aio.server(options=_channel_options(settings.limits))
+    pb_grpc.add_ToolServiceServicer_to_server(servicer, server)
+    health_servicer = await _add_health(server)
+    if settings.server.reflection or (settings.server.reflection is None and dev):
+        names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, server)
+    addresses, sockets = await _bind_all(server, settings.server.listen)
+    dev_principal = settings.auth.dev_principal if dev else None
+    return server, Sidecar(server, health_servicer, addresses, sockets, dev_principal)
+
+
+async def serve(settings: Settings, *, registry: Registry | None = None, stop: asyncio.Event | None = None) -> None:
+    """Run the sidecar until SIGTERM, SIGINT or ``stop``, then shut down gracefully."""
+    from sidecar.pipeline import build_pipeline
+
+    pipeline = await build_pipeline(settings, registry=registry)
+    try:
+        _, sidecar = await create_server(settings, pipeline)
+        try:
+            await sidecar.start()
+            log.info("toolbooth listening on %s", ", ".join(sidecar.addresses))
+            await _wait_for_stop(stop or asyncio.Event())
+        finally:
+            await sidecar.stop(settings.server.shutdown_grace_seconds)
+    finally:
+        await pipeline.aclose()
+    log.info("toolbooth stopped")
+
+
+def _channel_options(limits: Limits) -> list[tuple[str, int]]:
+    # Without so_reuseport=0 a second sidecar could silently share a TCP port.
+    return [
+        ("grpc.max_send_message_length", limits.max_message_bytes),
+        ("grpc.max_receive_message_length", limits.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+async def _add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
+    """Health starts NOT_SERVING; ``Sidecar.start`` flips it once the server is up."""
+    servicer = health.aio.HealthServicer()
+    for service in _HEALTH_SERVICES:
+        await servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    return servicer
+
+
+def _refuse_non_loopback(addresses: Iterable[str]) -> None:
+    """Dev mode trusts every caller, so it may only listen where no one else can reach."""
+    for address in addresses:
+        if not address.startswith(UNIX_PREFIX) and not _is_loopback(address.rpartition(":")[0]):
+            raise ConfigError(
+                f"config error at server.listen: {address!r} is not a loopback address; auth mode 'dev' "
+                "trusts a static principal, so it only listens on 127.0.0.1, ::1, localhost or a unix socket "
+                "(configure auth.jwt to listen elsewhere)"
+            )
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.removeprefix("[").removesuffix("]")
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def _bind_all(server: grpc.aio.Server, addresses: Iterable[str]) -> tuple[tuple[str, ...], tuple[Path, ...]]:
+    """Bind every address; on failure release what was bound and re-raise."""
+    bound: list[str] = []
+    sockets: list[Path] = []
+    try:
+        for address in addresses:
+            bound.append(_bind(server, address, sockets))
+    except BaseException:
+        await server.stop(None)
+        _remove_sockets(sockets)
+        raise
+    return tuple(bound), tuple(sockets)
+
+
+def _bind(server: grpc.aio.Server, address: str, sockets: list[Path]) -> str:
+    """Bind one address and return it as bound (the real port for ``HOST:0``)."""
+    if not address.startswith(UNIX_PREFIX):
+        host = address.rpartition(":")[0]
+        return f"{host}:{server.add_insecure_port(address)}"
+    path = Path(address.removeprefix(UNIX_PREFIX))
+    _prepare_socket_path(path)
+    sockets.append(path)
+    server.add_insecure_port(address)
+    return address
+
+
+def _prepare_socket_path(path: Path) -> None:
+    """Create the parent directory (0750) and remove a stale socket; never a live one or another file."""
+    path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    if not path.is_symlink() and not path.exists():
+        return
+    if not stat.S_ISSOCK(path.lstat().st_mode):
+        raise FileExistsError(f"cannot listen on {path}: it exists and is not a socket")
+    if _is_live(path):
+        raise OSError(f"cannot listen on {path}: another process is listening there")
+    path.unlink()
+
+
+def _is_live(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _remove_sockets(paths: Iterable[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+async def _wait_for_stop(stop: asyncio.Event) -> None:
+    """Wait for ``stop``; in the main thread SIGTERM and SIGINT set it too."""
+    if threading.current_thread() is not threading.main_thread():
+        await stop.wait()
+        return
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for number in signals:
+        loop.add_signal_handler(number, _on_signal, number, stop)
+    try:
+        await stop.wait()
+    finally:
+        for number in signals:
+            loop.remove_signal_handler(number)
+
+
+def _on_signal(number: signal.Signals, stop: asyncio.Event) -> None:
+    log.info("received %s, shutting down", number.name)
+    stop.set()
