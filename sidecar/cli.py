@@ -6,8 +6,9 @@ and turns the outcome into an exit code. It makes no decisions of its own; in
 particular ``call`` sends ``--args`` text unparsed, because the sidecar is the
 validator.
 
-Exit codes: 0 success; 1 start-up failure or gRPC error; 2 usage or configuration
-error; 3 the call's result is an error; 4 the call needs approval.
+Exit codes: 0 success; 1 start-up failure or gRPC error; 2 usage error or a
+configuration that does not load; 3 the call's result is an error; 4 the call
+needs approval.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ EXIT_APPROVAL_REQUIRED = 4
 ENV_TARGET = "TOOLBOOTH_TARGET"
 ENV_TOKEN = "TOOLBOOTH_TOKEN"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+log = logging.getLogger(__name__)
 
 _STATUS_EXIT: dict[Status, int] = {
     Status.SUCCESS: EXIT_OK,
@@ -149,13 +152,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``toolbooth serve``: run the sidecar until SIGTERM/SIGINT."""
     settings = serve_settings(args.config, args.listen)
     setup_logging(settings.log_level)
-    from sidecar.policy import PolicyLoadError
-    from sidecar.registry import PluginLoadError
     from sidecar.server import serve
 
     try:
         asyncio.run(serve(settings))
-    except (PluginLoadError, PolicyLoadError, OSError) as exc:
+    except _startup_errors() as exc:
+        log.debug("start-up failed", exc_info=True)
         raise CommandError(str(exc), EXIT_FAILURE) from None
     except KeyboardInterrupt:
         return 130
@@ -176,7 +178,7 @@ def cmd_call(args: argparse.Namespace) -> int:
         args.tool, arguments, idempotency_key=args.idempotency_key, approval_id=args.approval_id,
         conversation_id=args.conversation_id, timeout=args.timeout))
     print(dump_json(result.model_dump(mode="json")))
-    return _STATUS_EXIT[result.status]
+    return exit_code(result.status)
 
 
 def cmd_config_validate(args: argparse.Namespace) -> int:
@@ -190,6 +192,11 @@ def cmd_config_validate(args: argparse.Namespace) -> int:
 # --- helpers ----------------------------------------------------------------------------------------------
 
 
+def exit_code(status: Status) -> int:
+    """The exit code of ``toolbooth call`` for a result with ``status``."""
+    return _STATUS_EXIT[status]
+
+
 def serve_settings(config: Path | None, listen: Sequence[str] | None) -> Settings:
     """Load the settings; ``listen`` (when given) replaces ``server.listen`` and is validated like it."""
     settings = load_settings(config)
@@ -198,6 +205,20 @@ def serve_settings(config: Path | None, listen: Sequence[str] | None) -> Setting
     raw = settings.model_dump()
     raw["server"]["listen"] = list(listen)
     return parse_settings(raw)
+
+
+def _startup_errors() -> tuple[type[BaseException], ...]:
+    """What stops ``serve`` from starting: reported in one line, exit 1.
+
+    ``ConfigError`` here means settings that parse but cannot run (a non-loopback
+    address in dev mode, an unreadable JWT key); grpc reports a failed bind as a
+    bare ``RuntimeError``.
+    """
+    from sidecar.policy import PolicyLoadError
+    from sidecar.registry import PluginLoadError
+    from sidecar.state import StoreUnavailableError
+
+    return ConfigError, PluginLoadError, PolicyLoadError, StoreUnavailableError, OSError, RuntimeError
 
 
 def setup_logging(level: str) -> None:
