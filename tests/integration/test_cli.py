@@ -1,0 +1,279 @@
+"""The ``toolbooth`` command as real processes: ``serve`` on a real Unix socket, ``tools list`` and ``call``.
+
+Needs the calculator plugin installed (``pip install -e plugins/calculator --no-deps``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sidecar.config import bundled_policy_dir
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+ADD_2_3 = '{"operation": "add", "operands": [2, 3]}'
+START_TIMEOUT = 30.0
+
+
+@dataclass
+class Sidecar:
+    """A ``toolbooth serve`` process and where it listens."""
+
+    process: subprocess.Popen[bytes]
+    socket: Path
+    log: Path
+
+    @property
+    def target(self) -> str:
+        return f"unix://{self.socket}"
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout=20)
+
+
+def _short_dir() -> Path:
+    """A temporary directory with a short path: Unix socket paths are limited to ~107 bytes."""
+    return Path(tempfile.mkdtemp(prefix="tb-cli-", dir="/tmp"))
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    """The caller's environment without TOOLBOOTH_* settings, with default paths inside ``home``."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
+    env.update(PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(home / "run"), XDG_STATE_HOME=str(home / "state"), **extra)
+    return env
+
+
+def toolbooth(*args: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m sidecar ARGS`` to completion."""
+    return subprocess.run([sys.executable, "-m", "sidecar", *args], cwd=REPO, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=60)
+
+
+def _write_config(home: Path, *, policy: Path | None = None) -> Path:
+    lines = [f"server:\n  listen: ['unix://{home}/tb.sock']", f"store:\n  sqlite_path: {home}/tb.db"]
+    if policy is not None:
+        lines.append(f"policy:\n  path: {policy}")
+    path = home / "toolbooth.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def start_sidecar(home: Path, socket: Path, *args: str) -> Sidecar:
+    """Start ``toolbooth serve ARGS`` and wait until its health check says SERVING."""
+    log = home / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", *args], cwd=REPO, env=_env(home),
+                                   stdout=out, stderr=subprocess.STDOUT)
+    sidecar = Sidecar(process, socket, log)
+    try:
+        _wait_serving(sidecar)
+    except BaseException:
+        sidecar.stop(signal.SIGKILL)
+        raise
+    return sidecar
+
+
+def _wait_serving(sidecar: Sidecar) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if sidecar.process.poll() is not None:
+            pytest.fail(f"serve exited with {sidecar.process.returncode}:\n{sidecar.log.read_text()}")
+        if sidecar.socket.exists() and _serving(sidecar.target):
+            return
+        time.sleep(0.1)
+    pytest.fail(f"serve did not become healthy within {START_TIMEOUT}s:\n{sidecar.log.read_text()}")
+
+
+def _serving(target: str) -> bool:
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    path = _short_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def sidecar() -> Iterator[Sidecar]:
+    """One sidecar for the read-only tests of this module."""
+    home = _short_dir()
+    running = start_sidecar(home, home / "tb.sock", "--config", str(_write_config(home)))
+    yield running
+    running.stop()
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def env(home: Path) -> dict[str, str]:
+    return _env(home)
+
+
+# --- against a running sidecar ------------------------------------------------------------------------------
+
+
+def test_tools_list_table(sidecar: Sidecar, env: dict[str, str]) -> None:
+    done = toolbooth("tools", "list", "--target", sidecar.target, env=env)
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.splitlines()
+    assert header.split() == ["NAME", "VERSION", "SIDE", "EFFECT", "KEY", "REQUIRED", "TIMEOUT"]
+    assert ["calculate", "1.0.0", "none", "no", "0.5s"] in [row.split() for row in rows]
+
+
+def test_tools_list_json(sidecar: Sidecar, env: dict[str, str]) -> None:
+    done = toolbooth("tools", "list", "--target", sidecar.target, "--output", "json", env=env)
+    assert done.returncode == 0, done.stderr
+    listing = json.loads(done.stdout)
+    calculate = {tool["name"]: tool for tool in listing["tools"]}["calculate"]
+    assert calculate["side_effect"] == "none"
+    assert calculate["requires_idempotency_key"] is False
+    assert calculate["input_schema"]["properties"]["operation"]["enum"][0] == "add"
+    assert listing["policy_revision"].startswith("sha256:")
+
+
+def test_call_prints_the_typed_result(sidecar: Sidecar, env: dict[str, str]) -> None:
+    done = toolbooth("call", "calculate", "--args", ADD_2_3, "--target", sidecar.target, env=env)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == "success"
+    assert result["data"]["result"] == 5.0
+    assert result["error"] is None
+    assert result["meta"]["tool"] == "calculate"
+    assert done.stdout.startswith('{\n  "status": "success",')
+
+
+def test_call_reads_args_from_a_file_and_from_stdin(sidecar: Sidecar, env: dict[str, str], home: Path) -> None:
+    args_file = home / "args.json"
+    args_file.write_text('{"operation": "multiply", "operands": [4, 5]}')
+    from_file = toolbooth("call", "calculate", "--args", f"@{args_file}", "--target", sidecar.target, env=env)
+    from_stdin = toolbooth("call", "calculate", "--args", "-", "--target", sidecar.target, env=env,
+                           stdin='{"operation": "subtract", "operands": [9, 4]}')
+    assert json.loads(from_file.stdout)["data"]["result"] == 20.0
+    assert json.loads(from_stdin.stdout)["data"]["result"] == 5.0
+
+
+def test_target_from_env(sidecar: Sidecar, home: Path) -> None:
+    done = toolbooth("call", "calculate", "--args", ADD_2_3, env=_env(home, TOOLBOOTH_TARGET=sidecar.target))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["data"]["result"] == 5.0
+
+
+@pytest.mark.parametrize("arguments", ['{"operation": "add", "operands": [2, 3]', '{"operation": "sqrt"}'])
+def test_invalid_args_are_sent_and_rejected_by_the_server(sidecar: Sidecar, env: dict[str, str],
+                                                          arguments: str) -> None:
+    done = toolbooth("call", "calculate", "--args", arguments, "--target", sidecar.target, env=env)
+    assert done.returncode == 3, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == "error"
+    assert result["error"]["code"] == "INVALID_ARGUMENT"
+    assert result["error"]["recovery"] == "correct_arguments"
+
+
+def test_unknown_tool_exits_3(sidecar: Sidecar, env: dict[str, str]) -> None:
+    done = toolbooth("call", "no_such_tool", "--target", sidecar.target, env=env)
+    assert done.returncode == 3
+    assert json.loads(done.stdout)["error"]["code"] == "TOOL_UNAVAILABLE"
+
+
+# --- without a sidecar --------------------------------------------------------------------------------------
+
+
+def test_no_sidecar_on_the_default_socket(env: dict[str, str]) -> None:
+    done = toolbooth("call", "calculate", "--args", ADD_2_3, env=env)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    first, hint = done.stderr.splitlines()
+    assert first.startswith("toolbooth: error: UNAVAILABLE: ")
+    assert hint.endswith("is the sidecar running? start it with `toolbooth serve`")
+
+
+def test_no_sidecar_on_an_explicit_socket(env: dict[str, str], home: Path) -> None:
+    target = f"unix://{home}/absent.sock"
+    done = toolbooth("tools", "list", "--target", target, env=env)
+    assert done.returncode == 1
+    assert f"start it with `toolbooth serve --listen {target}`" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# --- the serve process --------------------------------------------------------------------------------------
+
+
+def test_serve_and_call_meet_with_no_flags_and_sigterm_stops_cleanly(home: Path, env: dict[str, str]) -> None:
+    socket = home / "run" / "toolbooth" / "toolbooth.sock"
+    running = start_sidecar(home, socket)
+    try:
+        done = toolbooth("call", "calculate", "--args", ADD_2_3, env=env)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["data"]["result"] == 5.0
+    finally:
+        code = running.stop(signal.SIGTERM)
+    assert code == 0, running.log.read_text()
+    assert not socket.exists()
+    assert "Traceback" not in running.log.read_text()
+
+
+def test_approval_required_exits_4(home: Path, env: dict[str, str]) -> None:
+    policy = home / "policy"
+    shutil.copytree(bundled_policy_dir(), policy)
+    data = json.loads((policy / "data.json").read_text())
+    data["toolbooth"]["approval"]["tools"] = ["calculate"]
+    (policy / "data.json").write_text(json.dumps(data))
+    running = start_sidecar(home, home / "tb.sock", "--config", str(_write_config(home, policy=policy)))
+    try:
+        done = toolbooth("call", "calculate", "--args", ADD_2_3, "--target", running.target, env=env)
+    finally:
+        running.stop()
+    assert done.returncode == 4, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == "approval_required"
+    assert result["data"] is None
+    assert (result["error"]["code"], result["error"]["recovery"]) == ("APPROVAL_REQUIRED", "request_user_input")
+
+
+def test_serve_with_a_bad_config_exits_2(home: Path, env: dict[str, str]) -> None:
+    config = home / "bad.yaml"
+    config.write_text(f"server:\n  listen: ['unix://{home}/tb.sock']\nstore:\n  sqlite_pth: {home}/tb.db\n")
+    done = toolbooth("serve", "--config", str(config), env=env)
+    assert done.returncode == 2
+    assert done.stderr == "toolbooth: error: config error at store.sqlite_pth: unknown key\n"
+    assert not (home / "tb.sock").exists()
+
+
+def test_serve_refuses_a_public_address_in_dev_mode(home: Path, env: dict[str, str]) -> None:
+    done = toolbooth("serve", "--config", str(_write_config(home)), "--listen", "0.0.0.0:0", env=env)
+    assert done.returncode == 1
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("toolbooth: error: ")
+    assert "'0.0.0.0:0' is not a loopback address" in last
+    assert "Traceback" not in done.stderr
+
+
+def test_serve_on_a_live_socket_exits_1(sidecar: Sidecar, env: dict[str, str]) -> None:
+    done = toolbooth("serve", "--listen", sidecar.target, env=env)
+    assert done.returncode == 1
+    assert f"cannot listen on {sidecar.socket}: another process is listening there" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert sidecar.socket.exists()
