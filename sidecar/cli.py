@@ -21,10 +21,10 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sidecar.config import ConfigError, Settings, load_settings, parse_settings
-from sidecar.contract import Status, ToolListing, ToolResult
+from sidecar.contract import Status, ToolListing
 
 if TYPE_CHECKING:
     from sidecar.client import Client, ClientError
@@ -58,6 +58,7 @@ The result is printed as JSON. Exit codes:
 """
 
 Handler = Callable[[argparse.Namespace], int]
+Reply = TypeVar("Reply")
 
 
 class CommandError(Exception):
@@ -166,7 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_tools_list(args: argparse.Namespace) -> int:
     """``toolbooth tools list``: print the tools this caller may use."""
-    listing: ToolListing = _with_client(args, lambda client: client.list_tools())
+    listing = _with_client(args, lambda client: client.list_tools())
     print(dump_json(listing.model_dump(mode="json")) if args.output == "json" else format_table(listing))
     return EXIT_OK
 
@@ -174,7 +175,7 @@ def cmd_tools_list(args: argparse.Namespace) -> int:
 def cmd_call(args: argparse.Namespace) -> int:
     """``toolbooth call``: execute one call and print its typed result."""
     arguments = read_arguments(args.arguments)
-    result: ToolResult = _with_client(args, lambda client: client.execute(
+    result = _with_client(args, lambda client: client.execute(
         args.tool, arguments, idempotency_key=args.idempotency_key, approval_id=args.approval_id,
         conversation_id=args.conversation_id, timeout=args.timeout))
     print(dump_json(result.model_dump(mode="json")))
@@ -244,7 +245,7 @@ def read_arguments(value: str) -> str:
     return value
 
 
-def _with_client(args: argparse.Namespace, request: Callable[[Client], Any]) -> Any:
+def _with_client(args: argparse.Namespace, request: Callable[[Client], Reply]) -> Reply:
     """Run ``request`` with a client for ``args.target``; a ``ClientError`` becomes exit code 1."""
     from sidecar.client import Client, ClientError
 

@@ -63,7 +63,7 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 def toolbooth(*args: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m sidecar ARGS`` to completion."""
     return subprocess.run([sys.executable, "-m", "sidecar", *args], cwd=REPO, env=env, input=stdin,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def _write_config(home: Path, *, policy: Path | None = None) -> Path:
@@ -107,7 +107,7 @@ def _serving(target: str) -> bool:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
         except grpc.RpcError:
             return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 @pytest.fixture
