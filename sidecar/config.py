@@ -160,12 +160,12 @@ class ServerSettings(_Section):
 class Settings(_Section):
     """The whole configuration."""
 
-    server: ServerSettings = ServerSettings()
-    auth: AuthSettings = AuthSettings()
-    policy: PolicySettings = PolicySettings()
-    store: StoreSettings = StoreSettings()
-    limits: Limits = Limits()
-    plugins: PluginSettings = PluginSettings()
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    limits: Limits = Field(default_factory=Limits)
+    plugins: PluginSettings = Field(default_factory=PluginSettings)
     log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
 
 
