@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from sidecar.contract import ErrorCode, Principal, SideEffect
+from sidecar.contract import ErrorCode, Principal, Recovery, SideEffect, guidance
 from sidecar.plugin import ToolContext, ToolDefinition, ToolError
 from toolbooth_calculator import MAX_OPERANDS, MAX_RESULT, TOOLS, CalculateInput, CalculateOutput, calculate
 
@@ -126,7 +126,7 @@ async def test_division_by_zero_is_rejected(divisor: float) -> None:
     assert error.code is ErrorCode.INVALID_ARGUMENT
     assert error.field == "operands.1"
     assert "zero" in error.message
-    assert error.retryable is False
+    assert error.retryable is None and guidance(error.code) == (False, Recovery.CORRECT_ARGUMENTS)
 
 
 async def test_zero_to_a_negative_power_is_rejected() -> None:
