@@ -11,8 +11,6 @@ import json
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
-
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.contract import (
     CallRequest,
@@ -28,21 +26,23 @@ from sidecar.contract import (
 )
 
 E = TypeVar("E", bound=Enum)
+P = TypeVar("P", bound=int)
 
 _OPTIONAL_CALL_FIELDS = ("idempotency_key", "approval_id", "conversation_id", "call_id")
 
 
-class EnumMap(Generic[E]):
+class EnumMap(Generic[E, P]):
     """Pairs a domain enum with a proto enum: ``Member.NAME`` ↔ ``PREFIX_NAME``."""
 
-    def __init__(self, domain: type[E], proto: EnumTypeWrapper) -> None:
-        prefix = proto.Name(0).removesuffix("UNSPECIFIED")
-        self._to_pb = {member: proto.Value(prefix + member.name) for member in domain}
-        self._from_pb = {number: member for member, number in self._to_pb.items()}
-        self._name = proto.DESCRIPTOR.name
+    def __init__(self, domain: type[E], proto: type[P]) -> None:
+        wrapper: Any = proto  # an EnumTypeWrapper at runtime; the stubs type it as the enum class
+        prefix = wrapper.Name(0).removesuffix("UNSPECIFIED")
+        self._to_pb: dict[E, P] = {member: wrapper.Value(prefix + member.name) for member in domain}
+        self._from_pb: dict[int, E] = {number: member for member, number in self._to_pb.items()}
+        self._name: str = wrapper.DESCRIPTOR.name
 
-    def to_pb(self, member: E) -> int:
-        """The proto number of ``member``."""
+    def to_pb(self, member: E) -> P:
+        """The proto value of ``member``."""
         return self._to_pb[member]
 
     def from_pb(self, number: int) -> E:

@@ -310,3 +310,13 @@ async def test_clients_raise_client_error_when_nothing_listens(tmp_path: Path) -
     with Client(address, timeout=2) as sync_client, pytest.raises(ClientError) as caught:
         sync_client.execute("echo")
     assert caught.value.code is grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_failed_bind_releases_what_was_already_bound(make_settings, socket_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = f"127.0.0.1:{busy.getsockname()[1]}"
+        with pytest.raises(RuntimeError, match="Failed to bind"):
+            await create_server(make_settings(server={"listen": [f"unix://{socket_path}", taken]}), FakeGateway())
+    assert not socket_path.exists()

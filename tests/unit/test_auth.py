@@ -164,7 +164,7 @@ def test_allowed_algorithm_whose_key_type_differs_is_refused(
 
 
 def test_hmac_algorithm_with_a_pem_key_is_a_config_error(rsa_key: rsa.RSAPrivateKey) -> None:
-    with pytest.raises(ConfigError, match="auth.jwt"):
+    with pytest.raises(ConfigError, match=r"auth\.jwt"):
         _authenticator(rsa_key.public_key(), algorithms=("HS256",))
 
 
@@ -182,7 +182,7 @@ def test_malformed_header_is_refused(rsa_key: rsa.RSAPrivateKey, value: str | by
 
 def test_two_authorization_headers_are_refused(rsa_key: rsa.RSAPrivateKey) -> None:
     token = jwt.encode(_claims(), rsa_key, algorithm="RS256")
-    metadata = _bearer(token) + [("authorization", f"Bearer {token}")]
+    metadata = [*_bearer(token), ("authorization", f"Bearer {token}")]
     assert _refused(_authenticator(rsa_key.public_key()), metadata) == "malformed authorization header"
 
 
