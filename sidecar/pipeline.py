@@ -8,6 +8,7 @@ exception that leaves ``list_tools`` is ``ServiceUnavailable`` (fail closed).
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import logging
@@ -61,6 +62,7 @@ class _Call:
     decisions: dict[str, Any] = field(default_factory=dict)
     scope: KeyScope | None = None
     attempts: int = 0
+    audited: bool = False
 
 
 class Pipeline:
@@ -91,7 +93,12 @@ class Pipeline:
             result = await self._stages(call, caller_deadline)
         except _Stop as stop:
             result = self._result(call, stop.status, errors=stop.errors)
-        await self._audit(call, result)
+        except asyncio.CancelledError:
+            if not call.audited:
+                await self._record(self._event(call, "cancelled", None))
+            raise
+        if not call.audited:
+            await self._audit(call, result)
         return result
 
     async def aclose(self) -> None:
@@ -106,9 +113,16 @@ class Pipeline:
         await self._check_approval(call)
         if defn.requires_idempotency_key and (replay := await self._claim(call)) is not None:
             return replay
-        if defn.side_effect is not SideEffect.NONE:
-            await self._audit_before_dispatch(call)
-        return await self._dispatch(call, caller_deadline)
+        if defn.side_effect is SideEffect.NONE:
+            return await self._dispatch(call, caller_deadline)
+        await self._audit_before_dispatch(call)
+        # A write that started runs to its end and is recorded, even if the caller goes away.
+        return await asyncio.shield(self._dispatch_recorded(call, caller_deadline))
+
+    async def _dispatch_recorded(self, call: _Call, caller_deadline: float | None) -> ToolResult:
+        result = await self._dispatch(call, caller_deadline)
+        await self._audit(call, result)
+        return result
 
     async def _resolve(self, call: _Call) -> ToolDefinition[Any, Any]:
         defn = self.registry.get(call.request.tool)
@@ -261,11 +275,14 @@ class Pipeline:
         )
 
     async def _audit(self, call: _Call, result: ToolResult) -> None:
-        event = self._event(call, result.status.value, result.error.code.value if result.error else None)
+        call.audited = True
+        await self._record(self._event(call, result.status.value, result.error.code.value if result.error else None))
+
+    async def _record(self, event: AuditEvent) -> None:
         try:
             await self.store.record_audit(event)
         except StoreUnavailableError as exc:
-            log.error("audit write failed for request %s: %s", call.request_id, exc)
+            log.error("audit write failed for request %s: %s", event.request_id, exc)
 
     def _event(self, call: _Call, status: str, error_code: str | None) -> AuditEvent:
         defn, request = call.defn, call.request

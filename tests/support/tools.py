@@ -74,10 +74,17 @@ async def not_found(args: Text, ctx: ToolContext) -> Echoed:
     raise ToolError(ErrorCode.RESOURCE_NOT_FOUND, f"no document named {args.text!r}", field="text")
 
 
+SLOW_CANCELLED = Counter()
+
+
 @tool(name="slow", version="1.0.0", side_effect=SideEffect.NONE, timeout=0.2)
 async def slow(args: Count, ctx: ToolContext) -> Count:
-    """Sleep ``count`` milliseconds (timeout 200 ms)."""
-    await asyncio.sleep(args.count / 1000)
+    """Sleep ``count`` milliseconds (timeout 200 ms); count cancellations."""
+    try:
+        await asyncio.sleep(args.count / 1000)
+    except asyncio.CancelledError:
+        SLOW_CANCELLED.bump()
+        raise
     return args
 
 

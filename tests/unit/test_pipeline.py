@@ -257,3 +257,39 @@ async def test_write_tool_is_audited_before_dispatch(make_pipeline: PipelineFact
     result = await task
     after = await pipeline.store.audit_events()  # type: ignore[attr-defined]
     assert [(e.request_id, e.status) for e in after] == [(result.meta.request_id, "success")]
+
+
+async def test_deadline_cancels_async_handler(make_pipeline: PipelineFactory) -> None:
+    before = tools.SLOW_CANCELLED.value
+    result = await call(await make_pipeline(), "slow", {"count": 5000})
+    assert result.error is not None and result.error.code is ErrorCode.TIMEOUT
+    assert tools.SLOW_CANCELLED.value == before + 1
+
+
+async def test_caller_cancellation_reaches_read_handler(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    before = tools.SLOW_CANCELLED.value
+    task = asyncio.create_task(call(pipeline, "slow", {"count": 150}))
+    await asyncio.sleep(0.03)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert tools.SLOW_CANCELLED.value == before + 1
+    statuses = [e.status for e in await pipeline.store.audit_events()]  # type: ignore[attr-defined]
+    assert statuses == ["cancelled"]
+
+
+async def test_started_write_finishes_when_caller_goes_away(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    before = tools.CREATED.value
+    task = asyncio.create_task(call(pipeline, "create_note", {"text": "x"}, idempotency_key="gone"))
+    await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.1)  # the handler takes 50 ms
+    replay = await call(pipeline, "create_note", {"text": "x"}, idempotency_key="gone")
+    assert replay.meta.idempotency_replayed and replay.data == {"count": before + 1}
+    assert tools.CREATED.value == before + 1
+    statuses = [e.status for e in await pipeline.store.audit_events()]  # type: ignore[attr-defined]
+    assert statuses == ["success", "success"]
