@@ -1,0 +1,581 @@
+#!/usr/bin/env python
+"""ExecuteTool throughput and latency: the real sidecar against a bare grpcio echo server.
+
+    python benchmarks/bench_execute.py [--calls N] [--concurrency 1,16,64] [--repeat 3] [--json]
+
+In one run this script
+
+1. starts the real sidecar in a child process (``python -m sidecar serve --config <tmp yaml>``:
+   dev auth, bundled policies, a temporary SQLite store, ``log_level: WARNING``) on a Unix
+   socket in a temporary directory, and waits until gRPC health reports SERVING;
+2. makes one real ``calculate`` call to it and keeps the reply;
+3. starts a bare ``grpc.aio`` echo server in a second child process (this file with
+   ``--echo-server``), also on a Unix socket, whose ``ExecuteTool`` returns that reply as is;
+4. drives both with the same client: one ``grpc.aio`` channel per server, the generated stub,
+   the same request, ``concurrency`` workers each looping over calls, a warm-up, then a
+   fixed number of measured calls (bounded in time too);
+5. prints calls/s, p50 and p99 latency per server and the ratio sidecar/echo of calls/s,
+   each the median over ``--repeat`` runs (echo and sidecar alternate).
+
+Every reply is checked (status SUCCESS and the expected data); failures are counted,
+printed, and make the exit code 1. With ``--json`` the table goes to stderr and a JSON
+document to stdout. Both children and the temporary directory are removed on exit,
+also after Ctrl-C or an error. See benchmarks/README.md for how to read the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import ctypes
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
+from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
+
+TOOL = "calculate"
+ARGUMENTS = {"operation": "add", "operands": [2, 3]}
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolService"].full_name
+CALL_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0
+STOP_GRACE_S = 15.0
+# The sidecar's own server options (sidecar/server/app.py, default Limits), so the echo
+# server differs only in what its handler does.
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", 4 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+]
+MAX_FAILURES_SHOWN = 5
+STOP = threading.Event()  # set on SIGINT/SIGTERM: workers stop looping
+
+
+# --- children ---------------------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGTERM this process when its parent dies (no orphans after a SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0  # unknown: do not use preexec_fn
+
+
+class EchoServicer(pb_grpc.ToolServiceServicer):
+    """``ExecuteTool`` returns one fixed, pre-built ``ToolResult``; nothing else happens."""
+
+    def __init__(self, reply: pb.ToolResult) -> None:
+        self._reply = reply
+
+    async def ExecuteTool(self, request: pb.ExecuteToolRequest, context: grpc.aio.ServicerContext) -> pb.ToolResult:
+        return self._reply
+
+
+async def _echo_main(address: str, reply_path: Path) -> None:
+    reply = pb.ToolResult.FromString(reply_path.read_bytes())
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    pb_grpc.add_ToolServiceServicer_to_server(EchoServicer(reply), server)
+    server.add_insecure_port(address)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, stop.set)
+    await stop.wait()
+    await server.stop(1.0)
+
+
+def run_echo_server(address: str, reply_path: str) -> int:
+    """Entry point of the echo child (``--echo-server ADDRESS REPLY_FILE``)."""
+    _die_with_parent()
+    asyncio.run(_echo_main(address, Path(reply_path)))
+    return 0
+
+
+class Children:
+    """The two server processes and the temporary directory; ``close`` removes all of them."""
+
+    def __init__(self) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="toolbooth-bench-"))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, Path] = {}
+
+    def start(self, name: str, argv: list[str], *, pdeathsig: bool) -> subprocess.Popen[bytes]:
+        log_path = self.tmp / f"{name}.log"
+        self.logs[name] = log_path
+        # preexec_fn is only safe while this process has one thread: the sidecar starts before any
+        # gRPC channel exists. The echo child sets the same flag itself.
+        single_threaded = _thread_count() == 1
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if pdeathsig and single_threaded else None,  # noqa: PLW1509
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                                                 os.environ.get("PYTHONPATH")]))},
+            )
+        self.procs[name] = proc
+        return proc
+
+    def check_alive(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {proc.returncode}:\n{self.log_tail(name)}")
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        try:
+            text = self.logs[name].read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return textwrap.indent("\n".join(text.splitlines()[-lines:]) or "(empty log)", "  | ")
+
+    def log_problems(self, name: str) -> list[str]:
+        """Lines of a child's log at level ERROR or above, and tracebacks."""
+        try:
+            text = self.logs[name].read_text(errors="replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if " ERROR " in line or " CRITICAL " in line
+                or line.startswith("Traceback")]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def write_sidecar_config(tmp: Path, socket_path: Path) -> Path:
+    """Embedded defaults except: listen on ``socket_path``, a fresh SQLite file, WARNING logs."""
+    config = {
+        "server": {"listen": [f"unix://{socket_path}"]},
+        "auth": {"mode": "dev"},
+        "store": {"sqlite_path": str(tmp / "state" / "toolbooth.db")},
+        "log_level": "WARNING",
+    }
+    path = tmp / "sidecar.yaml"
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+    return path
+
+
+def sidecar_env_clean() -> None:
+    """TOOLBOOTH_* variables of the caller would override the benchmark's config: drop them."""
+    for name in [n for n in os.environ if n.startswith("TOOLBOOTH_")]:
+        del os.environ[name]
+
+
+async def wait_serving(children: Children, name: str, target: str) -> None:
+    """Poll gRPC health until SERVING (the sidecar reports it once listening and loaded)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            children.check_alive(name)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} not SERVING after {START_TIMEOUT_S:.0f} s:\n{children.log_tail(name)}")
+            await asyncio.sleep(0.1)
+
+
+async def wait_echo(children: Children, name: str, target: str, request: pb.ExecuteToolRequest) -> None:
+    """The echo server has no health service: wait until one ExecuteTool succeeds."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb_grpc.ToolServiceStub(channel)
+        while True:
+            children.check_alive(name)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.ExecuteTool(request, timeout=1.0)
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} not answering after {START_TIMEOUT_S:.0f} s:\n{children.log_tail(name)}")
+            await asyncio.sleep(0.1)
+
+
+# --- measuring --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One measured run of one server at one concurrency."""
+
+    server: str
+    concurrency: int
+    calls: int
+    failures: int
+    seconds: float
+    calls_per_s: float
+    p50_ms: float
+    p99_ms: float
+    stopped_by_time: bool
+    server_cpu_ms_per_call: float | None = None
+    client_cpu_ms_per_call: float | None = None
+    failure_samples: dict[str, int] = field(default_factory=dict)
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of ``pid`` (all its threads) from /proc; ``None`` where unavailable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list (``q`` in 0..100)."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, -(-len(sorted_values) * q // 100))  # ceil(n*q/100), at least 1
+    return sorted_values[int(rank) - 1]
+
+
+def describe_failure(reply: pb.ToolResult) -> str:
+    if reply.status != pb.STATUS_SUCCESS:
+        error = reply.error
+        return (f"status {pb.Status.Name(reply.status)}: {pb.ErrorCode.Name(error.code)} "
+                f"{error.message!r}")
+    return f"unexpected data_json {reply.data_json!r}"
+
+
+async def measure(server: str, stub: pb_grpc.ToolServiceStub, request: pb.ExecuteToolRequest, expected_data: str,
+                  *, concurrency: int, calls: int, max_seconds: float, server_pid: int) -> Run:
+    """``concurrency`` workers share ``calls`` calls; they stop early after ``max_seconds``.
+
+    Also records the CPU time the server process and this client process spent per call.
+    """
+    latencies: list[float] = []
+    failures: collections.Counter[str] = collections.Counter()
+    remaining = calls
+    clock = time.perf_counter
+    server_cpu, client_cpu = process_cpu_seconds(server_pid), time.process_time()
+    start = clock()
+    deadline = start + max_seconds
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0 and clock() < deadline and not STOP.is_set():
+            remaining -= 1
+            sent = clock()
+            try:
+                reply = await stub.ExecuteTool(request, timeout=CALL_TIMEOUT_S)
+            except grpc.aio.AioRpcError as exc:
+                latencies.append(clock() - sent)
+                failures[f"gRPC {exc.code().name}: {exc.details()}"] += 1
+                continue
+            latencies.append(clock() - sent)
+            if reply.status != pb.STATUS_SUCCESS or reply.data_json != expected_data:
+                failures[describe_failure(reply)] += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    seconds = clock() - start
+    client_cpu = time.process_time() - client_cpu
+    server_cpu_end = process_cpu_seconds(server_pid)
+    server_cpu = None if server_cpu is None or server_cpu_end is None else server_cpu_end - server_cpu
+    latencies.sort()
+    per_call = (lambda cpu: None if cpu is None or not latencies else cpu * 1000 / len(latencies))
+    return Run(
+        server=server, concurrency=concurrency, calls=len(latencies), failures=sum(failures.values()),
+        seconds=seconds, calls_per_s=len(latencies) / seconds if seconds else 0.0,
+        p50_ms=percentile(latencies, 50) * 1000, p99_ms=percentile(latencies, 99) * 1000,
+        stopped_by_time=remaining > 0, server_cpu_ms_per_call=per_call(server_cpu),
+        client_cpu_ms_per_call=per_call(client_cpu), failure_samples=dict(failures.most_common(MAX_FAILURES_SHOWN)),
+    )
+
+
+def summarize(runs: list[Run]) -> dict[str, Any]:
+    return {
+        "calls_per_s": statistics.median(r.calls_per_s for r in runs),
+        "p50_ms": statistics.median(r.p50_ms for r in runs),
+        "p99_ms": statistics.median(r.p99_ms for r in runs),
+        "server_cpu_ms_per_call": _median_or_none(r.server_cpu_ms_per_call for r in runs),
+        "client_cpu_ms_per_call": _median_or_none(r.client_cpu_ms_per_call for r in runs),
+        "failures": sum(r.failures for r in runs),
+        "runs": [asdict(r) for r in runs],
+    }
+
+
+def _median_or_none(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+# --- output -----------------------------------------------------------------------------------------------
+
+
+def format_table(levels: list[dict[str, Any]]) -> str:
+    header = ("conc", "echo calls/s", "sidecar calls/s", "ratio", "echo p50", "sidecar p50", "echo p99",
+              "sidecar p99", "failures")
+    rows = [header]
+    for level in levels:
+        echo, side = level["echo"], level["sidecar"]
+        rows.append((
+            str(level["concurrency"]), f"{echo['calls_per_s']:.0f}", f"{side['calls_per_s']:.0f}",
+            f"{level['ratio']:.2f}", f"{echo['p50_ms']:.2f} ms", f"{side['p50_ms']:.2f} ms",
+            f"{echo['p99_ms']:.2f} ms", f"{side['p99_ms']:.2f} ms", str(echo["failures"] + side["failures"]),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def format_cpu_table(levels: list[dict[str, Any]]) -> str:
+    def ms(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
+    header = ("conc", "echo server", "sidecar server", "sidecar/echo", "client (echo run)", "client (sidecar run)")
+    rows = [header]
+    for level in levels:
+        echo, side = level["echo"], level["sidecar"]
+        e, s = echo["server_cpu_ms_per_call"], side["server_cpu_ms_per_call"]
+        ratio = level["server_cpu_ratio"]
+        rows.append((str(level["concurrency"]), ms(e), ms(s), "n/a" if ratio is None else f"{ratio:.1f}x",
+                     ms(echo["client_cpu_ms_per_call"]), ms(side["client_cpu_ms_per_call"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def format_runs(levels: list[dict[str, Any]]) -> str:
+    lines = ["per run (calls/s):"]
+    for level in levels:
+        for server in ("echo", "sidecar"):
+            values = ", ".join(f"{r['calls_per_s']:.0f}" for r in level[server]["runs"])
+            lines.append(f"  c={level['concurrency']:<3} {server:<7} {values}")
+        lines.append(f"  c={level['concurrency']:<3} ratio   " + ", ".join(f"{x:.2f}" for x in level["run_ratios"]))
+    return "\n".join(lines)
+
+
+# --- main -------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=2000, help="measured calls per run (default: 2000)")
+    parser.add_argument("--warmup", type=int, default=200, help="unmeasured calls before each run (default: 200)")
+    parser.add_argument("--concurrency", default="1,16,64",
+                        help="comma-separated in-flight call counts (default: 1,16,64)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs per server and level; medians are reported (default: 3)")
+    parser.add_argument("--max-seconds", type=float, default=20.0,
+                        help="a run stops after this long even if calls remain (default: 20)")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON document on stdout (the table then goes to stderr)")
+    parser.add_argument("--echo-server", nargs=2, metavar=("ADDRESS", "REPLY_FILE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.echo_server is None:
+        try:
+            args.levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+        except ValueError:
+            parser.error(f"--concurrency: expected comma-separated integers, got {args.concurrency!r}")
+        if not args.levels or min(args.levels) < 1 or args.calls < 1 or args.repeat < 1 or args.warmup < 0:
+            parser.error("--concurrency values, --calls and --repeat must be at least 1, --warmup at least 0")
+    return args
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived: stop measuring and clean up."""
+
+
+async def bench(args: argparse.Namespace, children: Children) -> dict[str, Any]:
+    """Run everything; SIGINT/SIGTERM cancel it (``Interrupted``), whatever the calls were doing."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    interrupted = False
+
+    def on_signal() -> None:
+        nonlocal interrupted
+        interrupted = True
+        STOP.set()
+        task.cancel()
+
+    for number in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(number, on_signal)
+    try:
+        async with contextlib.AsyncExitStack() as channels:
+            return await _bench(args, children, channels)
+    except BaseException as exc:
+        if interrupted:
+            raise Interrupted from exc
+        raise
+    finally:
+        for number in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(number)
+
+
+async def _bench(args: argparse.Namespace, children: Children, channels: contextlib.AsyncExitStack) -> dict[str, Any]:
+    request = pb.ExecuteToolRequest(tool=TOOL, arguments_json=json.dumps(ARGUMENTS))
+
+    sidecar_sock = children.tmp / "sidecar.sock"
+    sidecar_target = f"unix://{sidecar_sock}"
+    config = write_sidecar_config(children.tmp, sidecar_sock)
+    sidecar = children.start("sidecar", [sys.executable, "-m", "sidecar", "serve", "--config", str(config)],
+                             pdeathsig=True)
+    progress(f"sidecar: pid {sidecar.pid}, {sidecar_target}")
+    await wait_serving(children, "sidecar", sidecar_target)
+
+    sidecar_channel = await channels.enter_async_context(grpc.aio.insecure_channel(sidecar_target))
+    sidecar_stub = pb_grpc.ToolServiceStub(sidecar_channel)
+    reply = await sidecar_stub.ExecuteTool(request, timeout=CALL_TIMEOUT_S)
+    if reply.status != pb.STATUS_SUCCESS:
+        raise RuntimeError(f"the sidecar's first reply is not a success: {reply}")
+    expected_data = reply.data_json
+    reply_bytes = reply.SerializeToString()
+    (children.tmp / "reply.bin").write_bytes(reply_bytes)
+
+    echo_target = f"unix://{children.tmp / 'echo.sock'}"
+    echo = children.start("echo", [sys.executable, str(Path(__file__).resolve()), "--echo-server", echo_target,
+                                   str(children.tmp / "reply.bin")], pdeathsig=False)
+    progress(f"echo:    pid {echo.pid}, {echo_target}")
+    await wait_echo(children, "echo", echo_target, request)
+    echo_channel = await channels.enter_async_context(grpc.aio.insecure_channel(echo_target))
+    echo_stub = pb_grpc.ToolServiceStub(echo_channel)
+    probe = await echo_stub.ExecuteTool(request, timeout=CALL_TIMEOUT_S)
+    progress(f"request {request.ByteSize()} B; reply {len(reply_bytes)} B (sidecar), {probe.ByteSize()} B (echo); "
+             f"{args.warmup} warm-up + {args.calls} calls per run, {args.repeat} runs per server and level")
+
+    stubs = {"echo": echo_stub, "sidecar": sidecar_stub}
+    levels = []
+    for concurrency in args.levels:
+        runs: dict[str, list[Run]] = {"echo": [], "sidecar": []}
+        for rep in range(args.repeat):
+            order = ("echo", "sidecar") if rep % 2 == 0 else ("sidecar", "echo")
+            for server in order:
+                children.check_alive(server)
+                pid = children.procs[server].pid
+                if args.warmup:
+                    await measure(server, stubs[server], request, expected_data, concurrency=concurrency,
+                                  calls=args.warmup, max_seconds=args.max_seconds, server_pid=pid)
+                run = await measure(server, stubs[server], request, expected_data, concurrency=concurrency,
+                                    calls=args.calls, max_seconds=args.max_seconds, server_pid=pid)
+                runs[server].append(run)
+                note = " (stopped by --max-seconds)" if run.stopped_by_time else ""
+                cpu = run.server_cpu_ms_per_call
+                cpu_text = "" if cpu is None else f"  server cpu {cpu:.3f} ms/call"
+                progress(f"  c={concurrency:<3} run {rep + 1}/{args.repeat} {server:<7} {run.calls_per_s:8.0f} "
+                         f"calls/s  p50 {run.p50_ms:7.2f} ms  p99 {run.p99_ms:7.2f} ms{cpu_text}  "
+                         f"{run.calls} calls, {run.failures} failures{note}")
+                for text, count in run.failure_samples.items():
+                    progress(f"      FAILURE x{count}: {text}")
+        echo_summary, sidecar_summary = summarize(runs["echo"]), summarize(runs["sidecar"])
+        echo_cpu, sidecar_cpu = echo_summary["server_cpu_ms_per_call"], sidecar_summary["server_cpu_ms_per_call"]
+        levels.append({
+            "concurrency": concurrency,
+            "echo": echo_summary,
+            "sidecar": sidecar_summary,
+            "ratio": sidecar_summary["calls_per_s"] / echo_summary["calls_per_s"],
+            "run_ratios": [s.calls_per_s / e.calls_per_s for e, s in zip(runs["echo"], runs["sidecar"], strict=True)],
+            "server_cpu_ratio": sidecar_cpu / echo_cpu if sidecar_cpu is not None and echo_cpu else None,
+        })
+
+    return {
+        "benchmark": "ExecuteTool calculate add [2,3]: sidecar vs bare grpcio echo",
+        "environment": {
+            "cpus": os.cpu_count(), "python": platform.python_version(), "grpcio": grpc.__version__,
+            "platform": platform.platform(), "note": "client and both servers share the same CPUs",
+        },
+        "settings": {"calls": args.calls, "warmup": args.warmup, "repeat": args.repeat,
+                     "max_seconds": args.max_seconds, "concurrency": args.levels},
+        "request_bytes": request.ByteSize(),
+        "reply_bytes": len(reply_bytes),
+        "levels": levels,
+        "failures": sum(level["echo"]["failures"] + level["sidecar"]["failures"] for level in levels),
+        "sidecar_log_problems": children.log_problems("sidecar"),
+    }
+
+
+def _raise_keyboard_interrupt(number: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.echo_server is not None:
+        return run_echo_server(*args.echo_server)
+
+    # Until bench() installs its handlers, SIGTERM ends the run like Ctrl-C: through the finally below.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    sidecar_env_clean()
+    children = Children()
+    try:
+        results = asyncio.run(bench(args, children))
+    except (KeyboardInterrupt, Interrupted):
+        progress("interrupted; stopping the servers")
+        return 130
+    except RuntimeError as exc:
+        progress(f"error: {exc}")
+        return 1
+    finally:
+        children.close()
+
+    table = format_table(results["levels"])
+    out = sys.stderr if args.json else sys.stdout
+    print(f"\nExecuteTool {TOOL} {json.dumps(ARGUMENTS)}; medians of {args.repeat} runs of {args.calls} calls; "
+          f"{os.cpu_count()} CPUs shared by client and servers", file=out)
+    print(table, file=out)
+    print("ratio = sidecar calls/s / echo calls/s (1.0: the sidecar costs nothing over bare grpcio)", file=out)
+    print("\nCPU time per call (ms, medians; server = that server process, all threads; client = this process)",
+          file=out)
+    print(format_cpu_table(results["levels"]), file=out)
+    print(format_runs(results["levels"]), file=out)
+    if results["sidecar_log_problems"]:
+        print(f"sidecar log: {len(results['sidecar_log_problems'])} error line(s), first: "
+              f"{results['sidecar_log_problems'][0]}", file=out)
+    if results["failures"]:
+        print(f"FAILURES: {results['failures']} calls did not return the expected result (see above)", file=out)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return 1 if results["failures"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
