@@ -9,6 +9,7 @@ are parsed as YAML, so ``[a, b]`` is a list and ``true`` a boolean).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from enum import StrEnum
@@ -21,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sidecar.contract import Principal
 
 ENV_PREFIX = "TOOLBOOTH_"
+UNIX_PREFIX = "unix://"
+_LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
 
 
 class ConfigError(ValueError):
@@ -149,8 +152,8 @@ class ServerSettings(_Section):
     @classmethod
     def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for address in value:
-            if address.startswith("unix://"):
-                if not address.removeprefix("unix://").startswith("/"):
+            if address.startswith(UNIX_PREFIX):
+                if not address.removeprefix(UNIX_PREFIX).startswith("/"):
                     raise ValueError(f"{address!r}: a unix socket path must be absolute (unix:///path)")
             elif address.rpartition(":")[0] == "" or not address.rpartition(":")[2].isdigit():
                 raise ValueError(f"{address!r}: expected unix:///path or HOST:PORT")
@@ -167,6 +170,29 @@ class Settings(_Section):
     limits: Limits = Field(default_factory=Limits)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
     log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+
+    @model_validator(mode="after")
+    def _dev_mode_stays_local(self) -> Settings:
+        """Dev mode trusts every caller, so it may only listen where no one else can reach."""
+        if self.auth.effective_mode is AuthMode.DEV:
+            for address in self.server.listen:
+                if not address.startswith(UNIX_PREFIX) and not is_loopback(address.rpartition(":")[0]):
+                    raise ValueError(
+                        f"server.listen: {address!r} is not a loopback address; auth mode 'dev' trusts a static "
+                        "principal, so it only listens on 127.0.0.1, ::1, localhost or a unix socket "
+                        "(configure auth.jwt to listen elsewhere)")
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name, an IPv4 or a bracketed IPv6 address) is the loopback interface."""
+    host = host.removeprefix("[").removesuffix("]")
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:

@@ -7,7 +7,6 @@ port 0 or a temporary socket); ``serve`` runs the sidecar until SIGTERM/SIGINT.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import signal
 import socket
@@ -24,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.config import AuthMode, ConfigError, Limits, Settings
+from sidecar.config import UNIX_PREFIX, AuthMode, Limits, Settings
 from sidecar.contract import Principal
 from sidecar.server.auth import Authenticator
 from sidecar.server.service import ToolGateway, ToolServicer
@@ -35,9 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolService"].full_name
-UNIX_PREFIX = "unix://"
 _HEALTH_SERVICES = ("", SERVICE_NAME)
-_LOOPBACK_NAMES = frozenset({"localhost"})
 
 
 @dataclass(frozen=True)
@@ -71,8 +68,6 @@ class Sidecar:
 async def create_server(settings: Settings, gateway: ToolGateway) -> tuple[grpc.aio.Server, Sidecar]:
     """Build the server with every service and bind each ``settings.server.listen`` address."""
     dev = settings.auth.effective_mode is AuthMode.DEV
-    if dev:
-        _refuse_non_loopback(settings.server.listen)
     servicer = ToolServicer(gateway, Authenticator(settings.auth))
     server = grpc.aio.server(options=_channel_options(settings.limits))
     pb_grpc.add_ToolServiceServicer_to_server(servicer, server)
@@ -119,27 +114,6 @@ async def _add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
         await servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     return servicer
-
-
-def _refuse_non_loopback(addresses: Iterable[str]) -> None:
-    """Dev mode trusts every caller, so it may only listen where no one else can reach."""
-    for address in addresses:
-        if not address.startswith(UNIX_PREFIX) and not _is_loopback(address.rpartition(":")[0]):
-            raise ConfigError(
-                f"config error at server.listen: {address!r} is not a loopback address; auth mode 'dev' "
-                "trusts a static principal, so it only listens on 127.0.0.1, ::1, localhost or a unix socket "
-                "(configure auth.jwt to listen elsewhere)"
-            )
-
-
-def _is_loopback(host: str) -> bool:
-    host = host.removeprefix("[").removesuffix("]")
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def _bind_all(server: grpc.aio.Server, addresses: Iterable[str]) -> tuple[tuple[str, ...], tuple[Path, ...]]:

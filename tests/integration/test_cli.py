@@ -264,7 +264,7 @@ def test_serve_with_a_bad_config_exits_2(home: Path, env: dict[str, str]) -> Non
 
 def test_serve_refuses_a_public_address_in_dev_mode(home: Path, env: dict[str, str]) -> None:
     done = toolbooth("serve", "--config", str(_write_config(home)), "--listen", "0.0.0.0:0", env=env)
-    assert done.returncode == 1
+    assert done.returncode == 2
     last = done.stderr.splitlines()[-1]
     assert last.startswith("toolbooth: error: ")
     assert "'0.0.0.0:0' is not a loopback address" in last

@@ -89,3 +89,15 @@ def test_unreadable_jwt_key_file(tmp_path: Path) -> None:
     assert settings.auth.jwt is not None
     with pytest.raises(ConfigError, match="auth.jwt.key_file: cannot read"):
         settings.auth.jwt.verification_key()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "[::1]:1", "localhost:1", "unix:///run/x.sock"])
+def test_dev_mode_listens_on_loopback(address: str) -> None:
+    assert parse_settings({"server": {"listen": [address]}}).server.listen == (address,)
+
+
+def test_dev_mode_refuses_public_addresses_but_jwt_mode_may() -> None:
+    with pytest.raises(ConfigError, match="'0.0.0.0:1' is not a loopback address; auth mode 'dev'"):
+        parse_settings({"server": {"listen": ["0.0.0.0:1"]}})
+    jwt = {"issuer": "i", "audience": "a", "key": "k", "algorithms": ["HS256"]}
+    assert parse_settings({"server": {"listen": ["0.0.0.0:1"]}, "auth": {"jwt": jwt}}).server.listen == ("0.0.0.0:1",)
