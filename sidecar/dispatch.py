@@ -64,7 +64,8 @@ class Dispatcher:
             return ErrorInfo.of(ErrorCode.TIMEOUT, "the call's deadline passed before the tool ran",
                                 side_effect=defn.side_effect)
         try:
-            result = await asyncio.wait_for(self._invoke(defn, args, ctx), timeout=remaining)
+            async with asyncio.timeout(remaining):
+                result = await self._invoke(defn, args, ctx)
         except TimeoutError:
             return ErrorInfo.of(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within "
                                 f"{remaining * 1000:.0f} ms", side_effect=defn.side_effect)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import json
 import logging
 import time
@@ -59,6 +60,7 @@ class _Call:
     policy_revision: str
     defn: ToolDefinition[Any, Any] | None = None
     args: BaseModel | None = None
+    arguments: dict[str, Any] | None = None  # ``args`` as JSON data, for policies and hashes
     decisions: dict[str, Any] = field(default_factory=dict)
     scope: KeyScope | None = None
     attempts: int = 0
@@ -95,10 +97,10 @@ class Pipeline:
             result = self._result(call, stop.status, errors=stop.errors)
         except asyncio.CancelledError:
             if not call.audited:
-                await self._record(self._event(call, "cancelled", None))
+                self.store.queue_audit(self._event(call, "cancelled", None))
             raise
         if not call.audited:
-            await self._audit(call, result)
+            self._audit(call, result)
         return result
 
     async def aclose(self) -> None:
@@ -109,6 +111,7 @@ class Pipeline:
     async def _stages(self, call: _Call, caller_deadline: float | None) -> ToolResult:
         defn = await self._resolve(call)
         call.args = self._validate(defn, call.request.arguments_json)
+        call.arguments = call.args.model_dump(mode="json")
         await self._authorize(call)
         await self._check_approval(call)
         if defn.requires_idempotency_key and (replay := await self._claim(call)) is not None:
@@ -121,7 +124,7 @@ class Pipeline:
 
     async def _dispatch_recorded(self, call: _Call, caller_deadline: float | None) -> ToolResult:
         result = await self._dispatch(call, caller_deadline)
-        await self._audit(call, result)
+        self._audit(call, result)
         return result
 
     async def _resolve(self, call: _Call) -> ToolDefinition[Any, Any]:
@@ -154,8 +157,7 @@ class Pipeline:
 
     async def _decide(self, call: _Call, stage: Stage, defn: ToolDefinition[Any, Any] | None) -> Decision:
         assert defn is not None
-        arguments = None if call.args is None else call.args.model_dump(mode="json")
-        document = policy_input(call.principal, defn, stage, arguments=arguments, request=call.request)
+        document = policy_input(call.principal, defn, stage, arguments=call.arguments, request=call.request)
         try:
             decision = await self.policy.decide(stage, document)
         except PolicyEvaluationError as exc:
@@ -251,15 +253,13 @@ class Pipeline:
                                      "nothing was executed")) from None
 
     def _context(self, call: _Call, deadline: float) -> ToolContext:
-        logger = logging.LoggerAdapter(logging.getLogger(f"toolbooth.tool.{call.request.tool}"),
-                                       {"request_id": call.request_id})
+        logger = logging.LoggerAdapter(_tool_logger(call.request.tool), {"request_id": call.request_id})
         return ToolContext(principal=call.principal, request_id=call.request_id, deadline=deadline,
                            idempotency_key=call.request.idempotency_key, attempt=1, logger=logger)
 
     def _request_hash(self, call: _Call) -> str:
-        assert call.defn is not None and call.args is not None
-        return sha256_hex({"tool": call.defn.name, "version": call.defn.version,
-                           "arguments": call.args.model_dump(mode="json")})
+        assert call.defn is not None
+        return sha256_hex({"tool": call.defn.name, "version": call.defn.version, "arguments": call.arguments})
 
     def _result(self, call: _Call, status: Status, *, data: Any = None,
                 errors: tuple[ErrorInfo, ...] = ()) -> ToolResult:
@@ -274,15 +274,10 @@ class Pipeline:
             policy_revision=call.policy_revision,
         )
 
-    async def _audit(self, call: _Call, result: ToolResult) -> None:
+    def _audit(self, call: _Call, result: ToolResult) -> None:
+        """Queue the outcome event (the event before a write's dispatch was already durable)."""
         call.audited = True
-        await self._record(self._event(call, result.status.value, result.error.code.value if result.error else None))
-
-    async def _record(self, event: AuditEvent) -> None:
-        try:
-            await self.store.record_audit(event)
-        except StoreUnavailableError as exc:
-            log.error("audit write failed for request %s: %s", event.request_id, exc)
+        self.store.queue_audit(self._event(call, result.status.value, result.error.code.value if result.error else None))
 
     def _event(self, call: _Call, status: str, error_code: str | None) -> AuditEvent:
         defn, request = call.defn, call.request
@@ -295,6 +290,11 @@ class Pipeline:
             conversation_id=request.conversation_id, status=status, error_code=error_code,
             duration_ms=round((time.monotonic() - call.started) * 1000),
         )
+
+
+@functools.cache
+def _tool_logger(name: str) -> logging.Logger:
+    return logging.getLogger(f"toolbooth.tool.{name}")
 
 
 async def build_pipeline(settings: Settings, *, registry: Registry | None = None) -> Pipeline:

@@ -79,6 +79,14 @@ class Store(Protocol):
         """Insert or replace the audit event of ``event.request_id``; durable on return."""
         ...
 
+    def queue_audit(self, event: AuditEvent) -> None:
+        """Like ``record_audit``, but written soon in a batch; write failures are logged."""
+        ...
+
+    async def flush_audit(self) -> None:
+        """Wait until every queued audit event is written."""
+        ...
+
     async def aclose(self) -> None:
         """Release connections and threads."""
         ...

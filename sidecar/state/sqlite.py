@@ -3,11 +3,14 @@
 All statements run on a single-thread executor, so claims are serialized in this
 process; ``BEGIN IMMEDIATE`` transactions keep them atomic across processes that
 share the file. ``synchronous=NORMAL`` in WAL mode survives a crash of the process.
+Queued audit events are written in batches, one transaction per batch, by a single
+drain task: under load many calls share one thread hop and one commit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 from collections.abc import Callable
@@ -19,6 +22,7 @@ from typing import TypeVar
 from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope, StoreUnavailableError
 
 T = TypeVar("T")
+log = logging.getLogger("toolbooth.store")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS idempotency (
@@ -35,6 +39,8 @@ CREATE TABLE IF NOT EXISTS audit (
 );
 """
 _AUDIT_COLUMNS = [f.name for f in fields(AuditEvent)]
+_INSERT_AUDIT = (f"INSERT OR REPLACE INTO audit ({', '.join(_AUDIT_COLUMNS)}) "
+                 f"VALUES ({', '.join('?' * len(_AUDIT_COLUMNS))})")
 _KEY_WHERE = "tenant = ? AND principal_id = ? AND tool = ? AND key = ?"
 
 
@@ -44,6 +50,8 @@ class SqliteStore:
     def __init__(self, connection: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
         self._db = connection
         self._executor = executor
+        self._pending: list[tuple[object, ...]] = []
+        self._drainer: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, path: Path, *, busy_timeout_ms: int = 5000) -> SqliteStore:
@@ -68,17 +76,34 @@ class SqliteStore:
         await self._run(lambda: self._write(f"DELETE FROM idempotency WHERE {_KEY_WHERE}", astuple(scope)))
 
     async def record_audit(self, event: AuditEvent) -> None:
-        marks = ", ".join("?" * len(_AUDIT_COLUMNS))
-        sql = f"INSERT OR REPLACE INTO audit ({', '.join(_AUDIT_COLUMNS)}) VALUES ({marks})"
-        await self._run(lambda: self._write(sql, astuple(event)))
+        await self._run(lambda: self._write(_INSERT_AUDIT, _row(event)))
+
+    def queue_audit(self, event: AuditEvent) -> None:
+        self._pending.append(_row(event))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def flush_audit(self) -> None:
+        if self._drainer is not None:
+            await asyncio.shield(self._drainer)
 
     async def audit_events(self) -> list[AuditEvent]:
-        """Every audit event, oldest first."""
+        """Every audit event (queued ones included), oldest first."""
+        await self.flush_audit()
         sql = f"SELECT {', '.join(_AUDIT_COLUMNS)} FROM audit ORDER BY rowid"
         rows = await self._run(lambda: self._db.execute(sql).fetchall())
         return [AuditEvent(*row) for row in rows]
 
+    async def _drain(self) -> None:
+        while self._pending:
+            rows, self._pending = self._pending, []
+            try:
+                await self._run(lambda: self._write_many(_INSERT_AUDIT, rows))
+            except StoreUnavailableError as exc:
+                log.error("%d audit event(s) could not be written: %s", len(rows), exc)
+
     async def aclose(self) -> None:
+        await self.flush_audit()
         await self._run(self._db.close)
         self._executor.shutdown(wait=True)
 
@@ -91,6 +116,11 @@ class SqliteStore:
     def _write(self, sql: str, params: tuple[object, ...]) -> None:
         with self._db:
             self._db.execute(sql, params)
+
+    def _write_many(self, sql: str, rows: list[tuple[object, ...]]) -> None:
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany(sql, rows)
 
     def _claim(self, scope: KeyScope, request_hash: str, request_id: str) -> Claim:
         with self._db:
@@ -108,6 +138,10 @@ class SqliteStore:
         if result_json is None:
             return Claim(ClaimState.IN_PROGRESS)
         return Claim(ClaimState.REPLAY, result_json)
+
+
+def _row(event: AuditEvent) -> tuple[object, ...]:
+    return tuple(getattr(event, column) for column in _AUDIT_COLUMNS)
 
 
 def _connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
