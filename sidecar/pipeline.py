@@ -28,7 +28,7 @@ from sidecar.contract import (
 from sidecar.dispatch import Dispatcher
 from sidecar.plugin import ToolContext, ToolDefinition
 from sidecar.policy import Decision, PolicyEngine, PolicyEvaluationError, Stage
-from sidecar.policy.input import policy_input
+from sidecar.policy.input import InputParts, call_json, now_utc, principal_json, tool_json
 from sidecar.registry import Registry
 from sidecar.state import AuditEvent, ClaimState, KeyScope, Store, StoreUnavailableError
 from sidecar.validation import ArgumentError, parse_arguments
@@ -61,6 +61,8 @@ class _Call:
     defn: ToolDefinition[Any, Any] | None = None
     args: BaseModel | None = None
     arguments: dict[str, Any] | None = None  # ``args`` as JSON data, for policies and hashes
+    inputs: InputParts | None = None  # the policy input's shared parts, once the tool is known
+    call_json: str | None = None  # ``input.call``, once the arguments are valid
     decisions: dict[str, Any] = field(default_factory=dict)
     scope: KeyScope | None = None
     attempts: int = 0
@@ -73,12 +75,15 @@ class Pipeline:
     def __init__(self, *, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits) -> None:
         self.registry, self.policy, self.store, self.limits = registry, policy, store, limits
         self._dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads)
+        self._tool_json = {defn.name: tool_json(defn) for defn in registry}
 
     async def list_tools(self, principal: Principal, *, conversation_id: str | None = None) -> ToolListing:
         """The tools the availability policy shows ``principal``, decided in one pass."""
         revision = self.policy.revision
         tools = list(self.registry)
-        inputs = [policy_input(principal, d, Stage.AVAILABILITY, conversation_id=conversation_id) for d in tools]
+        who, now = principal_json(principal), now_utc()
+        inputs = [InputParts(who, self._tool_json[d.name], now, conversation_id).build(Stage.AVAILABILITY)
+                  for d in tools]
         try:
             decisions = await self.policy.decide_many(Stage.AVAILABILITY, inputs)
         except PolicyEvaluationError as exc:
@@ -112,6 +117,7 @@ class Pipeline:
         defn = await self._resolve(call)
         call.args = self._validate(defn, call.request.arguments_json)
         call.arguments = call.args.model_dump(mode="json")
+        call.call_json = call_json(call.arguments, call.request)
         await self._authorize(call)
         await self._check_approval(call)
         if defn.requires_idempotency_key and (replay := await self._claim(call)) is not None:
@@ -130,7 +136,9 @@ class Pipeline:
     async def _resolve(self, call: _Call) -> ToolDefinition[Any, Any]:
         defn = self.registry.get(call.request.tool)
         if defn is not None:
-            decision = await self._decide(call, Stage.AVAILABILITY, defn)
+            call.inputs = InputParts(principal_json(call.principal), self._tool_json[defn.name], now_utc(),
+                                     call.request.conversation_id)
+            decision = await self._decide(call, Stage.AVAILABILITY)
             if decision.allow:
                 call.defn = defn
                 return defn
@@ -144,22 +152,21 @@ class Pipeline:
             raise _Stop(*exc.errors) from None
 
     async def _authorize(self, call: _Call) -> None:
-        decision = await self._decide(call, Stage.AUTHZ, call.defn)
+        decision = await self._decide(call, Stage.AUTHZ)
         if not decision.allow:
             code = decision.code or ErrorCode.PERMISSION_DENIED
             raise _Stop(ErrorInfo.of(code, decision.reason or "the call is not permitted"))
 
     async def _check_approval(self, call: _Call) -> None:
-        decision = await self._decide(call, Stage.APPROVAL, call.defn)
+        decision = await self._decide(call, Stage.APPROVAL)
         if decision.required:
             reason = decision.reason or "this call needs a person's approval"
             raise _Stop(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, reason), status=Status.APPROVAL_REQUIRED)
 
-    async def _decide(self, call: _Call, stage: Stage, defn: ToolDefinition[Any, Any] | None) -> Decision:
-        assert defn is not None
-        document = policy_input(call.principal, defn, stage, arguments=call.arguments, request=call.request)
+    async def _decide(self, call: _Call, stage: Stage) -> Decision:
+        assert call.inputs is not None
         try:
-            decision = await self.policy.decide(stage, document)
+            decision = await self.policy.decide(stage, call.inputs.build(stage, call.call_json))
         except PolicyEvaluationError as exc:
             log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
             call.decisions[stage.value] = {"error": str(exc)}

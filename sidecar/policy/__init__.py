@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from sidecar.contract import ErrorCode
+
+if TYPE_CHECKING:
+    from sidecar.policy.input import PolicyInput
 
 
 class Stage(StrEnum):
@@ -57,10 +60,10 @@ class PolicyEngine(Protocol):
         """Content hash of the policy set and its data in force."""
         ...
 
-    async def decide(self, stage: Stage, input: dict[str, Any]) -> Decision:
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         """Evaluate one decision."""
         ...
 
-    async def decide_many(self, stage: Stage, inputs: Sequence[dict[str, Any]]) -> list[Decision]:
+    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
         """Evaluate one decision per input, in order (used by ``ListTools``)."""
         ...

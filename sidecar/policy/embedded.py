@@ -17,7 +17,6 @@ thread, which also drops the engine after a reload.
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import regorus
 
 from sidecar.contract import ErrorCode
 from sidecar.policy import Decision, PolicyEvaluationError, PolicyLoadError, Stage
+from sidecar.policy.input import PolicyInput
 
 DATA_FILE = "data.json"
 
@@ -149,19 +149,19 @@ class EmbeddedEngine:
         """``sha256:`` and 16 hex digits over the policies' and data's paths and contents."""
         return self._revision
 
-    async def decide(self, stage: Stage, input: dict[str, Any]) -> Decision:
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         """Evaluate one decision."""
         return self._evaluate(stage, input)
 
-    async def decide_many(self, stage: Stage, inputs: Sequence[dict[str, Any]]) -> list[Decision]:
+    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
         """Evaluate one decision per input, in order."""
         return [self._evaluate(stage, item) for item in inputs]
 
-    def _evaluate(self, stage: Stage, input: dict[str, Any]) -> Decision:
+    def _evaluate(self, stage: Stage, input: PolicyInput) -> Decision:
         rule = _RULES[stage]
         try:
             engine = self._bound_engine()
-            engine.set_input_json(json.dumps(input))
+            engine.set_input_json(input.json)
             value = engine.eval_rule(rule)
         except Exception as exc:
             raise PolicyEvaluationError(f"{rule}: {clean_regorus_error(exc)}") from exc

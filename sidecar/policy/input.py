@@ -1,8 +1,17 @@
-"""The input document every policy decision sees (documented in ``docs/policies.md``)."""
+"""The input document every policy decision sees (documented in ``docs/policies.md``).
+
+Inputs travel as JSON text, which is what every engine evaluates (regorus parses
+it; an OPA server receives it). One call's three decisions share the principal, the
+tool and the arguments, so each part is serialized once and the documents are
+composed from the parts.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar.contract import CallRequest, Principal
@@ -10,36 +19,67 @@ from sidecar.plugin import ToolDefinition
 from sidecar.policy import Stage
 
 
-def policy_input(
-    principal: Principal,
-    defn: ToolDefinition[Any, Any],
-    stage: Stage,
-    *,
-    arguments: dict[str, Any] | None = None,
-    request: CallRequest | None = None,
-    conversation_id: str | None = None,
-) -> dict[str, Any]:
-    """Build the input for ``stage``; ``call`` is present once arguments are validated."""
-    conversation = request.conversation_id if request is not None else conversation_id
-    document: dict[str, Any] = {
-        "principal": principal.model_dump(mode="json"),
-        "tool": {
-            "name": defn.name,
-            "version": defn.version,
-            "side_effect": defn.side_effect.value,
-            "permissions": list(defn.permissions),
-            "plugin": defn.plugin,
-        },
-        "context": {
-            "stage": stage.value,
-            "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "conversation_id": conversation,
-        },
-    }
-    if arguments is not None and request is not None:
-        document["call"] = {
-            "arguments": arguments,
-            "conversation_id": request.conversation_id,
-            "idempotency_key": request.idempotency_key,
-        }
-    return document
+@dataclass(frozen=True, slots=True)
+class PolicyInput:
+    """One decision's input document, as JSON text."""
+
+    json: str
+
+    @classmethod
+    def of(cls, document: Mapping[str, Any]) -> PolicyInput:
+        """Serialize a document (tests and tools build inputs this way)."""
+        return cls(_dumps(document))
+
+    def document(self) -> dict[str, Any]:
+        """The input as Python data."""
+        return json.loads(self.json)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True)
+class InputParts:
+    """The serialized parts shared by the decisions of one call (or one listing)."""
+
+    principal: str
+    tool: str
+    time: str
+    conversation_id: str | None
+
+    def build(self, stage: Stage, call: str | None = None) -> PolicyInput:
+        """The input for ``stage``; ``call`` (see ``call_json``) once arguments are validated."""
+        context = _dumps({"stage": stage.value, "time": self.time, "conversation_id": self.conversation_id})
+        tail = "" if call is None else f',"call":{call}'
+        return PolicyInput(f'{{"principal":{self.principal},"tool":{self.tool},"context":{context}{tail}}}')
+
+
+def principal_json(principal: Principal) -> str:
+    """``input.principal``."""
+    return _dumps(principal.model_dump(mode="json"))
+
+
+def tool_json(defn: ToolDefinition[Any, Any]) -> str:
+    """``input.tool``."""
+    return _dumps({
+        "name": defn.name,
+        "version": defn.version,
+        "side_effect": defn.side_effect.value,
+        "permissions": list(defn.permissions),
+        "plugin": defn.plugin,
+    })
+
+
+def call_json(arguments: Mapping[str, Any], request: CallRequest) -> str:
+    """``input.call``: the validated arguments and the request's identifiers."""
+    return _dumps({
+        "arguments": arguments,
+        "conversation_id": request.conversation_id,
+        "idempotency_key": request.idempotency_key,
+    })
+
+
+def now_utc() -> str:
+    """``input.context.time``: RFC 3339, UTC, seconds."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

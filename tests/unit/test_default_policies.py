@@ -11,6 +11,7 @@ import regorus
 from sidecar.config import bundled_policy_dir
 from sidecar.contract import ErrorCode
 from sidecar.policy import Stage
+from sidecar.policy.input import PolicyInput
 from sidecar.policy.embedded import EmbeddedEngine
 
 POLICY_DIR = bundled_policy_dir()
@@ -66,9 +67,9 @@ def call(
     tool: str = "calculate",
     side_effect: str = "none",
     requires: tuple[str, ...] = (),
-) -> dict[str, Any]:
+) -> PolicyInput:
     """The input document the pipeline sends."""
-    return {
+    return PolicyInput.of({
         "principal": {"id": "u1", "tenant": "t1", "roles": list(roles), "permissions": list(permissions)},
         "tool": {
             "name": tool,
@@ -79,7 +80,7 @@ def call(
         },
         "call": {"arguments": {}, "conversation_id": "c1", "idempotency_key": "k"},
         "context": {"stage": "authz", "time": "2026-11-30T15:00:00Z", "conversation_id": "c1"},
-    }
+    })
 
 
 async def test_developer_sees_calculate(engine: EmbeddedEngine) -> None:

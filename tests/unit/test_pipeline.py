@@ -13,6 +13,7 @@ import pytest
 from sidecar.contract import CallRequest, ErrorCode, Recovery, Status, ToolResult
 from sidecar.pipeline import Pipeline, ServiceUnavailable
 from sidecar.policy import Decision, PolicyEvaluationError, Stage
+from sidecar.policy.input import PolicyInput
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools
 
@@ -31,12 +32,12 @@ class FailingEngine:
     def __init__(self, inner: Any, failing: Stage) -> None:
         self.inner, self.failing = inner, failing
 
-    async def decide(self, stage: Stage, input: dict[str, Any]) -> Decision:
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         if stage is self.failing:
             raise PolicyEvaluationError("division by zero in authz.rego:12")
         return await self.inner.decide(stage, input)
 
-    async def decide_many(self, stage: Stage, inputs: Sequence[dict[str, Any]]) -> list[Decision]:
+    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
         return [await self.decide(stage, i) for i in inputs]
 
 
@@ -293,3 +294,35 @@ async def test_started_write_finishes_when_caller_goes_away(make_pipeline: Pipel
     assert tools.CREATED.value == before + 1
     statuses = [e.status for e in await pipeline.store.audit_events()]  # type: ignore[attr-defined]
     assert statuses == ["success", "success"]
+
+
+class RecordingEngine:
+    """Passes decisions through and keeps every input it was asked about."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.seen = inner, []
+        self.revision = inner.revision
+
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
+        self.seen.append((stage, input.document()))
+        return await self.inner.decide(stage, input)
+
+    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
+        return [await self.decide(stage, i) for i in inputs]
+
+
+async def test_policy_input_has_the_documented_shape(make_pipeline: PipelineFactory, default_engine: Any) -> None:
+    engine = RecordingEngine(default_engine)
+    pipeline = await make_pipeline(policy=engine)
+    await call(pipeline, "create_note", {"text": "hi"}, idempotency_key="k-1", conversation_id="c-9")
+    assert [stage for stage, _ in engine.seen] == [Stage.AVAILABILITY, Stage.AUTHZ, Stage.APPROVAL]
+    availability, authz, approval = (document for _, document in engine.seen)
+    assert availability["principal"] == {"id": "dev-1", "tenant": "acme", "roles": ["developer"], "permissions": []}
+    assert availability["tool"] == {"name": "create_note", "version": "1.0.0", "side_effect": "internal_reversible",
+                                    "permissions": [], "plugin": "tests.support.tools"}
+    assert "call" not in availability
+    assert authz["call"] == {"arguments": {"text": "hi"}, "conversation_id": "c-9", "idempotency_key": "k-1"}
+    for stage, document in engine.seen:
+        assert document["context"]["stage"] == stage.value and document["context"]["conversation_id"] == "c-9"
+        assert document["context"]["time"].endswith("Z")
+    assert approval["call"] == authz["call"]

@@ -12,6 +12,7 @@ import pytest
 from sidecar.config import bundled_policy_dir
 from sidecar.contract import ErrorCode
 from sidecar.policy import Decision, PolicyEvaluationError, PolicyLoadError, Stage
+from sidecar.policy.input import PolicyInput
 from sidecar.policy.embedded import EmbeddedEngine, clean_regorus_error
 
 VALID_BODIES = {
@@ -33,14 +34,14 @@ def write_policies(root: Path, **bodies: str | None) -> Path:
 
 def sample_input(
     *, roles: tuple[str, ...] = ("developer",), tool: str = "calculate", **tool_fields: Any
-) -> dict[str, Any]:
+) -> PolicyInput:
     """An input document of the documented shape."""
-    return {
+    return PolicyInput.of({
         "principal": {"id": "u1", "tenant": "t1", "roles": list(roles), "permissions": []},
         "tool": {"name": tool, "version": "1.0.0", "side_effect": "none", "permissions": [], **tool_fields},
         "call": {"arguments": {"expression": "1 + 2"}, "conversation_id": "c1", "idempotency_key": "k"},
         "context": {"stage": "authz", "time": "2026-11-30T15:00:00Z", "conversation_id": "c1"},
-    }
+    })
 
 
 @pytest.fixture
@@ -174,13 +175,13 @@ def test_directory_without_policies(tmp_path: Path) -> None:
 async def test_runtime_error_fails_closed(tmp_path: Path, body: str, message: str) -> None:
     engine = EmbeddedEngine.load(write_policies(tmp_path, authz=body))
     with pytest.raises(PolicyEvaluationError, match=message):
-        await engine.decide(Stage.AUTHZ, {**sample_input(), "zero": 0})
+        await engine.decide(Stage.AUTHZ, PolicyInput.of({**sample_input().document(), "zero": 0}))
 
 
 async def test_input_that_is_not_json_fails_closed(tmp_path: Path) -> None:
     engine = EmbeddedEngine.load(write_policies(tmp_path))
     with pytest.raises(PolicyEvaluationError):
-        await engine.decide(Stage.AUTHZ, {"principal": object()})
+        await engine.decide(Stage.AUTHZ, PolicyInput('{"principal": '))
 
 
 @pytest.mark.parametrize(
