@@ -46,7 +46,7 @@ class InputParts:
 
     def build(self, stage: Stage, call: str | None = None) -> PolicyInput:
         """The input for ``stage``; ``call`` (see ``call_json``) once arguments are validated."""
-        context = _dumps({"stage": stage.value, "time": self.time, "conversation_id": self.conversation_id})
+        context = f'{{"stage":"{stage.value}","time":"{self.time}","conversation_id":{_dumps(self.conversation_id)}}}'
         tail = "" if call is None else f',"call":{call}'
         return PolicyInput(f'{{"principal":{self.principal},"tool":{self.tool},"context":{context}{tail}}}')
 
