@@ -118,6 +118,17 @@ async def create_note(args: Text, ctx: ToolContext) -> Count:
     return Count(count=number)
 
 
+class Note(BaseModel):
+    title: str
+    body: str
+
+
+@tool(name="file_note", version="1.0.0", side_effect=SideEffect.INTERNAL_REVERSIBLE)
+async def file_note(args: Note, ctx: ToolContext) -> Count:
+    """A write tool with two fields: key order must not matter to idempotency."""
+    return Count(count=CREATED.bump())
+
+
 @tool(name="send_email", version="1.0.0", side_effect=SideEffect.EXTERNAL_IRREVERSIBLE,
       permissions=("email:send",))
 async def send_email(args: Text, ctx: ToolContext) -> Count:
@@ -137,5 +148,5 @@ async def delete_records(args: Text, ctx: ToolContext) -> Text:
     return args
 
 
-ALL = [echo, echo_sync, nested, boom, not_found, slow, big, flaky, create_note, send_email, admin_console,
-       delete_records]
+ALL = [echo, echo_sync, nested, boom, not_found, slow, big, flaky, create_note, file_note, send_email,
+       admin_console, delete_records]
