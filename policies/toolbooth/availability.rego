@@ -10,15 +10,13 @@ import rego.v1
 
 default decision := {"allow": false, "reason": "tool is not available"}
 
-decision := {"allow": true, "reason": "tool is available"} if visible
+decision := {"allow": true, "reason": "tool is available"} if not data.toolbooth.tools[input.tool.name].roles
 
-allowed_roles := data.toolbooth.tools[input.tool.name].roles
-
-visible if not allowed_roles
-
-visible if "*" in allowed_roles
-
-visible if {
-	some role in input.principal.roles
-	role in allowed_roles
+decision := {"allow": true, "reason": "tool is available"} if {
+	some role in data.toolbooth.tools[input.tool.name].roles
+	admits(role)
 }
+
+admits(role) if role == "*"
+
+admits(role) if role in input.principal.roles
