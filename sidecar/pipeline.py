@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sidecar.canonical import canonical_json, sha256_hex
+from sidecar.canonical import sha256_hex
 from sidecar.config import Limits, Settings
 from sidecar.contract import (
     CallRequest, ErrorCode, ErrorInfo, Principal, ResultMeta, SideEffect, Status, ToolListing, ToolResult,
@@ -63,6 +63,7 @@ class _Call:
     arguments: dict[str, Any] | None = None  # ``args`` as JSON data, for policies and hashes
     inputs: InputParts | None = None  # the policy input's shared parts, once the tool is known
     call_json: str | None = None  # ``input.call``, once the arguments are valid
+    request_hash: str | None = None  # see ``Pipeline._request_hash``
     decisions: dict[str, Any] = field(default_factory=dict)
     scope: KeyScope | None = None
     attempts: int = 0
@@ -172,7 +173,7 @@ class Pipeline:
             call.decisions[stage.value] = {"error": str(exc)}
             raise _Stop(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "policy evaluation failed; "
                                      "the call was denied")) from None
-        call.decisions[stage.value] = decision.model_dump(mode="json", exclude_defaults=True)
+        call.decisions[stage.value] = decision.document()
         return decision
 
     async def _claim(self, call: _Call) -> ToolResult | None:
@@ -224,7 +225,7 @@ class Pipeline:
         return result
 
     def _success(self, call: _Call, data: Any) -> ToolResult:
-        size = len(canonical_json(data).encode())
+        size = len(json.dumps(data, separators=(",", ":")).encode())
         if size > self.limits.max_result_bytes:
             log.error("tool %r returned %d bytes (limit %d)", call.request.tool, size, self.limits.max_result_bytes)
             error = ErrorInfo.of(ErrorCode.INTERNAL_ERROR, f"the tool's result is {size} bytes, above the "
@@ -265,8 +266,15 @@ class Pipeline:
                            idempotency_key=call.request.idempotency_key, attempt=1, logger=logger)
 
     def _request_hash(self, call: _Call) -> str:
-        assert call.defn is not None
-        return sha256_hex({"tool": call.defn.name, "version": call.defn.version, "arguments": call.arguments})
+        """Hash of the canonical request: equal for equal arguments in any key order or spacing.
+
+        Before the arguments are valid, the raw text is hashed instead.
+        """
+        if call.request_hash is None:
+            arguments = call.request.arguments_json if call.arguments is None else call.arguments
+            version = call.defn.version if call.defn else ""
+            call.request_hash = sha256_hex({"tool": call.request.tool, "version": version, "arguments": arguments})
+        return call.request_hash
 
     def _result(self, call: _Call, status: Status, *, data: Any = None,
                 errors: tuple[ErrorInfo, ...] = ()) -> ToolResult:
@@ -291,7 +299,7 @@ class Pipeline:
         return AuditEvent(
             request_id=call.request_id, time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"), principal_id=call.principal.id, tenant=call.principal.tenant,
             tool=request.tool, tool_version=defn.version if defn else "",
-            input_hash=sha256_hex({"tool": request.tool, "arguments_json": request.arguments_json}),
+            input_hash=self._request_hash(call),
             decisions_json=json.dumps(call.decisions, sort_keys=True), policy_revision=call.policy_revision,
             idempotency_key=request.idempotency_key, call_id=request.call_id,
             conversation_id=request.conversation_id, status=status, error_code=error_code,

@@ -14,10 +14,9 @@ Any evaluation failure raises ``PolicyEvaluationError``; the pipeline then denie
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
-
-from pydantic import BaseModel, ConfigDict
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sidecar.contract import ErrorCode
 
@@ -33,15 +32,19 @@ class Stage(StrEnum):
     APPROVAL = "approval"
 
 
-class Decision(BaseModel):
+@dataclass(frozen=True, slots=True)
+class Decision:
     """A well-typed decision document. ``allow`` answers availability/authz, ``required`` approval."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
 
     allow: bool = False
     required: bool = False
     code: ErrorCode | None = None
     reason: str = ""
+
+    def document(self) -> dict[str, Any]:
+        """The decision as JSON data for the audit log (defaults left out)."""
+        fields = {"allow": self.allow, "required": self.required, "code": self.code, "reason": self.reason}
+        return {name: value for name, value in fields.items() if value}
 
 
 class PolicyEvaluationError(Exception):

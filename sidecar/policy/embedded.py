@@ -125,8 +125,7 @@ def _decision(stage: Stage, rule: str, value: Any) -> Decision:
     reason = value.get("reason", "")
     if not isinstance(reason, str):
         raise PolicyEvaluationError(f"{rule}.reason must be a string, got {reason!r}")
-    return Decision.model_construct(**{flag: value[flag]}, code=None if code is None else ErrorCode(code),
-                                    reason=reason)
+    return Decision(**{flag: value[flag]}, code=None if code is None else ErrorCode(code), reason=reason)
 
 
 class EmbeddedEngine:
