@@ -46,10 +46,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -137,10 +133,8 @@ class Children:
         single_threaded = _thread_count() == 1
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent if pdeathsig and single_threaded else None,  # noqa: PLW1509
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                                                 os.environ.get("PYTHONPATH")]))},
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if pdeathsig and single_threaded else None,
             )
         self.procs[name] = proc
         return proc
@@ -315,7 +309,10 @@ async def measure(server: str, stub: pb_grpc.ToolServiceStub, request: pb.Execut
     server_cpu_end = process_cpu_seconds(server_pid)
     server_cpu = None if server_cpu is None or server_cpu_end is None else server_cpu_end - server_cpu
     latencies.sort()
-    per_call = (lambda cpu: None if cpu is None or not latencies else cpu * 1000 / len(latencies))
+
+    def per_call(cpu: float | None) -> float | None:
+        return None if cpu is None or not latencies else cpu * 1000 / len(latencies)
+
     return Run(
         server=server, concurrency=concurrency, calls=len(latencies), failures=sum(failures.values()),
         seconds=seconds, calls_per_s=len(latencies) / seconds if seconds else 0.0,

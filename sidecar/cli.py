@@ -283,7 +283,7 @@ def format_table(listing: ToolListing) -> str:
     rows += [(t.name, t.version, t.side_effect.value, "yes" if t.requires_idempotency_key else "no",
               f"{t.timeout_ms / 1000:g}s") for t in listing.tools]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 def dump_json(data: Any) -> str:

@@ -58,7 +58,9 @@ class Dispatcher:
         """Stop accepting sync handlers; running ones finish in the background."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _attempt(self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext) -> BaseModel | ErrorInfo:
+    async def _attempt(
+        self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext
+    ) -> BaseModel | ErrorInfo:
         remaining = ctx.deadline - time.monotonic()
         if remaining <= 0:
             return ErrorInfo.of(ErrorCode.TIMEOUT, "the call's deadline passed before the tool ran",

@@ -23,7 +23,15 @@ from pydantic import BaseModel
 from sidecar.canonical import sha256_hex
 from sidecar.config import Limits, Settings
 from sidecar.contract import (
-    CallRequest, ErrorCode, ErrorInfo, Principal, ResultMeta, SideEffect, Status, ToolListing, ToolResult,
+    CallRequest,
+    ErrorCode,
+    ErrorInfo,
+    Principal,
+    ResultMeta,
+    SideEffect,
+    Status,
+    ToolListing,
+    ToolResult,
 )
 from sidecar.dispatch import Dispatcher
 from sidecar.plugin import ToolContext, ToolDefinition
@@ -292,12 +300,14 @@ class Pipeline:
     def _audit(self, call: _Call, result: ToolResult) -> None:
         """Queue the outcome event (the event before a write's dispatch was already durable)."""
         call.audited = True
-        self.store.queue_audit(self._event(call, result.status.value, result.error.code.value if result.error else None))
+        code = result.error.code.value if result.error else None
+        self.store.queue_audit(self._event(call, result.status.value, code))
 
     def _event(self, call: _Call, status: str, error_code: str | None) -> AuditEvent:
         defn, request = call.defn, call.request
         return AuditEvent(
-            request_id=call.request_id, time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"), principal_id=call.principal.id, tenant=call.principal.tenant,
+            request_id=call.request_id, time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+            principal_id=call.principal.id, tenant=call.principal.tenant,
             tool=request.tool, tool_version=defn.version if defn else "",
             input_hash=self._request_hash(call),
             decisions_json=json.dumps(call.decisions, sort_keys=True), policy_revision=call.policy_revision,

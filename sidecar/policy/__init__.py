@@ -4,7 +4,8 @@ Three questions, three Rego packages, each answering with a decision document
 (not a bare boolean) at the rule ``decision``:
 
 * ``data.toolbooth.availability.decision`` -> ``{"allow": bool, "reason"?: str}``
-* ``data.toolbooth.authz.decision`` -> ``{"allow": bool, "code"?: "PERMISSION_DENIED"|"RESOURCE_NOT_FOUND", "reason"?: str}``
+* ``data.toolbooth.authz.decision`` -> ``{"allow": bool, "code"?: str, "reason"?: str}``
+  (``code``: ``PERMISSION_DENIED`` or ``RESOURCE_NOT_FOUND``)
 * ``data.toolbooth.approval.decision`` -> ``{"required": bool, "reason"?: str}``
 
 Any evaluation failure raises ``PolicyEvaluationError``; the pipeline then denies

@@ -92,7 +92,7 @@ def _read(file: Path) -> str:
 def _load_step(where: Path, step: Callable[..., object], *args: str) -> None:
     try:
         step(*args)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - regorus raises plain RuntimeError/ValueError; report any as a load error
         raise PolicyLoadError(f"cannot load {where}: {clean_regorus_error(exc)}") from None
 
 

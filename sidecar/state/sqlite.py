@@ -10,6 +10,7 @@ drain task that lingers 5 ms: under load many calls share one thread hop and one
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sqlite3
 import time
@@ -100,7 +101,7 @@ class SqliteStore:
         while self._pending:
             rows, self._pending = self._pending, []
             try:
-                await self._run(lambda: self._write_many(_INSERT_AUDIT, rows))
+                await self._run(functools.partial(self._write_many, _INSERT_AUDIT, rows))
             except StoreUnavailableError as exc:
                 log.error("%d audit event(s) could not be written: %s", len(rows), exc)
 

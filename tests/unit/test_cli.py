@@ -34,7 +34,8 @@ def _config(tmp_path: Path, text: str) -> Path:
 
 
 def test_serve_collects_repeated_listen_flags() -> None:
-    args = cli.build_parser().parse_args(["serve", "--config", "c.yaml", "--listen", "unix:///a", "--listen", "[::1]:1"])
+    argv = ["serve", "--config", "c.yaml", "--listen", "unix:///a", "--listen", "[::1]:1"]
+    args = cli.build_parser().parse_args(argv)
     assert args.handler is cli.cmd_serve
     assert args.config == Path("c.yaml")
     assert args.listen == ["unix:///a", "[::1]:1"]
@@ -85,7 +86,7 @@ def test_listen_flags_replace_server_listen(tmp_path: Path) -> None:
 
 
 def test_listen_flag_is_validated_like_the_config_key() -> None:
-    with pytest.raises(ConfigError, match="server.listen"):
+    with pytest.raises(ConfigError, match=r"server\.listen"):
         cli.serve_settings(None, ["relative.sock"])
 
 
@@ -184,7 +185,8 @@ def test_unreadable_args_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
     assert cli.main(["call", "calculate", "--args", f"@{tmp_path}/missing.json"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == f"toolbooth: error: cannot read --args file {tmp_path}/missing.json: No such file or directory\n"
+    missing = tmp_path / "missing.json"
+    assert captured.err == f"toolbooth: error: cannot read --args file {missing}: No such file or directory\n"
 
 
 @pytest.mark.parametrize(("status", "code"), [(Status.SUCCESS, 0), (Status.PARTIAL_SUCCESS, 0), (Status.ERROR, 3),

@@ -37,7 +37,7 @@ def test_jwt_mode_is_chosen_by_a_jwt_section() -> None:
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
-    ({"limits": {"max_argument_bytes": 0}}, "config error at limits.max_argument_bytes: Input should be greater than 0"),
+    ({"limits": {"max_argument_bytes": 0}}, "config error at limits.max_argument_bytes: Input should be greater than"),
     ({"limits": {"max_argument_bytes": "lots"}}, "config error at limits.max_argument_bytes: Input should be a valid"),
     ({"surprise": 1}, "config error at surprise: unknown key"),
     ({"server": {"lissen": []}}, "config error at server.lissen: unknown key"),
@@ -80,14 +80,14 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_env_value_into_a_scalar_is_an_error() -> None:
-    with pytest.raises(ConfigError, match="config error at log_level.deep: 'log_level' is not a section"):
+    with pytest.raises(ConfigError, match=r"config error at log_level\.deep: 'log_level' is not a section"):
         load_settings(None, {"TOOLBOOTH_LOG_LEVEL": "INFO", "TOOLBOOTH_LOG_LEVEL__DEEP": "x"})
 
 
 def test_unreadable_jwt_key_file(tmp_path: Path) -> None:
     settings = parse_settings({"auth": {"jwt": {"issuer": "i", "audience": "a", "key_file": str(tmp_path / "k")}}})
     assert settings.auth.jwt is not None
-    with pytest.raises(ConfigError, match="auth.jwt.key_file: cannot read"):
+    with pytest.raises(ConfigError, match=r"auth\.jwt\.key_file: cannot read"):
         settings.auth.jwt.verification_key()
 
 
@@ -97,7 +97,7 @@ def test_dev_mode_listens_on_loopback(address: str) -> None:
 
 
 def test_dev_mode_refuses_public_addresses_but_jwt_mode_may() -> None:
-    with pytest.raises(ConfigError, match="'0.0.0.0:1' is not a loopback address; auth mode 'dev'"):
+    with pytest.raises(ConfigError, match=r"'0\.0\.0\.0:1' is not a loopback address; auth mode 'dev'"):
         parse_settings({"server": {"listen": ["0.0.0.0:1"]}})
     jwt = {"issuer": "i", "audience": "a", "key": "k", "algorithms": ["HS256"]}
     assert parse_settings({"server": {"listen": ["0.0.0.0:1"]}, "auth": {"jwt": jwt}}).server.listen == ("0.0.0.0:1",)

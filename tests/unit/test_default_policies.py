@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 import regorus
@@ -11,8 +10,8 @@ import regorus
 from sidecar.config import bundled_policy_dir
 from sidecar.contract import ErrorCode
 from sidecar.policy import Stage
-from sidecar.policy.input import PolicyInput
 from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.policy.input import PolicyInput
 
 POLICY_DIR = bundled_policy_dir()
 

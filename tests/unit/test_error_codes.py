@@ -18,7 +18,7 @@ def proto_names(enum: str, prefix: str) -> set[str]:
 
 def docs_table() -> dict[str, tuple[str, str]]:
     text = (ROOT / "docs" / "errors.md").read_text()
-    table = re.search(r"<!-- error-table:start -->(.*)<!-- error-table:end -->", text, re.S)
+    table = re.search(r"<!-- error-table:start -->(.*)<!-- error-table:end -->", text, re.DOTALL)
     assert table, "docs/errors.md lost its error table markers"
     rows = [line.strip("| ").split(" | ") for line in table.group(1).strip().splitlines()[2:]]
     return {code: (retryable, recovery) for code, retryable, recovery in rows}

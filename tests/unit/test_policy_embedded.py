@@ -12,8 +12,8 @@ import pytest
 from sidecar.config import bundled_policy_dir
 from sidecar.contract import ErrorCode
 from sidecar.policy import Decision, PolicyEvaluationError, PolicyLoadError, Stage
-from sidecar.policy.input import PolicyInput
 from sidecar.policy.embedded import EmbeddedEngine, clean_regorus_error
+from sidecar.policy.input import PolicyInput
 
 VALID_BODIES = {
     Stage.AVAILABILITY: 'decision := {"allow": true}',
