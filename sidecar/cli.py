@@ -120,7 +120,6 @@ def _add_call(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     call.add_argument("--args", dest="arguments", default="{}", metavar="JSON",
                       help="arguments as a JSON object, @FILE to read a file, - to read stdin (default: {})")
     call.add_argument("--idempotency-key", metavar="KEY", help="required by tools with side effects")
-    call.add_argument("--approval-id", metavar="ID", help="the approved preview to execute")
     call.add_argument("--conversation-id", metavar="ID")
     _client_flags(call)
     call.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline of the call")
@@ -176,7 +175,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     """``toolbooth call``: execute one call and print its typed result."""
     arguments = read_arguments(args.arguments)
     result = _with_client(args, lambda client: client.execute(
-        args.tool, arguments, idempotency_key=args.idempotency_key, approval_id=args.approval_id,
+        args.tool, arguments, idempotency_key=args.idempotency_key,
         conversation_id=args.conversation_id, timeout=args.timeout))
     print(dump_json(result.model_dump(mode="json")))
     return exit_code(result.status)

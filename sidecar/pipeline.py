@@ -124,6 +124,9 @@ class Pipeline:
 
     async def _stages(self, call: _Call, caller_deadline: float | None) -> ToolResult:
         defn = await self._resolve(call)
+        if call.request.approval_id:
+            raise _Stop(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "this sidecar does not execute approved previews "
+                                     "yet; call without approval_id", field="approval_id"))
         call.args = self._validate(defn, call.request.arguments_json)
         call.arguments = call.args.model_dump(mode="json")
         call.call_json = call_json(call.arguments, call.request)

@@ -48,10 +48,8 @@ def test_call_defaults_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (args.tool, args.arguments, args.token, args.target, args.timeout) == ("calculate", "{}", "from-env",
                                                                                  None, None)
     args = parser.parse_args(["call", "send_email", "--args", '{"to": "x"}', "--idempotency-key", "k1",
-                              "--conversation-id", "c1", "--approval-id", "p1", "--target", "unix:///s",
-                              "--token", "t", "--timeout", "2.5"])
-    assert (args.arguments, args.idempotency_key, args.conversation_id, args.approval_id) == ('{"to": "x"}', "k1",
-                                                                                              "c1", "p1")
+                              "--conversation-id", "c1", "--target", "unix:///s", "--token", "t", "--timeout", "2.5"])
+    assert (args.arguments, args.idempotency_key, args.conversation_id) == ('{"to": "x"}', "k1", "c1")
     assert (args.target, args.token, args.timeout) == ("unix:///s", "t", 2.5)
 
 

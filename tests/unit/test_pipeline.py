@@ -326,3 +326,9 @@ async def test_policy_input_has_the_documented_shape(make_pipeline: PipelineFact
         assert document["context"]["stage"] == stage.value and document["context"]["conversation_id"] == "c-9"
         assert document["context"]["time"].endswith("Z")
     assert approval["call"] == authz["call"]
+
+
+async def test_approval_ids_are_refused_until_approvals_exist(make_pipeline: PipelineFactory) -> None:
+    result = await call(await make_pipeline(), "echo", {"text": "x"}, approval_id="p-1")
+    assert result.error is not None and result.error.code is ErrorCode.INVALID_ARGUMENT
+    assert result.error.field == "approval_id" and result.meta.attempt == 0
