@@ -5,7 +5,7 @@ Both return domain models and raise ``ClientError`` for every gRPC failure
 not exceptions but ``ToolResult``s with ``status`` and ``error``::
 
     async with AsyncClient("unix:///run/toolbooth/toolbooth.sock", token=jwt) as client:
-        result = await client.execute("calculate", {"op": "add", "operands": [1, 2]})
+        result = await client.execute("calculate", {"operation": "add", "operands": [1, 2]})
 """
 
 from __future__ import annotations
