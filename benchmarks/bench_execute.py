@@ -42,6 +42,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,35 +195,36 @@ def sidecar_env_clean() -> None:
         del os.environ[name]
 
 
-async def wait_serving(children: Children, name: str, target: str) -> None:
-    """Poll gRPC health until SERVING (the sidecar reports it once listening and loaded)."""
+async def wait_ready(children: Children, name: str, target: str,
+                     probe: Callable[[grpc.aio.Channel], Awaitable[bool]]) -> None:
+    """Poll ``probe`` on a channel to ``target`` until it is true, while the child stays alive."""
     deadline = time.monotonic() + START_TIMEOUT_S
     async with grpc.aio.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
         while True:
             children.check_alive(name)
             with contextlib.suppress(grpc.aio.AioRpcError):
-                reply = await stub.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                if await probe(channel):
                     return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} not SERVING after {START_TIMEOUT_S:.0f} s:\n{children.log_tail(name)}")
+                raise RuntimeError(f"{name} not ready after {START_TIMEOUT_S:.0f} s:\n{children.log_tail(name)}")
             await asyncio.sleep(0.1)
 
 
-async def wait_echo(children: Children, name: str, target: str, request: pb.ExecuteToolRequest) -> None:
-    """The echo server has no health service: wait until one ExecuteTool succeeds."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = pb_grpc.ToolServiceStub(channel)
-        while True:
-            children.check_alive(name)
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await stub.ExecuteTool(request, timeout=1.0)
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} not answering after {START_TIMEOUT_S:.0f} s:\n{children.log_tail(name)}")
-            await asyncio.sleep(0.1)
+async def health_serving(channel: grpc.aio.Channel) -> bool:
+    """The sidecar reports SERVING once it is listening with plugins and policies loaded."""
+    request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+    reply = await health_pb2_grpc.HealthStub(channel).Check(request, timeout=1.0)
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def answers(request: pb.ExecuteToolRequest) -> Callable[[grpc.aio.Channel], Awaitable[bool]]:
+    """The echo server has no health service: ready once one ExecuteTool succeeds."""
+
+    async def probe(channel: grpc.aio.Channel) -> bool:
+        await pb_grpc.ToolServiceStub(channel).ExecuteTool(request, timeout=1.0)
+        return True
+
+    return probe
 
 
 # --- measuring --------------------------------------------------------------------------------------------
@@ -458,7 +460,7 @@ async def _bench(args: argparse.Namespace, children: Children, channels: context
     sidecar = children.start("sidecar", [sys.executable, "-m", "sidecar", "serve", "--config", str(config)],
                              pdeathsig=True)
     progress(f"sidecar: pid {sidecar.pid}, {sidecar_target}")
-    await wait_serving(children, "sidecar", sidecar_target)
+    await wait_ready(children, "sidecar", sidecar_target, health_serving)
 
     sidecar_channel = await channels.enter_async_context(grpc.aio.insecure_channel(sidecar_target))
     sidecar_stub = pb_grpc.ToolServiceStub(sidecar_channel)
@@ -473,7 +475,7 @@ async def _bench(args: argparse.Namespace, children: Children, channels: context
     echo = children.start("echo", [sys.executable, str(Path(__file__).resolve()), "--echo-server", echo_target,
                                    str(children.tmp / "reply.bin")], pdeathsig=False)
     progress(f"echo:    pid {echo.pid}, {echo_target}")
-    await wait_echo(children, "echo", echo_target, request)
+    await wait_ready(children, "echo", echo_target, answers(request))
     echo_channel = await channels.enter_async_context(grpc.aio.insecure_channel(echo_target))
     echo_stub = pb_grpc.ToolServiceStub(echo_channel)
     probe = await echo_stub.ExecuteTool(request, timeout=CALL_TIMEOUT_S)
