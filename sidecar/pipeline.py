@@ -75,7 +75,7 @@ class _Call:
     decisions: dict[str, Any] = field(default_factory=dict)
     scope: KeyScope | None = None
     attempts: int = 0
-    audited: bool = False
+    detached: bool = False  # a started write: it records its own outcome, even if the caller leaves
 
 
 class Pipeline:
@@ -110,10 +110,10 @@ class Pipeline:
         except _Stop as stop:
             result = self._result(call, stop.status, errors=stop.errors)
         except asyncio.CancelledError:
-            if not call.audited:
+            if not call.detached:
                 self.store.queue_audit(self._event(call, "cancelled", None))
             raise
-        if not call.audited:
+        if not call.detached:
             self._audit(call, result)
         return result
 
@@ -137,7 +137,7 @@ class Pipeline:
         if defn.side_effect is SideEffect.NONE:
             return await self._dispatch(call, caller_deadline)
         await self._audit_before_dispatch(call)
-        # A write that started runs to its end and is recorded, even if the caller goes away.
+        call.detached = True
         return await asyncio.shield(self._dispatch_recorded(call, caller_deadline))
 
     async def _dispatch_recorded(self, call: _Call, caller_deadline: float | None) -> ToolResult:
@@ -302,7 +302,6 @@ class Pipeline:
 
     def _audit(self, call: _Call, result: ToolResult) -> None:
         """Queue the outcome event (the event before a write's dispatch was already durable)."""
-        call.audited = True
         code = result.error.code.value if result.error else None
         self.store.queue_audit(self._event(call, result.status.value, code))
 

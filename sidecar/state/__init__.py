@@ -76,11 +76,11 @@ class Store(Protocol):
         ...
 
     async def record_audit(self, event: AuditEvent) -> None:
-        """Insert or replace the audit event of ``event.request_id``; durable on return."""
+        """Append ``event`` to the audit log; durable on return."""
         ...
 
     def queue_audit(self, event: AuditEvent) -> None:
-        """Like ``record_audit``, but written soon in a batch; write failures are logged."""
+        """Like ``record_audit``, but written soon in a batch (in order); write failures are logged."""
         ...
 
     async def flush_audit(self) -> None:

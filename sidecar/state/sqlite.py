@@ -33,14 +33,14 @@ CREATE TABLE IF NOT EXISTS idempotency (
     PRIMARY KEY (tenant, principal_id, tool, key)
 );
 CREATE TABLE IF NOT EXISTS audit (
-    request_id TEXT PRIMARY KEY, time TEXT NOT NULL, principal_id TEXT NOT NULL, tenant TEXT NOT NULL,
+    id INTEGER PRIMARY KEY, request_id TEXT NOT NULL, time TEXT NOT NULL, principal_id TEXT NOT NULL, tenant TEXT NOT NULL,
     tool TEXT NOT NULL, tool_version TEXT NOT NULL, input_hash TEXT NOT NULL, decisions_json TEXT NOT NULL,
     policy_revision TEXT NOT NULL, idempotency_key TEXT, call_id TEXT, conversation_id TEXT,
     status TEXT NOT NULL, error_code TEXT, duration_ms INTEGER NOT NULL
 );
 """
 _AUDIT_COLUMNS = [f.name for f in fields(AuditEvent)]
-_INSERT_AUDIT = (f"INSERT OR REPLACE INTO audit ({', '.join(_AUDIT_COLUMNS)}) "
+_INSERT_AUDIT = (f"INSERT INTO audit ({', '.join(_AUDIT_COLUMNS)}) "
                  f"VALUES ({', '.join('?' * len(_AUDIT_COLUMNS))})")
 _AUDIT_LINGER_SECONDS = 0.005
 _KEY_WHERE = "tenant = ? AND principal_id = ? AND tool = ? AND key = ?"
@@ -92,7 +92,7 @@ class SqliteStore:
     async def audit_events(self) -> list[AuditEvent]:
         """Every audit event (queued ones included), oldest first."""
         await self.flush_audit()
-        sql = f"SELECT {', '.join(_AUDIT_COLUMNS)} FROM audit ORDER BY rowid"
+        sql = f"SELECT {', '.join(_AUDIT_COLUMNS)} FROM audit ORDER BY id"
         rows = await self._run(lambda: self._db.execute(sql).fetchall())
         return [AuditEvent(*row) for row in rows]
 

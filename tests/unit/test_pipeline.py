@@ -257,7 +257,8 @@ async def test_write_tool_is_audited_before_dispatch(make_pipeline: PipelineFact
     assert [e.status for e in during] == ["dispatching"]
     result = await task
     after = await pipeline.store.audit_events()  # type: ignore[attr-defined]
-    assert [(e.request_id, e.status) for e in after] == [(result.meta.request_id, "success")]
+    assert [(e.request_id, e.status) for e in after] == [(result.meta.request_id, "dispatching"),
+                                                         (result.meta.request_id, "success")]
 
 
 async def test_deadline_cancels_async_handler(make_pipeline: PipelineFactory) -> None:
@@ -293,7 +294,7 @@ async def test_started_write_finishes_when_caller_goes_away(make_pipeline: Pipel
     assert replay.meta.idempotency_replayed and replay.data == {"count": before + 1}
     assert tools.CREATED.value == before + 1
     statuses = [e.status for e in await pipeline.store.audit_events()]  # type: ignore[attr-defined]
-    assert statuses == ["success", "success"]
+    assert statuses == ["dispatching", "success", "success"]  # the write, then its replay
 
 
 class RecordingEngine:
