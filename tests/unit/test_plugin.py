@@ -90,3 +90,14 @@ def test_tool_error_defaults() -> None:
 def test_retry_backoff_is_capped() -> None:
     policy = RetryPolicy(max_attempts=5, initial_backoff=0.1, max_backoff=0.3)
     assert [policy.backoff(n) for n in (1, 2, 3, 4)] == [0.1, 0.2, 0.3, 0.3]
+
+
+def test_public_api_is_curated() -> None:
+    import sidecar.client
+    import sidecar.plugin
+
+    assert sorted(sidecar.plugin.__all__) == ["RetryPolicy", "SideEffect", "ToolContext", "ToolDefinition",
+                                              "ToolDefinitionError", "ToolError", "tool"]
+    assert sorted(sidecar.client.__all__) == ["AsyncClient", "Client", "ClientError"]
+    for module in (sidecar.plugin, sidecar.client):
+        assert all(hasattr(module, name) for name in module.__all__)
