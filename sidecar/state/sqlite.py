@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS idempotency (
 );
 CREATE TABLE IF NOT EXISTS audit (
     id INTEGER PRIMARY KEY, request_id TEXT NOT NULL, time TEXT NOT NULL,
-    principal_id TEXT NOT NULL, tenant TEXT NOT NULL, tool TEXT NOT NULL, tool_version TEXT NOT NULL, input_hash TEXT NOT NULL, decisions_json TEXT NOT NULL,
+    principal_id TEXT NOT NULL, tenant TEXT NOT NULL, tool TEXT NOT NULL, tool_version TEXT NOT NULL,
+    input_hash TEXT NOT NULL, decisions_json TEXT NOT NULL,
     policy_revision TEXT NOT NULL, idempotency_key TEXT, call_id TEXT, conversation_id TEXT,
     status TEXT NOT NULL, error_code TEXT, duration_ms INTEGER NOT NULL
 );
