@@ -35,7 +35,7 @@ from sidecar.contract import (
 )
 from sidecar.dispatch import Dispatcher
 from sidecar.plugin import ToolContext, ToolDefinition
-from sidecar.policy import Decision, PolicyEngine, PolicyEvaluationError, Stage
+from sidecar.policy import Decision, MalformedDecisionError, PolicyEngine, PolicyEvaluationError, Stage
 from sidecar.policy.input import InputParts, call_json, now_utc, principal_json, tool_json
 from sidecar.registry import Registry
 from sidecar.state import AuditEvent, ClaimState, KeyScope, Store, StoreUnavailableError
@@ -179,6 +179,11 @@ class Pipeline:
         assert call.inputs is not None
         try:
             decision = await self.policy.decide(stage, call.inputs.build(stage, call.call_json))
+        except MalformedDecisionError as exc:
+            log.error("malformed %s decision for request %s: %s", stage, call.request_id, exc)
+            call.decisions[stage.value] = {"error": str(exc)}
+            raise _Stop(ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the policy returned a malformed decision; "
+                                     "the call was denied")) from None
         except PolicyEvaluationError as exc:
             log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
             call.decisions[stage.value] = {"error": str(exc)}

@@ -1,15 +1,18 @@
 """Policy decisions: the ``PolicyEngine`` protocol and the decision documents it returns.
 
 Three questions, three Rego packages, each answering with a decision document
-(not a bare boolean) at the rule ``decision``:
+(not a bare boolean) at the rule ``decision`` (``docs/policies.md``):
 
-* ``data.toolbooth.availability.decision`` -> ``{"allow": bool, "reason"?: str}``
-* ``data.toolbooth.authz.decision`` -> ``{"allow": bool, "code"?: str, "reason"?: str}``
-  (``code``: ``PERMISSION_DENIED`` or ``RESOURCE_NOT_FOUND``)
-* ``data.toolbooth.approval.decision`` -> ``{"required": bool, "reason"?: str}``
+* ``data.toolbooth.availability.decision`` -> ``{"allow": bool, "reason"?, "internal_reason"?}``
+* ``data.toolbooth.authz.decision`` -> ``{"allow": bool, "code"?, "reason"?, "internal_reason"?}``
+  (``code``: ``PERMISSION_DENIED`` or ``RESOURCE_NOT_FOUND``, only on a deny)
+* ``data.toolbooth.approval.decision`` -> ``{"required": bool, "reason"?, "internal_reason"?,
+  "approver_roles"?: [str], "preview_ttl_seconds"?: int}``
 
-Any evaluation failure raises ``PolicyEvaluationError``; the pipeline then denies
-(fails closed) with ``SERVICE_UNAVAILABLE``.
+Failing closed, two ways: an engine that cannot evaluate (error, unreachable, too
+slow) raises ``PolicyEvaluationError`` -> ``SERVICE_UNAVAILABLE``, retryable; a
+decision of the wrong shape raises ``MalformedDecisionError`` -> ``INTERNAL_ERROR``,
+not retryable (retrying cannot fix a policy bug).
 """
 
 from __future__ import annotations
@@ -33,27 +36,81 @@ class Stage(StrEnum):
     APPROVAL = "approval"
 
 
+RULES = {stage: f"data.toolbooth.{stage.value}.decision" for stage in Stage}
+MAX_PREVIEW_TTL_SECONDS = 7 * 24 * 3600
+_FLAGS = {Stage.AVAILABILITY: "allow", Stage.AUTHZ: "allow", Stage.APPROVAL: "required"}
+_CODES = (ErrorCode.PERMISSION_DENIED.value, ErrorCode.RESOURCE_NOT_FOUND.value)
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A well-typed decision document. ``allow`` answers availability/authz, ``required`` approval."""
+    """A well-typed decision. ``allow`` answers availability/authz, ``required`` approval.
+
+    ``reason`` may reach the model; ``internal_reason`` only reaches the audit log.
+    """
 
     allow: bool = False
     required: bool = False
     code: ErrorCode | None = None
     reason: str = ""
+    internal_reason: str = ""
+    approver_roles: tuple[str, ...] = ()
+    preview_ttl_seconds: int | None = None
 
     def document(self) -> dict[str, Any]:
         """The decision as JSON data for the audit log (defaults left out)."""
-        fields = {"allow": self.allow, "required": self.required, "code": self.code, "reason": self.reason}
+        fields = {"allow": self.allow, "required": self.required, "code": self.code, "reason": self.reason,
+                  "internal_reason": self.internal_reason, "approver_roles": list(self.approver_roles),
+                  "preview_ttl_seconds": self.preview_ttl_seconds}
         return {name: value for name, value in fields.items() if value}
 
 
 class PolicyEvaluationError(Exception):
-    """A policy could not be evaluated (compile or runtime error, malformed decision)."""
+    """A policy could not be evaluated (runtime error, engine unreachable or too slow)."""
+
+
+class MalformedDecisionError(PolicyEvaluationError):
+    """A policy answered with a decision of the wrong shape; the message names the rule."""
 
 
 class PolicyLoadError(ValueError):
     """The policy source cannot be loaded; the message names the file."""
+
+
+def parse_decision(stage: Stage, value: Any) -> Decision:
+    """Check a decision document's shape; anything malformed raises ``MalformedDecisionError``."""
+    rule = RULES[stage]
+    if not isinstance(value, dict):
+        shape = "undefined or null" if value is None else f"a {type(value).__name__}, not an object"
+        raise MalformedDecisionError(f"{rule} is {shape}")
+    flag = _FLAGS[stage]
+    _expect(rule, value, flag, bool, "a boolean", required=True)
+    code = _expect(rule, value, "code", str, f"one of {', '.join(_CODES)}")
+    if code is not None and code not in _CODES:
+        raise MalformedDecisionError(f"{rule}.code must be one of {', '.join(_CODES)} or absent, got {code!r}")
+    if code is not None and value[flag]:
+        raise MalformedDecisionError(f"{rule} conflicts: {flag} is true but a deny code {code!r} is set")
+    roles = _expect(rule, value, "approver_roles", list, "a list of role names") or []
+    if not all(isinstance(role, str) and role for role in roles):
+        raise MalformedDecisionError(f"{rule}.approver_roles must be a list of role names, got {roles!r}")
+    ttl = _expect(rule, value, "preview_ttl_seconds", int, "a whole number of seconds")
+    if ttl is not None and not 0 < ttl <= MAX_PREVIEW_TTL_SECONDS:
+        raise MalformedDecisionError(f"{rule}.preview_ttl_seconds must be 1-{MAX_PREVIEW_TTL_SECONDS}, got {ttl}")
+    return Decision(**{flag: value[flag]}, code=None if code is None else ErrorCode(code),
+                    reason=_expect(rule, value, "reason", str, "a string") or "",
+                    internal_reason=_expect(rule, value, "internal_reason", str, "a string") or "",
+                    approver_roles=tuple(roles), preview_ttl_seconds=ttl)
+
+
+def _expect(rule: str, document: dict[str, Any], key: str, kind: type, described: str, *,
+            required: bool = False) -> Any:
+    """``document[key]`` if it has type ``kind`` (``None`` when absent and optional)."""
+    value = document.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise MalformedDecisionError(f"{rule}.{key} must be {described}, got {value!r}")
+    return value
 
 
 class PolicyEngine(Protocol):

@@ -21,19 +21,14 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import regorus
 
-from sidecar.contract import ErrorCode
-from sidecar.policy import Decision, PolicyEvaluationError, PolicyLoadError, Stage
+from sidecar.policy import RULES, Decision, PolicyEvaluationError, PolicyLoadError, Stage, parse_decision
 from sidecar.policy.input import PolicyInput
 
 DATA_FILE = "data.json"
 
-_RULES = {stage: f"data.toolbooth.{stage.value}.decision" for stage in Stage}
-_FLAGS = {Stage.AVAILABILITY: "allow", Stage.AUTHZ: "allow", Stage.APPROVAL: "required"}
-_CODES = (ErrorCode.PERMISSION_DENIED.value, ErrorCode.RESOURCE_NOT_FOUND.value)
 
 
 def clean_regorus_error(exc: BaseException) -> str:
@@ -106,26 +101,9 @@ def _revision(sources: _Sources) -> str:
 
 def _check_packages(engine: regorus.Engine, root: Path) -> None:
     packages = set(engine.get_packages())
-    missing = [package for rule in _RULES.values() if (package := rule.removesuffix(".decision")) not in packages]
+    missing = [package for rule in RULES.values() if (package := rule.removesuffix(".decision")) not in packages]
     if missing:
         raise PolicyLoadError(f"policy directory {root} does not define package(s) {', '.join(missing)}")
-
-
-def _decision(stage: Stage, rule: str, value: Any) -> Decision:
-    """Check the shape of a decision document; anything malformed fails closed."""
-    if not isinstance(value, dict):
-        shape = "undefined or null" if value is None else f"a {type(value).__name__}, not an object"
-        raise PolicyEvaluationError(f"{rule} is {shape}")
-    flag = _FLAGS[stage]
-    if not isinstance(value.get(flag), bool):
-        raise PolicyEvaluationError(f"{rule}.{flag} must be a boolean, got {value.get(flag)!r}")
-    code = value.get("code")
-    if code is not None and code not in _CODES:
-        raise PolicyEvaluationError(f"{rule}.code must be one of {', '.join(_CODES)} or absent, got {code!r}")
-    reason = value.get("reason", "")
-    if not isinstance(reason, str):
-        raise PolicyEvaluationError(f"{rule}.reason must be a string, got {reason!r}")
-    return Decision(**{flag: value[flag]}, code=None if code is None else ErrorCode(code), reason=reason)
 
 
 class EmbeddedEngine:
@@ -158,14 +136,14 @@ class EmbeddedEngine:
         return [self._evaluate(stage, item) for item in inputs]
 
     def _evaluate(self, stage: Stage, input: PolicyInput) -> Decision:
-        rule = _RULES[stage]
+        rule = RULES[stage]
         try:
             engine = self._bound_engine()
             engine.set_input_json(input.json)
             value = engine.eval_rule(rule)
         except Exception as exc:
             raise PolicyEvaluationError(f"{rule}: {clean_regorus_error(exc)}") from exc
-        return _decision(stage, rule, value)
+        return parse_decision(stage, value)
 
     def _bound_engine(self) -> regorus.Engine:
         """The evaluating engine: built by the first thread that decides, usable only by that thread."""

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from sidecar.config import bundled_policy_dir
 from sidecar.contract import CallRequest, ErrorCode, Recovery, Status, ToolResult
 from sidecar.pipeline import Pipeline, ServiceUnavailable
-from sidecar.policy import Decision, PolicyEvaluationError, Stage
+from sidecar.policy import Decision, MalformedDecisionError, PolicyEvaluationError, Stage
+from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools
@@ -25,16 +28,17 @@ async def call(pipeline: Pipeline, tool: str, args: Any = None, **fields: Any) -
 
 
 class FailingEngine:
-    """A policy engine whose chosen stage cannot be evaluated."""
+    """A policy engine whose chosen stage fails with ``error``."""
 
     revision = "sha256:failing"
 
-    def __init__(self, inner: Any, failing: Stage) -> None:
+    def __init__(self, inner: Any, failing: Stage, error: Exception | None = None) -> None:
         self.inner, self.failing = inner, failing
+        self.error = error or PolicyEvaluationError("division by zero in authz.rego:12")
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         if stage is self.failing:
-            raise PolicyEvaluationError("division by zero in authz.rego:12")
+            raise self.error
         return await self.inner.decide(stage, input)
 
     async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
@@ -145,6 +149,33 @@ async def test_policy_failure_fails_closed(make_pipeline: PipelineFactory, defau
     assert result.error is not None and result.error.code is ErrorCode.SERVICE_UNAVAILABLE
     assert result.error.retryable and result.error.recovery is Recovery.RETRY_WITH_BACKOFF
     assert "division" not in result.error.message and tools.CREATED.value == before
+
+
+@pytest.mark.parametrize("stage", list(Stage))
+async def test_malformed_decision_is_an_internal_error(make_pipeline: PipelineFactory, default_engine: Any,
+                                                      stage: Stage) -> None:
+    before = tools.CREATED.value
+    error = MalformedDecisionError(f"data.toolbooth.{stage}.decision.allow must be a boolean, got 'yes'")
+    pipeline = await make_pipeline(policy=FailingEngine(default_engine, stage, error))
+    result = await call(pipeline, "create_note", {"text": "x"}, idempotency_key=f"malformed-{stage}")
+    assert result.error is not None and result.error.code is ErrorCode.INTERNAL_ERROR
+    assert not result.error.retryable and result.error.recovery is Recovery.DO_NOT_RETRY
+    assert "yes" not in result.error.message and tools.CREATED.value == before
+
+
+async def test_internal_reason_reaches_only_the_audit(make_pipeline: PipelineFactory, tmp_path: Any) -> None:
+    root = tmp_path / "policies"
+    shutil.copytree(bundled_policy_dir(), root)
+    (root / "authz.rego").write_text(
+        "package toolbooth.authz\n\nimport rego.v1\n\n"
+        'decision := {"allow": false, "code": "RESOURCE_NOT_FOUND", "reason": "no such record",\n'
+        '             "internal_reason": "record belongs to tenant globex"}\n')
+    pipeline = await make_pipeline(policy=EmbeddedEngine.load(root))
+    result = await call(pipeline, "echo", {"text": "x"})
+    assert result.error is not None and result.error.code is ErrorCode.RESOURCE_NOT_FOUND
+    assert result.error.message == "no such record" and "globex" not in result.model_dump_json()
+    [event] = await pipeline.store.audit_events()  # type: ignore[attr-defined]
+    assert json.loads(event.decisions_json)["authz"]["internal_reason"] == "record belongs to tenant globex"
 
 
 async def test_list_tools_fails_closed(make_pipeline: PipelineFactory, default_engine: Any) -> None:
