@@ -9,6 +9,9 @@ Three questions, three Rego packages, each answering with a decision document
 * ``data.toolbooth.approval.decision`` -> ``{"required": bool, "reason"?, "internal_reason"?,
   "approver_roles"?: [str], "preview_ttl_seconds"?: int}``
 
+Any decision may say ``"cacheable": false`` (e.g. one that depends on the time):
+it is then never answered from the decision cache.
+
 Failing closed, two ways: an engine that cannot evaluate (error, unreachable, too
 slow) raises ``PolicyEvaluationError`` -> ``SERVICE_UNAVAILABLE``, retryable; a
 decision of the wrong shape raises ``MalformedDecisionError`` -> ``INTERNAL_ERROR``,
@@ -56,13 +59,17 @@ class Decision:
     internal_reason: str = ""
     approver_roles: tuple[str, ...] = ()
     preview_ttl_seconds: int | None = None
+    cacheable: bool = True
 
     def document(self) -> dict[str, Any]:
         """The decision as JSON data for the audit log (defaults left out)."""
         fields = {"allow": self.allow, "required": self.required, "code": self.code, "reason": self.reason,
                   "internal_reason": self.internal_reason, "approver_roles": list(self.approver_roles),
-                  "preview_ttl_seconds": self.preview_ttl_seconds}
-        return {name: value for name, value in fields.items() if value}
+                  "preview_ttl_seconds": self.preview_ttl_seconds, "cacheable": not self.cacheable}
+        document = {name: value for name, value in fields.items() if value}
+        if not self.cacheable:
+            document["cacheable"] = False
+        return document
 
 
 class PolicyEvaluationError(Exception):
@@ -96,10 +103,11 @@ def parse_decision(stage: Stage, value: Any) -> Decision:
     ttl = _expect(rule, value, "preview_ttl_seconds", int, "a whole number of seconds")
     if ttl is not None and not 0 < ttl <= MAX_PREVIEW_TTL_SECONDS:
         raise MalformedDecisionError(f"{rule}.preview_ttl_seconds must be 1-{MAX_PREVIEW_TTL_SECONDS}, got {ttl}")
+    cacheable = _expect(rule, value, "cacheable", bool, "a boolean")
     return Decision(**{flag: value[flag]}, code=None if code is None else ErrorCode(code),
                     reason=_expect(rule, value, "reason", str, "a string") or "",
                     internal_reason=_expect(rule, value, "internal_reason", str, "a string") or "",
-                    approver_roles=tuple(roles), preview_ttl_seconds=ttl)
+                    approver_roles=tuple(roles), preview_ttl_seconds=ttl, cacheable=cacheable is not False)
 
 
 def _expect(rule: str, document: dict[str, Any], key: str, kind: type, described: str, *,

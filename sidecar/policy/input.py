@@ -21,9 +21,14 @@ from sidecar.policy import Stage
 
 @dataclass(frozen=True, slots=True)
 class PolicyInput:
-    """One decision's input document, as JSON text."""
+    """One decision's input document, as JSON text.
+
+    ``cache_key`` identifies the input without its clock (``context.time``): two
+    inputs with equal keys differ only in when they were made. ``None``: never cached.
+    """
 
     json: str
+    cache_key: tuple[str, ...] | None = None
 
     @classmethod
     def of(cls, document: Mapping[str, Any]) -> PolicyInput:
@@ -48,7 +53,8 @@ class InputParts:
         """The input for ``stage``; ``call`` (see ``call_json``) once arguments are validated."""
         context = f'{{"stage":"{stage.value}","time":"{self.time}","conversation_id":{_dumps(self.conversation_id)}}}'
         tail = "" if call is None else f',"call":{call}'
-        return PolicyInput(f'{{"principal":{self.principal},"tool":{self.tool},"context":{context}{tail}}}')
+        key = (self.principal, self.tool, self.conversation_id or "", call or "")
+        return PolicyInput(f'{{"principal":{self.principal},"tool":{self.tool},"context":{context}{tail}}}', key)
 
 
 def principal_json(principal: Principal) -> str:

@@ -1,0 +1,65 @@
+"""A decision cache in front of any ``PolicyEngine``.
+
+Decisions are kept for a short time (cachetools ``TTLCache``), keyed by the policy
+revision, the stage and the input without its clock (``PolicyInput.cache_key``:
+principal, tool, conversation and call). So a cached decision is never used across a
+revision change, and a policy whose answer depends on the time or on anything
+outside its input marks the decision ``"cacheable": false``. Failures are never
+cached. The TTL bounds how stale a time-dependent decision a policy forgot to mark
+can be.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Sequence
+
+from cachetools import TTLCache
+
+from sidecar.policy import Decision, PolicyEngine, Stage
+from sidecar.policy.input import PolicyInput
+
+
+class CachingEngine:
+    """``PolicyEngine`` that answers repeated inputs from a TTL cache."""
+
+    def __init__(self, inner: PolicyEngine, *, max_entries: int, ttl_seconds: float,
+                 timer: Callable[[], float] = time.monotonic) -> None:
+        self.inner = inner
+        self._cache: TTLCache[Hashable, Decision] = TTLCache(maxsize=max_entries, ttl=ttl_seconds, timer=timer)
+        self._revision = inner.revision
+
+    @property
+    def revision(self) -> str:
+        return self.inner.revision
+
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
+        key = self._key(stage, input)
+        if key is not None and (cached := self._cache.get(key)) is not None:
+            return cached
+        decision = await self.inner.decide(stage, input)
+        self._keep(key, decision)
+        return decision
+
+    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
+        keys = [self._key(stage, item) for item in inputs]
+        found = [None if key is None else self._cache.get(key) for key in keys]
+        missing = [i for i, decision in enumerate(found) if decision is None]
+        fresh = await self.inner.decide_many(stage, [inputs[i] for i in missing]) if missing else []
+        for i, decision in zip(missing, fresh, strict=True):
+            found[i] = decision
+            self._keep(keys[i], decision)
+        return [decision for decision in found if decision is not None]
+
+    def _key(self, stage: Stage, input: PolicyInput) -> Hashable | None:
+        if input.cache_key is None:
+            return None
+        revision = self.inner.revision
+        if revision != self._revision:  # a new policy set: drop every old decision at once
+            self._cache.clear()
+            self._revision = revision
+        return (revision, stage, input.cache_key)
+
+    def _keep(self, key: Hashable | None, decision: Decision) -> None:
+        if key is not None and decision.cacheable:
+            self._cache[key] = decision
