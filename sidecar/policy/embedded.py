@@ -62,14 +62,21 @@ class _Sources:
         return sorted([*self.modules, *data])
 
     def build(self) -> regorus.Engine:
-        """A compiled regorus engine holding these modules and data."""
+        """A compiled regorus engine holding these modules and data.
+
+        On an error the engine is released before ``PolicyLoadError`` is raised: no frame in
+        the traceback may keep it alive, since a regorus engine must be dropped by its thread.
+        """
         engine = regorus.Engine()
-        for name, text in self.modules:
-            _load_step(self.root / name, engine.add_policy, str(self.root / name), text)
+        steps = [(self.root / name, engine.add_policy, (str(self.root / name), text)) for name, text in self.modules]
         if self.data is not None:
-            _load_step(self.root / DATA_FILE, engine.add_data_json, self.data)
+            steps.append((self.root / DATA_FILE, engine.add_data_json, (self.data,)))
         # regorus compiles on first evaluation; a trivial query surfaces errors such as unsafe variables now.
-        _load_step(self.root, engine.eval_query, "true")
+        steps.append((self.root, engine.eval_query, ("true",)))
+        error = next((problem for where, step, args in steps if (problem := _load_step(where, step, *args))), None)
+        if error is not None:
+            del engine, steps
+            raise PolicyLoadError(error)
         return engine
 
 
@@ -84,11 +91,13 @@ def _read(file: Path) -> str:
         raise PolicyLoadError(f"cannot read {file}: {exc}") from None
 
 
-def _load_step(where: Path, step: Callable[..., object], *args: str) -> None:
+def _load_step(where: Path, step: Callable[..., object], *args: str) -> str | None:
+    """Run one loading step; the problem as text, or ``None``."""
     try:
         step(*args)
     except Exception as exc:  # noqa: BLE001 - regorus raises plain RuntimeError/ValueError; report any as a load error
-        raise PolicyLoadError(f"cannot load {where}: {clean_regorus_error(exc)}") from None
+        return f"cannot load {where}: {clean_regorus_error(exc)}"
+    return None
 
 
 def _revision(sources: _Sources) -> str:

@@ -1,0 +1,123 @@
+"""Hot reload: serve one policy revision while watching the source for the next.
+
+``ReloadingEngine`` is a ``PolicyEngine`` that delegates to the engine in force.
+``watch`` polls the source's fingerprint; when it changes, the new policy set is
+loaded and (optionally) checked — e.g. its Rego tests run — and only then swapped
+in. A set that fails to load or to pass the check is refused: the old revision
+keeps serving, the refusal is logged, and ``status`` reports it until a later
+change loads. The swap happens on the event-loop thread, between two decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from sidecar.policy import Decision, PolicyEngine, PolicyLoadError, Stage
+from sidecar.policy.input import PolicyInput
+
+log = logging.getLogger("toolbooth.policy.reload")
+
+Check = Callable[[PolicyEngine], Awaitable[None]]
+
+
+class PolicySource(Protocol):
+    """Where policies come from: a directory, a bundle file or a bundle URL."""
+
+    description: str
+
+    async def fingerprint(self) -> str:
+        """Changes whenever the content may have changed (cheap: no compilation)."""
+        ...
+
+    async def load(self) -> PolicyEngine:
+        """Compile the current content; ``PolicyLoadError`` naming the file when it cannot."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadStatus:
+    """The revision in force and what the last reload attempt did."""
+
+    source: str
+    revision: str
+    loaded_at: str
+    last_attempt_at: str | None = None
+    last_error: str | None = None  # set while the latest change is refused
+
+    @property
+    def healthy(self) -> bool:
+        """False while a change of the source is refused (the old revision still serves)."""
+        return self.last_error is None
+
+
+class ReloadingEngine:
+    """A ``PolicyEngine`` whose policy set can be replaced while it serves."""
+
+    def __init__(self, source: PolicySource, engine: PolicyEngine, fingerprint: str, *,
+                 check: Check | None = None) -> None:
+        self._source, self._engine, self._seen, self._check = source, engine, fingerprint, check
+        self.status = ReloadStatus(source.description, engine.revision, _now())
+        self.on_status: Callable[[ReloadStatus], None] = lambda status: None
+
+    @classmethod
+    async def start(cls, source: PolicySource, *, check: Check | None = None) -> ReloadingEngine:
+        """Load the first policy set; failing here stops start-up."""
+        fingerprint = await source.fingerprint()
+        engine = await source.load()
+        if check is not None:
+            await check(engine)
+        return cls(source, engine, fingerprint, check=check)
+
+    @property
+    def revision(self) -> str:
+        return self._engine.revision
+
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
+        return await self._engine.decide(stage, input)
+
+    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
+        return await self._engine.decide_many(stage, inputs)
+
+    async def reload_if_changed(self) -> ReloadStatus:
+        """Look at the source once; load, check and swap in a changed policy set."""
+        fingerprint = await self._source.fingerprint()
+        if fingerprint == self._seen:
+            return self.status
+        self._seen = fingerprint  # a refused set is not retried until it changes again
+        try:
+            engine = await self._source.load()
+            if self._check is not None:
+                await self._check(engine)
+        except PolicyLoadError as exc:
+            log.error("policy reload refused, revision %s keeps serving: %s", self.revision, exc)
+            self._set(replace(self.status, last_attempt_at=_now(), last_error=str(exc)))
+            return self.status
+        self._engine = engine
+        log.info("policy revision %s loaded from %s", engine.revision, self._source.description)
+        now = _now()
+        self._set(ReloadStatus(self._source.description, engine.revision, now, now))
+        return self.status
+
+    async def watch(self, interval: float, stop: asyncio.Event) -> None:
+        """Poll until ``stop`` is set; errors reading the source are logged, never fatal."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), interval)
+            except TimeoutError:
+                try:
+                    await self.reload_if_changed()
+                except OSError as exc:
+                    log.error("cannot read policy source %s: %s", self._source.description, exc)
+
+    def _set(self, status: ReloadStatus) -> None:
+        self.status = status
+        self.on_status(status)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

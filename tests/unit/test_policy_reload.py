@@ -1,0 +1,106 @@
+"""Hot reload of a policy directory: accepted changes swap in, broken ones are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import bundled_policy_dir
+from sidecar.policy import PolicyEngine, PolicyLoadError, Stage
+from sidecar.policy.input import PolicyInput
+from sidecar.policy.reload import ReloadingEngine, ReloadStatus
+from sidecar.policy.sources import DirectorySource
+
+DENY_ALL = 'package toolbooth.availability\n\nimport rego.v1\n\ndecision := {"allow": false, "reason": "closed"}\n'
+INPUT = PolicyInput.of({
+    "principal": {"id": "u", "tenant": "t", "roles": ["developer"], "permissions": []},
+    "tool": {"name": "calculate", "version": "1", "side_effect": "none", "permissions": [], "plugin": "p"},
+    "context": {"stage": "availability", "time": "2026-11-30T15:00:00Z", "conversation_id": None},
+})
+
+
+@pytest.fixture
+def policies(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(bundled_policy_dir(), tmp_path / "toolbooth"))
+
+
+def write(path: Path, text: str) -> None:
+    """Write and move the mtime forward, so a change is seen even within one clock tick."""
+    path.write_text(text)
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+
+async def allowed(engine: ReloadingEngine) -> bool:
+    return (await engine.decide(Stage.AVAILABILITY, INPUT)).allow
+
+
+async def test_a_valid_change_is_swapped_in(policies: Path) -> None:
+    engine = await ReloadingEngine.start(DirectorySource(policies))
+    first = engine.revision
+    assert await allowed(engine)
+    write(policies / "availability.rego", DENY_ALL)
+    status = await engine.reload_if_changed()
+    assert not await allowed(engine)
+    assert status.revision == engine.revision != first and status.healthy
+
+
+async def test_no_change_no_reload(policies: Path) -> None:
+    engine = await ReloadingEngine.start(DirectorySource(policies))
+    before = engine.status
+    assert await engine.reload_if_changed() is before
+
+
+async def test_a_broken_change_is_refused_and_the_old_revision_serves(policies: Path) -> None:
+    engine = await ReloadingEngine.start(DirectorySource(policies))
+    first = engine.revision
+    reported: list[ReloadStatus] = []
+    engine.on_status = reported.append
+    write(policies / "availability.rego", "package toolbooth.availability\n\ndecision := {")
+    status = await engine.reload_if_changed()
+    assert engine.revision == first and await allowed(engine)
+    assert not status.healthy and "availability.rego" in (status.last_error or "")
+    assert reported == [status]
+    write(policies / "availability.rego", DENY_ALL)  # fixed: the next change loads
+    assert (await engine.reload_if_changed()).healthy and not await allowed(engine)
+
+
+async def test_a_failing_check_refuses_the_change(policies: Path) -> None:
+    async def check(engine: PolicyEngine) -> None:
+        if not (await engine.decide(Stage.AVAILABILITY, INPUT)).allow:
+            raise PolicyLoadError("policy tests failed: test_developer_sees_calculate")
+
+    engine = await ReloadingEngine.start(DirectorySource(policies), check=check)
+    write(policies / "availability.rego", DENY_ALL)
+    status = await engine.reload_if_changed()
+    assert await allowed(engine) and status.last_error == "policy tests failed: test_developer_sees_calculate"
+
+
+async def test_a_broken_start_fails(tmp_path: Path) -> None:
+    with pytest.raises(PolicyLoadError, match="does not exist"):
+        await ReloadingEngine.start(DirectorySource(tmp_path / "nowhere"))
+
+
+async def test_a_deleted_directory_is_refused(policies: Path) -> None:
+    engine = await ReloadingEngine.start(DirectorySource(policies))
+    shutil.rmtree(policies)
+    status = await engine.reload_if_changed()
+    assert not status.healthy and await allowed(engine)
+
+
+async def test_watch_polls_until_stopped(policies: Path) -> None:
+    engine = await ReloadingEngine.start(DirectorySource(policies))
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(engine.watch(0.01, stop))
+    write(policies / "availability.rego", DENY_ALL)
+    for _ in range(200):
+        if not await allowed(engine):
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(watcher, 1)
+    assert not await allowed(engine)
