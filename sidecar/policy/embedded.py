@@ -37,15 +37,18 @@ def clean_regorus_error(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True)
-class _Sources:
-    """The policy set as read from disk: modules by relative path, and the data document."""
+class PolicyFiles:
+    """The policy set as read from disk: modules by relative path, and the data document.
+
+    Shared by the engines: the OPA engine uploads these files and reports the same revision.
+    """
 
     root: Path
     modules: tuple[tuple[str, str], ...]
     data: str | None
 
     @classmethod
-    def read(cls, root: Path) -> _Sources:
+    def read(cls, root: Path) -> PolicyFiles:
         """Read every non-test ``*.rego`` under ``root`` and ``root/data.json`` if present."""
         if not root.is_dir():
             raise PolicyLoadError(f"policy directory {root} does not exist")
@@ -60,6 +63,14 @@ class _Sources:
         """``(relative path, content)`` of every file, policies and data, sorted by path."""
         data = [(DATA_FILE, self.data)] if self.data is not None else []
         return sorted([*self.modules, *data])
+
+    def revision(self) -> str:
+        """``sha256:`` and 16 hex digits over every file's path and content (any engine serving them)."""
+        digest = hashlib.sha256()
+        for name, text in self.files():
+            for part in (name.encode(), text.encode()):
+                digest.update(len(part).to_bytes(8, "big") + part)
+        return f"sha256:{digest.hexdigest()[:16]}"
 
     def build(self) -> regorus.Engine:
         """A compiled regorus engine holding these modules and data.
@@ -100,14 +111,6 @@ def _load_step(where: Path, step: Callable[..., object], *args: str) -> str | No
     return None
 
 
-def _revision(sources: _Sources) -> str:
-    digest = hashlib.sha256()
-    for name, text in sources.files():
-        for part in (name.encode(), text.encode()):
-            digest.update(len(part).to_bytes(8, "big") + part)
-    return f"sha256:{digest.hexdigest()[:16]}"
-
-
 def _check_packages(engine: regorus.Engine, root: Path) -> None:
     packages = set(engine.get_packages())
     missing = [package for rule in RULES.values() if (package := rule.removesuffix(".decision")) not in packages]
@@ -118,16 +121,16 @@ def _check_packages(engine: regorus.Engine, root: Path) -> None:
 class EmbeddedEngine:
     """``PolicyEngine`` evaluating ``data.toolbooth.<stage>.decision`` with regorus, in-process."""
 
-    def __init__(self, sources: _Sources) -> None:
+    def __init__(self, sources: PolicyFiles) -> None:
         self._sources = sources
-        self._revision = _revision(sources)
+        self._revision = sources.revision()
         self._engine: regorus.Engine | None = None
         self._owner: int | None = None
 
     @classmethod
     def load(cls, path: Path) -> EmbeddedEngine:
         """Read, compile and check the policy directory ``path``; raise ``PolicyLoadError`` naming the file."""
-        sources = _Sources.read(Path(path))
+        sources = PolicyFiles.read(Path(path))
         _check_packages(sources.build(), sources.root)
         return cls(sources)
 
