@@ -15,9 +15,19 @@ from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FilePath,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sidecar.contract import Principal
 
@@ -119,9 +129,61 @@ class AuthSettings(_Section):
         return AuthMode.JWT if self.jwt is not None else AuthMode.DEV
 
 
+class PolicyEngineKind(StrEnum):
+    EMBEDDED = "embedded"
+    OPA = "opa"
+
+
+class OpaTlsSettings(_Section):
+    """Trust and client certificate for an ``https`` OPA; each file must exist at start."""
+
+    ca_file: FilePath | None = None
+    cert_file: FilePath | None = None
+    key_file: FilePath | None = None
+
+    @model_validator(mode="after")
+    def _key_needs_cert(self) -> OpaTlsSettings:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("'key_file' needs 'cert_file'")
+        return self
+
+
+class OpaSettings(_Section):
+    """An OPA server evaluating the policies over its REST API."""
+
+    url: str
+    token: SecretStr | None = None
+    tls: OpaTlsSettings | None = None
+    timeout_seconds: float = Field(default=0.5, gt=0)
+    upload_policies: bool = True
+
+    @field_validator("url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.port == 0:
+            raise ValueError(f"{value!r}: expected http(s)://HOST[:PORT]")
+        if parts.path.strip("/") or parts.query or parts.fragment:
+            raise ValueError(f"{value!r}: the URL of the server only, without a path (the engine adds /v1/...)")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _tls_needs_https(self) -> OpaSettings:
+        if self.tls is not None and not self.url.startswith("https:"):
+            raise ValueError("'tls' needs an https:// url")
+        return self
+
+
 class PolicySettings(_Section):
-    engine: str = Field(default="embedded", pattern="^embedded$")
+    engine: PolicyEngineKind = PolicyEngineKind.EMBEDDED
     path: Path = Field(default_factory=bundled_policy_dir)
+    opa: OpaSettings | None = None
+
+    @model_validator(mode="after")
+    def _opa_needs_server(self) -> PolicySettings:
+        if self.engine is PolicyEngineKind.OPA and self.opa is None:
+            raise ValueError("engine 'opa' needs a 'policy.opa' section with the server's url")
+        return self
 
 
 class StoreSettings(_Section):

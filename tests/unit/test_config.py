@@ -50,7 +50,22 @@ def test_jwt_mode_is_chosen_by_a_jwt_section() -> None:
     ({"auth": {"jwt": {"issuer": "i", "audience": "a", "key": "k", "algorithms": ["none"]}}}, "'none' is never"),
     ({"auth": {"jwt": {"audience": "a", "key": "k"}}}, "config error at auth.jwt.issuer: Field required"),
     ({"auth": {"dev_principal": {"id": ""}}}, "config error at auth.dev_principal.id"),
-    ({"policy": {"engine": "opa"}}, "config error at policy.engine"),
+    ({"policy": {"engine": "rego"}}, "config error at policy.engine: Input should be 'embedded' or 'opa'"),
+    ({"policy": {"engine": "opa"}}, "config error at policy: engine 'opa' needs a 'policy.opa' section"),
+    ({"policy": {"opa": {"token": "t"}}}, "config error at policy.opa.url: Field required"),
+    ({"policy": {"opa": {"url": "opa:8181"}}}, "config error at policy.opa.url: 'opa:8181': expected http(s)://"),
+    ({"policy": {"opa": {"url": "http://opa:8181/v1/data"}}}, "config error at policy.opa.url: "
+                                                              "'http://opa:8181/v1/data': the URL of the server only"),
+    ({"policy": {"opa": {"url": "http://opa:http"}}}, "config error at policy.opa.url: Port could not be cast"),
+    ({"policy": {"opa": {"url": "http://o", "timeout_seconds": 0}}}, "config error at policy.opa.timeout_seconds: "
+                                                                      "Input should be greater than 0"),
+    ({"policy": {"opa": {"url": "http://o", "upload_policies": "sometimes"}}}, "config error at "
+                                                                               "policy.opa.upload_policies"),
+    ({"policy": {"opa": {"url": "http://o", "tsl": {}}}}, "config error at policy.opa.tsl: unknown key"),
+    ({"policy": {"opa": {"url": "https://o", "tls": {"ca_file": "/no/such/ca.pem"}}}},
+     "config error at policy.opa.tls.ca_file: Path does not point to a file"),
+    ({"policy": {"opa": {"url": "https://o", "tls": {"cert_file": "/no/such/cert.pem"}}}},
+     "config error at policy.opa.tls.cert_file: Path does not point to a file"),
     ({"log_level": "LOUD"}, "config error at log_level"),
 ])
 def test_errors_name_the_key(raw: dict[str, object], expected: str) -> None:
@@ -101,3 +116,28 @@ def test_dev_mode_refuses_public_addresses_but_jwt_mode_may() -> None:
         parse_settings({"server": {"listen": ["0.0.0.0:1"]}})
     jwt = {"issuer": "i", "audience": "a", "key": "k", "algorithms": ["HS256"]}
     assert parse_settings({"server": {"listen": ["0.0.0.0:1"]}, "auth": {"jwt": jwt}}).server.listen == ("0.0.0.0:1",)
+
+
+def test_opa_engine_settings(tmp_path: Path) -> None:
+    pem = tmp_path / "client.pem"
+    pem.write_text("x")
+    env = {"TOOLBOOTH_POLICY__ENGINE": "opa", "TOOLBOOTH_POLICY__OPA__URL": "https://opa.internal:8181/",
+           "TOOLBOOTH_POLICY__OPA__TOKEN": "s3cret", "TOOLBOOTH_POLICY__OPA__TLS__CERT_FILE": str(pem),
+           "TOOLBOOTH_POLICY__OPA__TLS__KEY_FILE": str(pem)}
+    opa = load_settings(None, env).policy.opa
+    assert opa is not None and opa.url == "https://opa.internal:8181"
+    assert (opa.timeout_seconds, opa.upload_policies) == (0.5, True)
+    assert opa.token is not None and opa.token.get_secret_value() == "s3cret" and "s3cret" not in repr(opa)
+    assert opa.tls is not None and opa.tls.key_file == pem
+
+
+@pytest.mark.parametrize(("url", "keys", "expected"), [
+    ("https://o", ["key_file"], "config error at policy.opa.tls: 'key_file' needs 'cert_file'"),
+    ("http://o", ["ca_file"], "config error at policy.opa: 'tls' needs an https:// url"),
+])
+def test_opa_tls_errors_name_the_key(tmp_path: Path, url: str, keys: list[str], expected: str) -> None:
+    pem = tmp_path / "file.pem"
+    pem.write_text("x")
+    with pytest.raises(ConfigError) as info:
+        parse_settings({"policy": {"opa": {"url": url, "tls": {key: str(pem) for key in keys}}}})
+    assert expected in str(info.value)
