@@ -20,6 +20,7 @@ import grpc
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.contract import CallRequest, ToolListing, ToolResult
+from sidecar.policy.reload import ReloadStatus
 from sidecar.server import convert
 
 __all__ = ["AsyncClient", "Client", "ClientError"]
@@ -55,11 +56,17 @@ class AsyncClient(_Base):
         super().__init__(token=token, timeout=timeout)
         self._channel = grpc.aio.insecure_channel(target)
         self._stub = pb_grpc.ToolServiceStub(self._channel)
+        self._policy = pb_grpc.PolicyServiceStub(self._channel)
 
     async def list_tools(self, *, conversation_id: str | None = None) -> ToolListing:
         """The tools the caller may see."""
         request = pb.ListToolsRequest(conversation_id=conversation_id or "")
         return convert.listing_from_pb(await self._call(self._stub.ListTools, request, None))
+
+    async def policy_status(self) -> ReloadStatus:
+        """The policy revision in force and the last reload attempt."""
+        request = pb.GetPolicyStatusRequest()
+        return convert.status_from_pb(await self._call(self._policy.GetPolicyStatus, request, None))
 
     async def execute(
         self,
@@ -102,11 +109,17 @@ class Client(_Base):
         super().__init__(token=token, timeout=timeout)
         self._channel = grpc.insecure_channel(target)
         self._stub = pb_grpc.ToolServiceStub(self._channel)
+        self._policy = pb_grpc.PolicyServiceStub(self._channel)
 
     def list_tools(self, *, conversation_id: str | None = None) -> ToolListing:
         """The tools the caller may see."""
         request = pb.ListToolsRequest(conversation_id=conversation_id or "")
         return convert.listing_from_pb(self._call(self._stub.ListTools, request, None))
+
+    def policy_status(self) -> ReloadStatus:
+        """The policy revision in force and the last reload attempt."""
+        request = pb.GetPolicyStatusRequest()
+        return convert.status_from_pb(self._call(self._policy.GetPolicyStatus, request, None))
 
     def execute(
         self,

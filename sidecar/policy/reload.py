@@ -62,7 +62,7 @@ class ReloadingEngine:
                  check: Check | None = None) -> None:
         self._source, self._engine, self._seen, self._check = source, engine, fingerprint, check
         self.status = ReloadStatus(source.description, engine.revision, _now())
-        self.on_status: Callable[[ReloadStatus], None] = lambda status: None
+        self.on_status: Callable[[ReloadStatus], Awaitable[None]] | None = None
 
     @classmethod
     async def start(cls, source: PolicySource, *, check: Check | None = None) -> ReloadingEngine:
@@ -95,12 +95,12 @@ class ReloadingEngine:
                 await self._check(engine)
         except PolicyLoadError as exc:
             log.error("policy reload refused, revision %s keeps serving: %s", self.revision, exc)
-            self._set(replace(self.status, last_attempt_at=_now(), last_error=str(exc)))
+            await self._set(replace(self.status, last_attempt_at=_now(), last_error=str(exc)))
             return self.status
         self._engine = engine
         log.info("policy revision %s loaded from %s", engine.revision, self._source.description)
         now = _now()
-        self._set(ReloadStatus(self._source.description, engine.revision, now, now))
+        await self._set(ReloadStatus(self._source.description, engine.revision, now, now))
         return self.status
 
     async def watch(self, interval: float, stop: asyncio.Event) -> None:
@@ -114,9 +114,10 @@ class ReloadingEngine:
                 except OSError as exc:
                     log.error("cannot read policy source %s: %s", self._source.description, exc)
 
-    def _set(self, status: ReloadStatus) -> None:
+    async def _set(self, status: ReloadStatus) -> None:
         self.status = status
-        self.on_status(status)
+        if self.on_status is not None:
+            await self.on_status(status)
 
 
 def _now() -> str:

@@ -25,7 +25,10 @@ from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.config import UNIX_PREFIX, AuthMode, Limits, Settings
 from sidecar.contract import Principal
+from sidecar.policy.reload import ReloadStatus
 from sidecar.server.auth import Authenticator
+from sidecar.server.policy_service import RELOAD_HEALTH_NAME, PolicyServicer, StatusProvider
+from sidecar.server.policy_service import SERVICE_NAME as POLICY_SERVICE_NAME
 from sidecar.server.service import ToolGateway, ToolServicer
 
 if TYPE_CHECKING:
@@ -58,6 +61,11 @@ class Sidecar:
             log.warning("auth mode 'dev': every caller is trusted as principal %r; never use it in production",
                         self.dev_principal.id)
 
+    async def report_policy(self, status: ReloadStatus) -> None:
+        """Health of ``toolbooth.policy``: NOT_SERVING while a policy change is refused."""
+        Health = health_pb2.HealthCheckResponse
+        await self.health.set(RELOAD_HEALTH_NAME, Health.SERVING if status.healthy else Health.NOT_SERVING)
+
     async def stop(self, grace: float | None) -> None:
         """Report NOT_SERVING, let in-flight calls finish within ``grace``, remove the sockets."""
         await self.health.enter_graceful_shutdown()
@@ -65,19 +73,29 @@ class Sidecar:
         _remove_sockets(self.socket_paths)
 
 
-async def create_server(settings: Settings, gateway: ToolGateway) -> tuple[grpc.aio.Server, Sidecar]:
-    """Build the server with every service and bind each ``settings.server.listen`` address."""
+async def create_server(settings: Settings, gateway: ToolGateway, *,
+                        policy: StatusProvider | None = None) -> tuple[grpc.aio.Server, Sidecar]:
+    """Build the server with every service and bind each ``settings.server.listen`` address.
+
+    With ``policy`` (the reloading engine) the ``PolicyService`` answers status requests.
+    """
     dev = settings.auth.effective_mode is AuthMode.DEV
-    servicer = ToolServicer(gateway, Authenticator(settings.auth))
+    authenticator = Authenticator(settings.auth)
     server = grpc.aio.server(options=_channel_options(settings.limits))
-    pb_grpc.add_ToolServiceServicer_to_server(servicer, server)
+    pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway, authenticator), server)
+    names = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
+    if policy is not None:
+        pb_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(policy, authenticator), server)
+        names.append(POLICY_SERVICE_NAME)
     health_servicer = await _add_health(server)
     if settings.server.reflection or (settings.server.reflection is None and dev):
-        names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
     addresses, sockets = await _bind_all(server, settings.server.listen)
     dev_principal = settings.auth.dev_principal if dev else None
-    return server, Sidecar(server, health_servicer, addresses, sockets, dev_principal)
+    sidecar = Sidecar(server, health_servicer, addresses, sockets, dev_principal)
+    if policy is not None:
+        await sidecar.report_policy(policy.status)
+    return server, sidecar
 
 
 async def serve(settings: Settings, *, registry: Registry | None = None, stop: asyncio.Event | None = None) -> None:

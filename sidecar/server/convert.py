@@ -24,6 +24,7 @@ from sidecar.contract import (
     ToolListing,
     ToolResult,
 )
+from sidecar.policy.reload import ReloadStatus
 
 E = TypeVar("E", bound=Enum)
 P = TypeVar("P", bound=int)
@@ -168,3 +169,13 @@ def call_request_from_pb(message: pb.ExecuteToolRequest) -> CallRequest:
     """An ``ExecuteToolRequest`` as a domain call; empty optional fields become ``None``."""
     optional = {name: getattr(message, name) or None for name in _OPTIONAL_CALL_FIELDS}
     return CallRequest(tool=message.tool, arguments_json=message.arguments_json, **optional)
+
+
+def status_to_pb(status: ReloadStatus) -> pb.PolicyStatus:
+    return pb.PolicyStatus(source=status.source, revision=status.revision, loaded_at=status.loaded_at,
+                           last_attempt_at=status.last_attempt_at or "", last_error=status.last_error or "")
+
+
+def status_from_pb(message: pb.PolicyStatus) -> ReloadStatus:
+    return ReloadStatus(source=message.source, revision=message.revision, loaded_at=message.loaded_at,
+                        last_attempt_at=message.last_attempt_at or None, last_error=message.last_error or None)

@@ -60,10 +60,15 @@ class ToolServicer(pb_grpc.ToolServiceServicer):
         return convert.result_to_pb(await _guarded(result, context))
 
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
-        try:
-            return self._authenticator.authenticate(context.invocation_metadata() or ())
-        except AuthenticationError as exc:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        return await authenticate(self._authenticator, context)
+
+
+async def authenticate(authenticator: Authenticator, context: grpc.aio.ServicerContext) -> Principal:
+    """The caller's principal, or the RPC ends with UNAUTHENTICATED and nothing else runs."""
+    try:
+        return authenticator.authenticate(context.invocation_metadata() or ())
+    except AuthenticationError as exc:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
 
 
 def _caller_deadline(context: grpc.aio.ServicerContext) -> float | None:

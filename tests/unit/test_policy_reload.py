@@ -59,7 +59,11 @@ async def test_a_broken_change_is_refused_and_the_old_revision_serves(policies: 
     engine = await ReloadingEngine.start(DirectorySource(policies))
     first = engine.revision
     reported: list[ReloadStatus] = []
-    engine.on_status = reported.append
+
+    async def report(status: ReloadStatus) -> None:
+        reported.append(status)
+
+    engine.on_status = report
     write(policies / "availability.rego", "package toolbooth.availability\n\ndecision := {")
     status = await engine.reload_if_changed()
     assert engine.revision == first and await allowed(engine)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ftoolbooth/v1/tool_service.proto\x12\x0ctoolbooth.v1\"+\n\x10ListToolsRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"Y\n\x11ListToolsResponse\x12+\n\x05tools\x18\x01 \x03(\x0b\x32\x1c.toolbooth.v1.ToolDescriptor\x12\x17\n\x0fpolicy_revision\x18\x02 \x01(\t\"\xc4\x01\n\x0eToolDescriptor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x19\n\x11input_schema_json\x18\x04 \x01(\t\x12-\n\x0bside_effect\x18\x05 \x01(\x0e\x32\x18.toolbooth.v1.SideEffect\x12 \n\x18requires_idempotency_key\x18\x06 \x01(\x08\x12\x12\n\ntimeout_ms\x18\x07 \x01(\r\"\x92\x01\n\x12\x45xecuteToolRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x04 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x05 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\t\"\x8f\x01\n\tToolError\x12%\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x17.toolbooth.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12(\n\x08recovery\x18\x04 \x01(\x0e\x32\x16.toolbooth.v1.Recovery\x12\r\n\x05\x66ield\x18\x05 \x01(\t\"\xb4\x01\n\nResultMeta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x14\n\x0ctool_version\x18\x03 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x1c\n\x14idempotency_replayed\x18\x06 \x01(\x08\x12\x11\n\ttruncated\x18\x07 \x01(\x08\x12\x17\n\x0fpolicy_revision\x18\x08 \x01(\t\"\xbe\x01\n\nToolResult\x12$\n\x06status\x18\x01 \x01(\x0e\x32\x14.toolbooth.v1.Status\x12\x11\n\tdata_json\x18\x02 \x01(\t\x12&\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x17.toolbooth.v1.ToolError\x12\'\n\x06\x65rrors\x18\x04 \x03(\x0b\x32\x17.toolbooth.v1.ToolError\x12&\n\x04meta\x18\x05 \x01(\x0b\x32\x18.toolbooth.v1.ResultMeta*\xb0\x01\n\nSideEffect\x12\x1b\n\x17SIDE_EFFECT_UNSPECIFIED\x10\x00\x12\x14\n\x10SIDE_EFFECT_NONE\x10\x01\x12#\n\x1fSIDE_EFFECT_INTERNAL_REVERSIBLE\x10\x02\x12#\n\x1fSIDE_EFFECT_EXTERNAL_REVERSIBLE\x10\x03\x12%\n!SIDE_EFFECT_EXTERNAL_IRREVERSIBLE\x10\x04*\x80\x01\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x12\n\x0eSTATUS_SUCCESS\x10\x01\x12\x1a\n\x16STATUS_PARTIAL_SUCCESS\x10\x02\x12\x10\n\x0cSTATUS_ERROR\x10\x03\x12\x1c\n\x18STATUS_APPROVAL_REQUIRED\x10\x04*\xb5\x03\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n\x1b\x45RROR_CODE_TOOL_UNAVAILABLE\x10\x02\x12 \n\x1c\x45RROR_CODE_PERMISSION_DENIED\x10\x03\x12!\n\x1d\x45RROR_CODE_RESOURCE_NOT_FOUND\x10\x04\x12 \n\x1c\x45RROR_CODE_APPROVAL_REQUIRED\x10\x05\x12\x1e\n\x1a\x45RROR_CODE_PREVIEW_EXPIRED\x10\x06\x12%\n!ERROR_CODE_IDEMPOTENCY_KEY_REUSED\x10\x07\x12$\n ERROR_CODE_OPERATION_IN_PROGRESS\x10\x08\x12\x1b\n\x17\x45RROR_CODE_RATE_LIMITED\x10\t\x12\x16\n\x12\x45RROR_CODE_TIMEOUT\x10\n\x12\"\n\x1e\x45RROR_CODE_SERVICE_UNAVAILABLE\x10\x0b\x12\x1d\n\x19\x45RROR_CODE_INTERNAL_ERROR\x10\x0c*\x88\x02\n\x08Recovery\x12\x18\n\x14RECOVERY_UNSPECIFIED\x10\x00\x12\x1e\n\x1aRECOVERY_CORRECT_ARGUMENTS\x10\x01\x12\x19\n\x15RECOVERY_DO_NOT_RETRY\x10\x02\x12\x1f\n\x1bRECOVERY_REQUEST_PERMISSION\x10\x03\x12\x1f\n\x1bRECOVERY_REQUEST_USER_INPUT\x10\x04\x12#\n\x1fRECOVERY_CHECK_OPERATION_STATUS\x10\x05\x12\x1f\n\x1bRECOVERY_RETRY_WITH_BACKOFF\x10\x06\x12\x1f\n\x1bRECOVERY_RETRY_SAME_REQUEST\x10\x07\x32\xa6\x01\n\x0bToolService\x12L\n\tListTools\x12\x1e.toolbooth.v1.ListToolsRequest\x1a\x1f.toolbooth.v1.ListToolsResponse\x12I\n\x0b\x45xecuteTool\x12 .toolbooth.v1.ExecuteToolRequest\x1a\x18.toolbooth.v1.ToolResultB@Z>github.com/toolbooth/toolbooth/gen/go/toolbooth/v1;toolboothv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ftoolbooth/v1/tool_service.proto\x12\x0ctoolbooth.v1\"\x18\n\x16GetPolicyStatusRequest\"p\n\x0cPolicyStatus\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\t\x12\x11\n\tloaded_at\x18\x03 \x01(\t\x12\x17\n\x0flast_attempt_at\x18\x04 \x01(\t\x12\x12\n\nlast_error\x18\x05 \x01(\t\"+\n\x10ListToolsRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"Y\n\x11ListToolsResponse\x12+\n\x05tools\x18\x01 \x03(\x0b\x32\x1c.toolbooth.v1.ToolDescriptor\x12\x17\n\x0fpolicy_revision\x18\x02 \x01(\t\"\xc4\x01\n\x0eToolDescriptor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x19\n\x11input_schema_json\x18\x04 \x01(\t\x12-\n\x0bside_effect\x18\x05 \x01(\x0e\x32\x18.toolbooth.v1.SideEffect\x12 \n\x18requires_idempotency_key\x18\x06 \x01(\x08\x12\x12\n\ntimeout_ms\x18\x07 \x01(\r\"\x92\x01\n\x12\x45xecuteToolRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x04 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x05 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\t\"\x8f\x01\n\tToolError\x12%\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x17.toolbooth.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12(\n\x08recovery\x18\x04 \x01(\x0e\x32\x16.toolbooth.v1.Recovery\x12\r\n\x05\x66ield\x18\x05 \x01(\t\"\xb4\x01\n\nResultMeta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x14\n\x0ctool_version\x18\x03 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x1c\n\x14idempotency_replayed\x18\x06 \x01(\x08\x12\x11\n\ttruncated\x18\x07 \x01(\x08\x12\x17\n\x0fpolicy_revision\x18\x08 \x01(\t\"\xbe\x01\n\nToolResult\x12$\n\x06status\x18\x01 \x01(\x0e\x32\x14.toolbooth.v1.Status\x12\x11\n\tdata_json\x18\x02 \x01(\t\x12&\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x17.toolbooth.v1.ToolError\x12\'\n\x06\x65rrors\x18\x04 \x03(\x0b\x32\x17.toolbooth.v1.ToolError\x12&\n\x04meta\x18\x05 \x01(\x0b\x32\x18.toolbooth.v1.ResultMeta*\xb0\x01\n\nSideEffect\x12\x1b\n\x17SIDE_EFFECT_UNSPECIFIED\x10\x00\x12\x14\n\x10SIDE_EFFECT_NONE\x10\x01\x12#\n\x1fSIDE_EFFECT_INTERNAL_REVERSIBLE\x10\x02\x12#\n\x1fSIDE_EFFECT_EXTERNAL_REVERSIBLE\x10\x03\x12%\n!SIDE_EFFECT_EXTERNAL_IRREVERSIBLE\x10\x04*\x80\x01\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x12\n\x0eSTATUS_SUCCESS\x10\x01\x12\x1a\n\x16STATUS_PARTIAL_SUCCESS\x10\x02\x12\x10\n\x0cSTATUS_ERROR\x10\x03\x12\x1c\n\x18STATUS_APPROVAL_REQUIRED\x10\x04*\xb5\x03\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1f\n\x1b\x45RROR_CODE_TOOL_UNAVAILABLE\x10\x02\x12 \n\x1c\x45RROR_CODE_PERMISSION_DENIED\x10\x03\x12!\n\x1d\x45RROR_CODE_RESOURCE_NOT_FOUND\x10\x04\x12 \n\x1c\x45RROR_CODE_APPROVAL_REQUIRED\x10\x05\x12\x1e\n\x1a\x45RROR_CODE_PREVIEW_EXPIRED\x10\x06\x12%\n!ERROR_CODE_IDEMPOTENCY_KEY_REUSED\x10\x07\x12$\n ERROR_CODE_OPERATION_IN_PROGRESS\x10\x08\x12\x1b\n\x17\x45RROR_CODE_RATE_LIMITED\x10\t\x12\x16\n\x12\x45RROR_CODE_TIMEOUT\x10\n\x12\"\n\x1e\x45RROR_CODE_SERVICE_UNAVAILABLE\x10\x0b\x12\x1d\n\x19\x45RROR_CODE_INTERNAL_ERROR\x10\x0c*\x88\x02\n\x08Recovery\x12\x18\n\x14RECOVERY_UNSPECIFIED\x10\x00\x12\x1e\n\x1aRECOVERY_CORRECT_ARGUMENTS\x10\x01\x12\x19\n\x15RECOVERY_DO_NOT_RETRY\x10\x02\x12\x1f\n\x1bRECOVERY_REQUEST_PERMISSION\x10\x03\x12\x1f\n\x1bRECOVERY_REQUEST_USER_INPUT\x10\x04\x12#\n\x1fRECOVERY_CHECK_OPERATION_STATUS\x10\x05\x12\x1f\n\x1bRECOVERY_RETRY_WITH_BACKOFF\x10\x06\x12\x1f\n\x1bRECOVERY_RETRY_SAME_REQUEST\x10\x07\x32\xa6\x01\n\x0bToolService\x12L\n\tListTools\x12\x1e.toolbooth.v1.ListToolsRequest\x1a\x1f.toolbooth.v1.ListToolsResponse\x12I\n\x0b\x45xecuteTool\x12 .toolbooth.v1.ExecuteToolRequest\x1a\x18.toolbooth.v1.ToolResult2d\n\rPolicyService\x12S\n\x0fGetPolicyStatus\x12$.toolbooth.v1.GetPolicyStatusRequest\x1a\x1a.toolbooth.v1.PolicyStatusB@Z>github.com/toolbooth/toolbooth/gen/go/toolbooth/v1;toolboothv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,28 +32,34 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'toolbooth.v1.tool_service_p
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z>github.com/toolbooth/toolbooth/gen/go/toolbooth/v1;toolboothv1'
-  _globals['_SIDEEFFECT']._serialized_start=1056
-  _globals['_SIDEEFFECT']._serialized_end=1232
-  _globals['_STATUS']._serialized_start=1235
-  _globals['_STATUS']._serialized_end=1363
-  _globals['_ERRORCODE']._serialized_start=1366
-  _globals['_ERRORCODE']._serialized_end=1803
-  _globals['_RECOVERY']._serialized_start=1806
-  _globals['_RECOVERY']._serialized_end=2070
-  _globals['_LISTTOOLSREQUEST']._serialized_start=49
-  _globals['_LISTTOOLSREQUEST']._serialized_end=92
-  _globals['_LISTTOOLSRESPONSE']._serialized_start=94
-  _globals['_LISTTOOLSRESPONSE']._serialized_end=183
-  _globals['_TOOLDESCRIPTOR']._serialized_start=186
-  _globals['_TOOLDESCRIPTOR']._serialized_end=382
-  _globals['_EXECUTETOOLREQUEST']._serialized_start=385
-  _globals['_EXECUTETOOLREQUEST']._serialized_end=531
-  _globals['_TOOLERROR']._serialized_start=534
-  _globals['_TOOLERROR']._serialized_end=677
-  _globals['_RESULTMETA']._serialized_start=680
-  _globals['_RESULTMETA']._serialized_end=860
-  _globals['_TOOLRESULT']._serialized_start=863
-  _globals['_TOOLRESULT']._serialized_end=1053
-  _globals['_TOOLSERVICE']._serialized_start=2073
-  _globals['_TOOLSERVICE']._serialized_end=2239
+  _globals['_SIDEEFFECT']._serialized_start=1196
+  _globals['_SIDEEFFECT']._serialized_end=1372
+  _globals['_STATUS']._serialized_start=1375
+  _globals['_STATUS']._serialized_end=1503
+  _globals['_ERRORCODE']._serialized_start=1506
+  _globals['_ERRORCODE']._serialized_end=1943
+  _globals['_RECOVERY']._serialized_start=1946
+  _globals['_RECOVERY']._serialized_end=2210
+  _globals['_GETPOLICYSTATUSREQUEST']._serialized_start=49
+  _globals['_GETPOLICYSTATUSREQUEST']._serialized_end=73
+  _globals['_POLICYSTATUS']._serialized_start=75
+  _globals['_POLICYSTATUS']._serialized_end=187
+  _globals['_LISTTOOLSREQUEST']._serialized_start=189
+  _globals['_LISTTOOLSREQUEST']._serialized_end=232
+  _globals['_LISTTOOLSRESPONSE']._serialized_start=234
+  _globals['_LISTTOOLSRESPONSE']._serialized_end=323
+  _globals['_TOOLDESCRIPTOR']._serialized_start=326
+  _globals['_TOOLDESCRIPTOR']._serialized_end=522
+  _globals['_EXECUTETOOLREQUEST']._serialized_start=525
+  _globals['_EXECUTETOOLREQUEST']._serialized_end=671
+  _globals['_TOOLERROR']._serialized_start=674
+  _globals['_TOOLERROR']._serialized_end=817
+  _globals['_RESULTMETA']._serialized_start=820
+  _globals['_RESULTMETA']._serialized_end=1000
+  _globals['_TOOLRESULT']._serialized_start=1003
+  _globals['_TOOLRESULT']._serialized_end=1193
+  _globals['_TOOLSERVICE']._serialized_start=2213
+  _globals['_TOOLSERVICE']._serialized_end=2379
+  _globals['_POLICYSERVICE']._serialized_start=2381
+  _globals['_POLICYSERVICE']._serialized_end=2481
 # @@protoc_insertion_point(module_scope)

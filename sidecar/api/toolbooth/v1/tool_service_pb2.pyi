@@ -81,6 +81,24 @@ RECOVERY_CHECK_OPERATION_STATUS: Recovery
 RECOVERY_RETRY_WITH_BACKOFF: Recovery
 RECOVERY_RETRY_SAME_REQUEST: Recovery
 
+class GetPolicyStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PolicyStatus(_message.Message):
+    __slots__ = ("source", "revision", "loaded_at", "last_attempt_at", "last_error")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    LOADED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ATTEMPT_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    revision: str
+    loaded_at: str
+    last_attempt_at: str
+    last_error: str
+    def __init__(self, source: _Optional[str] = ..., revision: _Optional[str] = ..., loaded_at: _Optional[str] = ..., last_attempt_at: _Optional[str] = ..., last_error: _Optional[str] = ...) -> None: ...
+
 class ListToolsRequest(_message.Message):
     __slots__ = ("conversation_id",)
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -144,3 +144,79 @@ class ToolService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class PolicyServiceStub:
+    """PolicyService tells operators which policy revision is in force.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetPolicyStatus = channel.unary_unary(
+                '/toolbooth.v1.PolicyService/GetPolicyStatus',
+                request_serializer=toolbooth_dot_v1_dot_tool__service__pb2.GetPolicyStatusRequest.SerializeToString,
+                response_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.PolicyStatus.FromString,
+                _registered_method=True)
+
+
+class PolicyServiceServicer:
+    """PolicyService tells operators which policy revision is in force.
+    """
+
+    def GetPolicyStatus(self, request, context):
+        """GetPolicyStatus returns the revision in force and the result of the last reload attempt.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_PolicyServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetPolicyStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPolicyStatus,
+                    request_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.GetPolicyStatusRequest.FromString,
+                    response_serializer=toolbooth_dot_v1_dot_tool__service__pb2.PolicyStatus.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'toolbooth.v1.PolicyService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('toolbooth.v1.PolicyService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class PolicyService:
+    """PolicyService tells operators which policy revision is in force.
+    """
+
+    @staticmethod
+    def GetPolicyStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolbooth.v1.PolicyService/GetPolicyStatus',
+            toolbooth_dot_v1_dot_tool__service__pb2.GetPolicyStatusRequest.SerializeToString,
+            toolbooth_dot_v1_dot_tool__service__pb2.PolicyStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
