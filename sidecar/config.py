@@ -174,10 +174,21 @@ class OpaSettings(_Section):
         return self
 
 
+class DecisionCacheSettings(_Section):
+    """Recent decisions answered from memory (``sidecar.policy.cache``)."""
+
+    enabled: bool = True
+    ttl_seconds: float = Field(default=5.0, gt=0)
+    max_entries: int = Field(default=10_000, gt=0)
+
+
 class PolicySettings(_Section):
     engine: PolicyEngineKind = PolicyEngineKind.EMBEDDED
     path: Path = Field(default_factory=bundled_policy_dir)
     opa: OpaSettings | None = None
+    reload_interval_seconds: float = Field(default=2.0, ge=0)  # 0: never reload
+    reload_requires_tests: bool = False
+    cache: DecisionCacheSettings = Field(default_factory=DecisionCacheSettings)
 
     @model_validator(mode="after")
     def _opa_needs_server(self) -> PolicySettings:

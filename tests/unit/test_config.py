@@ -67,6 +67,10 @@ def test_jwt_mode_is_chosen_by_a_jwt_section() -> None:
     ({"policy": {"opa": {"url": "https://o", "tls": {"cert_file": "/no/such/cert.pem"}}}},
      "config error at policy.opa.tls.cert_file: Path does not point to a file"),
     ({"log_level": "LOUD"}, "config error at log_level"),
+    ({"policy": {"reload_interval_seconds": -1}}, "config error at policy.reload_interval_seconds"),
+    ({"policy": {"cache": {"ttl_seconds": 0}}}, "config error at policy.cache.ttl_seconds"),
+    ({"policy": {"cache": {"max_entries": 0}}}, "config error at policy.cache.max_entries"),
+    ({"policy": {"cache": {"size": 1}}}, "config error at policy.cache.size: unknown key"),
 ])
 def test_errors_name_the_key(raw: dict[str, object], expected: str) -> None:
     with pytest.raises(ConfigError) as info:
