@@ -36,6 +36,7 @@ from sidecar.contract import (
 from sidecar.dispatch import Dispatcher
 from sidecar.plugin import ToolContext, ToolDefinition
 from sidecar.policy import Decision, MalformedDecisionError, PolicyEngine, PolicyEvaluationError, Stage
+from sidecar.policy.factory import close_engine, open_engine
 from sidecar.policy.input import InputParts, call_json, now_utc, principal_json, tool_json
 from sidecar.registry import Registry
 from sidecar.state import AuditEvent, ClaimState, KeyScope, Store, StoreUnavailableError
@@ -118,9 +119,10 @@ class Pipeline:
         return result
 
     async def aclose(self) -> None:
-        """Release the handler pool and the store."""
+        """Release the handler pool, the store and the policy engine."""
         self._dispatcher.close()
         await self.store.aclose()
+        await close_engine(self.policy)
 
     async def _stages(self, call: _Call, caller_deadline: float | None) -> ToolResult:
         defn = await self._resolve(call)
@@ -331,11 +333,14 @@ def _tool_logger(name: str) -> logging.Logger:
 
 async def build_pipeline(settings: Settings, *, registry: Registry | None = None) -> Pipeline:
     """Load plugins (unless ``registry`` is given) and policies, open the store."""
-    from sidecar.policy.embedded import EmbeddedEngine
     from sidecar.state.sqlite import SqliteStore
 
     if registry is None:
         registry = Registry.from_entry_points(allow=settings.plugins.allow)
-    engine = EmbeddedEngine.load(settings.policy.path)
-    store = await SqliteStore.open(settings.store.sqlite_path, busy_timeout_ms=settings.store.busy_timeout_ms)
+    engine = await open_engine(settings.policy)
+    try:
+        store = await SqliteStore.open(settings.store.sqlite_path, busy_timeout_ms=settings.store.busy_timeout_ms)
+    except BaseException:
+        await close_engine(engine)
+        raise
     return Pipeline(registry=registry, policy=engine, store=store, limits=settings.limits)

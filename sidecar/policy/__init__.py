@@ -122,7 +122,12 @@ def _expect(rule: str, document: dict[str, Any], key: str, kind: type, described
 
 
 class PolicyEngine(Protocol):
-    """Evaluates the three decisions. Implementations must fail closed by raising."""
+    """Evaluates the three decisions. Implementations must fail closed by raising.
+
+    An engine that holds resources (the OPA engine's HTTP session) also has
+    ``async def aclose()``, which ``factory.close_engine`` calls; engines wrapping
+    another one should pass it on.
+    """
 
     @property
     def revision(self) -> str:

@@ -1,0 +1,247 @@
+"""The OPA engine: decisions from an OPA server over its REST API, through ``opa-python-client``.
+
+A decision is ``POST /v1/data/toolbooth/<stage>/decision`` with ``{"input": ...}``; the
+answer's ``result`` goes through ``parse_decision`` (no ``result``: the rule is
+undefined, a malformed decision).
+
+At start the engine either uploads the policy directory — every module to
+``PUT /v1/policies/toolbooth/<file>`` (modules it uploaded earlier that are gone are
+deleted) and every top-level key of ``data.json`` to ``PUT /v1/data/<key>`` — and
+reports the same content-hash revision as the embedded engine for that directory;
+or it uses what the server already serves (e.g. bundles managed by OPA) and reports
+the revisions of the bundles in ``data.system.bundles`` (``opa-bundles:name@rev,…``),
+or ``opa:<url>`` when there are none. Either revision is read once, at start.
+
+Failing closed: no answer within ``timeout_seconds`` (enforced here, whatever the
+transport does), a refused or dropped connection, any status but 200 (OPA's own
+evaluation errors are HTTP 500 ``internal_error``) or a body that is not OPA's answer
+raise ``PolicyEvaluationError`` naming the rule and the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+from opa_client import AsyncOpaClient
+from opa_client.errors import DeletePolicyError, RegoParseError, TypeException
+
+from sidecar.config import OpaSettings, OpaTlsSettings
+from sidecar.policy import RULES, Decision, PolicyEvaluationError, PolicyLoadError, Stage, parse_decision
+from sidecar.policy.embedded import DATA_FILE, PolicyFiles
+from sidecar.policy.input import PolicyInput
+
+log = logging.getLogger("toolbooth.policy.opa")
+
+POLICY_ID_PREFIX = "toolbooth/"
+START_TIMEOUT_SECONDS = 10.0  # each request made at start; decisions have their own timeout
+_PATHS = {stage: rule.removeprefix("data.").replace(".", "/") for stage, rule in RULES.items()}
+_JSON = {"Content-Type": "application/json"}
+_TRANSPORT_ERRORS = (aiohttp.ClientError, OSError)
+
+
+class OpaTransport(Protocol):
+    """What a decision needs from the HTTP client (the seam unit tests replace)."""
+
+    async def evaluate(self, path: str, input_json: str) -> tuple[int, bytes]:
+        """``POST /v1/data/<path>`` with ``input_json`` as the input: status and body."""
+        ...
+
+    async def close_connection(self) -> None:
+        """Release the HTTP session."""
+        ...
+
+
+class OpaEngine:
+    """``PolicyEngine`` asking an OPA server for ``data.toolbooth.<stage>.decision``."""
+
+    def __init__(self, transport: OpaTransport, *, url: str, timeout_seconds: float, revision: str) -> None:
+        self._transport, self._url, self._timeout, self._revision = transport, url, timeout_seconds, revision
+
+    @classmethod
+    async def open(cls, settings: OpaSettings, policy_path: Path) -> OpaEngine:
+        """Connect; upload ``policy_path`` unless OPA manages its own policies; raise ``PolicyLoadError``."""
+        files = PolicyFiles.read(Path(policy_path)) if settings.upload_policies else None
+        client = await _Client.connect(settings)
+        try:
+            revision = await (_upload(client, files, settings.url) if files else _served_revision(client, settings.url))
+        except BaseException:
+            await client.close_connection()
+            raise
+        return cls(client, url=settings.url, timeout_seconds=settings.timeout_seconds, revision=revision)
+
+    @property
+    def revision(self) -> str:
+        """The uploaded files' content hash, the served bundles' revisions, or ``opa:<url>``."""
+        return self._revision
+
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
+        """Evaluate one decision, within the timeout."""
+        where = f"{RULES[stage]} (POST {self._url}/v1/data/{_PATHS[stage]})"
+        try:
+            async with asyncio.timeout(self._timeout):
+                status, body = await self._transport.evaluate(_PATHS[stage], input.json)
+        except TimeoutError as exc:
+            raise PolicyEvaluationError(f"{where}: no answer within {self._timeout:g}s") from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise PolicyEvaluationError(f"{where}: {type(exc).__name__}: {exc}") from exc
+        return parse_decision(stage, _result(where, status, body))
+
+    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
+        """One request per input, all in flight together (so one timeout bounds them); in order."""
+        outcomes = await asyncio.gather(*(self.decide(stage, item) for item in inputs), return_exceptions=True)
+        if failed := next((outcome for outcome in outcomes if isinstance(outcome, BaseException)), None):
+            raise failed
+        return [outcome for outcome in outcomes if isinstance(outcome, Decision)]
+
+    async def aclose(self) -> None:
+        """Close the HTTP session."""
+        await self._transport.close_connection()
+
+
+def _result(where: str, status: int, body: bytes) -> Any:
+    """The ``result`` of an answer (``None`` when undefined); an error answer raises ``PolicyEvaluationError``."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if status != 200:
+        error = answer if isinstance(answer, dict) else {}
+        detail = f" {error.get('code')}: {error.get('message')}" if "code" in error else ""
+        raise PolicyEvaluationError(f"{where}: OPA answered HTTP {status}{detail}")
+    if not isinstance(answer, dict):
+        raise PolicyEvaluationError(f"{where}: the answer is not a JSON object: {body[:80]!r}")
+    return answer.get("result")
+
+
+class _Client(AsyncOpaClient):
+    """``AsyncOpaClient`` with the configured TLS, without retries, sending input JSON as is."""
+
+    def __init__(self, settings: OpaSettings) -> None:
+        parts = urlsplit(settings.url)
+        host, https = parts.hostname or "", parts.scheme == "https"
+        super().__init__(host=f"[{host}]" if ":" in host else host, port=parts.port or (443 if https else 80),
+                         ssl=https, token=settings.token.get_secret_value() if settings.token else None,
+                         retries=0, timeout=START_TIMEOUT_SECONDS)
+        self._tls = _ssl_context(settings.tls) if https else None
+
+    @classmethod
+    async def connect(cls, settings: OpaSettings) -> _Client:
+        """A client with its HTTP session open."""
+        client = cls(settings)
+        await client._init_session()
+        return client
+
+    async def _init_session(self) -> None:
+        """The base class's session, but with our TLS context (the base one cannot take a CA file)."""
+        self._connector = aiohttp.TCPConnector(ssl=self._tls if self._tls is not None else True)
+        self._session = aiohttp.ClientSession(headers=self.headers, connector=self._connector,
+                                              timeout=aiohttp.ClientTimeout(total=self.timeout))
+
+    async def evaluate(self, path: str, input_json: str) -> tuple[int, bytes]:
+        """``POST /v1/data/<path>``: status and raw body.
+
+        Unlike ``query_rule``, the input text is sent as it is (not decoded and encoded
+        again), and an error answer's body, which carries OPA's code and message, is kept.
+        """
+        body = f'{{"input":{input_json}}}'.encode()
+        async with self._request("POST", f"{self.root_url}/data/{path}", data=body, headers=_JSON) as response:
+            return response.status, await response.read()
+
+
+def _ssl_context(tls: OpaTlsSettings | None) -> ssl.SSLContext:
+    """Verify the server (against ``ca_file`` only, when given); present the client certificate, if any."""
+    tls = tls or OpaTlsSettings()
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise PolicyLoadError(f"policy.opa.tls.ca_file: cannot load {tls.ca_file}: {exc}") from None
+    if tls.cert_file is not None:
+        try:
+            context.load_cert_chain(tls.cert_file, tls.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise PolicyLoadError(f"policy.opa.tls.cert_file: cannot load the client certificate: {exc}") from None
+    return context
+
+
+async def _upload(client: _Client, files: PolicyFiles, url: str) -> str:
+    """Make the server hold exactly ``files`` under our policy ids, and their data; the files' revision."""
+    ids = [POLICY_ID_PREFIX + name for name, _ in files.modules]
+    async with _starting(f"upload policies to OPA at {url}"):
+        for stale in [found for found in await client.get_policies_list()
+                      if found.startswith(POLICY_ID_PREFIX) and found not in ids]:
+            await client.delete_policy(stale)
+        for policy_id, (name, text) in zip(ids, files.modules, strict=True):
+            await _put(files.root / name, client.update_policy_from_string(text, policy_id, rego_compat=False))
+        for key, value in _data_documents(files):
+            await _put(files.root / DATA_FILE, client.update_or_create_data(value, key))
+    return files.revision()
+
+
+async def _put(file: Path, upload: Awaitable[object]) -> None:
+    """Await one upload; OPA refusing it is a ``PolicyLoadError`` naming ``file``."""
+    try:
+        await upload
+    except (RegoParseError, TypeException) as exc:
+        raise PolicyLoadError(f"cannot load {file}: OPA refused it: {_describe(exc)}") from None
+
+
+def _data_documents(files: PolicyFiles) -> list[tuple[str, dict[str, Any]]]:
+    """``data.json``'s top-level keys and values: each is written to ``/v1/data/<key>``."""
+    if files.data is None:
+        return []
+    try:
+        data = json.loads(files.data)
+    except ValueError as exc:
+        raise PolicyLoadError(f"cannot load {files.root / DATA_FILE}: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(value, dict) for value in data.values()):
+        raise PolicyLoadError(f"cannot load {files.root / DATA_FILE}: to upload it to OPA, it must be an object "
+                              "whose values are objects")
+    return list(data.items())
+
+
+async def _served_revision(client: _Client, url: str) -> str:
+    """``opa-bundles:name@revision,…`` of the bundles the server has activated, else ``opa:<url>``."""
+    try:
+        status, body = await client.evaluate("system/bundles", "{}")
+        bundles = _result("data.system.bundles", status, body)
+    except (PolicyEvaluationError, *_TRANSPORT_ERRORS) as exc:
+        log.warning("cannot read the bundle revisions of OPA at %s (%s): the policy revision is reported as "
+                    "opa:%s", url, exc, url)
+        bundles = None
+    if not isinstance(bundles, dict) or not bundles:
+        return f"opa:{url}"
+    return "opa-bundles:" + ",".join(f"{name}@{_manifest_revision(bundle)}" for name, bundle in sorted(bundles.items()))
+
+
+def _manifest_revision(bundle: Any) -> str:
+    manifest = bundle.get("manifest") if isinstance(bundle, dict) else None
+    return str(manifest.get("revision", "")) if isinstance(manifest, dict) else ""
+
+
+@asynccontextmanager
+async def _starting(doing: str) -> AsyncIterator[None]:
+    """Turn what can go wrong talking to OPA at start into ``PolicyLoadError``."""
+    try:
+        yield
+    except DeletePolicyError as exc:
+        raise PolicyLoadError(f"cannot {doing}: {_describe(exc)}") from None
+    except _TRANSPORT_ERRORS as exc:
+        raise PolicyLoadError(f"cannot {doing}: {type(exc).__name__}: {exc}") from None
+
+
+def _describe(exc: Exception) -> str:
+    """An ``opa_client`` error: OPA's code and message, then each compile error at its row:col."""
+    parts = [": ".join(str(part) for part in (getattr(exc, "expression", ""), getattr(exc, "message", "")) if part)]
+    for error in getattr(exc, "errors", []):
+        location = error.get("location") or {}
+        parts.append(f"{location.get('row', '?')}:{location.get('col', '?')}: {error.get('message')}")
+    return "; ".join(parts)
