@@ -1,0 +1,325 @@
+"""``toolbooth policy test | check | eval``: the security team's commands (``docs/policies.md``).
+
+A thin shell like ``sidecar.cli``: ``sidecar.policy.testing`` runs the Rego tests and
+``sidecar.policy.dry_run`` evaluates decisions; this module parses flags, prints text
+or JSON (``--output``) and turns the outcome into an exit code. Every command reads the policy directory
+given to it, else ``policy.path`` of ``--config`` (by default the bundled policies).
+
+Exit codes:
+  test   0 every test passed (and every file reached --threshold); 1 otherwise; 2 the policies do not load
+  check  0 no problem; 1 a problem (including policies that do not load)
+  eval   0 the call would run; 1 a policy failed; 2 usage error or policies that do not load;
+         3 the call would be denied or its arguments are invalid; 4 it would need approval
+
+A command group is one ``_add_*`` function that takes the ``policy`` subparsers;
+``add_commands`` lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeAlias, TypeVar
+
+from pydantic import ValidationError
+
+from sidecar.cli import (
+    EXIT_APPROVAL_REQUIRED,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_TOOL_ERROR,
+    EXIT_USAGE,
+    CommandError,
+    dump_json,
+    read_arguments,
+)
+from sidecar.config import Settings, load_settings
+from sidecar.contract import Principal
+from sidecar.plugin import ToolDefinition
+from sidecar.policy import PolicyLoadError, Stage
+from sidecar.policy.dry_run import VALIDATION, CheckReport, DryRun, Verdict, check_policies, dry_run
+from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.policy.input import now_utc
+from sidecar.policy.testing import Outcome, RegoTestReport, run_tests
+from sidecar.registry import PluginLoadError, Registry
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Result = TypeVar("Result")
+RULE = "-" * 80
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def add_commands(commands: Subparsers) -> None:
+    """Add ``policy`` and its subcommands to the ``toolbooth`` parser."""
+    policy = commands.add_parser("policy", help="test, check and dry-run policies")
+    actions = policy.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for add in (_add_test, _add_check, _add_eval):
+        add(actions)
+
+
+def _add_test(actions: Subparsers) -> None:
+    test = actions.add_parser("test", help="run the test_* rules of the *_test.rego files, like opa test")
+    _dir_argument(test)
+    test.add_argument("--coverage", action="store_true", help="print line coverage of each policy file")
+    test.add_argument("--threshold", type=float, metavar="PERCENT",
+                      help="fail unless every policy file reaches this line coverage (implies --coverage)")
+    test.add_argument("-v", "--verbose", action="store_true", help="list passing tests too")
+    _common_flags(test)
+    test.set_defaults(handler=cmd_test)
+
+
+def _add_check(actions: Subparsers) -> None:
+    check = actions.add_parser("check", help="compile the policies and check the decisions of sample calls")
+    _dir_argument(check)
+    _common_flags(check)
+    check.set_defaults(handler=cmd_check)
+
+
+def _add_eval(actions: Subparsers) -> None:
+    evaluate = actions.add_parser("eval", help="dry-run the decisions of one call; nothing executes")
+    evaluate.add_argument("--tool", required=True, metavar="NAME", help="an installed tool")
+    evaluate.add_argument("--principal", required=True, type=Path, metavar="FILE",
+                          help='JSON file: {"id", "tenant", "roles", "permissions"}')
+    evaluate.add_argument("--args", dest="arguments", default="{}", metavar="JSON",
+                          help="arguments as a JSON object, @FILE to read a file, - to read stdin (default: {})")
+    evaluate.add_argument("--dir", type=Path, metavar="DIR", help="policy directory (default: policy.path)")
+    evaluate.add_argument("--time", type=utc_time, metavar="RFC3339",
+                          help="input.context.time, e.g. 2026-11-30T15:00:00Z (default: now)")
+    _common_flags(evaluate)
+    evaluate.set_defaults(handler=cmd_eval)
+
+
+def _dir_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", nargs="?", type=Path, metavar="DIR", help="policy directory (default: policy.path)")
+
+
+def _common_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config file whose policy.path is used")
+    parser.add_argument("--output", choices=("text", "json"), default="text", help="default: text")
+
+
+# --- test -------------------------------------------------------------------------------------------------
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    """``toolbooth policy test``: run the Rego tests, optionally with a coverage threshold."""
+    report = _loading(run_tests, policy_dir(args.dir, args.config))
+    threshold, coverage = args.threshold, args.coverage or args.threshold is not None
+    if args.output == "json":
+        print(dump_json(tests_document(report, coverage=coverage, threshold=threshold)))
+    else:
+        print(format_tests(report, verbose=args.verbose, coverage=coverage, threshold=threshold))
+    return EXIT_OK if report.passed and not report.coverage.below(threshold) else EXIT_FAILURE
+
+
+def tests_document(report: RegoTestReport, *, coverage: bool, threshold: float | None) -> dict[str, Any]:
+    """The report as JSON data; coverage only when asked for."""
+    document: dict[str, Any] = {
+        "root": str(report.root),
+        "ok": report.passed and not report.coverage.below(threshold),
+        "summary": {"total": len(report.tests), **{o.value: report.count(o) for o in Outcome}},
+        "tests": [{"rule": t.rule, "package": t.package, "name": t.name, "file": t.file, "line": t.line,
+                   "outcome": t.outcome.value, "message": t.message, "duration_ms": round(t.duration * 1000, 3)}
+                  for t in report.tests],
+    }
+    if coverage:
+        document["coverage"] = {
+            "percent": round(report.coverage.percent, 2), "threshold": threshold,
+            "below_threshold": report.coverage.below(threshold),
+            "files": [{"file": f.file, "percent": round(f.percent, 2), "covered": list(f.covered),
+                       "not_covered": list(f.not_covered)} for f in report.coverage.files],
+        }
+    return document
+
+
+def format_tests(report: RegoTestReport, *, verbose: bool, coverage: bool, threshold: float | None) -> str:
+    """Failures (every test with ``verbose``), the summary, then the coverage table."""
+    lines = []
+    for test in report.tests:
+        if verbose or test.outcome is not Outcome.PASS:
+            lines.append(f"{test.outcome.name:<5} {test.rule} ({test.duration * 1000:.2f} ms)")
+            lines += [f"      {line}" for line in test.message.splitlines()]
+    if not report.tests:
+        lines.append(f"no test_* rules found under {report.root}")
+    lines.append(RULE)
+    total = len(report.tests)
+    lines += [f"{o.name}: {report.count(o)}/{total}" for o in Outcome if o is Outcome.PASS or report.count(o)]
+    if coverage:
+        lines += ["", format_coverage(report)]
+    if below := report.coverage.below(threshold):
+        lines.append(f"coverage below {threshold:g}%: {', '.join(below)}")
+    return "\n".join(lines)
+
+
+def format_coverage(report: RegoTestReport) -> str:
+    """Per-file line coverage and the total, as an aligned table."""
+    rows = [("FILE", "LINES", "COVERED", "NOT COVERED")]
+    rows += [(f.file, f"{len(f.covered)}/{f.lines}", f"{f.percent:.1f}%", ", ".join(map(str, f.not_covered)))
+             for f in report.coverage.files]
+    covered = sum(len(f.covered) for f in report.coverage.files)
+    lines = sum(f.lines for f in report.coverage.files)
+    rows.append(("total", f"{covered}/{lines}", f"{report.coverage.percent:.1f}%", ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join("  ".join([row[0].ljust(widths[0]), row[1].rjust(widths[1]), row[2].rjust(widths[2]),
+                                row[3]]).rstrip() for row in rows)
+
+
+# --- check ------------------------------------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``toolbooth policy check``: compile, find the entrypoints, check decisions on sample calls."""
+    root = policy_dir(args.dir, args.config)
+    report = asyncio.run(check_policies(root))
+    print(dump_json(check_document(report, root)) if args.output == "json" else format_check(report, root))
+    return EXIT_OK if report.ok else EXIT_FAILURE
+
+
+def check_document(report: CheckReport, root: Path) -> dict[str, Any]:
+    """The check's findings as JSON data."""
+    return {"root": str(root), "ok": report.ok, "revision": report.revision, "samples": report.samples,
+            "problems": [{"message": p.message, "samples": p.samples, "example": p.example}
+                         for p in report.problems]}
+
+
+def format_check(report: CheckReport, root: Path) -> str:
+    """``OK`` with the revision, or each problem and the sample inputs it showed on."""
+    if report.ok:
+        return (f"policy check OK: {root}, revision {report.revision}: "
+                f"{len(Stage)} entrypoints decided well-typed on {report.samples} sample inputs")
+    lines = []
+    for problem in report.problems:
+        lines.append(f"problem: {problem.message}")
+        if problem.samples:
+            lines.append(f"  on {problem.samples} of {report.samples} sample inputs, e.g. {problem.example}")
+    return "\n".join(lines)
+
+
+# --- eval -------------------------------------------------------------------------------------------------
+
+
+_VERDICT_EXIT = {Verdict.WOULD_RUN: EXIT_OK, Verdict.UNAVAILABLE: EXIT_TOOL_ERROR,
+                 Verdict.INVALID_ARGUMENTS: EXIT_TOOL_ERROR, Verdict.DENIED: EXIT_TOOL_ERROR,
+                 Verdict.APPROVAL_REQUIRED: EXIT_APPROVAL_REQUIRED, Verdict.POLICY_ERROR: EXIT_FAILURE}
+_OUTCOMES = {
+    Verdict.WOULD_RUN: "the call would run",
+    Verdict.UNAVAILABLE: "TOOL_UNAVAILABLE, the tool is not available to this principal",
+    Verdict.INVALID_ARGUMENTS: "INVALID_ARGUMENT, the arguments do not fit the tool's input model",
+    Verdict.DENIED: "denied by the authz policy",
+    Verdict.APPROVAL_REQUIRED: "APPROVAL_REQUIRED, a person must approve the call first",
+    Verdict.POLICY_ERROR: "a policy failed, so the sidecar would deny the call",
+}
+_DETAILS = (("internal_reason", "internal reason"), ("approver_roles", "approver roles"),
+            ("preview_ttl_seconds", "preview lives (s)"), ("cacheable", "cacheable"))
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """``toolbooth policy eval``: the decisions one call would get, in the sidecar's order; nothing runs."""
+    settings = load_settings(args.config)
+    defn = installed_tool(settings, args.tool)
+    principal = read_principal(args.principal)
+    arguments = read_arguments(args.arguments)
+    engine = _loading(EmbeddedEngine.load, args.dir or settings.policy.path)
+    run = asyncio.run(dry_run(engine, defn, principal, arguments, limits=settings.limits,
+                              time=args.time or now_utc()))
+    print(dump_json(run.document()) if args.output == "json" else format_dry_run(run))
+    return _VERDICT_EXIT[run.verdict]
+
+
+def format_dry_run(run: DryRun) -> str:
+    """The dry run for a person: the call, each step reached, what was not, the outcome."""
+    result = run.document()
+    tool, who = result["tool"], result["principal"]
+    lines = [f"tool:       {tool['name']} {tool['version']} ({tool['plugin']}), side effect {tool['side_effect']}, "
+             f"requires {_listed(tool['permissions'])}",
+             f"principal:  {who['id']}, tenant {who['tenant'] or '-'}, roles {_listed(who['roles'])}, "
+             f"permissions {_listed(who['permissions'])}",
+             f"revision:   {result['revision']}",
+             f"time:       {result['time']}",
+             ""]
+    for step, document in result["steps"].items():
+        lines += _format_step(step, document)
+    if result["not_reached"]:
+        lines.append(f"not reached: {', '.join(result['not_reached'])}")
+    lines.append(f"outcome: {_OUTCOMES[run.verdict]} (dry run: nothing was executed)")
+    return "\n".join(lines)
+
+
+def _format_step(step: str, document: dict[str, Any]) -> list[str]:
+    """One step: its answer and reason on the first line, details indented below."""
+    if "error" in document:
+        head, details = "ERROR", document["error"].splitlines()
+    elif step == VALIDATION:
+        head = "valid" if document["valid"] else "INVALID"
+        details = [f"{error['code']}: {error['message']}" for error in document["errors"]]
+        details += [f"arguments: {json.dumps(document['arguments'])}"] if document["valid"] else []
+    else:
+        head = _answer(document)
+        reason = " ".join(part for part in (document.get("code"), document.get("reason")) if part)
+        head = f"{head:<13} {reason}".rstrip()
+        details = [f"{label}: {_listed(document[key]) if isinstance(document[key], list) else document[key]}"
+                   for key, label in _DETAILS if key in document]
+    return [f"{step:<13} {head}", *(f"{'':<13} {line}" for line in details)]
+
+
+def _answer(document: dict[str, Any]) -> str:
+    if "required" in document:
+        return "REQUIRED" if document["required"] else "not required"
+    return "allow" if document["allow"] else "DENY"
+
+
+def _listed(items: list[str]) -> str:
+    return ", ".join(items) or "-"
+
+
+# --- helpers ----------------------------------------------------------------------------------------------
+
+
+def policy_dir(given: Path | None, config: Path | None) -> Path:
+    """``given``, else ``policy.path`` of the settings (the bundled policies by default)."""
+    return given if given is not None else load_settings(config).policy.path
+
+
+def installed_tool(settings: Settings, name: str) -> ToolDefinition[Any, Any]:
+    """The tool ``name`` of the installed plugins the settings allow."""
+    try:
+        registry = Registry.from_entry_points(allow=settings.plugins.allow)
+    except PluginLoadError as exc:
+        raise CommandError(str(exc), EXIT_FAILURE) from None
+    defn = registry.get(name)
+    if defn is None:
+        installed = ", ".join(sorted(d.name for d in registry)) or "none"
+        raise CommandError(f"no installed plugin provides a tool named {name!r} (installed: {installed})", EXIT_USAGE)
+    return defn
+
+
+def read_principal(path: Path) -> Principal:
+    """The principal in JSON file ``path``."""
+    try:
+        return Principal.model_validate_json(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CommandError(f"cannot read --principal file {path}: {exc.strerror}", EXIT_USAGE) from None
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors())
+        raise CommandError(f"--principal file {path} is not a principal: {problems}", EXIT_USAGE) from None
+
+
+def utc_time(value: str) -> str:
+    """An ``--time`` value: RFC 3339 in UTC, to the second, as the sidecar writes ``input.context.time``."""
+    try:
+        dt.datetime.strptime(value, TIME_FORMAT)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a UTC time like 2026-11-30T15:00:00Z, got {value!r}") from None
+    return value
+
+
+def _loading(load: Callable[[Path], Result], root: Path) -> Result:
+    """``load(root)``; policies that do not load are a usage error naming the file."""
+    try:
+        return load(root)
+    except PolicyLoadError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
