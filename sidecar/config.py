@@ -68,14 +68,35 @@ class AuthMode(StrEnum):
     JWT = "jwt"
 
 
-class JwtSettings(_Section):
+class _KeySource(_Section):
+    """A key given inline (``key``) or as a file (``key_file``): exactly one of them."""
+
+    key: str | None = None
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_key(self) -> _KeySource:
+        if (self.key is None) == (self.key_file is None):
+            raise ValueError("exactly one of 'key' or 'key_file' must be set")
+        return self
+
+    def read_key(self, where: str) -> str:
+        """The key's text; ``ConfigError`` at ``where.key_file`` when the file cannot be read."""
+        if self.key is not None:
+            return self.key
+        assert self.key_file is not None
+        try:
+            return self.key_file.read_text()
+        except OSError as exc:
+            raise ConfigError(f"config error at {where}.key_file: cannot read {self.key_file}: {exc}") from exc
+
+
+class JwtSettings(_KeySource):
     """Verification of the bearer token in the ``authorization`` metadata."""
 
     algorithms: tuple[str, ...] = ("RS256", "ES256")
     issuer: str = Field(min_length=1)
     audience: str = Field(min_length=1)
-    key: str | None = None
-    key_file: Path | None = None
     leeway_seconds: float = Field(default=30.0, ge=0)
     tenant_claim: str = "tenant"
     roles_claim: str = "roles"
@@ -91,21 +112,9 @@ class JwtSettings(_Section):
             raise ValueError(f"unsupported algorithm(s) {bad}; 'none' is never accepted")
         return value
 
-    @model_validator(mode="after")
-    def _one_key(self) -> JwtSettings:
-        if (self.key is None) == (self.key_file is None):
-            raise ValueError("exactly one of 'key' or 'key_file' must be set")
-        return self
-
     def verification_key(self) -> str:
         """The PEM (or HMAC secret) tokens are verified with."""
-        if self.key is not None:
-            return self.key
-        assert self.key_file is not None
-        try:
-            return self.key_file.read_text()
-        except OSError as exc:
-            raise ConfigError(f"config error at auth.jwt.key_file: cannot read {self.key_file}: {exc}") from exc
+        return self.read_key("auth.jwt")
 
 
 class AuthSettings(_Section):
@@ -182,10 +191,49 @@ class DecisionCacheSettings(_Section):
     max_entries: int = Field(default=10_000, gt=0)
 
 
+class BundleKeySettings(_KeySource):
+    """A key trusted to sign bundles: a PEM public key (RS*, PS*, ES*) or an HMAC secret (HS*)."""
+
+    algorithm: str = Field(default="RS256", pattern="^(RS|PS|ES|HS)(256|384|512)$")
+
+
+class BundleVerificationSettings(_Section):
+    """Signature verification of bundles, as OPA's ``keys`` and ``bundles.*.signing``."""
+
+    keys: dict[str, BundleKeySettings] = Field(min_length=1)
+    keyid: str | None = None  # verify with this key whatever the signature names
+    scope: str | None = None
+    required: bool = True  # refuse unsigned bundles
+
+    @model_validator(mode="after")
+    def _keyid_is_a_key(self) -> BundleVerificationSettings:
+        if self.keyid is not None and self.keyid not in self.keys:
+            raise ValueError(f"keyid {self.keyid!r} is not one of the keys ({', '.join(sorted(self.keys))})")
+        return self
+
+
+class BundleSettings(_Section):
+    """An OPA bundle as the policy source, instead of ``policy.path``: a file, or a URL polled with ETag."""
+
+    url: str | None = Field(default=None, pattern="^https?://[^/]")
+    file: Path | None = None
+    polling_seconds: float = Field(default=60.0, gt=0)
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    headers: dict[str, str] = Field(default_factory=dict)  # e.g. Authorization for a private bundle server
+    verification: BundleVerificationSettings | None = None
+
+    @model_validator(mode="after")
+    def _one_location(self) -> BundleSettings:
+        if (self.url is None) == (self.file is None):
+            raise ValueError("exactly one of 'url' or 'file' must be set")
+        return self
+
+
 class PolicySettings(_Section):
     engine: PolicyEngineKind = PolicyEngineKind.EMBEDDED
     path: Path = Field(default_factory=bundled_policy_dir)
     opa: OpaSettings | None = None
+    bundle: BundleSettings | None = None
     reload_interval_seconds: float = Field(default=2.0, ge=0)  # 0: never reload
     reload_requires_tests: bool = False
     cache: DecisionCacheSettings = Field(default_factory=DecisionCacheSettings)

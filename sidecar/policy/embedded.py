@@ -17,15 +17,20 @@ thread, which also drops the engine after a reload.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import regorus
 
 from sidecar.policy import RULES, Decision, PolicyEvaluationError, PolicyLoadError, Stage, parse_decision
 from sidecar.policy.input import PolicyInput
+
+if TYPE_CHECKING:
+    from sidecar.policy.bundle import Bundle
 
 DATA_FILE = "data.json"
 
@@ -41,11 +46,13 @@ class PolicyFiles:
     """The policy set as read from disk: modules by relative path, and the data document.
 
     Shared by the engines: the OPA engine uploads these files and reports the same revision.
+    ``bundle_revision`` is the revision of the bundle they came from (``None``: from a directory).
     """
 
     root: Path
     modules: tuple[tuple[str, str], ...]
     data: str | None
+    bundle_revision: str | None = None
 
     @classmethod
     def read(cls, root: Path) -> PolicyFiles:
@@ -65,12 +72,8 @@ class PolicyFiles:
         return sorted([*self.modules, *data])
 
     def revision(self) -> str:
-        """``sha256:`` and 16 hex digits over every file's path and content (any engine serving them)."""
-        digest = hashlib.sha256()
-        for name, text in self.files():
-            for part in (name.encode(), text.encode()):
-                digest.update(len(part).to_bytes(8, "big") + part)
-        return f"sha256:{digest.hexdigest()[:16]}"
+        """The bundle's revision, else the ``content_revision`` of every file (any engine serving them)."""
+        return self.bundle_revision or content_revision((name, text.encode()) for name, text in self.files())
 
     def build(self) -> regorus.Engine:
         """A compiled regorus engine holding these modules and data.
@@ -89,6 +92,15 @@ class PolicyFiles:
             del engine, steps
             raise PolicyLoadError(error)
         return engine
+
+
+def content_revision(files: Iterable[tuple[str, bytes]]) -> str:
+    """``sha256:`` and 16 hex digits over the ``(path, content)`` pairs, in the order given."""
+    digest = hashlib.sha256()
+    for name, content in files:
+        for part in (name.encode(), content):
+            digest.update(len(part).to_bytes(8, "big") + part)
+    return f"sha256:{digest.hexdigest()[:16]}"
 
 
 def _is_test(file: Path) -> bool:
@@ -130,14 +142,27 @@ class EmbeddedEngine:
     @classmethod
     def load(cls, path: Path) -> EmbeddedEngine:
         """Read, compile and check the policy directory ``path``; raise ``PolicyLoadError`` naming the file."""
-        sources = PolicyFiles.read(Path(path))
+        return cls._checked(PolicyFiles.read(Path(path)))
+
+    @classmethod
+    def from_bundle(cls, bundle: Bundle) -> EmbeddedEngine:
+        """Compile and check a loaded OPA bundle; the revision is the bundle's."""
+        data = json.dumps(bundle.data) if bundle.data else None
+        return cls._checked(PolicyFiles(Path(bundle.source), bundle.modules, data, bundle.revision))
+
+    @classmethod
+    def _checked(cls, sources: PolicyFiles) -> EmbeddedEngine:
         _check_packages(sources.build(), sources.root)
         return cls(sources)
 
     @property
     def revision(self) -> str:
-        """``sha256:`` and 16 hex digits over the policies' and data's paths and contents."""
+        """``sha256:`` and 16 hex digits over the policies' and data's paths and contents, or the bundle's revision."""
         return self._revision
+
+    def files(self) -> list[tuple[str, str]]:
+        """``(relative path, content)`` of the policies and data in force, sorted by path."""
+        return self._sources.files()
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         """Evaluate one decision."""
