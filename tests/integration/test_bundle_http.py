@@ -1,0 +1,121 @@
+"""Bundles over HTTP: a real server on 127.0.0.1 answers with an ETag and 304 Not Modified."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sidecar.config import bundled_policy_dir
+from sidecar.policy.bundle import build_bundle, load_bundle
+from sidecar.policy.bundle_errors import BundleFetchError
+from sidecar.policy.bundle_fetch import BundleFetcher
+from sidecar.policy.embedded import EmbeddedEngine
+
+PATH = "/bundles/toolbooth.tar.gz"
+
+
+@dataclass
+class BundleServer:
+    """What the server serves at ``PATH``, and the ``If-None-Match`` and ``Authorization`` of each request."""
+
+    url: str
+    content: bytes = b""
+    delay: float = 0.0
+    seen: list[tuple[str | None, str | None]] = field(default_factory=list)
+
+    @property
+    def etag(self) -> str:
+        return f'"{hashlib.sha256(self.content).hexdigest()[:16]}"'
+
+
+@pytest.fixture
+def server() -> Iterator[BundleServer]:
+    state = BundleServer(url="")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            state.seen.append((self.headers.get("If-None-Match"), self.headers.get("Authorization")))
+            time.sleep(state.delay)
+            if self.path != PATH:
+                self.send_error(404)
+            elif self.headers.get("If-None-Match") == state.etag:
+                self.send_response(304)
+                self.send_header("ETag", state.etag)
+                self.end_headers()
+            else:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/gzip")
+                self.send_header("ETag", state.etag)
+                self.send_header("Content-Length", str(len(state.content)))
+                self.end_headers()
+                self.wfile.write(state.content)
+
+        def log_message(self, format: str, *args: object) -> None:
+            """Quiet."""
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+
+
+async def test_fetch_then_not_modified_then_a_new_bundle(server: BundleServer) -> None:
+    server.content = build_bundle(bundled_policy_dir())
+    fetcher = BundleFetcher(server.url + PATH, headers={"Authorization": "Bearer t0ken"})
+
+    first = await fetcher.fetch()
+    assert first.modified and first.content == server.content and first.etag == server.etag == fetcher.etag
+    assert EmbeddedEngine.from_bundle(load_bundle(first.content)).revision == \
+        EmbeddedEngine.load(bundled_policy_dir()).revision
+
+    second = await fetcher.fetch()
+    assert not second.modified and second.content is None and second.etag == first.etag
+
+    server.content = build_bundle(bundled_policy_dir(), revision="v2")
+    third = await fetcher.fetch()
+    assert third.modified and third.etag == server.etag != first.etag
+    assert third.content is not None and load_bundle(third.content).revision == "v2"
+    assert server.seen == [(None, "Bearer t0ken"), (first.etag, "Bearer t0ken"), (first.etag, "Bearer t0ken")]
+
+
+async def test_a_known_etag_is_sent_from_the_start(server: BundleServer) -> None:
+    server.content = build_bundle(bundled_policy_dir())
+    result = await BundleFetcher(server.url + PATH, etag=server.etag).fetch()
+    assert not result.modified and server.seen == [(server.etag, None)]
+
+
+async def test_an_http_error_is_a_fetch_error(server: BundleServer) -> None:
+    with pytest.raises(BundleFetchError, match=r"GET http://127\.0\.0\.1:\d+/missing\.tar\.gz: HTTP 404"):
+        await BundleFetcher(server.url + "/missing.tar.gz").fetch()
+
+
+async def test_a_server_that_is_down_is_a_fetch_error() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(BundleFetchError, match=rf"GET http://127\.0\.0\.1:{port}{PATH}: .*refused"):
+        await BundleFetcher(f"http://127.0.0.1:{port}{PATH}", timeout=2).fetch()
+
+
+async def test_a_silent_server_is_a_fetch_error_after_the_timeout(server: BundleServer) -> None:
+    server.content, server.delay = b"late", 0.6
+    started = time.monotonic()
+    with pytest.raises(BundleFetchError, match="timed out"):
+        await BundleFetcher(server.url + PATH, timeout=0.2).fetch()
+    assert time.monotonic() - started < 0.5
+
+
+def test_only_http_urls_are_fetched() -> None:
+    with pytest.raises(ValueError, match="must be http:// or https://"):
+        BundleFetcher("file:///etc/passwd")
