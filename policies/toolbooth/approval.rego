@@ -1,14 +1,25 @@
 # Approval: does this call need a human to approve it first?
 #
-# Required for tools whose effects are external and irreversible, and for every
-# tool listed in data.toolbooth.approval.tools.
+# Required for tools whose effects are external and irreversible, for every tool
+# listed in data.toolbooth.approval.tools, and for calls that give a value to an
+# argument data.toolbooth.approval.sensitive_arguments lists for their tool (null,
+# "", [] and {} give none). A required decision carries who may approve and how
+# long its preview lives: approver_roles and preview_ttl_seconds of
+# data.toolbooth.approval, when set there.
 package toolbooth.approval
 
 import rego.v1
 
 default decision := {"required": false, "reason": "no approval needed"}
 
-decision := {"required": true, "reason": concat("; ", sort(reasons))} if count(reasons) > 0
+decision := object.union({"required": true, "reason": concat("; ", sort(reasons))}, parameters) if count(reasons) > 0
+
+# Who may approve and how long a preview lives, when the data sets them. The data
+# shares its path with this package: refer to its keys, never to the whole object.
+parameters := object.union(
+	{"approver_roles": roles | roles := data.toolbooth.approval.approver_roles},
+	{"preview_ttl_seconds": ttl | ttl := data.toolbooth.approval.preview_ttl_seconds},
+)
 
 reasons contains "the tool's effects are external and irreversible" if {
 	input.tool.side_effect == "external_irreversible"
@@ -16,4 +27,10 @@ reasons contains "the tool's effects are external and irreversible" if {
 
 reasons contains "approval is configured for this tool" if {
 	input.tool.name in data.toolbooth.approval.tools
+}
+
+reasons contains sprintf("approval is configured for argument %q", [name]) if {
+	some name in data.toolbooth.approval.sensitive_arguments[input.tool.name]
+	value := input.call.arguments[name]
+	not value in {null, "", [], {}}
 }

@@ -4,12 +4,16 @@ import rego.v1
 
 import data.toolbooth.approval
 
-call_of(tool, side_effect) := {
+call_with(tool, side_effect, arguments) := {
 	"principal": {"id": "u1", "tenant": "t1", "roles": ["developer"], "permissions": []},
 	"tool": {"name": tool, "version": "1.0.0", "side_effect": side_effect, "permissions": []},
-	"call": {"arguments": {}, "conversation_id": "c1", "idempotency_key": "k"},
+	"call": {"arguments": arguments, "conversation_id": "c1", "idempotency_key": "k"},
 	"context": {"stage": "approval", "time": "2026-11-30T15:00:00Z", "conversation_id": "c1"},
 }
+
+call_of(tool, side_effect) := call_with(tool, side_effect, {})
+
+mail := {"send_email": ["bcc", "attachments"]}
 
 test_read_only_tool_needs_no_approval if {
 	d := approval.decision with input as call_of("calculate", "none") with data.toolbooth.approval.tools as []
@@ -41,7 +45,64 @@ test_both_reasons_are_given if {
 	d.reason == "approval is configured for this tool; the tool's effects are external and irreversible"
 }
 
-test_missing_approval_list_needs_no_approval if {
-	not approval.decision.required with input as call_of("calculate", "none")
-		with data.toolbooth.approval as {}
+test_empty_approval_data_needs_no_approval if {
+	d := approval.decision with input as call_with("send_email", "none", {"bcc": "b@x"})
+		with data.toolbooth.approval.tools as []
+		with data.toolbooth.approval.sensitive_arguments as {}
+	d == {"required": false, "reason": "no approval needed"}
+}
+
+test_not_required_decision_is_exactly_that if {
+	d := approval.decision with input as call_of("calculate", "none")
+	d == {"required": false, "reason": "no approval needed"}
+}
+
+test_required_decision_names_approvers_and_preview_lifetime if {
+	d := approval.decision with input as call_of("send_email", "external_irreversible")
+		with data.toolbooth.approval.approver_roles as ["security"]
+		with data.toolbooth.approval.preview_ttl_seconds as 60
+	d == {
+		"required": true,
+		"reason": "the tool's effects are external and irreversible",
+		"approver_roles": ["security"],
+		"preview_ttl_seconds": 60,
+	}
+}
+
+test_default_data_approvers_and_preview_lifetime if {
+	d := approval.decision with input as call_of("send_email", "external_irreversible")
+	d.approver_roles == ["approver"]
+	d.preview_ttl_seconds == 900
+}
+
+test_sensitive_argument_with_a_value_needs_approval if {
+	d := approval.decision with input as call_with("send_email", "external_reversible", {"to": "a@x", "bcc": ["b@x"]})
+		with data.toolbooth.approval.sensitive_arguments as mail
+	d.required
+	d.reason == `approval is configured for argument "bcc"`
+}
+
+test_every_sensitive_argument_is_named if {
+	call := call_with("send_email", "external_reversible", {"bcc": "b@x", "attachments": ["f"]})
+	d := approval.decision with input as call with data.toolbooth.approval.sensitive_arguments as mail
+	d.reason == `approval is configured for argument "attachments"; approval is configured for argument "bcc"`
+}
+
+test_sensitive_argument_without_a_value_needs_no_approval if {
+	every value in [null, "", [], {}] {
+		not approval.decision.required with input as call_with("send_email", "external_reversible", {"bcc": value})
+			with data.toolbooth.approval.sensitive_arguments as mail
+	}
+	not approval.decision.required with input as call_with("send_email", "external_reversible", {"to": "a@x"})
+		with data.toolbooth.approval.sensitive_arguments as mail
+}
+
+test_sensitive_arguments_apply_to_their_tool_only if {
+	not approval.decision.required with input as call_with("create_ticket", "external_reversible", {"bcc": "x"})
+		with data.toolbooth.approval.sensitive_arguments as mail
+}
+
+test_default_data_marks_bcc_of_send_email_sensitive if {
+	d := approval.decision with input as call_with("send_email", "external_reversible", {"bcc": ["b@x"]})
+	d.reason == `approval is configured for argument "bcc"`
 }

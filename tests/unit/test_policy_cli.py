@@ -126,6 +126,12 @@ def test_coverage_table_and_threshold_met(capsys: pytest.CaptureFixture[str], po
     assert "below" not in out
 
 
+def test_the_default_policies_reach_90_percent_line_coverage_in_every_file(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "policy", "test", bundled_policy_dir(), "--coverage", "--threshold", "90")
+    assert code == 0, out
+
+
 def test_coverage_below_threshold_fails(capsys: pytest.CaptureFixture[str], policies: Path) -> None:
     (policies / "extra.rego").write_text(UNTESTED_POLICY)
     code, out, _ = run(capsys, "policy", "test", policies, "--threshold", "90")
@@ -258,7 +264,20 @@ def test_eval_stops_at_availability(capsys: pytest.CaptureFixture[str], develope
 def test_eval_approval_required(capsys: pytest.CaptureFixture[str], developer: Path) -> None:
     code, result = evaluate(capsys, developer, "send_email")
     assert (code, result["outcome"]) == (4, "approval_required")
-    assert result["steps"]["approval"]["required"] is True
+    assert result["steps"]["approval"] == {"required": True,
+                                           "reason": "the tool's effects are external and irreversible",
+                                           "approver_roles": ["approver"], "preview_ttl_seconds": 900}
+
+
+def test_eval_approval_without_approvers_in_the_data_is_still_required(
+        capsys: pytest.CaptureFixture[str], developer: Path, policies: Path) -> None:
+    data = json.loads((policies / "data.json").read_text())
+    del data["toolbooth"]["approval"]["approver_roles"], data["toolbooth"]["approval"]["preview_ttl_seconds"]
+    (policies / "data.json").write_text(json.dumps(data))
+    code, result = evaluate(capsys, developer, "send_email", '{"text": "hi"}', "--dir", policies)
+    assert (code, result["outcome"]) == (4, "approval_required")
+    assert result["steps"]["approval"] == {"required": True,
+                                           "reason": "the tool's effects are external and irreversible"}
 
 
 def test_eval_invalid_arguments_as_the_sidecar_reports_them(capsys: pytest.CaptureFixture[str],
