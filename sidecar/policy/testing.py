@@ -124,19 +124,21 @@ class _Rule:
 
 @dataclass(frozen=True)
 class _PolicySet:
-    """A compiled engine holding policies, tests and data, and the rules of its modules."""
+    """A compiled engine holding policies, tests and data; the rules and text of its modules by relative path."""
 
     root: Path
     engine: regorus.Engine
     rules: tuple[_Rule, ...]
+    sources: dict[str, str]
 
     @classmethod
     def load(cls, root: Path) -> _PolicySet:
         """Load ``root`` as the sidecar does, plus its tests; ``PolicyLoadError`` names the file."""
         files = PolicyFiles.read(root)
         tests = tuple((file.relative_to(root).as_posix(), _read(file)) for file in sorted(root.rglob(TEST_FILES)))
-        engine = dataclasses.replace(files, modules=files.modules + tests).build()
-        return cls(root, engine, tuple(_rules(json.loads(engine.get_ast_as_json()), root)))
+        modules = files.modules + tests
+        engine = dataclasses.replace(files, modules=modules).build()
+        return cls(root, engine, tuple(_rules(json.loads(engine.get_ast_as_json()), root)), dict(modules))
 
     def tests(self) -> list[_Rule]:
         """The ``test_*`` rules, in file and line order."""
@@ -244,17 +246,16 @@ def _run(policies: _PolicySet, rule: _Rule, lines: _Lines) -> RegoTestResult:
     prints = engine.take_prints()
     result = RegoTestResult(rule.package, rule.name, rule.file, rule.spans[0][0], Outcome.PASS, duration=duration)
     if error is not None:
-        return _replace(result, Outcome.ERROR, error, prints)
+        return _failed(result, Outcome.ERROR, error, prints)
     if value is not True:
-        return _replace(result, Outcome.FAIL, _failure(policies, rule, value, reached), prints)
+        return _failed(result, Outcome.FAIL, _failure(policies, rule, value, reached), prints)
     return result
 
 
-def _replace(result: RegoTestResult, outcome: Outcome, message: str, prints: list[str]) -> RegoTestResult:
+def _failed(result: RegoTestResult, outcome: Outcome, message: str, prints: list[str]) -> RegoTestResult:
     """``result`` with its outcome and message, followed by what the test printed."""
     printed = "".join(f"\nprinted: {line}" for line in prints)
-    return RegoTestResult(result.package, result.name, result.file, result.line, outcome, message + printed,
-                          result.duration)
+    return dataclasses.replace(result, outcome=outcome, message=message + printed)
 
 
 def _failure(policies: _PolicySet, rule: _Rule, value: Any, reached: set[int]) -> str:
@@ -264,7 +265,7 @@ def _failure(policies: _PolicySet, rule: _Rule, value: Any, reached: set[int]) -
     last = max((n for n in reached if any(a <= n <= b for a, b in rule.spans)), default=None)
     if last is None:
         return "undefined"
-    text = (policies.root / rule.file).read_text(encoding="utf-8").splitlines()[last - 1].strip()
+    text = policies.sources[rule.file].splitlines()[last - 1].strip()
     return f"undefined; the last line evaluated was {rule.file}:{last}: {text}"
 
 
