@@ -14,8 +14,10 @@ or ``opa:<url>`` when there are none. Either revision is read once, at start.
 
 Failing closed: no answer within ``timeout_seconds`` (enforced here, whatever the
 transport does), a refused or dropped connection, any status but 200 (OPA's own
-evaluation errors are HTTP 500 ``internal_error``) or a body that is not OPA's answer
-raise ``PolicyEvaluationError`` naming the rule and the request.
+evaluation errors are HTTP 500 ``internal_error``; decisions ask for
+``strict-builtin-errors``, so a failing built-in function is one too, as in the
+embedded engine) or a body that is not OPA's answer raise ``PolicyEvaluationError``
+naming the rule and the request.
 """
 
 from __future__ import annotations
@@ -151,9 +153,12 @@ class _Client(AsyncOpaClient):
 
         Unlike ``query_rule``, the input text is sent as it is (not decoded and encoded
         again), and an error answer's body, which carries OPA's code and message, is kept.
+        A built-in function's error is an evaluation error, as in the embedded engine,
+        not an undefined value (OPA's default).
         """
         body = f'{{"input":{input_json}}}'.encode()
-        async with self._request("POST", f"{self.root_url}/data/{path}", data=body, headers=_JSON) as response:
+        url = f"{self.root_url}/data/{path}?strict-builtin-errors=true"
+        async with self._request("POST", url, data=body, headers=_JSON) as response:
             return response.status, await response.read()
 
 
