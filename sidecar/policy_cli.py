@@ -41,6 +41,7 @@ from sidecar.config import Settings, load_settings
 from sidecar.contract import Principal
 from sidecar.plugin import ToolDefinition
 from sidecar.policy import PolicyLoadError, Stage
+from sidecar.policy.bundle_cli import add_bundle_commands
 from sidecar.policy.dry_run import VALIDATION, CheckReport, DryRun, Verdict, check_policies, dry_run
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import now_utc
@@ -57,7 +58,7 @@ def add_commands(commands: Subparsers) -> None:
     """Add ``policy`` and its subcommands to the ``toolbooth`` parser."""
     policy = commands.add_parser("policy", help="test, check and dry-run policies")
     actions = policy.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for add in (_add_test, _add_check, _add_eval):
+    for add in (_add_test, _add_check, _add_eval, add_bundle_commands):
         add(actions)
 
 
