@@ -36,7 +36,7 @@ from sidecar.contract import (
 from sidecar.dispatch import Dispatcher
 from sidecar.plugin import ToolContext, ToolDefinition
 from sidecar.policy import Decision, MalformedDecisionError, PolicyEngine, PolicyEvaluationError, Stage
-from sidecar.policy.factory import close_engine, open_engine
+from sidecar.policy.factory import close_engine, open_reloading, with_cache
 from sidecar.policy.input import InputParts, call_json, now_utc, principal_json, tool_json
 from sidecar.registry import Registry
 from sidecar.state import AuditEvent, ClaimState, KeyScope, Store, StoreUnavailableError
@@ -331,13 +331,14 @@ def _tool_logger(name: str) -> logging.Logger:
     return logging.getLogger(f"toolbooth.tool.{name}")
 
 
-async def build_pipeline(settings: Settings, *, registry: Registry | None = None) -> Pipeline:
-    """Load plugins (unless ``registry`` is given) and policies, open the store."""
+async def build_pipeline(settings: Settings, *, registry: Registry | None = None,
+                         policy: PolicyEngine | None = None) -> Pipeline:
+    """Load plugins (unless ``registry`` is given) and policies (unless ``policy`` is), open the store."""
     from sidecar.state.sqlite import SqliteStore
 
     if registry is None:
         registry = Registry.from_entry_points(allow=settings.plugins.allow)
-    engine = await open_engine(settings.policy)
+    engine = policy or with_cache(await open_reloading(settings.policy), settings.policy)
     try:
         store = await SqliteStore.open(settings.store.sqlite_path, busy_timeout_ms=settings.store.busy_timeout_ms)
     except BaseException:

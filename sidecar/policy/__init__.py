@@ -125,8 +125,8 @@ class PolicyEngine(Protocol):
     """Evaluates the three decisions. Implementations must fail closed by raising.
 
     An engine that holds resources (the OPA engine's HTTP session) also has
-    ``async def aclose()``, which ``factory.close_engine`` calls; engines wrapping
-    another one should pass it on.
+    ``async def aclose()``, which ``close_engine`` calls; engines wrapping
+    another one pass it on.
     """
 
     @property
@@ -141,3 +141,10 @@ class PolicyEngine(Protocol):
     async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
         """Evaluate one decision per input, in order (used by ``ListTools``)."""
         ...
+
+
+async def close_engine(engine: PolicyEngine) -> None:
+    """Release what ``engine`` holds; engines without ``aclose`` hold nothing."""
+    aclose = getattr(engine, "aclose", None)
+    if aclose is not None:
+        await aclose()

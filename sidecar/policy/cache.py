@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 from cachetools import TTLCache
 
-from sidecar.policy import Decision, PolicyEngine, Stage
+from sidecar.policy import Decision, PolicyEngine, Stage, close_engine
 from sidecar.policy.input import PolicyInput
 
 
@@ -50,6 +50,10 @@ class CachingEngine:
             found[i] = decision
             self._keep(keys[i], decision)
         return [decision for decision in found if decision is not None]
+
+    async def aclose(self) -> None:
+        """Release the wrapped engine."""
+        await close_engine(self.inner)
 
     def _key(self, stage: Stage, input: PolicyInput) -> Hashable | None:
         if input.cache_key is None:

@@ -94,6 +94,21 @@ class PolicyFiles:
         return engine
 
 
+def checked_files(path: Path) -> PolicyFiles:
+    """Read, compile and check a policy directory; safe on any thread (keeps no regorus engine).
+
+    Load off the event loop as ``EmbeddedEngine(await asyncio.to_thread(checked_files, path))``:
+    the engine object itself should not pass through a worker thread, which might drop it last.
+    """
+    return check_files(PolicyFiles.read(Path(path)))
+
+
+def check_files(files: PolicyFiles) -> PolicyFiles:
+    """Compile ``files`` once and check the three entrypoints' packages exist."""
+    _check_packages(set(files.build().get_packages()), files.root)  # the engine is gone before any raise
+    return files
+
+
 def content_revision(files: Iterable[tuple[str, bytes]]) -> str:
     """``sha256:`` and 16 hex digits over the ``(path, content)`` pairs, in the order given."""
     digest = hashlib.sha256()
@@ -123,8 +138,7 @@ def _load_step(where: Path, step: Callable[..., object], *args: str) -> str | No
     return None
 
 
-def _check_packages(engine: regorus.Engine, root: Path) -> None:
-    packages = set(engine.get_packages())
+def _check_packages(packages: set[str], root: Path) -> None:
     missing = [package for rule in RULES.values() if (package := rule.removesuffix(".decision")) not in packages]
     if missing:
         raise PolicyLoadError(f"policy directory {root} does not define package(s) {', '.join(missing)}")
@@ -142,18 +156,13 @@ class EmbeddedEngine:
     @classmethod
     def load(cls, path: Path) -> EmbeddedEngine:
         """Read, compile and check the policy directory ``path``; raise ``PolicyLoadError`` naming the file."""
-        return cls._checked(PolicyFiles.read(Path(path)))
+        return cls(checked_files(path))
 
     @classmethod
     def from_bundle(cls, bundle: Bundle) -> EmbeddedEngine:
         """Compile and check a loaded OPA bundle; the revision is the bundle's."""
         data = json.dumps(bundle.data) if bundle.data else None
-        return cls._checked(PolicyFiles(Path(bundle.source), bundle.modules, data, bundle.revision))
-
-    @classmethod
-    def _checked(cls, sources: PolicyFiles) -> EmbeddedEngine:
-        _check_packages(sources.build(), sources.root)
-        return cls(sources)
+        return cls(check_files(PolicyFiles(Path(bundle.source), bundle.modules, data, bundle.revision)))
 
     @property
     def revision(self) -> str:
@@ -181,6 +190,12 @@ class EmbeddedEngine:
         except Exception as exc:
             raise PolicyEvaluationError(f"{rule}: {clean_regorus_error(exc)}") from exc
         return parse_decision(stage, value)
+
+    async def aclose(self) -> None:
+        """Drop the compiled engine here, on its thread: left to the garbage collector, it
+        could be dropped by whichever thread collects it, which regorus forbids."""
+        if self._owner == threading.get_ident():
+            self._engine = self._owner = None
 
     def _bound_engine(self) -> regorus.Engine:
         """The evaluating engine: built by the first thread that decides, usable only by that thread."""

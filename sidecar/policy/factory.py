@@ -1,10 +1,19 @@
-"""Opening the configured policy engine, and closing it."""
+"""Opening the configured policy engine — reloadable and cached — and closing it."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 from sidecar.config import PolicyEngineKind, PolicySettings
-from sidecar.policy import PolicyEngine
-from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.policy import PolicyEngine, PolicyLoadError, close_engine
+from sidecar.policy.cache import CachingEngine
+from sidecar.policy.embedded import EmbeddedEngine, checked_files
+from sidecar.policy.reload import Check, PolicySource, ReloadingEngine
+from sidecar.policy.sources import DirectorySource, FixedSource
+from sidecar.policy.testing import Outcome, run_tests
+
+__all__ = ["close_engine", "open_engine", "open_reloading", "policy_source", "with_cache"]
 
 
 async def open_engine(settings: PolicySettings) -> PolicyEngine:
@@ -14,11 +23,40 @@ async def open_engine(settings: PolicySettings) -> PolicyEngine:
 
         assert settings.opa is not None  # config validation requires the section for this engine
         return await OpaEngine.open(settings.opa, settings.path)
-    return EmbeddedEngine.load(settings.path)
+    return EmbeddedEngine(await asyncio.to_thread(checked_files, settings.path))
 
 
-async def close_engine(engine: PolicyEngine) -> None:
-    """Release what ``engine`` holds (the OPA engine's HTTP session); engines without ``aclose`` hold nothing."""
-    aclose = getattr(engine, "aclose", None)
-    if aclose is not None:
-        await aclose()
+def policy_source(settings: PolicySettings) -> PolicySource:
+    """What hot reload watches: ``policy.path``, unless OPA serves policies it manages itself."""
+    if settings.engine is PolicyEngineKind.OPA and settings.opa is not None and not settings.opa.upload_policies:
+        return FixedSource(f"OPA-managed policies at {settings.opa.url}", lambda: open_engine(settings))
+    return DirectorySource(settings.path, lambda: open_engine(settings))
+
+
+async def open_reloading(settings: PolicySettings) -> ReloadingEngine:
+    """The first policy set from ``policy_source``, ready to be watched.
+
+    With ``policy.reload_requires_tests`` every set — the first one too — must pass
+    the ``*_test.rego`` tests of ``policy.path`` before it serves.
+    """
+    check = _tests_pass(settings.path) if settings.reload_requires_tests else None
+    return await ReloadingEngine.start(policy_source(settings), check=check)
+
+
+def _tests_pass(root: Path) -> Check:
+    async def check(engine: PolicyEngine) -> None:
+        report = await asyncio.to_thread(run_tests, root)
+        if not report.passed:
+            failed = [test.rule for test in report.tests if test.outcome is not Outcome.PASS]
+            raise PolicyLoadError(f"policy tests under {root} failed: {', '.join(failed) or 'no tests found'}")
+
+    return check
+
+
+def with_cache(engine: PolicyEngine, settings: PolicySettings) -> PolicyEngine:
+    """``engine`` behind the decision cache, when ``policy.cache.enabled``."""
+    cache = settings.cache
+    if not cache.enabled:
+        return engine
+    return CachingEngine(engine, max_entries=cache.max_entries, ttl_seconds=cache.ttl_seconds)
+

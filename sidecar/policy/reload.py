@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from sidecar.policy import Decision, PolicyEngine, PolicyLoadError, Stage
+from sidecar.policy import Decision, PolicyEngine, PolicyLoadError, Stage, close_engine
 from sidecar.policy.input import PolicyInput
 
 log = logging.getLogger("toolbooth.policy.reload")
@@ -97,11 +97,16 @@ class ReloadingEngine:
             log.error("policy reload refused, revision %s keeps serving: %s", self.revision, exc)
             await self._set(replace(self.status, last_attempt_at=_now(), last_error=str(exc)))
             return self.status
-        self._engine = engine
+        old, self._engine = self._engine, engine
+        await close_engine(old)
         log.info("policy revision %s loaded from %s", engine.revision, self._source.description)
         now = _now()
         await self._set(ReloadStatus(self._source.description, engine.revision, now, now))
         return self.status
+
+    async def aclose(self) -> None:
+        """Release the engine in force."""
+        await close_engine(self._engine)
 
     async def watch(self, interval: float, stop: asyncio.Event) -> None:
         """Poll until ``stop`` is set; errors reading the source are logged, never fatal."""

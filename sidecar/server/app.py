@@ -7,12 +7,13 @@ port 0 or a temporary socket); ``serve`` runs the sidecar until SIGTERM/SIGINT.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.config import UNIX_PREFIX, AuthMode, Limits, Settings
 from sidecar.contract import Principal
-from sidecar.policy.reload import ReloadStatus
+from sidecar.policy.reload import ReloadingEngine, ReloadStatus
 from sidecar.server.auth import Authenticator
 from sidecar.server.policy_service import RELOAD_HEALTH_NAME, PolicyServicer, StatusProvider
 from sidecar.server.policy_service import SERVICE_NAME as POLICY_SERVICE_NAME
@@ -101,19 +102,39 @@ async def create_server(settings: Settings, gateway: ToolGateway, *,
 async def serve(settings: Settings, *, registry: Registry | None = None, stop: asyncio.Event | None = None) -> None:
     """Run the sidecar until SIGTERM, SIGINT or ``stop``, then shut down gracefully."""
     from sidecar.pipeline import build_pipeline
+    from sidecar.policy.factory import open_reloading, with_cache
 
-    pipeline = await build_pipeline(settings, registry=registry)
+    reloader = await open_reloading(settings.policy)
+    pipeline = await build_pipeline(settings, registry=registry, policy=with_cache(reloader, settings.policy))
     try:
-        _, sidecar = await create_server(settings, pipeline)
+        _, sidecar = await create_server(settings, pipeline, policy=reloader)
+        reloader.on_status = sidecar.report_policy
         try:
             await sidecar.start()
-            log.info("toolbooth listening on %s", ", ".join(sidecar.addresses))
-            await _wait_for_stop(stop or asyncio.Event())
+            log.info("toolbooth listening on %s with policy revision %s", ", ".join(sidecar.addresses),
+                     reloader.revision)
+            async with _watching(reloader, settings.policy.reload_interval_seconds):
+                await _wait_for_stop(stop or asyncio.Event())
         finally:
             await sidecar.stop(settings.server.shutdown_grace_seconds)
     finally:
         await pipeline.aclose()
     log.info("toolbooth stopped")
+
+
+@contextlib.asynccontextmanager
+async def _watching(reloader: ReloadingEngine, interval: float) -> AsyncIterator[None]:
+    """Hot reload while the body runs (``interval`` 0: never)."""
+    if interval <= 0:
+        yield
+        return
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(reloader.watch(interval, stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await watcher
 
 
 def _channel_options(limits: Limits) -> list[tuple[str, int]]:

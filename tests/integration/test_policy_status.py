@@ -13,10 +13,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.client import AsyncClient, ClientError
-from sidecar.config import Settings, bundled_policy_dir
+from sidecar.config import PolicySettings, Settings, bundled_policy_dir
 from sidecar.pipeline import Pipeline
+from sidecar.policy.factory import policy_source
 from sidecar.policy.reload import ReloadingEngine
-from sidecar.policy.sources import DirectorySource
 from sidecar.registry import Registry
 from sidecar.server import create_server
 from sidecar.server.policy_service import RELOAD_HEALTH_NAME
@@ -42,7 +42,7 @@ def policies(tmp_path: Path) -> Path:
 async def running(make_settings: Callable[..., Settings], policies: Path,
                   tmp_path: Path) -> AsyncIterator[tuple[str, ReloadingEngine, Any]]:
     settings = make_settings()
-    reloader = await ReloadingEngine.start(DirectorySource(policies))
+    reloader = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
     store = await SqliteStore.open(tmp_path / "status.db")
     pipeline = Pipeline(registry=Registry.from_tools(tools.ALL), policy=reloader, store=store, limits=settings.limits)
     _, sidecar = await create_server(settings, pipeline, policy=reloader)
@@ -85,7 +85,7 @@ async def test_status_follows_reloads(running: tuple[str, ReloadingEngine, Any],
 async def test_status_needs_authentication(make_settings: Callable[..., Settings], policies: Path,
                                            jwt_auth: dict[str, Any], tmp_path: Path) -> None:
     settings = make_settings(auth=jwt_auth)
-    reloader = await ReloadingEngine.start(DirectorySource(policies))
+    reloader = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
     _, sidecar = await create_server(settings, _NoCalls(), policy=reloader)
     await sidecar.start()
     try:

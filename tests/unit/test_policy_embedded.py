@@ -13,7 +13,7 @@ import pytest
 from sidecar.config import bundled_policy_dir
 from sidecar.contract import ErrorCode
 from sidecar.policy import Decision, PolicyEvaluationError, PolicyLoadError, Stage
-from sidecar.policy.embedded import EmbeddedEngine, clean_regorus_error
+from sidecar.policy.embedded import EmbeddedEngine, checked_files, clean_regorus_error
 from sidecar.policy.input import PolicyInput
 
 VALID_BODIES = {
@@ -111,8 +111,8 @@ async def test_recursive_modules_and_data_are_loaded(tmp_path: Path) -> None:
     assert (await EmbeddedEngine.load(root).decide(Stage.AUTHZ, sample_input())).allow
 
 
-async def test_engine_loaded_in_a_worker_thread_evaluates_on_the_loop(tmp_path: Path) -> None:
-    engine = await asyncio.to_thread(EmbeddedEngine.load, write_policies(tmp_path))
+async def test_policies_checked_in_a_worker_thread_evaluate_on_the_loop(tmp_path: Path) -> None:
+    engine = EmbeddedEngine(await asyncio.to_thread(checked_files, write_policies(tmp_path)))
     assert (await engine.decide(Stage.AUTHZ, sample_input())).allow
 
 

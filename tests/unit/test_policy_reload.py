@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import bundled_policy_dir
+from sidecar.config import PolicySettings, bundled_policy_dir
 from sidecar.policy import PolicyEngine, PolicyLoadError, Stage
+from sidecar.policy.factory import policy_source
 from sidecar.policy.input import PolicyInput
 from sidecar.policy.reload import ReloadingEngine, ReloadStatus
-from sidecar.policy.sources import DirectorySource
 
 DENY_ALL = 'package toolbooth.availability\n\nimport rego.v1\n\ndecision := {"allow": false, "reason": "closed"}\n'
 INPUT = PolicyInput.of({
@@ -40,7 +40,7 @@ async def allowed(engine: ReloadingEngine) -> bool:
 
 
 async def test_a_valid_change_is_swapped_in(policies: Path) -> None:
-    engine = await ReloadingEngine.start(DirectorySource(policies))
+    engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
     first = engine.revision
     assert await allowed(engine)
     write(policies / "availability.rego", DENY_ALL)
@@ -50,13 +50,13 @@ async def test_a_valid_change_is_swapped_in(policies: Path) -> None:
 
 
 async def test_no_change_no_reload(policies: Path) -> None:
-    engine = await ReloadingEngine.start(DirectorySource(policies))
+    engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
     before = engine.status
     assert await engine.reload_if_changed() is before
 
 
 async def test_a_broken_change_is_refused_and_the_old_revision_serves(policies: Path) -> None:
-    engine = await ReloadingEngine.start(DirectorySource(policies))
+    engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
     first = engine.revision
     reported: list[ReloadStatus] = []
 
@@ -78,7 +78,7 @@ async def test_a_failing_check_refuses_the_change(policies: Path) -> None:
         if not (await engine.decide(Stage.AVAILABILITY, INPUT)).allow:
             raise PolicyLoadError("policy tests failed: test_developer_sees_calculate")
 
-    engine = await ReloadingEngine.start(DirectorySource(policies), check=check)
+    engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)), check=check)
     write(policies / "availability.rego", DENY_ALL)
     status = await engine.reload_if_changed()
     assert await allowed(engine) and status.last_error == "policy tests failed: test_developer_sees_calculate"
@@ -86,18 +86,18 @@ async def test_a_failing_check_refuses_the_change(policies: Path) -> None:
 
 async def test_a_broken_start_fails(tmp_path: Path) -> None:
     with pytest.raises(PolicyLoadError, match="does not exist"):
-        await ReloadingEngine.start(DirectorySource(tmp_path / "nowhere"))
+        await ReloadingEngine.start(policy_source(PolicySettings(path=tmp_path / "nowhere")))
 
 
 async def test_a_deleted_directory_is_refused(policies: Path) -> None:
-    engine = await ReloadingEngine.start(DirectorySource(policies))
+    engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
     shutil.rmtree(policies)
     status = await engine.reload_if_changed()
     assert not status.healthy and await allowed(engine)
 
 
 async def test_watch_polls_until_stopped(policies: Path) -> None:
-    engine = await ReloadingEngine.start(DirectorySource(policies))
+    engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
     stop = asyncio.Event()
     watcher = asyncio.create_task(engine.watch(0.01, stop))
     write(policies / "availability.rego", DENY_ALL)
