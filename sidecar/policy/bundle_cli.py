@@ -31,7 +31,6 @@ from sidecar.policy.bundle_signing import (
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 DEFAULT_ALGORITHM = "RS256"
-_ANY_KEYID = "default"  # the one key, whatever key id the signature names
 
 
 def add_bundle_commands(policy_actions: Subparsers) -> None:
@@ -101,8 +100,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         key = VerificationKey.parse(algorithm, read_key(args.key, "--key"))
     except ValueError as exc:
         raise CommandError(f"--key {args.key}: {exc}", EXIT_USAGE) from None
-    keyid = args.keyid or _ANY_KEYID
-    config = VerificationConfig({keyid: key}, keyid=None if args.keyid else _ANY_KEYID)
+    # Without --keyid the one key verifies whatever key id the signature names; messages call it by its file.
+    name = args.keyid or str(args.key)
+    config = VerificationConfig({name: key}, keyid=None if args.keyid else name)
     try:
         bundle = load_bundle(args.file, config)
     except BundleError as exc:
@@ -138,10 +138,6 @@ def _loading(path: Path) -> Bundle:
 
 def inspect_document(bundle: Bundle) -> dict[str, Any]:
     """What ``inspect`` shows, as JSON data. File hashes are the SHA-256 digests OPA signs."""
-    try:
-        header = signature_header(bundle.files)
-    except BundleError as exc:
-        header = {"error": str(exc)}
     return {
         "source": bundle.source,
         "revision": bundle.revision,
@@ -149,11 +145,19 @@ def inspect_document(bundle: Bundle) -> dict[str, Any]:
         "roots": list(bundle.manifest.roots),
         "metadata": dict(bundle.manifest.metadata),
         "signed": bundle.signed,
-        "signature": None if header is None else {"algorithm": header.get("alg"), "keyid": header.get("kid"),
-                                                  "error": header.get("error")},
+        "signature": _signature(bundle),
         "files": [{"path": path, "size": len(content), "sha256": file_hash(path, content)}
                   for path, content in sorted(bundle.files.items())],
     }
+
+
+def _signature(bundle: Bundle) -> dict[str, Any] | None:
+    """The signature's algorithm and key id as it states them (not verified), or why it cannot be read."""
+    try:
+        header = signature_header(bundle.files)
+    except BundleError as exc:
+        return {"algorithm": None, "keyid": None, "error": str(exc)}
+    return None if header is None else {"algorithm": header.get("alg"), "keyid": header.get("kid"), "error": None}
 
 
 def format_inspection(document: dict[str, Any]) -> str:

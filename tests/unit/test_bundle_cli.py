@@ -110,6 +110,15 @@ def test_inspect_an_unsigned_bundle_without_a_manifest(tmp_path: Path, capsys: p
     assert "(from the content)" in text and "roots     ''" in text and "signed    no" in text
 
 
+def test_inspect_shows_an_unreadable_signature(signed: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    files = read_archive(signed.read_bytes())
+    files[".signatures.json"] = b'{"signatures": ["not-a-jwt"]}'
+    signed.write_bytes(write_archive(files))
+    capsys.readouterr()
+    assert bundle_cli("inspect", signed) == 0
+    assert "signed    yes, unreadable: .signatures.json: malformed JWT" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("content", "message"), [(b"not a bundle", "not a gzip file"), (None, "cannot read")])
 def test_inspect_a_broken_file_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None,
                                      message: str) -> None:
@@ -144,7 +153,7 @@ def tampered(signed: Path) -> Path:
 
 
 @pytest.mark.parametrize(("case", "message"), [
-    ("wrong key", "does not verify with key 'default'"),
+    ("wrong key", "the signature does not verify with key '"),
     ("other keyid", "the signature names key 'k1', which is not configured"),
     ("tampered", "authz.rego: digest mismatch"),
     ("unsigned", "the bundle is not signed"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -185,6 +186,12 @@ def test_canonical_json_is_compact_sorted_and_keeps_numbers_as_written() -> None
     text = '{"b": [1.0, 1e3, -0, 12345678901234567890.5], "a": {"y": null, "x": true}, "é": "<&>"}'
     expected = '{"a":{"x":true,"y":null},"b":[1.0,1e3,-0,12345678901234567890.5],"é":"<&>"}'
     assert canonical_json(text.encode()) == expected.encode()
+
+
+def test_canonical_json_matches_opas_own_test_vector() -> None:
+    # OPA's bundle/verify_test.go (TestVerifyBundleFile): MD5 of this .manifest in OPA's normal form.
+    normal = canonical_json(b'{"revision": "quickbrownfaux"}')
+    assert hashlib.md5(normal).hexdigest() == "a005c38a509dc2d5a7407b9494efb2ad"
 
 
 def test_canonical_json_escapes_strings_as_go_does() -> None:
