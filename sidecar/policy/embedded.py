@@ -66,6 +66,15 @@ class PolicyFiles:
         data = _read(data_file) if data_file.is_file() else None
         return cls(root, tuple((name, _read(root / name)) for name in files), data)
 
+    @classmethod
+    def of_bundle(cls, bundle: Bundle) -> PolicyFiles:
+        """A loaded OPA bundle's modules and merged data, with the bundle's revision.
+
+        Check them off the event loop with ``check_files``, as ``checked_files`` does a directory.
+        """
+        data = json.dumps(bundle.data) if bundle.data else None
+        return cls(Path(bundle.source), bundle.modules, data, bundle.revision)
+
     def files(self) -> list[tuple[str, str]]:
         """``(relative path, content)`` of every file, policies and data, sorted by path."""
         data = [(DATA_FILE, self.data)] if self.data is not None else []
@@ -161,8 +170,7 @@ class EmbeddedEngine:
     @classmethod
     def from_bundle(cls, bundle: Bundle) -> EmbeddedEngine:
         """Compile and check a loaded OPA bundle; the revision is the bundle's."""
-        data = json.dumps(bundle.data) if bundle.data else None
-        return cls(check_files(PolicyFiles(Path(bundle.source), bundle.modules, data, bundle.revision)))
+        return cls(check_files(PolicyFiles.of_bundle(bundle)))
 
     @property
     def revision(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import io
 import json
@@ -17,7 +18,7 @@ from sidecar.policy import bundle_archive as archive_module
 from sidecar.policy.bundle import Manifest, build_bundle, load_bundle
 from sidecar.policy.bundle_archive import read_archive, write_archive
 from sidecar.policy.bundle_errors import BundleFetchError, BundleFormatError
-from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.policy.embedded import EmbeddedEngine, PolicyFiles, check_files
 from sidecar.policy.input import PolicyInput
 
 POLICY_DIR = bundled_policy_dir()
@@ -73,6 +74,12 @@ async def test_a_built_bundle_decides_as_its_directory() -> None:
     expected = await decisions(EmbeddedEngine.load(POLICY_DIR))
     assert {decision.allow for decision in expected} == {True, False}  # the inputs exercise both outcomes
     assert await decisions(EmbeddedEngine.from_bundle(load_bundle(build_bundle(POLICY_DIR)))) == expected
+
+
+async def test_a_bundle_loads_off_the_event_loop() -> None:
+    archive = build_bundle(POLICY_DIR)
+    files = await asyncio.to_thread(lambda: check_files(PolicyFiles.of_bundle(load_bundle(archive))))
+    assert await decisions(EmbeddedEngine(files)) == await decisions(EmbeddedEngine.load(POLICY_DIR))
 
 
 def test_round_trip_keeps_modules_data_and_revision() -> None:
