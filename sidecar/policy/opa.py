@@ -74,7 +74,8 @@ class OpaEngine:
         files = PolicyFiles.read(Path(policy_path)) if settings.upload_policies else None
         client = await _Client.connect(settings)
         try:
-            revision = await (_upload(client, files, settings.url) if files else _served_revision(client, settings.url))
+            revision = await (_served_revision(client, settings.url) if files is None
+                              else _upload(client, files, settings.url))
         except BaseException:
             await client.close_connection()
             raise
