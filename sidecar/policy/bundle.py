@@ -46,7 +46,7 @@ from sidecar.policy.bundle_signing import (
     sign_bundle,
     verify_bundle,
 )
-from sidecar.policy.embedded import DATA_FILE, EmbeddedEngine, clean_regorus_error, content_revision
+from sidecar.policy.embedded import DATA_FILE, checked_files, clean_regorus_error, content_revision
 
 _MANIFEST_DEFAULTS = (("revision", ""), ("roots", [""]), ("metadata", {}))
 _UNSUPPORTED = {"data.yaml": "YAML data files", "data.yml": "YAML data files", "policy.wasm": "Wasm modules",
@@ -105,12 +105,12 @@ def build_bundle(directory: Path, *, revision: str | None = None, signing_key: s
                  signing_algorithm: str = "RS256", keyid: str | None = None) -> bytes:
     """A bundle of the policy directory (see the module docstring), signed when ``signing_key`` is given.
 
-    The directory is loaded by the embedded engine first, so a set that does not compile is
-    never packed; the result is loaded back before it is returned.
+    The directory is compiled and checked as the embedded engine loads it, so a set that does
+    not compile is never packed; the result is loaded back before it is returned.
     """
-    engine = EmbeddedEngine.load(directory)
-    content = {path: text.encode() for path, text in engine.files()}
-    manifest = {"revision": revision or engine.revision, "roots": _top_level_names(content)}
+    policy = checked_files(directory)
+    content = {path: text.encode() for path, text in policy.files()}
+    manifest = {"revision": revision or policy.revision(), "roots": _top_level_names(content)}
     files = {MANIFEST_FILE: json.dumps(manifest, indent=2).encode() + b"\n", **content}
     if signing_key is not None:
         files[SIGNATURES_FILE] = sign_bundle(files, signing_key, signing_algorithm, keyid)

@@ -177,10 +177,6 @@ class EmbeddedEngine:
         """``sha256:`` and 16 hex digits over the policies' and data's paths and contents, or the bundle's revision."""
         return self._revision
 
-    def files(self) -> list[tuple[str, str]]:
-        """``(relative path, content)`` of the policies and data in force, sorted by path."""
-        return self._sources.files()
-
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         """Evaluate one decision."""
         return self._evaluate(stage, input)

@@ -18,7 +18,7 @@ from sidecar.policy import bundle_archive as archive_module
 from sidecar.policy.bundle import Manifest, build_bundle, load_bundle
 from sidecar.policy.bundle_archive import read_archive, write_archive
 from sidecar.policy.bundle_errors import BundleFetchError, BundleFormatError
-from sidecar.policy.embedded import EmbeddedEngine, PolicyFiles, check_files
+from sidecar.policy.embedded import EmbeddedEngine, PolicyFiles, check_files, checked_files
 from sidecar.policy.input import PolicyInput
 
 POLICY_DIR = bundled_policy_dir()
@@ -45,7 +45,7 @@ async def decisions(engine: EmbeddedEngine) -> list[Decision]:
 
 def directory_files() -> dict[str, bytes]:
     """The files the embedded engine loads from the bundled policies."""
-    return {path: text.encode() for path, text in EmbeddedEngine.load(POLICY_DIR).files()}
+    return {path: text.encode() for path, text in checked_files(POLICY_DIR).files()}
 
 
 def packed(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
@@ -83,10 +83,10 @@ async def test_a_bundle_loads_off_the_event_loop() -> None:
 
 
 def test_round_trip_keeps_modules_data_and_revision() -> None:
-    directory = EmbeddedEngine.load(POLICY_DIR)
+    directory = checked_files(POLICY_DIR)
     bundle = load_bundle(build_bundle(POLICY_DIR))
-    assert bundle.revision == directory.revision == EmbeddedEngine.from_bundle(bundle).revision
-    assert bundle.manifest == Manifest(revision=directory.revision, roots=("toolbooth",))
+    assert bundle.revision == directory.revision() == EmbeddedEngine.from_bundle(bundle).revision
+    assert bundle.manifest == Manifest(revision=directory.revision(), roots=("toolbooth",))
     assert bundle.modules == tuple((path, text) for path, text in directory.files() if path.endswith(".rego"))
     assert bundle.data == json.loads((POLICY_DIR / "data.json").read_text())
     assert set(bundle.files) == {".manifest", *dict(directory.files())}
