@@ -111,7 +111,7 @@ def _add_tools(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     tools = commands.add_parser("tools", help="discover tools")
     actions = tools.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="list the tools this caller may use")
-    _client_flags(listing)
+    client_flags(listing)
     listing.add_argument("--output", choices=("table", "json"), default="table", help="default: table")
     listing.set_defaults(handler=cmd_tools_list)
 
@@ -124,7 +124,7 @@ def _add_call(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                       help="arguments as a JSON object, @FILE to read a file, - to read stdin (default: {})")
     call.add_argument("--idempotency-key", metavar="KEY", help="required by tools with side effects")
     call.add_argument("--conversation-id", metavar="ID")
-    _client_flags(call)
+    client_flags(call)
     call.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline of the call")
     call.set_defaults(handler=cmd_call)
 
@@ -141,7 +141,7 @@ def _config_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config file (default: none)")
 
 
-def _client_flags(parser: argparse.ArgumentParser) -> None:
+def client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", metavar="ADDR",
                         help=f"sidecar address (default: ${ENV_TARGET}, else the default server.listen)")
     parser.add_argument("--token", default=os.environ.get(ENV_TOKEN), metavar="TOKEN",
@@ -169,7 +169,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_tools_list(args: argparse.Namespace) -> int:
     """``toolbooth tools list``: print the tools this caller may use."""
-    listing = _with_client(args, lambda client: client.list_tools())
+    listing = with_client(args, lambda client: client.list_tools())
     print(dump_json(listing.model_dump(mode="json")) if args.output == "json" else format_table(listing))
     return EXIT_OK
 
@@ -177,7 +177,7 @@ def cmd_tools_list(args: argparse.Namespace) -> int:
 def cmd_call(args: argparse.Namespace) -> int:
     """``toolbooth call``: execute one call and print its typed result."""
     arguments = read_arguments(args.arguments)
-    result = _with_client(args, lambda client: client.execute(
+    result = with_client(args, lambda client: client.execute(
         args.tool, arguments, idempotency_key=args.idempotency_key,
         conversation_id=args.conversation_id, timeout=args.timeout))
     print(dump_json(result.model_dump(mode="json")))
@@ -247,7 +247,7 @@ def read_arguments(value: str) -> str:
     return value
 
 
-def _with_client(args: argparse.Namespace, request: Callable[[Client], Reply]) -> Reply:
+def with_client(args: argparse.Namespace, request: Callable[[Client], Reply]) -> Reply:
     """Run ``request`` with a client for ``args.target``; a ``ClientError`` becomes exit code 1."""
     from sidecar.client import Client, ClientError
 

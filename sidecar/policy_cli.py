@@ -34,8 +34,10 @@ from sidecar.cli import (
     EXIT_TOOL_ERROR,
     EXIT_USAGE,
     CommandError,
+    client_flags,
     dump_json,
     read_arguments,
+    with_client,
 )
 from sidecar.config import Settings, load_settings
 from sidecar.contract import Principal
@@ -58,7 +60,7 @@ def add_commands(commands: Subparsers) -> None:
     """Add ``policy`` and its subcommands to the ``toolbooth`` parser."""
     policy = commands.add_parser("policy", help="test, check and dry-run policies")
     actions = policy.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for add in (_add_test, _add_check, _add_eval, add_bundle_commands):
+    for add in (_add_test, _add_check, _add_eval, _add_status, add_bundle_commands):
         add(actions)
 
 
@@ -94,6 +96,13 @@ def _add_eval(actions: Subparsers) -> None:
     evaluate.set_defaults(handler=cmd_eval)
 
 
+def _add_status(actions: Subparsers) -> None:
+    status = actions.add_parser("status", help="the running sidecar's policy revision and last reload")
+    client_flags(status)
+    status.add_argument("--output", choices=("text", "json"), default="text", help="default: text")
+    status.set_defaults(handler=cmd_status)
+
+
 def _dir_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", nargs="?", type=Path, metavar="DIR", help="policy directory (default: policy.path)")
 
@@ -101,6 +110,27 @@ def _dir_argument(parser: argparse.ArgumentParser) -> None:
 def _common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config file whose policy.path is used")
     parser.add_argument("--output", choices=("text", "json"), default="text", help="default: text")
+
+
+# --- status -----------------------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``toolbooth policy status``: exit 0 while the latest policy change is in force, 1 while it is refused."""
+    status = with_client(args, lambda client: client.policy_status())
+    document = {"source": status.source, "revision": status.revision, "loaded_at": status.loaded_at,
+                "last_attempt_at": status.last_attempt_at, "last_error": status.last_error}
+    print(dump_json(document) if args.output == "json" else format_status(document))
+    return EXIT_OK if status.healthy else EXIT_FAILURE
+
+
+def format_status(document: dict[str, Any]) -> str:
+    lines = [f"revision    {document['revision']}", f"source      {document['source']}",
+             f"loaded at   {document['loaded_at']}"]
+    if document["last_error"]:
+        lines.append(f"REFUSED     the change seen at {document['last_attempt_at']} "
+                     f"(the revision above still serves):\n{document['last_error']}")
+    return "\n".join(lines)
 
 
 # --- test -------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from sidecar import cli
 from sidecar.client import AsyncClient
 from sidecar.config import Settings, bundled_policy_dir
 from sidecar.policy.reload import ReloadStatus
@@ -92,3 +94,17 @@ async def test_failing_policy_tests_refuse_a_change(serving: Any, policies: Path
         refused = await until(client, lambda status: not status.healthy)
         assert refused.revision == first.revision
         assert "policy tests" in (refused.last_error or "") and "test_always_fails" in (refused.last_error or "")
+
+
+async def test_policy_status_command(serving: Any, policies: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = await serving()
+    assert await asyncio.to_thread(cli.main, ["policy", "status", "--target", target]) == 0
+    healthy = capsys.readouterr().out
+    assert healthy.startswith("revision    sha256:") and f"source      directory {policies}" in healthy
+
+    touch(policies / "authz.rego", "package toolbooth.authz\n\ndecision := {")
+    async with AsyncClient(target, timeout=5) as client:
+        await until(client, lambda status: not status.healthy)
+    assert await asyncio.to_thread(cli.main, ["policy", "status", "--target", target, "--output", "json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["revision"] in healthy and "authz.rego" in document["last_error"]
