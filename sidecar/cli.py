@@ -104,6 +104,8 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _config_flag(serve)
     serve.add_argument("--listen", action="append", metavar="ADDRESS",
                        help="unix:///path or HOST:PORT; repeatable; replaces server.listen")
+    serve.add_argument("--policies", metavar="DIR_OR_BUNDLE",
+                       help="a policy directory, a bundle file (.tar.gz) or a bundle URL; replaces the configured one")
     serve.set_defaults(handler=cmd_serve)
 
 
@@ -153,7 +155,7 @@ def client_flags(parser: argparse.ArgumentParser) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``toolbooth serve``: run the sidecar until SIGTERM/SIGINT."""
-    settings = serve_settings(args.config, args.listen)
+    settings = serve_settings(args.config, args.listen, args.policies)
     setup_logging(settings.log_level)
     from sidecar.server import serve
 
@@ -200,14 +202,31 @@ def exit_code(status: Status) -> int:
     return _STATUS_EXIT[status]
 
 
-def serve_settings(config: Path | None, listen: Sequence[str] | None) -> Settings:
-    """Load the settings; ``listen`` (when given) replaces ``server.listen`` and is validated like it."""
+def serve_settings(config: Path | None, listen: Sequence[str] | None = None,
+                   policies: str | None = None) -> Settings:
+    """Load the settings; ``listen`` and ``policies`` (when given) replace theirs and are validated like them."""
     settings = load_settings(config)
-    if not listen:
+    if not listen and not policies:
         return settings
-    raw = settings.model_dump()
-    raw["server"]["listen"] = list(listen)
+    raw = settings.model_dump(exclude_none=True)
+    if listen:
+        raw["server"]["listen"] = list(listen)
+    if policies:
+        raw["policy"] = policy_source_override(raw["policy"], policies)
     return parse_settings(raw)
+
+
+def policy_source_override(policy: dict[str, Any], source: str) -> dict[str, Any]:
+    """``policy`` settings whose source is ``source``: a directory, a bundle file or a bundle URL.
+
+    A configured bundle keeps its verification keys and polling; only its location changes.
+    """
+    bundle = {key: value for key, value in policy.get("bundle", {}).items() if key not in ("url", "file")}
+    if source.startswith(("http://", "https://")):
+        return {**policy, "bundle": {**bundle, "url": source}}
+    if Path(source).is_dir():
+        return {**{key: value for key, value in policy.items() if key != "bundle"}, "path": source}
+    return {**policy, "bundle": {**bundle, "file": source}}
 
 
 def _startup_errors() -> tuple[type[BaseException], ...]:

@@ -239,6 +239,16 @@ class PolicySettings(_Section):
     cache: DecisionCacheSettings = Field(default_factory=DecisionCacheSettings)
 
     @model_validator(mode="after")
+    def _bundle_fits(self) -> PolicySettings:
+        if self.bundle is not None and self.engine is PolicyEngineKind.OPA:
+            raise ValueError("'bundle' is for the embedded engine; let OPA load bundles itself "
+                             "(opa.upload_policies: false)")
+        if self.bundle is not None and self.reload_requires_tests:
+            raise ValueError("'reload_requires_tests' runs the tests of policy.path; a bundle carries no tests "
+                             "(run `toolbooth policy test` before `toolbooth policy bundle build`)")
+        return self
+
+    @model_validator(mode="after")
     def _opa_needs_server(self) -> PolicySettings:
         if self.engine is PolicyEngineKind.OPA and self.opa is None:
             raise ValueError("engine 'opa' needs a 'policy.opa' section with the server's url")

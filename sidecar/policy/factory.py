@@ -7,13 +7,15 @@ from pathlib import Path
 
 from sidecar.config import PolicyEngineKind, PolicySettings
 from sidecar.policy import PolicyEngine, PolicyLoadError, close_engine
+from sidecar.policy.bundle_fetch import BundleFetcher
+from sidecar.policy.bundle_signing import VerificationConfig
 from sidecar.policy.cache import CachingEngine
 from sidecar.policy.embedded import EmbeddedEngine, checked_files
 from sidecar.policy.reload import Check, PolicySource, ReloadingEngine
-from sidecar.policy.sources import DirectorySource, FixedSource
+from sidecar.policy.sources import BundleSource, DirectorySource, FixedSource
 from sidecar.policy.testing import Outcome, run_tests
 
-__all__ = ["close_engine", "open_engine", "open_reloading", "policy_source", "with_cache"]
+__all__ = ["close_engine", "open_engine", "open_reloading", "policy_source", "reload_interval", "with_cache"]
 
 
 async def open_engine(settings: PolicySettings) -> PolicyEngine:
@@ -27,10 +29,23 @@ async def open_engine(settings: PolicySettings) -> PolicyEngine:
 
 
 def policy_source(settings: PolicySettings) -> PolicySource:
-    """What hot reload watches: ``policy.path``, unless OPA serves policies it manages itself."""
+    """What hot reload watches: ``policy.bundle`` or ``policy.path``, unless OPA manages the policies."""
     if settings.engine is PolicyEngineKind.OPA and settings.opa is not None and not settings.opa.upload_policies:
         return FixedSource(f"OPA-managed policies at {settings.opa.url}", lambda: open_engine(settings))
+    if settings.bundle is not None:
+        bundle = settings.bundle
+        verification = None if bundle.verification is None else VerificationConfig.from_settings(bundle.verification)
+        if bundle.file is not None:
+            return BundleSource.from_file(bundle.file, verification)
+        return BundleSource.from_url(BundleFetcher.from_settings(bundle), verification)
     return DirectorySource(settings.path, lambda: open_engine(settings))
+
+
+def reload_interval(settings: PolicySettings) -> float:
+    """Seconds between looks at the source: a bundle URL's polling period, else the reload interval."""
+    if settings.bundle is not None and settings.bundle.url is not None:
+        return settings.bundle.polling_seconds
+    return settings.reload_interval_seconds
 
 
 async def open_reloading(settings: PolicySettings) -> ReloadingEngine:

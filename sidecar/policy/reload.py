@@ -116,7 +116,7 @@ class ReloadingEngine:
             except TimeoutError:
                 try:
                     await self.reload_if_changed()
-                except OSError as exc:
+                except (OSError, PolicyLoadError) as exc:  # e.g. a bundle server that is down
                     log.error("cannot read policy source %s: %s", self._source.description, exc)
 
     async def _set(self, status: ReloadStatus) -> None:

@@ -1,9 +1,10 @@
 """Policy sources the sidecar watches for hot reload.
 
 A source says cheaply whether its content may have changed (``fingerprint``) and
-compiles the current content into an engine (``load``). A policy directory is
-fingerprinted by the size and modification time of its files; an engine over
-policies that OPA manages itself has nothing here to watch.
+compiles the current content into an engine (``load``). A policy directory or a
+bundle file is fingerprinted by the size and modification time of its files; a
+bundle URL by a conditional GET (``If-None-Match``); an engine over policies that
+OPA manages itself has nothing here to watch.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sidecar.policy import PolicyEngine
+from sidecar.policy.bundle import load_bundle
+from sidecar.policy.bundle_fetch import BundleFetcher
+from sidecar.policy.bundle_signing import VerificationConfig
+from sidecar.policy.embedded import EmbeddedEngine, PolicyFiles, check_files
 
 _WATCHED = ("*.rego", "*.json")
 
@@ -51,6 +56,40 @@ class FixedSource:
 
     async def load(self) -> PolicyEngine:
         return await self.loader()
+
+
+@dataclass
+class BundleSource:
+    """An OPA bundle, from a file or a URL, verified and compiled by the embedded engine."""
+
+    description: str
+    read: Callable[[], Awaitable[bytes | None]]  # the bundle's bytes, or None when unchanged
+    verification: VerificationConfig | None
+    _content: bytes = b""
+
+    @classmethod
+    def from_file(cls, path: Path, verification: VerificationConfig | None) -> BundleSource:
+        return cls(f"bundle {path}", lambda: asyncio.to_thread(path.read_bytes), verification)
+
+    @classmethod
+    def from_url(cls, fetcher: BundleFetcher, verification: VerificationConfig | None) -> BundleSource:
+        async def read() -> bytes | None:
+            return (await fetcher.fetch()).content
+
+        return cls(f"bundle {fetcher.url}", read, verification)
+
+    async def fingerprint(self) -> str:
+        content = await self.read()
+        if content is not None:
+            self._content = content
+        return hashlib.sha256(self._content).hexdigest()
+
+    async def load(self) -> PolicyEngine:
+        return EmbeddedEngine(await asyncio.to_thread(self._checked, self._content))
+
+    def _checked(self, content: bytes) -> PolicyFiles:
+        bundle = load_bundle(content, self.verification, name=self.description.removeprefix("bundle "))
+        return check_files(PolicyFiles.of_bundle(bundle))
 
 
 def _stat_fingerprint(root: Path) -> str:

@@ -102,7 +102,7 @@ async def create_server(settings: Settings, gateway: ToolGateway, *,
 async def serve(settings: Settings, *, registry: Registry | None = None, stop: asyncio.Event | None = None) -> None:
     """Run the sidecar until SIGTERM, SIGINT or ``stop``, then shut down gracefully."""
     from sidecar.pipeline import build_pipeline
-    from sidecar.policy.factory import open_reloading, with_cache
+    from sidecar.policy.factory import open_reloading, reload_interval, with_cache
 
     reloader = await open_reloading(settings.policy)
     pipeline = await build_pipeline(settings, registry=registry, policy=with_cache(reloader, settings.policy))
@@ -113,7 +113,7 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
             await sidecar.start()
             log.info("toolbooth listening on %s with policy revision %s", ", ".join(sidecar.addresses),
                      reloader.revision)
-            async with _watching(reloader, settings.policy.reload_interval_seconds):
+            async with _watching(reloader, reload_interval(settings.policy)):
                 await _wait_for_stop(stop or asyncio.Event())
         finally:
             await sidecar.stop(settings.server.shutdown_grace_seconds)

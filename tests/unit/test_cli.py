@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,24 @@ def test_listen_flags_replace_server_listen(tmp_path: Path) -> None:
 def test_listen_flag_is_validated_like_the_config_key() -> None:
     with pytest.raises(ConfigError, match=r"server\.listen"):
         cli.serve_settings(None, ["relative.sock"])
+
+
+def test_policies_flag_picks_directory_bundle_file_or_url(tmp_path: Path) -> None:
+    keys = {"keys": {"k1": {"algorithm": "HS256", "key": "secret"}}}
+    config = _config(tmp_path, "policy:\n  bundle:\n    url: http://127.0.0.1:1/b.tar.gz\n    polling_seconds: 9\n"
+                               f"    verification: {json.dumps(keys)}\n")
+    directory = cli.serve_settings(config, policies=str(tmp_path))
+    assert directory.policy.path == tmp_path and directory.policy.bundle is None
+    bundle = cli.serve_settings(config, policies=str(tmp_path / "b.tar.gz")).policy.bundle
+    assert bundle is not None and bundle.file == tmp_path / "b.tar.gz" and bundle.url is None
+    assert bundle.verification is not None and bundle.polling_seconds == 9
+    url = cli.serve_settings(None, policies="https://example.test/b.tar.gz").policy.bundle
+    assert url is not None and url.url == "https://example.test/b.tar.gz" and url.verification is None
+
+
+def test_policies_flag_is_validated_like_the_config() -> None:
+    with pytest.raises(ConfigError, match=r"policy\.bundle\.url"):
+        cli.serve_settings(None, policies="http://")
 
 
 def test_serve_with_bad_config_exits_2_before_starting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

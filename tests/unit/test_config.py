@@ -145,3 +145,13 @@ def test_opa_tls_errors_name_the_key(tmp_path: Path, url: str, keys: list[str], 
     with pytest.raises(ConfigError) as info:
         parse_settings({"policy": {"opa": {"url": url, "tls": {key: str(pem) for key in keys}}}})
     assert expected in str(info.value)
+
+
+@pytest.mark.parametrize(("policy", "expected"), [
+    ({"engine": "opa", "opa": {"url": "http://127.0.0.1:8181"}, "bundle": {"file": "/b.tar.gz"}},
+     "'bundle' is for the embedded engine"),
+    ({"bundle": {"file": "/b.tar.gz"}, "reload_requires_tests": True}, "a bundle carries no tests"),
+])
+def test_bundle_combinations_that_cannot_work(policy: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        parse_settings({"policy": policy})
