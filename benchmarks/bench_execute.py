@@ -176,11 +176,13 @@ class Children:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def write_sidecar_config(tmp: Path, socket_path: Path) -> Path:
-    """Embedded defaults except: listen on ``socket_path``, a fresh SQLite file, WARNING logs."""
+def write_sidecar_config(tmp: Path, socket_path: Path, *, decision_cache: bool) -> Path:
+    """Embedded defaults except: listen on ``socket_path``, a fresh SQLite file, WARNING logs,
+    and (with ``decision_cache`` False) no decision cache: every call is decided anew."""
     config = {
         "server": {"listen": [f"unix://{socket_path}"]},
         "auth": {"mode": "dev"},
+        "policy": {"cache": {"enabled": decision_cache}},
         "store": {"sqlite_path": str(tmp / "state" / "toolbooth.db")},
         "log_level": "WARNING",
     }
@@ -403,6 +405,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="runs per server and level; medians are reported (default: 3)")
     parser.add_argument("--max-seconds", type=float, default=20.0,
                         help="a run stops after this long even if calls remain (default: 20)")
+    parser.add_argument("--no-decision-cache", action="store_true",
+                        help="turn the decision cache off: the repeated call is decided anew every time")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON document on stdout (the table then goes to stderr)")
     parser.add_argument("--echo-server", nargs=2, metavar=("ADDRESS", "REPLY_FILE"), help=argparse.SUPPRESS)
@@ -456,7 +460,7 @@ async def _bench(args: argparse.Namespace, children: Children, channels: context
 
     sidecar_sock = children.tmp / "sidecar.sock"
     sidecar_target = f"unix://{sidecar_sock}"
-    config = write_sidecar_config(children.tmp, sidecar_sock)
+    config = write_sidecar_config(children.tmp, sidecar_sock, decision_cache=not args.no_decision_cache)
     sidecar = children.start("sidecar", [sys.executable, "-m", "sidecar", "serve", "--config", str(config)],
                              pdeathsig=True)
     progress(f"sidecar: pid {sidecar.pid}, {sidecar_target}")
