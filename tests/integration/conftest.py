@@ -7,6 +7,7 @@ its ``Sidecar`` handle (``.addresses`` holds the bound ``unix:///…`` and
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -91,3 +92,34 @@ async def start_sidecar() -> AsyncIterator[StartSidecar]:
     yield start
     for sidecar in started:
         await sidecar.stop(None)
+
+
+ServeInBackground = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def serve_in_background(make_settings: Callable[..., Settings],
+                              socket_path: Path) -> AsyncIterator[ServeInBackground]:
+    """``await serve_in_background(**sections)``: run ``serve`` (test tools, Unix socket only) as a task;
+    returns its ``unix://`` target once listening. Every one is stopped at teardown."""
+    from sidecar.registry import Registry
+    from sidecar.server import serve
+    from tests.support import tools
+
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def start(**sections: dict[str, Any]) -> str:
+        settings = make_settings(server={"listen": [f"unix://{socket_path}"]}, **sections)
+        tasks.append(task := asyncio.create_task(serve(settings, registry=Registry.from_tools(tools.ALL), stop=stop)))
+        for _ in range(250):
+            if socket_path.exists():
+                return f"unix://{socket_path}"
+            if task.done():
+                task.result()  # start-up failed: raise its error
+            await asyncio.sleep(0.02)
+        raise AssertionError("the sidecar did not start")
+
+    yield start
+    stop.set()
+    await asyncio.gather(*tasks)

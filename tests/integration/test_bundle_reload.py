@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -12,13 +11,10 @@ from typing import Any
 import pytest
 
 from sidecar.client import AsyncClient
-from sidecar.config import Settings, bundled_policy_dir
+from sidecar.config import bundled_policy_dir
 from sidecar.policy.bundle import build_bundle
-from sidecar.policy.reload import ReloadStatus
-from sidecar.registry import Registry
-from sidecar.server import serve
-from tests.support import tools
 from tests.support.bundle_server import PATH, bundle_server
+from tests.support.reloading import rewrite, until_status
 from tests.support.signing_keys import key_pair
 
 pytestmark = pytest.mark.integration
@@ -37,71 +33,47 @@ def bundle(tmp_path: Path, revision: str, *, hide_echo: bool = False, key: str |
                         keyid=None if key is None else "ops")
 
 
-def replace(path: Path, content: bytes) -> None:
-    path.write_bytes(content)
-    stat = path.stat()
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-
 
 @pytest.fixture
-async def serving(make_settings: Callable[..., Settings],
-                  socket_path: Path) -> AsyncIterator[Callable[..., Awaitable[AsyncClient]]]:
-    stop = asyncio.Event()
-    tasks: list[asyncio.Task[None]] = []
+async def serving(serve_in_background: Any) -> AsyncIterator[Callable[..., Awaitable[AsyncClient]]]:
+    """Start ``serve`` on a bundle (``policy.bundle`` settings); returns a client to it."""
     clients: list[AsyncClient] = []
 
     async def start(bundle_settings: dict[str, Any]) -> AsyncClient:
-        settings = make_settings(server={"listen": [f"unix://{socket_path}"]},
-                                 policy={"bundle": bundle_settings, "reload_interval_seconds": 0.05})
-        tasks.append(asyncio.create_task(serve(settings, registry=Registry.from_tools(tools.ALL), stop=stop)))
-        for _ in range(200):
-            if socket_path.exists():
-                clients.append(client := AsyncClient(f"unix://{socket_path}", timeout=5))
-                return client
-            if tasks[-1].done():
-                tasks[-1].result()
-            await asyncio.sleep(0.02)
-        raise AssertionError("the sidecar did not start")
+        target = await serve_in_background(policy={"bundle": bundle_settings, "reload_interval_seconds": 0.05})
+        clients.append(client := AsyncClient(target, timeout=5))
+        return client
 
     yield start
     for client in clients:
         await client.close()
-    stop.set()
-    await asyncio.gather(*tasks)
 
 
-async def until(client: AsyncClient, ready: Callable[[ReloadStatus], bool]) -> ReloadStatus:
-    for _ in range(250):
-        status = await client.policy_status()
-        if ready(status):
-            return status
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"policy status never became ready: {status}")
 
 
 async def test_a_bundle_file_reloads_its_next_revision(serving: Any, tmp_path: Path) -> None:
     path = tmp_path / "toolbooth.tar.gz"
-    replace(path, bundle(tmp_path, "r1"))
+    rewrite(path, bundle(tmp_path, "r1"))
     client = await serving({"file": str(path)})
     assert (await client.policy_status()).revision == "r1"
     assert (await client.execute("echo", {"text": "x"})).meta.policy_revision == "r1"
-    replace(path, bundle(tmp_path, "r2", hide_echo=True))
-    await until(client, lambda status: status.revision == "r2")
+    rewrite(path, bundle(tmp_path, "r2", hide_echo=True))
+    await until_status(client, lambda status: status.revision == "r2")
     hidden = await client.execute("echo", {"text": "x"})
     assert hidden.error is not None and hidden.meta.policy_revision == "r2"
 
 
 async def test_a_wrongly_signed_bundle_is_refused(serving: Any, tmp_path: Path) -> None:
     path = tmp_path / "toolbooth.tar.gz"
-    replace(path, bundle(tmp_path, "r1", key=KEY.private))
+    rewrite(path, bundle(tmp_path, "r1", key=KEY.private))
     client = await serving({"file": str(path), "verification": VERIFICATION})
     assert (await client.policy_status()).revision == "r1"
-    replace(path, bundle(tmp_path, "r2", hide_echo=True, key=OTHER_KEY.private))
-    refused = await until(client, lambda status: not status.healthy)
+    rewrite(path, bundle(tmp_path, "r2", hide_echo=True, key=OTHER_KEY.private))
+    refused = await until_status(client, lambda status: not status.healthy)
     assert refused.revision == "r1" and "signature" in (refused.last_error or "").lower()
     assert (await client.execute("echo", {"text": "x"})).data is not None
-    replace(path, bundle(tmp_path, "r3"))  # unsigned, while signatures are required
-    unsigned = await until(client, lambda status: status.last_error != refused.last_error)
+    rewrite(path, bundle(tmp_path, "r3"))  # unsigned, while signatures are required
+    unsigned = await until_status(client, lambda status: status.last_error != refused.last_error)
     assert unsigned.revision == "r1" and not unsigned.healthy
 
 
@@ -113,5 +85,5 @@ async def test_a_bundle_url_is_polled_with_etags(serving: Any, tmp_path: Path) -
         await asyncio.sleep(0.2)
         assert any(etag == server.etag for etag, _ in server.seen)  # unchanged: answered 304
         server.content = bundle(tmp_path, "r2", hide_echo=True)
-        await until(client, lambda status: status.revision == "r2")
+        await until_status(client, lambda status: status.revision == "r2")
         assert (await client.execute("echo", {"text": "x"})).error is not None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -22,15 +21,11 @@ from sidecar.server import create_server
 from sidecar.server.policy_service import RELOAD_HEALTH_NAME
 from sidecar.state.sqlite import SqliteStore
 from tests.support import tools
+from tests.support.reloading import rewrite
 
 pytestmark = pytest.mark.integration
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
-
-def touch(path: Path, text: str) -> None:
-    path.write_text(text)
-    stat = path.stat()
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
 
 
 @pytest.fixture
@@ -66,7 +61,7 @@ async def test_status_follows_reloads(running: tuple[str, ReloadingEngine, Any],
         assert first.revision == reloader.revision and first.source == f"directory {policies}"
         assert first.healthy and await reload_health(address) == SERVING
 
-        touch(policies / "authz.rego", "package toolbooth.authz\n\ndecision := {")
+        rewrite(policies / "authz.rego", "package toolbooth.authz\n\ndecision := {")
         await reloader.reload_if_changed()
         refused = await client.policy_status()
         assert refused.revision == first.revision and "authz.rego" in (refused.last_error or "")
@@ -74,7 +69,7 @@ async def test_status_follows_reloads(running: tuple[str, ReloadingEngine, Any],
         served = await client.execute("echo", {"text": "still here"})
         assert served.meta.policy_revision == first.revision and served.data["text"] == "still here"
 
-        touch(policies / "authz.rego", (bundled_policy_dir() / "authz.rego").read_text() + "\n# changed\n")
+        rewrite(policies / "authz.rego", (bundled_policy_dir() / "authz.rego").read_text() + "\n# changed\n")
         await reloader.reload_if_changed()
         fixed = await client.policy_status()
         assert fixed.healthy and fixed.revision != first.revision

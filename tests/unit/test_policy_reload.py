@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from sidecar.policy import PolicyEngine, PolicyLoadError, Stage
 from sidecar.policy.factory import policy_source
 from sidecar.policy.input import PolicyInput
 from sidecar.policy.reload import ReloadingEngine, ReloadStatus
+from tests.support.reloading import rewrite
 
 DENY_ALL = 'package toolbooth.availability\n\nimport rego.v1\n\ndecision := {"allow": false, "reason": "closed"}\n'
 INPUT = PolicyInput.of({
@@ -28,12 +28,6 @@ def policies(tmp_path: Path) -> Path:
     return Path(shutil.copytree(bundled_policy_dir(), tmp_path / "toolbooth"))
 
 
-def write(path: Path, text: str) -> None:
-    """Write and move the mtime forward, so a change is seen even within one clock tick."""
-    path.write_text(text)
-    stat = path.stat()
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-
 
 async def allowed(engine: ReloadingEngine) -> bool:
     return (await engine.decide(Stage.AVAILABILITY, INPUT)).allow
@@ -43,7 +37,7 @@ async def test_a_valid_change_is_swapped_in(policies: Path) -> None:
     engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
     first = engine.revision
     assert await allowed(engine)
-    write(policies / "availability.rego", DENY_ALL)
+    rewrite(policies / "availability.rego", DENY_ALL)
     status = await engine.reload_if_changed()
     assert not await allowed(engine)
     assert status.revision == engine.revision != first and status.healthy
@@ -64,12 +58,12 @@ async def test_a_broken_change_is_refused_and_the_old_revision_serves(policies: 
         reported.append(status)
 
     engine.on_status = report
-    write(policies / "availability.rego", "package toolbooth.availability\n\ndecision := {")
+    rewrite(policies / "availability.rego", "package toolbooth.availability\n\ndecision := {")
     status = await engine.reload_if_changed()
     assert engine.revision == first and await allowed(engine)
     assert not status.healthy and "availability.rego" in (status.last_error or "")
     assert reported == [status]
-    write(policies / "availability.rego", DENY_ALL)  # fixed: the next change loads
+    rewrite(policies / "availability.rego", DENY_ALL)  # fixed: the next change loads
     assert (await engine.reload_if_changed()).healthy and not await allowed(engine)
 
 
@@ -79,7 +73,7 @@ async def test_a_failing_check_refuses_the_change(policies: Path) -> None:
             raise PolicyLoadError("policy tests failed: test_developer_sees_calculate")
 
     engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)), check=check)
-    write(policies / "availability.rego", DENY_ALL)
+    rewrite(policies / "availability.rego", DENY_ALL)
     status = await engine.reload_if_changed()
     assert await allowed(engine) and status.last_error == "policy tests failed: test_developer_sees_calculate"
 
@@ -100,7 +94,7 @@ async def test_watch_polls_until_stopped(policies: Path) -> None:
     engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
     stop = asyncio.Event()
     watcher = asyncio.create_task(engine.watch(0.01, stop))
-    write(policies / "availability.rego", DENY_ALL)
+    rewrite(policies / "availability.rego", DENY_ALL)
     for _ in range(200):
         if not await allowed(engine):
             break
