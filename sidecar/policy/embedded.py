@@ -94,8 +94,9 @@ class PolicyFiles:
         steps = [(self.root / name, engine.add_policy, (str(self.root / name), text)) for name, text in self.modules]
         if self.data is not None:
             steps.append((self.root / DATA_FILE, engine.add_data_json, (self.data,)))
-        # regorus compiles on first evaluation; a trivial query surfaces errors such as unsafe variables now.
-        steps.append((self.root, engine.eval_query, ("true",)))
+        # regorus compiles a rule when it is first evaluated: evaluating the three entry packages (with no
+        # input) surfaces errors such as unsafe variables or unknown functions now, not at the first call.
+        steps.extend((self.root, engine.eval_query, (rule.removesuffix(".decision"),)) for rule in RULES.values())
         error = next((problem for where, step, args in steps if (problem := _load_step(where, step, *args))), None)
         if error is not None:
             del engine, steps

@@ -221,3 +221,12 @@ async def test_malformed_decision_fails_closed(tmp_path: Path, stage: Stage, bod
 def test_clean_regorus_error_drops_the_backtrace() -> None:
     exc = RuntimeError("\n--> a.rego:4:7\nerror: divide by zero\n\nStack backtrace:\n   0: <unknown>\n")
     assert clean_regorus_error(exc) == "--> a.rego:4:7\nerror: divide by zero"
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ('decision := {"allow": x}', "var x is unsafe"),
+    ('decision := {"allow": undefined_function(1)}', "could not find function"),
+])
+def test_rules_that_cannot_compile_are_refused_at_load(tmp_path: Path, body: str, message: str) -> None:
+    with pytest.raises(PolicyLoadError, match=message):
+        EmbeddedEngine.load(write_policies(tmp_path, authz=body))

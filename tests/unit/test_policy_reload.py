@@ -102,3 +102,11 @@ async def test_watch_polls_until_stopped(policies: Path) -> None:
     stop.set()
     await asyncio.wait_for(watcher, 1)
     assert not await allowed(engine)
+
+
+async def test_a_rule_that_cannot_compile_is_refused(policies: Path) -> None:
+    engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
+    rewrite(policies / "availability.rego", 'package toolbooth.availability\n\nimport rego.v1\n\n'
+                                            'decision := {"allow": unknown_var}\n')
+    status = await engine.reload_if_changed()
+    assert not status.healthy and "unknown_var is unsafe" in (status.last_error or "") and await allowed(engine)
