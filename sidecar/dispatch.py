@@ -65,15 +65,16 @@ class Dispatcher:
         if remaining <= 0:
             return ErrorInfo.of(ErrorCode.TIMEOUT, "the call's deadline passed before the tool ran",
                                 side_effect=defn.side_effect)
+        deadline = asyncio.timeout(remaining)
         try:
-            async with asyncio.timeout(remaining):
+            async with deadline:
                 result = await self._invoke(defn, args, ctx)
-        except TimeoutError:
-            return ErrorInfo.of(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within "
-                                f"{remaining * 1000:.0f} ms", side_effect=defn.side_effect)
         except ToolError as exc:
             return _published(exc, defn)
-        except Exception:  # the handler's own failure: details to the log only
+        except Exception as exc:  # the handler's own failure (a TimeoutError of its own too): details to the log
+            if isinstance(exc, TimeoutError) and deadline.expired():
+                return ErrorInfo.of(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within "
+                                    f"{remaining * 1000:.0f} ms", side_effect=defn.side_effect)
             ctx.logger.exception("handler of tool %r raised", defn.name)
             return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the tool failed unexpectedly")
         return _checked_output(defn, result, ctx)

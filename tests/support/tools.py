@@ -93,6 +93,13 @@ async def big(args: Count, ctx: ToolContext) -> Text:
     return Text.model_construct(text="x" * args.count)
 
 
+@tool(name="own_timeout", version="1.0.0", side_effect=SideEffect.NONE, timeout=5,
+      retry=RetryPolicy(max_attempts=3, initial_backoff=0.001))
+async def own_timeout(args: Text, ctx: ToolContext) -> Text:
+    """A backend of the tool times out (its own TimeoutError), long before the tool's deadline."""
+    raise TimeoutError("backend read timed out")
+
+
 FLAKY = Counter()
 
 
@@ -147,5 +154,5 @@ async def delete_records(args: Text, ctx: ToolContext) -> Text:
     return args
 
 
-ALL = [echo, echo_sync, nested, boom, not_found, slow, big, flaky, create_note, file_note, send_email,
+ALL = [echo, echo_sync, nested, boom, not_found, slow, big, flaky, own_timeout, create_note, file_note, send_email,
        admin_console, delete_records]

@@ -364,3 +364,9 @@ async def test_approval_ids_are_refused_until_approvals_exist(make_pipeline: Pip
     result = await call(await make_pipeline(), "echo", {"text": "x"}, approval_id="p-1")
     assert result.error is not None and result.error.code is ErrorCode.INVALID_ARGUMENT
     assert result.error.field == "approval_id" and result.meta.attempt == 0
+
+
+async def test_a_handlers_own_timeout_error_is_not_the_deadline(make_pipeline: PipelineFactory) -> None:
+    result = await call(await make_pipeline(), "own_timeout", {"text": "x"})
+    assert result.error is not None and result.error.code is ErrorCode.INTERNAL_ERROR
+    assert result.error.message == "the tool failed unexpectedly" and result.meta.attempt == 1
