@@ -3,27 +3,26 @@
 All statements run on a single-thread executor, so claims are serialized in this
 process; ``BEGIN IMMEDIATE`` transactions keep them atomic across processes that
 share the file. ``synchronous=NORMAL`` in WAL mode survives a crash of the process.
-Queued audit events are written in batches, one transaction per batch, by a single
-drain task that lingers 5 ms: under load many calls share one thread hop and one commit.
+Queued audit events are written in batches (``AuditBatcher``), one transaction per
+batch: under load many calls share one thread hop and one commit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import astuple, fields
+from dataclasses import astuple
 from pathlib import Path
 from typing import TypeVar
 
 from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope, StoreUnavailableError
+from sidecar.state.common import AUDIT_COLUMNS, AuditBatcher, Row, audit_row, existing_claim
 
 T = TypeVar("T")
-log = logging.getLogger("toolbooth.store")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS idempotency (
@@ -40,10 +39,8 @@ CREATE TABLE IF NOT EXISTS audit (
     status TEXT NOT NULL, error_code TEXT, duration_ms INTEGER NOT NULL
 );
 """
-_AUDIT_COLUMNS = [f.name for f in fields(AuditEvent)]
-_INSERT_AUDIT = (f"INSERT INTO audit ({', '.join(_AUDIT_COLUMNS)}) "
-                 f"VALUES ({', '.join('?' * len(_AUDIT_COLUMNS))})")
-_AUDIT_LINGER_SECONDS = 0.005
+_INSERT_AUDIT = (f"INSERT INTO audit ({', '.join(AUDIT_COLUMNS)}) "
+                 f"VALUES ({', '.join('?' * len(AUDIT_COLUMNS))})")
 _KEY_WHERE = "tenant = ? AND principal_id = ? AND tool = ? AND key = ?"
 
 
@@ -53,8 +50,7 @@ class SqliteStore:
     def __init__(self, connection: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
         self._db = connection
         self._executor = executor
-        self._pending: list[tuple[object, ...]] = []
-        self._drainer: asyncio.Task[None] | None = None
+        self._audit = AuditBatcher(self._write_audit)
 
     @classmethod
     async def open(cls, path: Path, *, busy_timeout_ms: int = 5000) -> SqliteStore:
@@ -79,32 +75,23 @@ class SqliteStore:
         await self._run(lambda: self._write(f"DELETE FROM idempotency WHERE {_KEY_WHERE}", astuple(scope)))
 
     async def record_audit(self, event: AuditEvent) -> None:
-        await self._run(lambda: self._write(_INSERT_AUDIT, _row(event)))
+        await self._run(lambda: self._write(_INSERT_AUDIT, audit_row(event)))
 
     def queue_audit(self, event: AuditEvent) -> None:
-        self._pending.append(_row(event))
-        if self._drainer is None or self._drainer.done():
-            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+        self._audit.put(event)
 
     async def flush_audit(self) -> None:
-        if self._drainer is not None:
-            await asyncio.shield(self._drainer)
+        await self._audit.flush()
 
     async def audit_events(self) -> list[AuditEvent]:
         """Every audit event (queued ones included), oldest first."""
         await self.flush_audit()
-        sql = f"SELECT {', '.join(_AUDIT_COLUMNS)} FROM audit ORDER BY id"
+        sql = f"SELECT {', '.join(AUDIT_COLUMNS)} FROM audit ORDER BY id"
         rows = await self._run(lambda: self._db.execute(sql).fetchall())
         return [AuditEvent(*row) for row in rows]
 
-    async def _drain(self) -> None:
-        await asyncio.sleep(_AUDIT_LINGER_SECONDS)  # let concurrent calls join the batch
-        while self._pending:
-            rows, self._pending = self._pending, []
-            try:
-                await self._run(functools.partial(self._write_many, _INSERT_AUDIT, rows))
-            except StoreUnavailableError as exc:
-                log.error("%d audit event(s) could not be written: %s", len(rows), exc)
+    async def _write_audit(self, rows: list[Row]) -> None:
+        await self._run(functools.partial(self._write_many, _INSERT_AUDIT, rows))
 
     async def aclose(self) -> None:
         await self.flush_audit()
@@ -117,11 +104,11 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreUnavailableError(f"SQLite store error: {exc}") from exc
 
-    def _write(self, sql: str, params: tuple[object, ...]) -> None:
+    def _write(self, sql: str, params: Row) -> None:
         with self._db:
             self._db.execute(sql, params)
 
-    def _write_many(self, sql: str, rows: list[tuple[object, ...]]) -> None:
+    def _write_many(self, sql: str, rows: list[Row]) -> None:
         with self._db:
             self._db.execute("BEGIN")
             self._db.executemany(sql, rows)
@@ -136,16 +123,7 @@ class SqliteStore:
                                  "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                                  (*astuple(scope), request_hash, request_id, time.time()))
                 return Claim(ClaimState.CLAIMED)
-        stored_hash, result_json = row
-        if stored_hash != request_hash:
-            return Claim(ClaimState.REUSED)
-        if result_json is None:
-            return Claim(ClaimState.IN_PROGRESS)
-        return Claim(ClaimState.REPLAY, result_json)
-
-
-def _row(event: AuditEvent) -> tuple[object, ...]:
-    return tuple(getattr(event, column) for column in _AUDIT_COLUMNS)
+        return existing_claim(*row, request_hash)
 
 
 def _connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
