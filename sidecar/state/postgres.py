@@ -1,0 +1,141 @@
+"""PostgreSQL store: many sidecars share one database (psycopg 3, async, pooled).
+
+Statements run in autocommit mode on connections of an ``AsyncConnectionPool``. A claim
+is ``INSERT ... ON CONFLICT DO NOTHING``: the primary key decides which of any number of
+concurrent claimers, in any process, owns a key; the others then read the row that won.
+Queued audit events are written in batches (``AuditBatcher``), one transaction per batch.
+Every psycopg error (server down, pool timeout, read-only, lock timeout) becomes
+``StoreUnavailableError``; messages show the server as ``redact_dsn`` does, never a password.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import astuple
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope, StoreUnavailableError
+from sidecar.state.common import AUDIT_COLUMNS, AuditBatcher, Row, audit_row, existing_claim
+from sidecar.state.dsn import redact_dsn
+from sidecar.state.postgres_migrations import migrate
+
+_KEY_WHERE = "tenant = %s AND principal_id = %s AND tool = %s AND key = %s"
+_CLAIM = ("INSERT INTO idempotency (tenant, principal_id, tool, key, request_hash, request_id) "
+          "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING true")
+_READ_CLAIM = f"SELECT request_hash, result_json FROM idempotency WHERE {_KEY_WHERE}"
+_COMPLETE = f"UPDATE idempotency SET result_json = %s, completed_at = now() WHERE {_KEY_WHERE}"
+_RELEASE = f"DELETE FROM idempotency WHERE {_KEY_WHERE}"
+_INSERT_AUDIT = (f"INSERT INTO audit ({', '.join(AUDIT_COLUMNS)}) "
+                 f"VALUES ({', '.join(['%s'] * len(AUDIT_COLUMNS))})")
+_SELECT_AUDIT = f"SELECT {', '.join(AUDIT_COLUMNS)} FROM audit ORDER BY id"
+# The row an INSERT conflicted with can be released before the SELECT reads it; then the claim starts over.
+# Each new start means another claim won meanwhile; a key churned this often fails as unavailable (retryable).
+_CLAIM_ATTEMPTS = 10
+
+
+class PostgresStore:
+    """The ``Store`` for many replicas: a PostgreSQL database."""
+
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]], where: str) -> None:
+        self._pool = pool
+        self._where = where
+        self._audit = AuditBatcher(self._write_audit)
+
+    @classmethod
+    async def open(cls, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 5.0,
+                   lock_timeout_ms: int = 5000) -> PostgresStore:
+        """Migrate the schema of the database at ``dsn``, then open a pool of connections to it."""
+        where = redact_dsn(dsn)
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": max(1, math.ceil(connect_timeout))}
+        try:
+            async with await AsyncConnection.connect(dsn, **kwargs) as conn:
+                await migrate(conn)
+            pool = await _open_pool(dsn, kwargs, min_size=min_size, max_size=max_size, timeout=connect_timeout,
+                                    lock_timeout_ms=lock_timeout_ms)
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(f"cannot open the PostgreSQL store at {where}: {_reason(exc)}") from exc
+        return cls(pool, where)
+
+    async def claim(self, scope: KeyScope, request_hash: str, request_id: str) -> Claim:
+        async with self._connection() as conn:
+            for _ in range(_CLAIM_ATTEMPTS):
+                if await (await conn.execute(_CLAIM, (*astuple(scope), request_hash, request_id))).fetchone():
+                    return Claim(ClaimState.CLAIMED)
+                row = await (await conn.execute(_READ_CLAIM, astuple(scope))).fetchone()
+                if row is not None:
+                    return existing_claim(*row, request_hash)
+        raise StoreUnavailableError(f"idempotency key {scope.key!r} was released {_CLAIM_ATTEMPTS} times "
+                                    "while being claimed")
+
+    async def complete(self, scope: KeyScope, result_json: str) -> None:
+        async with self._connection() as conn:
+            await conn.execute(_COMPLETE, (result_json, *astuple(scope)))
+
+    async def release(self, scope: KeyScope) -> None:
+        async with self._connection() as conn:
+            await conn.execute(_RELEASE, astuple(scope))
+
+    async def record_audit(self, event: AuditEvent) -> None:
+        async with self._connection() as conn:
+            await conn.execute(_INSERT_AUDIT, audit_row(event))
+
+    def queue_audit(self, event: AuditEvent) -> None:
+        self._audit.put(event)
+
+    async def flush_audit(self) -> None:
+        await self._audit.flush()
+
+    async def audit_events(self) -> list[AuditEvent]:
+        """Every audit event (queued ones included), oldest first."""
+        await self.flush_audit()
+        async with self._connection() as conn:
+            rows = await (await conn.execute(_SELECT_AUDIT)).fetchall()
+        return [AuditEvent(*row) for row in rows]
+
+    async def aclose(self) -> None:
+        await self.flush_audit()
+        await self._pool.close()
+
+    async def _write_audit(self, rows: list[Row]) -> None:
+        async with self._connection() as conn, conn.transaction(), conn.cursor() as cursor:
+            await cursor.executemany(_INSERT_AUDIT, rows)
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection; psycopg errors (the pool's included) become ``StoreUnavailableError``."""
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(f"PostgreSQL store at {self._where}: {_reason(exc)}") from exc
+
+
+async def _open_pool(dsn: str, kwargs: dict[str, Any], *, min_size: int, max_size: int, timeout: float,
+                     lock_timeout_ms: int) -> AsyncConnectionPool[AsyncConnection[Any]]:
+    """A pool with ``min_size`` connections ready; ``timeout`` also bounds the wait for a free connection."""
+    pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+        dsn, kwargs=kwargs, min_size=min_size, max_size=max_size, timeout=timeout, open=False, name="toolbooth",
+        configure=functools.partial(_configure, lock_timeout_ms=lock_timeout_ms))
+    try:
+        await pool.open(wait=True, timeout=timeout)
+    except BaseException:
+        await pool.close()
+        raise
+    return pool
+
+
+async def _configure(conn: AsyncConnection[Any], *, lock_timeout_ms: int) -> None:
+    """Bound lock waits of each new connection, as SQLite's busy timeout does."""
+    await conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{lock_timeout_ms}ms",))
+
+
+def _reason(exc: psycopg.Error) -> str:
+    """The error's class and its message on one line."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
