@@ -294,7 +294,7 @@ def describe_settings(settings: Settings) -> str:
         f"  listen:  {', '.join(settings.server.listen)}",
         f"  auth:    {settings.auth.effective_mode.value}",
         f"  policy:  {settings.policy.engine} {settings.policy.path}",
-        f"  store:   sqlite {settings.store.sqlite_path}",
+        f"  store:   {settings.store.describe()}",
     ])
 
 

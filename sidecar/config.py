@@ -25,11 +25,13 @@ from pydantic import (
     FilePath,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from sidecar.contract import Principal
+from sidecar.state.dsn import dsn_parts, redact_dsn
 
 ENV_PREFIX = "TOOLBOOTH_"
 UNIX_PREFIX = "unix://"
@@ -256,8 +258,36 @@ class PolicySettings(_Section):
 
 
 class StoreSettings(_Section):
+    """A SQLite file by default; a PostgreSQL database, shared by many replicas, when ``postgres_dsn`` is set."""
+
     sqlite_path: Path = Field(default_factory=lambda: default_state_dir() / "toolbooth.db")
-    busy_timeout_ms: int = Field(default=5000, gt=0)
+    busy_timeout_ms: int = Field(default=5000, gt=0)  # lock wait: SQLite's busy timeout, PostgreSQL's lock_timeout
+    postgres_dsn: SecretStr | None = Field(default=None, min_length=1)
+    pool_min_size: int = Field(default=1, ge=0)
+    pool_max_size: int = Field(default=10, gt=0)
+    connect_timeout_seconds: float = Field(default=5.0, gt=0)  # also the wait for a free pooled connection
+
+    @field_validator("postgres_dsn")
+    @classmethod
+    def _valid_dsn(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            dsn_parts(value.get_secret_value())
+        return value
+
+    @field_validator("pool_max_size")
+    @classmethod
+    def _max_not_below_min(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("pool_min_size")
+        if low is not None and value < low:
+            raise ValueError(f"must be at least pool_min_size ({low})")
+        return value
+
+    def describe(self) -> str:
+        """The store in one line, for people: never with the database password."""
+        if self.postgres_dsn is None:
+            return f"sqlite {self.sqlite_path}"
+        dsn = redact_dsn(self.postgres_dsn.get_secret_value())
+        return f"postgres {dsn} (pool {self.pool_min_size}-{self.pool_max_size})"
 
 
 class Limits(_Section):

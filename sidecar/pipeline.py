@@ -40,6 +40,7 @@ from sidecar.policy.factory import close_engine, open_reloading, with_cache
 from sidecar.policy.input import InputParts, call_json, now_utc, principal_json, tool_json
 from sidecar.registry import Registry
 from sidecar.state import AuditEvent, ClaimState, KeyScope, Store, StoreUnavailableError
+from sidecar.state.factory import open_store
 from sidecar.validation import ArgumentError, parse_arguments
 
 log = logging.getLogger("toolbooth.pipeline")
@@ -334,13 +335,11 @@ def _tool_logger(name: str) -> logging.Logger:
 async def build_pipeline(settings: Settings, *, registry: Registry | None = None,
                          policy: PolicyEngine | None = None) -> Pipeline:
     """Load plugins (unless ``registry`` is given) and policies (unless ``policy`` is), open the store."""
-    from sidecar.state.sqlite import SqliteStore
-
     if registry is None:
         registry = Registry.from_entry_points(allow=settings.plugins.allow)
     engine = policy or with_cache(await open_reloading(settings.policy), settings.policy)
     try:
-        store = await SqliteStore.open(settings.store.sqlite_path, busy_timeout_ms=settings.store.busy_timeout_ms)
+        store = await open_store(settings.store)
     except BaseException:
         await close_engine(engine)
         raise

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar import cli
 from sidecar.config import AuthMode, ConfigError, load_settings, parse_settings
 
 
@@ -71,6 +72,13 @@ def test_jwt_mode_is_chosen_by_a_jwt_section() -> None:
     ({"policy": {"cache": {"ttl_seconds": 0}}}, "config error at policy.cache.ttl_seconds"),
     ({"policy": {"cache": {"max_entries": 0}}}, "config error at policy.cache.max_entries"),
     ({"policy": {"cache": {"size": 1}}}, "config error at policy.cache.size: unknown key"),
+    ({"store": {"postgres_dsn": ""}}, "config error at store.postgres_dsn: Value should have at least 1"),
+    ({"store": {"postgres_dsn": "host"}}, "config error at store.postgres_dsn: not a valid PostgreSQL connection"),
+    ({"store": {"pool_min_size": -1}}, "config error at store.pool_min_size: Input should be greater than or equal"),
+    ({"store": {"pool_max_size": 0}}, "config error at store.pool_max_size: Input should be greater than 0"),
+    ({"store": {"pool_min_size": 5, "pool_max_size": 2}},
+     "config error at store.pool_max_size: must be at least pool_min_size (5)"),
+    ({"store": {"connect_timeout_seconds": 0}}, "config error at store.connect_timeout_seconds: Input should be"),
 ])
 def test_errors_name_the_key(raw: dict[str, object], expected: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -155,3 +163,28 @@ def test_opa_tls_errors_name_the_key(tmp_path: Path, url: str, keys: list[str], 
 def test_bundle_combinations_that_cannot_work(policy: dict[str, object], expected: str) -> None:
     with pytest.raises(ConfigError, match=expected):
         parse_settings({"policy": policy})
+
+
+def test_postgres_store_settings() -> None:
+    env = {"TOOLBOOTH_STORE__POSTGRES_DSN": "postgresql://tb:s3cret@db.internal:6432/toolbooth?sslmode=require",
+           "TOOLBOOTH_STORE__POOL_MAX_SIZE": "20"}
+    store = load_settings(None, env).store
+    assert store.postgres_dsn is not None and "s3cret" in store.postgres_dsn.get_secret_value()
+    assert (store.pool_min_size, store.pool_max_size, store.connect_timeout_seconds) == (1, 20, 5.0)
+    assert "s3cret" not in repr(store)
+    assert store.describe() == "postgres postgresql://tb@db.internal:6432/toolbooth (pool 1-20)"
+    assert load_settings(None, {}).store.describe().startswith("sqlite /")
+
+
+@pytest.mark.parametrize("dsn", ["host=db password=s3cret dbname=tb", "postgresql://tb:s3cret@db/tb",
+                                 "host=db password='s3cret", "postgresql://tb:s3cret@[db/tb"])
+def test_the_dsn_password_is_never_shown(dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        shown = parse_settings({"store": {"postgres_dsn": dsn}}).store.describe()
+    except ConfigError as exc:
+        shown = str(exc)
+    assert "s3cret" not in shown and "postgres" in shown
+    config = write(tmp_path, f"store:\n  postgres_dsn: \"{dsn}\"\n")
+    cli.main(["config", "validate", "--config", str(config)])
+    output = capsys.readouterr()
+    assert "s3cret" not in output.out + output.err and "postgres" in output.out + output.err

@@ -1,0 +1,19 @@
+"""Opening the configured store."""
+
+from __future__ import annotations
+
+from sidecar.config import StoreSettings
+from sidecar.state import Store
+from sidecar.state.sqlite import SqliteStore
+
+
+async def open_store(settings: StoreSettings) -> Store:
+    """The PostgreSQL store when ``postgres_dsn`` is set, else the SQLite file."""
+    if settings.postgres_dsn is not None:
+        from sidecar.state.postgres import PostgresStore  # imports psycopg: only when configured
+
+        return await PostgresStore.open(settings.postgres_dsn.get_secret_value(), min_size=settings.pool_min_size,
+                                        max_size=settings.pool_max_size,
+                                        connect_timeout=settings.connect_timeout_seconds,
+                                        lock_timeout_ms=settings.busy_timeout_ms)
+    return await SqliteStore.open(settings.sqlite_path, busy_timeout_ms=settings.busy_timeout_ms)
