@@ -11,7 +11,7 @@ from sidecar.policy.bundle_fetch import BundleFetcher
 from sidecar.policy.bundle_signing import VerificationConfig
 from sidecar.policy.cache import CachingEngine
 from sidecar.policy.embedded import EmbeddedEngine, checked_files
-from sidecar.policy.reload import Check, PolicySource, ReloadingEngine
+from sidecar.policy.reload import PolicySource, ReloadingEngine
 from sidecar.policy.sources import BundleSource, DirectorySource, FixedSource
 from sidecar.policy.testing import Outcome, run_tests
 
@@ -38,7 +38,18 @@ def policy_source(settings: PolicySettings) -> PolicySource:
         if bundle.file is not None:
             return BundleSource.from_file(bundle.file, verification)
         return BundleSource.from_url(BundleFetcher.from_settings(bundle), verification)
-    return DirectorySource(settings.path, lambda: open_engine(settings))
+    return DirectorySource(settings.path, lambda: _load_directory(settings))
+
+
+async def _load_directory(settings: PolicySettings) -> PolicyEngine:
+    """Compile ``policy.path`` here (and run its tests when required) before any engine serves it:
+    an OPA server only ever receives a set that passed."""
+    files = await asyncio.to_thread(checked_files, settings.path)
+    if settings.reload_requires_tests:
+        await _require_passing_tests(settings.path)
+    if settings.engine is PolicyEngineKind.OPA:
+        return await open_engine(settings)
+    return EmbeddedEngine(files)
 
 
 def reload_interval(settings: PolicySettings) -> float:
@@ -54,18 +65,14 @@ async def open_reloading(settings: PolicySettings) -> ReloadingEngine:
     With ``policy.reload_requires_tests`` every set — the first one too — must pass
     the ``*_test.rego`` tests of ``policy.path`` before it serves.
     """
-    check = _tests_pass(settings.path) if settings.reload_requires_tests else None
-    return await ReloadingEngine.start(policy_source(settings), check=check)
+    return await ReloadingEngine.start(policy_source(settings))
 
 
-def _tests_pass(root: Path) -> Check:
-    async def check(engine: PolicyEngine) -> None:
-        report = await asyncio.to_thread(run_tests, root)
-        if not report.passed:
-            failed = [test.rule for test in report.tests if test.outcome is not Outcome.PASS]
-            raise PolicyLoadError(f"policy tests under {root} failed: {', '.join(failed) or 'no tests found'}")
-
-    return check
+async def _require_passing_tests(root: Path) -> None:
+    report = await asyncio.to_thread(run_tests, root)
+    if not report.passed:
+        failed = [test.rule for test in report.tests if test.outcome is not Outcome.PASS]
+        raise PolicyLoadError(f"policy tests under {root} failed: {', '.join(failed) or 'no tests found'}")
 
 
 def with_cache(engine: PolicyEngine, settings: PolicySettings) -> PolicyEngine:

@@ -2,10 +2,12 @@
 
 ``ReloadingEngine`` is a ``PolicyEngine`` that delegates to the engine in force.
 ``watch`` polls the source's fingerprint; when it changes, the new policy set is
-loaded and (optionally) checked — e.g. its Rego tests run — and only then swapped
-in. A set that fails to load or to pass the check is refused: the old revision
+loaded — compiled and, if required, tested — and only then swapped in. A set that
+fails to load is refused: the old revision
 keeps serving, the refusal is logged, and ``status`` reports it until a later
 change loads. The swap happens on the event-loop thread, between two decisions.
+Any check of a new set (compiling it, running its tests) belongs to the source's
+``load``, so nothing is handed to an engine before it passed.
 """
 
 from __future__ import annotations
@@ -21,9 +23,6 @@ from sidecar.policy import Decision, PolicyEngine, PolicyLoadError, Stage, close
 from sidecar.policy.input import PolicyInput
 
 log = logging.getLogger("toolbooth.policy.reload")
-
-Check = Callable[[PolicyEngine], Awaitable[None]]
-
 
 class PolicySource(Protocol):
     """Where policies come from: a directory, a bundle file or a bundle URL."""
@@ -58,20 +57,16 @@ class ReloadStatus:
 class ReloadingEngine:
     """A ``PolicyEngine`` whose policy set can be replaced while it serves."""
 
-    def __init__(self, source: PolicySource, engine: PolicyEngine, fingerprint: str, *,
-                 check: Check | None = None) -> None:
-        self._source, self._engine, self._seen, self._check = source, engine, fingerprint, check
+    def __init__(self, source: PolicySource, engine: PolicyEngine, fingerprint: str) -> None:
+        self._source, self._engine, self._seen = source, engine, fingerprint
         self.status = ReloadStatus(source.description, engine.revision, _now())
         self.on_status: Callable[[ReloadStatus], Awaitable[None]] | None = None
 
     @classmethod
-    async def start(cls, source: PolicySource, *, check: Check | None = None) -> ReloadingEngine:
+    async def start(cls, source: PolicySource) -> ReloadingEngine:
         """Load the first policy set; failing here stops start-up."""
         fingerprint = await source.fingerprint()
-        engine = await source.load()
-        if check is not None:
-            await check(engine)
-        return cls(source, engine, fingerprint, check=check)
+        return cls(source, await source.load(), fingerprint)
 
     @property
     def revision(self) -> str:
@@ -84,15 +79,13 @@ class ReloadingEngine:
         return await self._engine.decide_many(stage, inputs)
 
     async def reload_if_changed(self) -> ReloadStatus:
-        """Look at the source once; load, check and swap in a changed policy set."""
+        """Look at the source once; load and swap in a changed policy set."""
         fingerprint = await self._source.fingerprint()
         if fingerprint == self._seen:
             return self.status
         self._seen = fingerprint  # a refused set is not retried until it changes again
         try:
             engine = await self._source.load()
-            if self._check is not None:
-                await self._check(engine)
         except PolicyLoadError as exc:
             log.error("policy reload refused, revision %s keeps serving: %s", self.revision, exc)
             await self._set(replace(self.status, last_attempt_at=_now(), last_error=str(exc)))

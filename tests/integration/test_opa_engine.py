@@ -28,9 +28,10 @@ from cryptography.x509.oid import NameOID
 from sidecar.config import PolicyEngineKind, PolicySettings, bundled_policy_dir
 from sidecar.policy import PolicyEngine, PolicyLoadError, Stage
 from sidecar.policy.embedded import EmbeddedEngine
-from sidecar.policy.factory import close_engine, open_engine
+from sidecar.policy.factory import close_engine, open_engine, open_reloading
 from sidecar.policy.input import PolicyInput
 from tests.support.fake_opa import FakeOpa
+from tests.support.reloading import rewrite
 
 pytestmark = pytest.mark.integration
 
@@ -221,3 +222,26 @@ async def test_tls_presents_the_client_certificate(open_opa: Open, pki: dict[str
 async def test_an_unusable_client_certificate_names_the_key(open_opa: Open, pki: dict[str, Path]) -> None:
     with pytest.raises(PolicyLoadError, match=r"policy\.opa\.tls\.cert_file: cannot load the client certificate"):
         await open_opa("https://127.0.0.1:1", tls={"cert_file": str(pki["ca"]), "key_file": str(pki["server_key"])})
+
+
+@pytest.mark.parametrize("breakage", ["tests fail", "does not compile"])
+async def test_a_refused_reload_never_reaches_opa(opa: FakeOpa, tmp_path: Path, breakage: str) -> None:
+    path = Path(shutil.copytree(bundled_policy_dir(), tmp_path / "policies"))
+    settings = PolicySettings.model_validate({"engine": "opa", "path": str(path), "reload_requires_tests": True,
+                                              "opa": {"url": opa.url, "timeout_seconds": 5}})
+    reloader = await open_reloading(settings)
+    try:
+        before = served_authz(opa)
+        if breakage == "tests fail":
+            rewrite(path / "authz.rego", before.replace("missing permission(s)", "lacking"))
+        else:
+            rewrite(path / "authz.rego", 'package toolbooth.authz\n\nimport rego.v1\n\ndecision := {"allow": x}\n')
+        status = await reloader.reload_if_changed()
+        assert not status.healthy and served_authz(opa) == before
+    finally:
+        await close_engine(reloader)
+
+
+def served_authz(opa: FakeOpa) -> str:
+    with urllib.request.urlopen(f"{opa.url}/v1/policies", timeout=5) as response:
+        return next(str(p["raw"]) for p in json.load(response)["result"] if p["id"] == "toolbooth/authz.rego")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import PolicySettings, bundled_policy_dir
-from sidecar.policy import PolicyEngine, PolicyLoadError, Stage
+from sidecar.policy import PolicyLoadError, Stage
 from sidecar.policy.factory import policy_source
 from sidecar.policy.input import PolicyInput
 from sidecar.policy.reload import ReloadingEngine, ReloadStatus
@@ -67,15 +67,17 @@ async def test_a_broken_change_is_refused_and_the_old_revision_serves(policies: 
     assert (await engine.reload_if_changed()).healthy and not await allowed(engine)
 
 
-async def test_a_failing_check_refuses_the_change(policies: Path) -> None:
-    async def check(engine: PolicyEngine) -> None:
-        if not (await engine.decide(Stage.AVAILABILITY, INPUT)).allow:
-            raise PolicyLoadError("policy tests failed: test_developer_sees_calculate")
-
-    engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)), check=check)
-    rewrite(policies / "availability.rego", DENY_ALL)
+async def test_failing_policy_tests_refuse_the_change(policies: Path) -> None:
+    engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies, reload_requires_tests=True)))
+    rewrite(policies / "gate_test.rego", "package toolbooth.gate_test\n\nimport rego.v1\n\ntest_never if false\n")
     status = await engine.reload_if_changed()
-    assert await allowed(engine) and status.last_error == "policy tests failed: test_developer_sees_calculate"
+    assert await allowed(engine) and "data.toolbooth.gate_test.test_never" in (status.last_error or "")
+
+
+async def test_failing_policy_tests_stop_start_up(policies: Path) -> None:
+    rewrite(policies / "gate_test.rego", "package toolbooth.gate_test\n\nimport rego.v1\n\ntest_never if false\n")
+    with pytest.raises(PolicyLoadError, match=r"policy tests under .* failed"):
+        await ReloadingEngine.start(policy_source(PolicySettings(path=policies, reload_requires_tests=True)))
 
 
 async def test_a_broken_start_fails(tmp_path: Path) -> None:
