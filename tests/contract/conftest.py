@@ -1,0 +1,32 @@
+"""The PostgreSQL server for the store tests: required when ``CI=true``, else skipped if unreachable."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from sidecar.state.dsn import redact_dsn
+from tests.support.postgres import ADMIN_DSN, PostgresServer
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A database for this session on the test server, dropped at the end."""
+    try:
+        server = PostgresServer.create()
+    except psycopg.OperationalError as exc:
+        message = f"PostgreSQL at {redact_dsn(ADMIN_DSN)} is unreachable: {' '.join(str(exc).split())}"
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            pytest.fail(f"{message} (CI=true: the PostgreSQL tests must run)")
+        pytest.skip(message)
+    yield server
+    server.drop()
+
+
+@pytest.fixture
+def postgres_dsn(postgres: PostgresServer) -> str:
+    """The DSN of an empty schema of this test's own."""
+    return postgres.new_schema()

@@ -1,0 +1,258 @@
+"""The ``Store`` contract, run against every backend: SQLite and PostgreSQL.
+
+A second store opened by ``backend.open()`` shares the first one's database, as a
+second sidecar process would: claims must be atomic across them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope, StoreUnavailableError
+from sidecar.state.postgres import PostgresStore
+from sidecar.state.sqlite import SqliteStore
+from tests.support.postgres import closed_port_dsn
+
+AnyStore = SqliteStore | PostgresStore
+SCOPE = KeyScope("acme", "dev-1", "create_note", "key-1")
+
+
+class SqliteBackend:
+    """Stores on one SQLite file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def open(self, *, lock_timeout_ms: int = 5000) -> SqliteStore:
+        return await SqliteStore.open(self.path, busy_timeout_ms=lock_timeout_ms)
+
+    async def open_unreachable(self) -> SqliteStore:
+        """A store whose file cannot be created: its directory would be a regular file."""
+        blocker = self.path.parent / "not-a-directory"
+        blocker.write_text("")
+        return await SqliteStore.open(blocker / "store.db")
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Another connection holds the write lock."""
+        other = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            other.execute("BEGIN EXCLUSIVE")
+            yield
+        finally:
+            other.close()
+
+
+class PostgresBackend:
+    """Stores on one PostgreSQL schema, each with a pool of its own."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    async def open(self, *, lock_timeout_ms: int = 5000) -> PostgresStore:
+        return await PostgresStore.open(self.dsn, lock_timeout_ms=lock_timeout_ms, connect_timeout=2)
+
+    async def open_unreachable(self) -> PostgresStore:
+        return await PostgresStore.open(closed_port_dsn(self.dsn), connect_timeout=2)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Another connection holds an exclusive lock on both tables."""
+        with psycopg.connect(self.dsn) as other:
+            other.execute("LOCK TABLE idempotency, audit IN ACCESS EXCLUSIVE MODE")
+            yield
+            other.rollback()
+
+
+Backend = SqliteBackend | PostgresBackend
+
+
+class Stores:
+    """Opens stores on one backend; closes the ones still open at teardown."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._open: list[AnyStore] = []
+
+    async def open(self, **options: Any) -> AnyStore:
+        store = await self.backend.open(**options)
+        self._open.append(store)
+        return store
+
+    async def close(self, store: AnyStore) -> None:
+        self._open.remove(store)
+        await store.aclose()
+
+    async def close_all(self) -> None:
+        for store in list(self._open):
+            await self.close(store)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
+    if request.param == "sqlite":
+        backend: Backend = SqliteBackend(tmp_path / "store.db")
+    else:
+        backend = PostgresBackend(request.getfixturevalue("postgres_dsn"))
+    stores = Stores(backend)
+    yield stores
+    await stores.close_all()
+
+
+@pytest.fixture
+async def store(stores: Stores) -> AnyStore:
+    return await stores.open()
+
+
+def event(n: int, **fields: Any) -> AuditEvent:
+    return AuditEvent(**{
+        "request_id": f"req-{n}", "time": f"2026-01-01T00:00:{n:02d}.000+00:00", "principal_id": "dev-1",
+        "tenant": "acme", "tool": "create_note", "tool_version": "1.0.0", "input_hash": f"sha256:{n:064x}",
+        "decisions_json": '{"authz": {"allow": true}}', "policy_revision": "sha256:rev", "idempotency_key": None,
+        "call_id": None, "conversation_id": "c-1", "status": "success", "error_code": None, "duration_ms": n,
+        **fields})
+
+
+# --- idempotency ------------------------------------------------------------------------------
+
+
+async def test_claim_in_progress_reused_replay(store: AnyStore) -> None:
+    assert await store.claim(SCOPE, "hash-a", "r1") == Claim(ClaimState.CLAIMED)
+    assert await store.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.IN_PROGRESS)
+    assert await store.claim(SCOPE, "hash-b", "r3") == Claim(ClaimState.REUSED)
+    await store.complete(SCOPE, '{"count": 1}')
+    assert await store.claim(SCOPE, "hash-a", "r4") == Claim(ClaimState.REPLAY, '{"count": 1}')
+    assert await store.claim(SCOPE, "hash-b", "r5") == Claim(ClaimState.REUSED)
+
+
+async def test_release_frees_the_key(store: AnyStore) -> None:
+    await store.claim(SCOPE, "hash-a", "r1")
+    await store.release(SCOPE)
+    assert await store.claim(SCOPE, "hash-b", "r2") == Claim(ClaimState.CLAIMED)
+    assert await store.claim(SCOPE, "hash-b", "r3") == Claim(ClaimState.IN_PROGRESS)
+
+
+@pytest.mark.parametrize("other", [replace(SCOPE, tenant="globex"), replace(SCOPE, principal_id="dev-2"),
+                                   replace(SCOPE, tool="send_email"), replace(SCOPE, key="key-2")],
+                         ids=["tenant", "principal", "tool", "key"])
+async def test_keys_are_scoped(store: AnyStore, other: KeyScope) -> None:
+    await store.claim(SCOPE, "hash-a", "r1")
+    assert await store.claim(other, "hash-b", "r2") == Claim(ClaimState.CLAIMED)
+    await store.complete(other, "{}")
+    assert await store.claim(SCOPE, "hash-a", "r3") == Claim(ClaimState.IN_PROGRESS)
+
+
+async def test_concurrent_claims_have_one_winner(stores: Stores, store: AnyStore) -> None:
+    second = await stores.open()  # another sidecar on the same database
+    claims = await asyncio.gather(*(s.claim(SCOPE, "hash-a", f"r{i}") for i, s in enumerate([store, second] * 32)))
+    assert Counter(c.state for c in claims) == {ClaimState.CLAIMED: 1, ClaimState.IN_PROGRESS: 63}
+
+
+async def test_concurrent_claims_of_many_keys(stores: Stores, store: AnyStore) -> None:
+    second = await stores.open()
+    scopes = [replace(SCOPE, key=f"key-{n}") for n in range(8)]
+    claims = await asyncio.gather(*(s.claim(scope, "hash-a", "r") for scope in scopes for s in (store, second) * 4))
+    won = [c.state is ClaimState.CLAIMED for c in claims]
+    assert [sum(won[n * 8:(n + 1) * 8]) for n in range(8)] == [1] * 8
+
+
+async def test_completed_key_replays_in_another_store(stores: Stores, store: AnyStore) -> None:
+    await store.claim(SCOPE, "hash-a", "r1")
+    await store.complete(SCOPE, '{"id": 7}')
+    second = await stores.open()
+    assert await second.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.REPLAY, '{"id": 7}')
+
+
+async def test_key_released_by_one_store_is_claimed_by_another(stores: Stores, store: AnyStore) -> None:
+    second = await stores.open()
+    await store.claim(SCOPE, "hash-a", "r1")
+    assert await second.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.IN_PROGRESS)
+    await store.release(SCOPE)
+    assert await second.claim(SCOPE, "hash-a", "r3") == Claim(ClaimState.CLAIMED)
+
+
+async def test_claims_racing_releases_never_share_a_key(stores: Stores, store: AnyStore) -> None:
+    second = await stores.open()
+    holders: list[str] = []
+
+    async def churn(name: str, s: AnyStore) -> None:
+        for n in range(40):
+            if (await s.claim(SCOPE, "hash-a", f"{name}-{n}")).state is ClaimState.CLAIMED:
+                assert holders == [], f"{name} claimed a key {holders} still held"
+                holders.append(name)
+                await asyncio.sleep(0)
+                holders.remove(name)
+                await s.release(SCOPE)
+
+    await asyncio.gather(*(churn(f"{n}", s) for n, s in enumerate([store, second] * 3)))
+
+
+# --- audit ------------------------------------------------------------------------------------
+
+
+async def test_audit_keeps_order(store: AnyStore) -> None:
+    events = [event(n) for n in range(30)]
+    await store.record_audit(events[0])
+    for e in events[1:15]:
+        store.queue_audit(e)
+    await store.flush_audit()
+    await store.record_audit(events[15])
+    for e in events[16:]:
+        store.queue_audit(e)
+    assert await store.audit_events() == events
+
+
+async def test_audit_fields_round_trip(store: AnyStore) -> None:
+    full = event(1, idempotency_key="k", call_id="m-1", error_code="TIMEOUT", status="error")
+    await store.record_audit(full)
+    await store.record_audit(event(2, conversation_id=None))
+    assert await store.audit_events() == [full, event(2, conversation_id=None)]
+
+
+async def test_flushed_events_are_seen_by_another_store(stores: Stores, store: AnyStore) -> None:
+    for n in range(5):
+        store.queue_audit(event(n))
+    await store.flush_audit()
+    second = await stores.open()
+    assert [e.request_id for e in await second.audit_events()] == [f"req-{n}" for n in range(5)]
+
+
+async def test_aclose_writes_queued_events(stores: Stores) -> None:
+    first = await stores.open()
+    first.queue_audit(event(1))
+    await stores.close(first)
+    second = await stores.open()
+    assert await second.audit_events() == [event(1)]
+
+
+# --- failures ---------------------------------------------------------------------------------
+
+
+async def test_unreachable_store_is_unavailable(stores: Stores) -> None:
+    with pytest.raises(StoreUnavailableError, match="cannot open"):
+        await stores.backend.open_unreachable()
+
+
+async def test_locked_store_is_unavailable_until_unlocked(stores: Stores, caplog: pytest.LogCaptureFixture) -> None:
+    store = await stores.open(lock_timeout_ms=50)
+    with stores.backend.locked():
+        with pytest.raises(StoreUnavailableError):
+            await store.claim(SCOPE, "hash-a", "r1")
+        with pytest.raises(StoreUnavailableError):
+            await store.record_audit(event(1))
+        store.queue_audit(event(2))
+        await store.flush_audit()  # a queued event that cannot be written is logged, not raised
+    assert "1 audit event(s) could not be written" in caplog.text
+    assert await store.claim(SCOPE, "hash-a", "r3") == Claim(ClaimState.CLAIMED)
+    await store.record_audit(event(3))
+    assert await store.audit_events() == [event(3)]
