@@ -28,13 +28,12 @@ from sidecar.contract import (
     ErrorInfo,
     Principal,
     ResultMeta,
-    SideEffect,
     Status,
     ToolListing,
     ToolResult,
 )
 from sidecar.dispatch import Dispatcher
-from sidecar.plugin import ToolContext, ToolDefinition
+from sidecar.plugin import NAME_PATTERN, ToolContext, ToolDefinition
 from sidecar.policy import Decision, MalformedDecisionError, PolicyEngine, PolicyEvaluationError, Stage
 from sidecar.policy.factory import close_engine, open_reloading, with_cache
 from sidecar.policy.input import InputParts, call_json, now_utc, principal_json, tool_json
@@ -86,6 +85,7 @@ class Pipeline:
     def __init__(self, *, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits) -> None:
         self.registry, self.policy, self.store, self.limits = registry, policy, store, limits
         self._dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads)
+        self._detached: set[asyncio.Task[ToolResult]] = set()
         self._tool_json = {defn.name: tool_json(defn) for defn in registry}
 
     async def list_tools(self, principal: Principal, *, conversation_id: str | None = None) -> ToolListing:
@@ -120,7 +120,11 @@ class Pipeline:
         return result
 
     async def aclose(self) -> None:
-        """Release the handler pool, the store and the policy engine."""
+        """Let started writes finish and be recorded, then release the handler pool, the store and the policy
+        engine (each write is bounded by its own deadline)."""
+        if self._detached:
+            log.info("waiting for %d started write(s) to finish", len(self._detached))
+            await asyncio.gather(*self._detached, return_exceptions=True)
         self._dispatcher.close()
         await self.store.aclose()
         await close_engine(self.policy)
@@ -135,28 +139,40 @@ class Pipeline:
         call.call_json = call_json(call.arguments, call.request)
         await self._authorize(call)
         await self._check_approval(call)
-        if defn.requires_idempotency_key and (replay := await self._claim(call)) is not None:
-            return replay
-        if defn.side_effect is SideEffect.NONE:
+        if not defn.requires_idempotency_key:
             return await self._dispatch(call, caller_deadline)
-        await self._audit_before_dispatch(call)
+        # From its claim on, a keyed call runs to its end and is recorded even if the caller goes
+        # away: a claimed key is always completed or released, never left "in progress".
         call.detached = True
-        return await asyncio.shield(self._dispatch_recorded(call, caller_deadline))
+        task = asyncio.create_task(self._keyed(call, caller_deadline))
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+        return await asyncio.shield(task)
 
-    async def _dispatch_recorded(self, call: _Call, caller_deadline: float | None) -> ToolResult:
-        result = await self._dispatch(call, caller_deadline)
+    async def _keyed(self, call: _Call, caller_deadline: float | None) -> ToolResult:
+        """Claim the key, record the dispatch, run the handler, store and audit the outcome."""
+        try:
+            result = await self._claim(call)
+            if result is None:
+                await self._audit_before_dispatch(call)
+                result = await self._dispatch(call, caller_deadline)
+        except _Stop as stop:
+            result = self._result(call, stop.status, errors=stop.errors)
         self._audit(call, result)
         return result
 
     async def _resolve(self, call: _Call) -> ToolDefinition[Any, Any]:
+        """The tool, if it exists and availability allows it. An unknown name is decided too (on a
+        stand-in tool, answer ignored), so that a failing engine or its latency tells nothing apart."""
         defn = self.registry.get(call.request.tool)
-        if defn is not None:
-            call.inputs = InputParts(principal_json(call.principal), self._tool_json[defn.name], now_utc(),
-                                     call.request.conversation_id)
-            decision = await self._decide(call, Stage.AVAILABILITY)
-            if decision.allow:
-                call.defn = defn
-                return defn
+        if defn is None and not NAME_PATTERN.match(call.request.tool):  # cannot name any tool, hidden or not
+            raise _Stop(ErrorInfo.of(ErrorCode.TOOL_UNAVAILABLE, f"tool {call.request.tool[:64]!r} is not available"))
+        tool = self._tool_json[defn.name] if defn is not None else _unknown_tool_json(call.request.tool)
+        call.inputs = InputParts(principal_json(call.principal), tool, now_utc(), call.request.conversation_id)
+        decision = await self._decide(call, Stage.AVAILABILITY)
+        if defn is not None and decision.allow:
+            call.defn = defn
+            return defn
         raise _Stop(ErrorInfo.of(ErrorCode.TOOL_UNAVAILABLE, f"tool {call.request.tool!r} is not available"))
 
     def _validate(self, defn: ToolDefinition[Any, Any], arguments_json: str) -> BaseModel:
@@ -325,6 +341,10 @@ class Pipeline:
             conversation_id=request.conversation_id, status=status, error_code=error_code,
             duration_ms=round((time.monotonic() - call.started) * 1000),
         )
+
+
+def _unknown_tool_json(name: str) -> str:
+    return json.dumps({"name": name, "version": "", "side_effect": "none", "permissions": [], "plugin": ""})
 
 
 @functools.cache

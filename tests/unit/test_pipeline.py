@@ -7,16 +7,19 @@ import json
 import shutil
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sidecar.config import bundled_policy_dir
+from sidecar.config import Limits, bundled_policy_dir
 from sidecar.contract import CallRequest, ErrorCode, Recovery, Status, ToolResult
 from sidecar.pipeline import Pipeline, ServiceUnavailable
 from sidecar.policy import Decision, MalformedDecisionError, PolicyEvaluationError, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
+from sidecar.registry import Registry
+from sidecar.state.sqlite import SqliteStore
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools
 
@@ -370,3 +373,63 @@ async def test_a_handlers_own_timeout_error_is_not_the_deadline(make_pipeline: P
     result = await call(await make_pipeline(), "own_timeout", {"text": "x"})
     assert result.error is not None and result.error.code is ErrorCode.INTERNAL_ERROR
     assert result.error.message == "the tool failed unexpectedly" and result.meta.attempt == 1
+
+
+class SlowClaims:
+    """A store whose claims take a while, as with a busy database."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self.inner, self.delay = inner, delay
+
+    async def claim(self, *args: Any) -> Any:
+        await asyncio.sleep(self.delay)
+        return await self.inner.claim(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_caller_gone_during_the_claim_leaves_no_stuck_key(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    pipeline.store = SlowClaims(pipeline.store, 0.05)  # type: ignore[assignment]
+    before = tools.CREATED.value
+    task = asyncio.create_task(call(pipeline, "create_note", {"text": "x"}, idempotency_key="early-exit"))
+    await asyncio.sleep(0.01)  # still claiming
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.15)  # the claim and the write go on without the caller
+    retry = await call(pipeline, "create_note", {"text": "x"}, idempotency_key="early-exit")
+    assert retry.status is Status.SUCCESS and retry.meta.idempotency_replayed
+    assert tools.CREATED.value == before + 1
+
+
+async def test_closing_waits_for_started_writes(default_engine: Any, tmp_path: Path) -> None:
+    async def pipeline() -> Pipeline:
+        store = await SqliteStore.open(tmp_path / "shutdown.db")
+        return Pipeline(registry=Registry.from_tools(tools.ALL), policy=default_engine, store=store, limits=Limits())
+
+    first, before = await pipeline(), tools.CREATED.value
+    task = asyncio.create_task(call(first, "create_note", {"text": "x"}, idempotency_key="at-shutdown"))
+    await asyncio.sleep(0.01)  # the handler sleeps 50 ms
+    await first.aclose()
+    assert (await task).status is Status.SUCCESS and tools.CREATED.value == before + 1
+    reopened = await pipeline()
+    try:
+        replay = await call(reopened, "create_note", {"text": "x"}, idempotency_key="at-shutdown")
+        assert replay.meta.idempotency_replayed
+        statuses = [e.status for e in await reopened.store.audit_events()]  # type: ignore[attr-defined]
+        assert statuses == ["dispatching", "success", "success"]
+    finally:
+        await reopened.aclose()
+
+
+async def test_unknown_and_hidden_tools_fail_alike_when_the_engine_fails(make_pipeline: PipelineFactory,
+                                                                        default_engine: Any) -> None:
+    pipeline = await make_pipeline(policy=FailingEngine(default_engine, Stage.AVAILABILITY))
+    hidden = await call(pipeline, "admin_console", {"text": "x"})
+    unknown = await call(pipeline, "admin_consol", {"text": "x"})
+    assert hidden.error is not None and unknown.error is not None
+    assert hidden.error.code is unknown.error.code is ErrorCode.SERVICE_UNAVAILABLE
+    garbage = await call(pipeline, "Not A Tool!" * 1000, {})
+    assert garbage.error is not None and garbage.error.code is ErrorCode.TOOL_UNAVAILABLE
