@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sidecar.config import ConfigError, Settings, load_settings, parse_settings
+from sidecar.config import ENV_TARGET, ENV_TOKEN, ConfigError, Settings, load_settings, parse_settings
 from sidecar.contract import Status, ToolListing
 
 if TYPE_CHECKING:
@@ -35,8 +35,6 @@ EXIT_USAGE = 2
 EXIT_TOOL_ERROR = 3
 EXIT_APPROVAL_REQUIRED = 4
 
-ENV_TARGET = "TOOLBOOTH_TARGET"
-ENV_TOKEN = "TOOLBOOTH_TOKEN"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 log = logging.getLogger(__name__)

@@ -34,6 +34,9 @@ from sidecar.contract import Principal
 from sidecar.state.dsn import dsn_parts, redact_dsn
 
 ENV_PREFIX = "TOOLBOOTH_"
+# Read by the command-line client, not settings of the sidecar.
+ENV_TARGET, ENV_TOKEN = "TOOLBOOTH_TARGET", "TOOLBOOTH_TOKEN"
+CLIENT_VARIABLES = frozenset({ENV_TARGET, ENV_TOKEN})
 UNIX_PREFIX = "unix://"
 _LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
 
@@ -397,7 +400,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
     for name, text in sorted(env.items()):
-        if not name.startswith(ENV_PREFIX) or name.startswith(f"{ENV_PREFIX}TEST_"):
+        if not name.startswith(ENV_PREFIX) or name.startswith(f"{ENV_PREFIX}TEST_") or name in CLIENT_VARIABLES:
             continue
         keys = name.removeprefix(ENV_PREFIX).lower().split("__")
         node = raw

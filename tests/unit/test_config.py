@@ -188,3 +188,14 @@ def test_the_dsn_password_is_never_shown(dsn: str, tmp_path: Path, capsys: pytes
     cli.main(["config", "validate", "--config", str(config)])
     output = capsys.readouterr()
     assert "s3cret" not in output.out + output.err and "postgres" in output.out + output.err
+
+
+def test_the_command_line_clients_variables_are_not_settings() -> None:
+    settings = load_settings(None, {"TOOLBOOTH_TOKEN": "abc", "TOOLBOOTH_TARGET": "unix:///x.sock"})
+    assert settings.auth.effective_mode is AuthMode.DEV
+
+
+def test_unparsable_env_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"config error at limits\.max_argument_bytes: cannot parse "
+                                          r"TOOLBOOTH_LIMITS__MAX_ARGUMENT_BYTES"):
+        load_settings(None, {"TOOLBOOTH_LIMITS__MAX_ARGUMENT_BYTES": "[unclosed"})
