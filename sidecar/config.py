@@ -128,6 +128,8 @@ class AuthSettings(_Section):
     mode: AuthMode | None = None
     jwt: JwtSettings | None = None
     dev_principal: Principal = Principal(id="dev", tenant="dev", roles=("developer",), permissions=())
+    # Who may read operator details, e.g. why a policy change was refused (dev mode: everyone).
+    operator_roles: tuple[str, ...] = ("operator", "admin")
 
     @model_validator(mode="after")
     def _mode_matches(self) -> AuthSettings:

@@ -86,7 +86,9 @@ async def create_server(settings: Settings, gateway: ToolGateway, *,
     pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway, authenticator), server)
     names = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
     if policy is not None:
-        pb_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(policy, authenticator), server)
+        operators = set(settings.auth.operator_roles)
+        servicer = PolicyServicer(policy, authenticator, lambda who: dev or bool(operators & set(who.roles)))
+        pb_grpc.add_PolicyServiceServicer_to_server(servicer, server)
         names.append(POLICY_SERVICE_NAME)
     health_servicer = await _add_health(server)
     if settings.server.reflection or (settings.server.reflection is None and dev):

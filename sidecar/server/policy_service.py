@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 import grpc
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
+from sidecar.contract import Principal
 from sidecar.policy.reload import ReloadStatus
 from sidecar.server import convert
 from sidecar.server.auth import Authenticator
@@ -26,13 +29,21 @@ class StatusProvider(Protocol):
     def status(self) -> ReloadStatus: ...
 
 
-class PolicyServicer(pb_grpc.PolicyServiceServicer):
-    """Answers ``GetPolicyStatus`` for any authenticated caller."""
+REFUSED_WITHOUT_DETAILS = "a policy change was refused; the reason is in the sidecar's log"
 
-    def __init__(self, provider: StatusProvider, authenticator: Authenticator) -> None:
-        self._provider, self._authenticator = provider, authenticator
+
+class PolicyServicer(pb_grpc.PolicyServiceServicer):
+    """Answers ``GetPolicyStatus`` for any authenticated caller; why a change was refused (policy
+    source excerpts, test names) only for operators."""
+
+    def __init__(self, provider: StatusProvider, authenticator: Authenticator,
+                 is_operator: Callable[[Principal], bool]) -> None:
+        self._provider, self._authenticator, self._is_operator = provider, authenticator, is_operator
 
     async def GetPolicyStatus(self, request: pb.GetPolicyStatusRequest,
                               context: grpc.aio.ServicerContext) -> pb.PolicyStatus:
-        await authenticate(self._authenticator, context)
-        return convert.status_to_pb(self._provider.status)
+        principal = await authenticate(self._authenticator, context)
+        status = self._provider.status
+        if status.last_error is not None and not self._is_operator(principal):
+            status = replace(status, last_error=REFUSED_WITHOUT_DETAILS)
+        return convert.status_to_pb(status)

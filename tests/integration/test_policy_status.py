@@ -18,7 +18,7 @@ from sidecar.policy.factory import policy_source
 from sidecar.policy.reload import ReloadingEngine
 from sidecar.registry import Registry
 from sidecar.server import create_server
-from sidecar.server.policy_service import RELOAD_HEALTH_NAME
+from sidecar.server.policy_service import REFUSED_WITHOUT_DETAILS, RELOAD_HEALTH_NAME
 from sidecar.state.sqlite import SqliteStore
 from tests.support import tools
 from tests.support.reloading import rewrite
@@ -88,6 +88,25 @@ async def test_status_needs_authentication(make_settings: Callable[..., Settings
             with pytest.raises(ClientError) as caught:
                 await client.policy_status()
         assert caught.value.code is grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await sidecar.stop(None)
+
+
+async def test_only_operators_see_why_a_change_was_refused(make_settings: Callable[..., Settings], policies: Path,
+                                                          jwt_auth: dict[str, Any],
+                                                          make_token: Callable[..., str]) -> None:
+    reloader = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
+    _, sidecar = await create_server(make_settings(auth=jwt_auth), _NoCalls(), policy=reloader)
+    await sidecar.start()
+    try:
+        rewrite(policies / "authz.rego", "package toolbooth.authz\n\ndecision := {")
+        await reloader.reload_if_changed()
+        seen = {}
+        for role in ("developer", "operator"):
+            async with AsyncClient(sidecar.addresses[0], token=make_token(roles=[role]), timeout=5) as client:
+                seen[role] = (await client.policy_status()).last_error
+        assert seen["developer"] == REFUSED_WITHOUT_DETAILS
+        assert seen["operator"] is not None and "authz.rego" in seen["operator"]
     finally:
         await sidecar.stop(None)
 
