@@ -57,6 +57,8 @@ def _subtract(operands: Sequence[float]) -> float:
 
 
 def _multiply(operands: Sequence[float]) -> float:
+    if 0 in operands:  # exact, even when the other factors' product would overflow
+        return 0.0
     return math.prod(operands)
 
 
