@@ -1,6 +1,7 @@
 """Durable state: idempotency records and audit events behind one ``Store`` protocol.
 
-SQLite (``sidecar.state.sqlite``) is the default; it needs nothing installed.
+SQLite (``sidecar.state.sqlite``) is the default; it needs nothing installed. Replicas share
+PostgreSQL (``sidecar.state.postgres``) when ``store.postgres_dsn`` is set; ``factory.open_store`` picks.
 """
 
 from __future__ import annotations
