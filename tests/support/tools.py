@@ -100,6 +100,12 @@ async def own_timeout(args: Text, ctx: ToolContext) -> Text:
     raise TimeoutError("backend read timed out")
 
 
+@tool(name="bad_output", version="1.0.0", side_effect=SideEffect.NONE)
+async def bad_output(args: Text, ctx: ToolContext) -> Count:
+    """Returns something that does not fit its output model."""
+    return {"count": "many"}  # type: ignore[return-value]
+
+
 FLAKY = Counter()
 
 
@@ -154,5 +160,5 @@ async def delete_records(args: Text, ctx: ToolContext) -> Text:
     return args
 
 
-ALL = [echo, echo_sync, nested, boom, not_found, slow, big, flaky, own_timeout, create_note, file_note, send_email,
-       admin_console, delete_records]
+ALL = [echo, echo_sync, nested, boom, not_found, slow, big, flaky, own_timeout, bad_output, create_note, file_note,
+       send_email, admin_console, delete_records]

@@ -19,6 +19,7 @@ from sidecar.policy import Decision, MalformedDecisionError, PolicyEvaluationErr
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
 from sidecar.registry import Registry
+from sidecar.state import StoreUnavailableError
 from sidecar.state.sqlite import SqliteStore
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools
@@ -433,3 +434,54 @@ async def test_unknown_and_hidden_tools_fail_alike_when_the_engine_fails(make_pi
     assert hidden.error.code is unknown.error.code is ErrorCode.SERVICE_UNAVAILABLE
     garbage = await call(pipeline, "Not A Tool!" * 1000, {})
     assert garbage.error is not None and garbage.error.code is ErrorCode.TOOL_UNAVAILABLE
+
+
+class BrokenStore:
+    """A store whose chosen operation fails as a full disk or a dead database would."""
+
+    def __init__(self, inner: Any, failing: str) -> None:
+        self.inner, self.failing = inner, failing
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self.failing:
+            async def fail(*args: Any) -> Any:
+                raise StoreUnavailableError("disk I/O error")
+            return fail
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize(("failing", "message"), [
+    ("claim", "state store unavailable; nothing was executed"),
+    ("record_audit", "the audit log is unavailable; nothing was executed"),
+])
+async def test_a_store_that_cannot_write_runs_nothing(make_pipeline: PipelineFactory, failing: str,
+                                                      message: str) -> None:
+    pipeline = await make_pipeline()
+    healthy, before = pipeline.store, tools.CREATED.value
+    pipeline.store = BrokenStore(healthy, failing)  # type: ignore[assignment]
+    result = await call(pipeline, "create_note", {"text": "x"}, idempotency_key=f"broken-{failing}")
+    assert result.error is not None and result.error.code is ErrorCode.SERVICE_UNAVAILABLE
+    assert result.error.retryable and result.error.message == message and tools.CREATED.value == before
+    pipeline.store = healthy  # the key was not left claimed: a retry runs
+    retry = await call(pipeline, "create_note", {"text": "x"}, idempotency_key=f"broken-{failing}")
+    assert retry.status is Status.SUCCESS and not retry.meta.idempotency_replayed
+
+
+async def test_an_overlong_idempotency_key_is_refused(make_pipeline: PipelineFactory) -> None:
+    result = await call(await make_pipeline(), "create_note", {"text": "x"}, idempotency_key="k" * 257)
+    assert result.error is not None and result.error.code is ErrorCode.INVALID_ARGUMENT
+    assert result.error.field == "idempotency_key" and "1-256 characters" in result.error.message
+
+
+async def test_an_output_that_does_not_fit_its_model_is_internal(make_pipeline: PipelineFactory) -> None:
+    result = await call(await make_pipeline(), "bad_output", {"text": "x"})
+    assert result.error is not None and result.error.code is ErrorCode.INTERNAL_ERROR
+    assert result.error.message == "the tool returned an invalid result"
+
+
+async def test_a_deadline_already_passed_runs_nothing(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    result = await pipeline.execute(DEVELOPER, CallRequest(tool="slow", arguments_json='{"count": 1}'),
+                                    caller_deadline=time.monotonic() - 1)
+    assert result.error is not None and result.error.code is ErrorCode.TIMEOUT
+    assert result.error.message == "the call's deadline passed before the tool ran"
