@@ -302,7 +302,7 @@ def test_eval_a_malformed_decision_is_a_policy_error(capsys: pytest.CaptureFixtu
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--tool", "nope"], "no installed plugin provides a tool named 'nope' (installed: admin_console, big, "),
+    (["--tool", "nope"], "no installed plugin provides a tool named 'nope' (installed: admin_console, "),
     (["--tool", "echo", "--dir", "/nonexistent"], "policy directory /nonexistent does not exist"),
     (["--tool", "echo", "--args", "@/nonexistent.json"], "cannot read --args file /nonexistent.json"),
 ])
