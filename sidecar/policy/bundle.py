@@ -43,6 +43,7 @@ from sidecar.policy.bundle_signing import (
     MANIFEST_FILE,
     SIGNATURES_FILE,
     VerificationConfig,
+    reject_constant,
     sign_bundle,
     verify_bundle,
 )
@@ -158,13 +159,9 @@ def _text(path: str, content: bytes) -> str:
 
 def _json(path: str, content: bytes) -> Any:
     try:
-        return json.loads(content.decode("utf-8-sig"), parse_constant=_no_constant)
+        return json.loads(content.decode("utf-8-sig"), parse_constant=reject_constant)
     except (ValueError, RecursionError) as exc:
         raise BundleFormatError(f"{path}: not valid JSON: {exc}") from None
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _manifest(files: Mapping[str, bytes]) -> Manifest:

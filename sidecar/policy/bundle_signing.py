@@ -10,7 +10,7 @@ What OPA documents (management-bundles, "Signing") and implements (``bundle/veri
   which OPA hashes over a normal form so that whitespace and key order do not matter: parsed
   (numbers kept exactly as written, like Go's ``json.Number``) and written back compact, object
   keys sorted, strings escaped as Go's encoder does with HTML escaping off (U+2028 and U+2029
-  escaped, a lone surrogate becomes U+FFFD). ``canonical_json`` produces that form.
+  escaped, a lone surrogate becomes U+FFFD). ``opa_normal_json`` produces that form.
 * The verifying key: the configured ``keyid`` when set, else the JWT header's ``kid``, else the
   payload's deprecated ``keyid``; the JWT must verify with that key's algorithm.
 * The payload's ``scope`` must equal the configured one (absent on both sides is equal).
@@ -57,15 +57,16 @@ class _Number(str):
     """A JSON number kept as written, as Go's ``json.Number`` keeps it."""
 
 
-def _no_constant(name: str) -> None:
+def reject_constant(name: str) -> None:
+    """``json.loads``' ``parse_constant``: NaN and Infinity are not JSON."""
     raise ValueError(f"{name} is not JSON")
 
 
-def canonical_json(content: bytes) -> bytes:
+def opa_normal_json(content: bytes) -> bytes:
     """JSON ``content`` in OPA's signing form; ``ValueError`` if it is not JSON."""
     try:
         value = json.loads(content.decode("utf-8-sig"), parse_int=_Number, parse_float=_Number,
-                           parse_constant=_no_constant)
+                           parse_constant=reject_constant)
         return _encode(value).encode()
     except RecursionError:
         raise ValueError("nested too deeply") from None
@@ -92,7 +93,7 @@ def file_hash(name: str, content: bytes, algorithm: str = DEFAULT_HASH) -> str:
     """The hex digest OPA signs for the bundle file ``name`` (see the module docstring)."""
     if posixpath.basename(name) in _STRUCTURED:
         try:
-            content = canonical_json(content)
+            content = opa_normal_json(content)
         except ValueError as exc:
             raise BundleFormatError(f"{name}: not valid JSON: {exc}") from None
     return hashlib.new(_HASHES[algorithm], content).hexdigest()

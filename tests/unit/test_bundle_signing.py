@@ -18,8 +18,8 @@ from sidecar.policy.bundle_errors import BundleFormatError, BundleSignatureError
 from sidecar.policy.bundle_signing import (
     VerificationConfig,
     VerificationKey,
-    canonical_json,
     file_hash,
+    opa_normal_json,
     sign_bundle,
 )
 from tests.support.signing_keys import ALGORITHMS, key_pair
@@ -182,20 +182,20 @@ def test_a_malformed_payload_is_refused(listed: object, message: str) -> None:
 # --- hashes and keys ----------------------------------------------------------------------------------
 
 
-def test_canonical_json_is_compact_sorted_and_keeps_numbers_as_written() -> None:
+def test_opa_normal_json_is_compact_sorted_and_keeps_numbers_as_written() -> None:
     text = '{"b": [1.0, 1e3, -0, 12345678901234567890.5], "a": {"y": null, "x": true}, "é": "<&>"}'
     expected = '{"a":{"x":true,"y":null},"b":[1.0,1e3,-0,12345678901234567890.5],"é":"<&>"}'
-    assert canonical_json(text.encode()) == expected.encode()
+    assert opa_normal_json(text.encode()) == expected.encode()
 
 
-def test_canonical_json_matches_opas_own_test_vector() -> None:
+def test_opa_normal_json_matches_opas_own_test_vector() -> None:
     # OPA's bundle/verify_test.go (TestVerifyBundleFile): MD5 of this .manifest in OPA's normal form.
-    normal = canonical_json(b'{"revision": "quickbrownfaux"}')
+    normal = opa_normal_json(b'{"revision": "quickbrownfaux"}')
     assert hashlib.md5(normal).hexdigest() == "a005c38a509dc2d5a7407b9494efb2ad"
 
 
-def test_canonical_json_escapes_strings_as_go_does() -> None:
-    assert canonical_json(b'"\\u2028\\u2029\\n\\u0001\\b\\f\\t\\"\\\\/\\ud800"') == \
+def test_opa_normal_json_escapes_strings_as_go_does() -> None:
+    assert opa_normal_json(b'"\\u2028\\u2029\\n\\u0001\\b\\f\\t\\"\\\\/\\ud800"') == \
         '"\\u2028\\u2029\\n\\u0001\\b\\f\\t\\"\\\\/\ufffd"'.encode()
 
 
