@@ -69,7 +69,17 @@ class BundleSource:
 
     @classmethod
     def from_file(cls, path: Path, verification: VerificationConfig | None) -> BundleSource:
-        return cls(f"bundle {path}", lambda: asyncio.to_thread(path.read_bytes), verification)
+        seen: list[tuple[int, int]] = []
+
+        def read_if_changed() -> bytes | None:
+            """The file's bytes when its size or modification time changed (reading is for changes only)."""
+            stat = path.stat()
+            if seen == [(stat.st_size, stat.st_mtime_ns)]:
+                return None
+            seen[:] = [(stat.st_size, stat.st_mtime_ns)]
+            return path.read_bytes()
+
+        return cls(f"bundle {path}", lambda: asyncio.to_thread(read_if_changed), verification)
 
     @classmethod
     def from_url(cls, fetcher: BundleFetcher, verification: VerificationConfig | None) -> BundleSource:
