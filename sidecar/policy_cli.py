@@ -42,7 +42,7 @@ from sidecar.cli import (
 from sidecar.config import Settings, load_settings
 from sidecar.contract import Principal
 from sidecar.plugin import ToolDefinition
-from sidecar.policy import PolicyLoadError, Stage
+from sidecar.policy import CALL_STAGES, PolicyLoadError
 from sidecar.policy.bundle_cli import add_bundle_commands
 from sidecar.policy.dry_run import VALIDATION, CheckReport, DryRun, Verdict, check_policies, dry_run
 from sidecar.policy.embedded import EmbeddedEngine
@@ -221,7 +221,7 @@ def format_check(report: CheckReport, root: Path) -> str:
     """``OK`` with the revision, or each problem and the sample inputs it showed on."""
     if report.ok:
         return (f"policy check OK: {root}, revision {report.revision}: "
-                f"{len(Stage)} entrypoints decided well-typed on {report.samples} sample inputs")
+                f"{len(CALL_STAGES)} entrypoints decided well-typed on {report.samples} sample inputs")
     lines = []
     for problem in report.problems:
         lines.append(f"problem: {problem.message}")

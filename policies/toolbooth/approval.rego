@@ -34,3 +34,19 @@ reasons contains sprintf("approval is configured for argument %q", [name]) if {
 	value := input.call.arguments[name]
 	not value in {null, "", [], {}}
 }
+
+# Who may approve or deny a preview (input: principal = the approver, preview =
+# {preview_id, tool, tool_version, requested_by {id, tenant}, approver_roles, reason}):
+# someone of the call's tenant who holds one of the preview's approver_roles and is
+# not the principal who made the call.
+default approver := {"allow": false, "reason": "approving this call needs one of its approver roles"}
+
+approver := {"allow": false, "reason": "nobody may approve their own call"} if {
+	input.principal.id == input.preview.requested_by.id
+	input.principal.tenant == input.preview.requested_by.tenant
+} else := {"allow": false, "reason": "the call belongs to another tenant"} if {
+	input.principal.tenant != input.preview.requested_by.tenant
+} else := {"allow": true, "reason": "the approver holds one of the call's approver roles"} if {
+	some role in input.preview.approver_roles
+	role in input.principal.roles
+}

@@ -106,3 +106,35 @@ test_default_data_marks_bcc_of_send_email_sensitive if {
 	d := approval.decision with input as call_with("send_email", "external_reversible", {"bcc": ["b@x"]})
 	d.reason == `approval is configured for argument "bcc"`
 }
+
+approver_input(id, tenant, roles) := {
+	"principal": {"id": id, "tenant": tenant, "roles": roles, "permissions": []},
+	"preview": {
+		"preview_id": "p1", "tool": "send_email", "tool_version": "1.0.0", "reason": "r",
+		"requested_by": {"id": "u1", "tenant": "t1"}, "approver_roles": ["approver", "security"],
+	},
+	"context": {"stage": "approver", "time": "2026-11-30T15:00:00Z"},
+}
+
+test_holder_of_an_approver_role_may_approve if {
+	approval.approver.allow with input as approver_input("boss", "t1", ["developer", "security"])
+}
+
+test_approver_without_the_role_may_not if {
+	d := approval.approver with input as approver_input("boss", "t1", ["developer"])
+	d == {"allow": false, "reason": "approving this call needs one of its approver roles"}
+}
+
+test_nobody_approves_their_own_call if {
+	d := approval.approver with input as approver_input("u1", "t1", ["approver"])
+	d == {"allow": false, "reason": "nobody may approve their own call"}
+}
+
+test_approver_of_another_tenant_may_not if {
+	d := approval.approver with input as approver_input("boss", "t2", ["approver"])
+	d == {"allow": false, "reason": "the call belongs to another tenant"}
+}
+
+test_same_id_in_another_tenant_is_another_principal_but_another_tenant if {
+	not approval.approver.allow with input as approver_input("u1", "t2", ["approver"])
+}

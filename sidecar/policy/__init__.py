@@ -9,6 +9,9 @@ Three questions, three Rego packages, each answering with a decision document
 * ``data.toolbooth.approval.decision`` -> ``{"required": bool, "reason"?, "internal_reason"?,
   "approver_roles"?: [str], "preview_ttl_seconds"?: int}``
 
+and one more rule, outside any call, when someone approves or denies a preview
+(``sidecar.approvals``): ``data.toolbooth.approval.approver`` -> ``{"allow": bool, "reason"?}``.
+
 Any decision may say ``"cacheable": false`` (e.g. one that depends on the time):
 it is then never answered from the decision cache.
 
@@ -32,16 +35,20 @@ if TYPE_CHECKING:
 
 
 class Stage(StrEnum):
-    """Which question a decision answers; also the Rego package name under ``toolbooth``."""
+    """Which question a decision answers. A call's stages are named after their Rego package under
+    ``toolbooth``; ``APPROVER`` (may this principal approve that preview?) is a rule of ``approval``."""
 
     AVAILABILITY = "availability"
     AUTHZ = "authz"
     APPROVAL = "approval"
+    APPROVER = "approver"
 
 
-RULES = {stage: f"data.toolbooth.{stage.value}.decision" for stage in Stage}
+CALL_STAGES = (Stage.AVAILABILITY, Stage.AUTHZ, Stage.APPROVAL)
+RULES = {**{stage: f"data.toolbooth.{stage.value}.decision" for stage in CALL_STAGES},
+         Stage.APPROVER: "data.toolbooth.approval.approver"}
 MAX_PREVIEW_TTL_SECONDS = 7 * 24 * 3600
-_FLAGS = {Stage.AVAILABILITY: "allow", Stage.AUTHZ: "allow", Stage.APPROVAL: "required"}
+_FLAGS = {Stage.AVAILABILITY: "allow", Stage.AUTHZ: "allow", Stage.APPROVAL: "required", Stage.APPROVER: "allow"}
 _CODES = (ErrorCode.PERMISSION_DENIED.value, ErrorCode.RESOURCE_NOT_FOUND.value)
 
 

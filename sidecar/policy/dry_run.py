@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from sidecar.config import Limits
 from sidecar.contract import CallRequest, ErrorInfo, Principal, SideEffect
 from sidecar.plugin import ToolContext, ToolDefinition, tool
-from sidecar.policy import RULES, Decision, PolicyEngine, PolicyEvaluationError, PolicyLoadError, Stage
+from sidecar.policy import CALL_STAGES, RULES, Decision, PolicyEngine, PolicyEvaluationError, PolicyLoadError, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import InputParts, PolicyInput, call_json, now_utc, principal_json, tool_json
 from sidecar.policy.testing import defined_rules
@@ -195,10 +195,10 @@ async def check_policies(root: Path) -> CheckReport:
         defined = defined_rules(Path(root))
     except PolicyLoadError as exc:
         return CheckReport(None, 0, (Problem(str(exc)),))
-    problems = [Problem(f"{RULES[stage]} is not defined") for stage in Stage if RULES[stage] not in defined]
+    problems = [Problem(f"{RULES[stage]} is not defined") for stage in CALL_STAGES if RULES[stage] not in defined]
     samples = _samples()
     failures: dict[str, list[str]] = {}
-    for sample, stage in itertools.product(samples, [stage for stage in Stage if RULES[stage] in defined]):
+    for sample, stage in itertools.product(samples, [stage for stage in CALL_STAGES if RULES[stage] in defined]):
         try:
             await engine.decide(stage, sample.input(stage))
         except PolicyEvaluationError as exc:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import regorus
 
-from sidecar.policy import RULES, Decision, PolicyEvaluationError, PolicyLoadError, Stage, parse_decision
+from sidecar.policy import CALL_STAGES, RULES, Decision, PolicyEvaluationError, PolicyLoadError, Stage, parse_decision
 from sidecar.policy.input import PolicyInput
 
 if TYPE_CHECKING:
@@ -96,7 +96,8 @@ class PolicyFiles:
             steps.append((self.root / DATA_FILE, engine.add_data_json, (self.data,)))
         # regorus compiles a rule when it is first evaluated: evaluating the three entry packages (with no
         # input) surfaces errors such as unsafe variables or unknown functions now, not at the first call.
-        steps.extend((self.root, engine.eval_query, (rule.removesuffix(".decision"),)) for rule in RULES.values())
+        steps.extend((self.root, engine.eval_query, (RULES[stage].removesuffix(".decision"),))
+                     for stage in CALL_STAGES)
         error = next((problem for where, step, args in steps if (problem := _load_step(where, step, *args))), None)
         if error is not None:
             del engine, steps
@@ -149,7 +150,8 @@ def _load_step(where: Path, step: Callable[..., object], *args: str) -> str | No
 
 
 def _check_packages(packages: set[str], root: Path) -> None:
-    missing = [package for rule in RULES.values() if (package := rule.removesuffix(".decision")) not in packages]
+    missing = [package for stage in CALL_STAGES
+               if (package := RULES[stage].removesuffix(".decision")) not in packages]
     if missing:
         raise PolicyLoadError(f"policy directory {root} does not define package(s) {', '.join(missing)}")
 

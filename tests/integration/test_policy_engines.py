@@ -26,7 +26,7 @@ import pytest
 from sidecar.config import PolicyEngineKind, PolicySettings, bundled_policy_dir
 from sidecar.contract import CallRequest, ErrorCode, Principal, Status
 from sidecar.pipeline import ServiceUnavailable
-from sidecar.policy import PolicyEngine, PolicyLoadError, Stage
+from sidecar.policy import CALL_STAGES, PolicyEngine, PolicyLoadError, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.factory import close_engine, open_engine
 from sidecar.policy.input import InputParts, PolicyInput, call_json, principal_json, tool_json
@@ -200,7 +200,7 @@ CONVERSATIONS = [None, "conv-1"]
 
 def corpus() -> dict[Stage, list[PolicyInput]]:
     """Every stage's inputs for principals x test tools x arguments x conversations, as the pipeline builds them."""
-    inputs: dict[Stage, list[PolicyInput]] = {stage: [] for stage in Stage}
+    inputs: dict[Stage, list[PolicyInput]] = {stage: [] for stage in CALL_STAGES}
     for principal in PRINCIPALS:
         for defn in tools.ALL:
             for conversation in CONVERSATIONS:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import bundled_policy_dir
-from sidecar.policy import Decision, PolicyLoadError, Stage
+from sidecar.policy import CALL_STAGES, Decision, PolicyLoadError
 from sidecar.policy import bundle_archive as archive_module
 from sidecar.policy.bundle import Manifest, build_bundle, load_bundle
 from sidecar.policy.bundle_archive import read_archive, write_archive
@@ -40,7 +40,7 @@ def inputs() -> list[PolicyInput]:
 
 
 async def decisions(engine: EmbeddedEngine) -> list[Decision]:
-    return [await engine.decide(stage, item) for stage in Stage for item in inputs()]
+    return [await engine.decide(stage, item) for stage in CALL_STAGES for item in inputs()]
 
 
 def directory_files() -> dict[str, bytes]:

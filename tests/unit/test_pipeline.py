@@ -15,7 +15,7 @@ import pytest
 from sidecar.config import Limits, bundled_policy_dir
 from sidecar.contract import CallRequest, ErrorCode, Recovery, Status, ToolResult
 from sidecar.pipeline import Pipeline, ServiceUnavailable
-from sidecar.policy import Decision, MalformedDecisionError, PolicyEvaluationError, Stage
+from sidecar.policy import CALL_STAGES, Decision, MalformedDecisionError, PolicyEvaluationError, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
 from sidecar.registry import Registry
@@ -145,7 +145,7 @@ async def test_approval_required_does_not_run_handler(make_pipeline: PipelineFac
     assert result.error.code is ErrorCode.APPROVAL_REQUIRED and result.error.recovery is Recovery.REQUEST_USER_INPUT
 
 
-@pytest.mark.parametrize("stage", list(Stage))
+@pytest.mark.parametrize("stage", CALL_STAGES)
 async def test_policy_failure_fails_closed(make_pipeline: PipelineFactory, default_engine: Any, stage: Stage) -> None:
     before = tools.CREATED.value
     pipeline = await make_pipeline(policy=FailingEngine(default_engine, stage))
@@ -155,7 +155,7 @@ async def test_policy_failure_fails_closed(make_pipeline: PipelineFactory, defau
     assert "division" not in result.error.message and tools.CREATED.value == before
 
 
-@pytest.mark.parametrize("stage", list(Stage))
+@pytest.mark.parametrize("stage", CALL_STAGES)
 async def test_malformed_decision_is_an_internal_error(make_pipeline: PipelineFactory, default_engine: Any,
                                                       stage: Stage) -> None:
     before = tools.CREATED.value

@@ -12,7 +12,7 @@ import pytest
 
 from sidecar.config import bundled_policy_dir
 from sidecar.contract import ErrorCode
-from sidecar.policy import Decision, PolicyEvaluationError, PolicyLoadError, Stage
+from sidecar.policy import CALL_STAGES, Decision, PolicyEvaluationError, PolicyLoadError, Stage
 from sidecar.policy.embedded import EmbeddedEngine, checked_files, clean_regorus_error
 from sidecar.policy.input import PolicyInput
 
@@ -26,7 +26,7 @@ VALID_BODIES = {
 def write_policies(root: Path, **bodies: str | None) -> Path:
     """One tiny module per stage; ``bodies`` replaces a stage's rules (``None`` leaves the package out)."""
     root.mkdir(parents=True, exist_ok=True)
-    for stage in Stage:
+    for stage in CALL_STAGES:
         body = bodies.get(stage.value, VALID_BODIES[stage])
         if body is not None:
             (root / f"{stage.value}.rego").write_text(f"package toolbooth.{stage.value}\n\nimport rego.v1\n\n{body}\n")
