@@ -42,7 +42,7 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class AuditEvent:
-    """One call as the audit log records it (arguments only as a hash)."""
+    """One step of a call as the audit log records it: arguments as a hash and, masked, as JSON."""
 
     request_id: str
     time: str
@@ -59,6 +59,17 @@ class AuditEvent:
     status: str
     error_code: str | None
     duration_ms: int
+    arguments_json: str | None = None  # the validated arguments, sensitive values masked (``sidecar.masking``)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """A stored event, linked into its store's chain: ``hash`` covers the event and ``prev_hash``."""
+
+    id: int
+    event: AuditEvent
+    prev_hash: str | None  # both ``None`` only for events written before the chain existed
+    hash: str | None
 
 
 class Store(Protocol):
@@ -86,6 +97,15 @@ class Store(Protocol):
 
     async def flush_audit(self) -> None:
         """Wait until every queued audit event is written."""
+        ...
+
+    async def audit_records(self, *, after_id: int = 0, limit: int | None = None,
+                            newest_first: bool = False) -> list[AuditRecord]:
+        """Stored events with an id above ``after_id``, oldest first (or newest first), at most ``limit``."""
+        ...
+
+    async def audit_mask_key(self, candidate: bytes) -> bytes:
+        """The store's key for masking audited values; ``candidate`` becomes it if it has none yet."""
         ...
 
     async def aclose(self) -> None:

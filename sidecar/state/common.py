@@ -1,16 +1,18 @@
-"""What every store shares: the audit row layout, claim outcomes and batched audit writes."""
+"""What every store shares: the audit row layout and queries, claim outcomes and batched audit writes."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import fields
 
-from sidecar.state import AuditEvent, Claim, ClaimState, StoreUnavailableError
+from sidecar.state import AuditEvent, AuditRecord, Claim, ClaimState, StoreUnavailableError
+from sidecar.state.chain import EVENT_COLUMNS
 
-AUDIT_COLUMNS = tuple(f.name for f in fields(AuditEvent))
+AUDIT_COLUMNS = EVENT_COLUMNS
+CHAINED_COLUMNS = (*AUDIT_COLUMNS, "prev_hash", "hash")
 AUDIT_LINGER_SECONDS = 0.005
+LAST_AUDIT_HASH = "SELECT hash FROM audit ORDER BY id DESC LIMIT 1"
 
 Row = tuple[object, ...]
 log = logging.getLogger("toolbooth.store")
@@ -19,6 +21,26 @@ log = logging.getLogger("toolbooth.store")
 def audit_row(event: AuditEvent) -> Row:
     """``event`` as a row of ``AUDIT_COLUMNS``."""
     return tuple(getattr(event, column) for column in AUDIT_COLUMNS)
+
+
+def insert_audit_sql(placeholder: str) -> str:
+    """The INSERT of one chained audit row, with the driver's ``placeholder``."""
+    return (f"INSERT INTO audit ({', '.join(CHAINED_COLUMNS)}) "
+            f"VALUES ({', '.join([placeholder] * len(CHAINED_COLUMNS))})")
+
+
+def select_audit_sql(placeholder: str, *, newest_first: bool) -> str:
+    """The SELECT of audit records after an id (first parameter), at most a limit (second)."""
+    order = "DESC" if newest_first else "ASC"
+    return (f"SELECT id, {', '.join(CHAINED_COLUMNS)} FROM audit WHERE id > {placeholder} "
+            f"ORDER BY id {order} LIMIT {placeholder}")
+
+
+def audit_record(row: Row) -> AuditRecord:
+    """A row of ``select_audit_sql`` as a record."""
+    ident, *values = row
+    count = len(AUDIT_COLUMNS)
+    return AuditRecord(int(ident), AuditEvent(*values[:count]), *values[count:])  # type: ignore[arg-type]
 
 
 def existing_claim(stored_hash: str, result_json: str | None, request_hash: str) -> Claim:

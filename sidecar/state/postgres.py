@@ -3,7 +3,9 @@
 Statements run in autocommit mode on connections of an ``AsyncConnectionPool``. A claim
 is ``INSERT ... ON CONFLICT DO NOTHING``: the primary key decides which of any number of
 concurrent claimers, in any process, owns a key; the others then read the row that won.
-Queued audit events are written in batches (``AuditBatcher``), one transaction per batch.
+Queued audit events are written in batches (``AuditBatcher``), one transaction per batch; it takes
+the advisory lock ``AUDIT_LOCK``, reads the last hash and links the batch to it, so sidecars sharing the
+database append to one linear chain (``chain.chained``).
 Every psycopg error (server down, pool timeout, read-only, lock timeout) becomes
 ``StoreUnavailableError``; messages show the server as ``redact_dsn`` does, never a password.
 """
@@ -21,8 +23,18 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope, StoreUnavailableError
-from sidecar.state.common import AUDIT_COLUMNS, AuditBatcher, Row, audit_row, existing_claim
+from sidecar.state import AuditEvent, AuditRecord, Claim, ClaimState, KeyScope, StoreUnavailableError
+from sidecar.state.chain import chained
+from sidecar.state.common import (
+    LAST_AUDIT_HASH,
+    AuditBatcher,
+    Row,
+    audit_record,
+    audit_row,
+    existing_claim,
+    insert_audit_sql,
+    select_audit_sql,
+)
 from sidecar.state.dsn import redact_dsn
 from sidecar.state.postgres_migrations import migrate
 
@@ -32,9 +44,10 @@ _CLAIM = ("INSERT INTO idempotency (tenant, principal_id, tool, key, request_has
 _READ_CLAIM = f"SELECT request_hash, result_json FROM idempotency WHERE {_KEY_WHERE}"
 _COMPLETE = f"UPDATE idempotency SET result_json = %s, completed_at = now() WHERE {_KEY_WHERE}"
 _RELEASE = f"DELETE FROM idempotency WHERE {_KEY_WHERE}"
-_INSERT_AUDIT = (f"INSERT INTO audit ({', '.join(AUDIT_COLUMNS)}) "
-                 f"VALUES ({', '.join(['%s'] * len(AUDIT_COLUMNS))})")
-_SELECT_AUDIT = f"SELECT {', '.join(AUDIT_COLUMNS)} FROM audit ORDER BY id"
+_INSERT_AUDIT = insert_audit_sql("%s")
+_SET_MASK_KEY = "INSERT INTO audit_mask_key (id, key) VALUES (1, %s) ON CONFLICT DO NOTHING"
+# pg_advisory_xact_lock key serializing audit appends: "tb-audit" in ASCII.
+AUDIT_LOCK = int.from_bytes(b"tb-audit", "big")
 # The row an INSERT conflicted with can be released before the SELECT reads it; then the claim starts over.
 # Each new start means another claim won meanwhile; a key churned this often fails as unavailable (retryable).
 _CLAIM_ATTEMPTS = 10
@@ -83,8 +96,7 @@ class PostgresStore:
             await conn.execute(_RELEASE, astuple(scope))
 
     async def record_audit(self, event: AuditEvent) -> None:
-        async with self._connection() as conn:
-            await conn.execute(_INSERT_AUDIT, audit_row(event))
+        await self._write_audit([audit_row(event)])
 
     def queue_audit(self, event: AuditEvent) -> None:
         self._audit.put(event)
@@ -95,17 +107,32 @@ class PostgresStore:
     async def audit_events(self) -> list[AuditEvent]:
         """Every audit event (queued ones included), oldest first."""
         await self.flush_audit()
+        return [record.event for record in await self.audit_records()]
+
+    async def audit_records(self, *, after_id: int = 0, limit: int | None = None,
+                            newest_first: bool = False) -> list[AuditRecord]:
+        sql = select_audit_sql("%s", newest_first=newest_first)
         async with self._connection() as conn:
-            rows = await (await conn.execute(_SELECT_AUDIT)).fetchall()
-        return [AuditEvent(*row) for row in rows]
+            rows = await (await conn.execute(sql, (after_id, limit))).fetchall()  # type: ignore[arg-type]
+        return [audit_record(row) for row in rows]
+
+    async def audit_mask_key(self, candidate: bytes) -> bytes:
+        async with self._connection() as conn:
+            await conn.execute(_SET_MASK_KEY, (candidate.hex(),))
+            row = await (await conn.execute("SELECT key FROM audit_mask_key")).fetchone()
+        assert row is not None  # inserted just before, if missing
+        return bytes.fromhex(row[0])
 
     async def aclose(self) -> None:
         await self.flush_audit()
         await self._pool.close()
 
     async def _write_audit(self, rows: list[Row]) -> None:
-        async with self._connection() as conn, conn.transaction(), conn.cursor() as cursor:
-            await cursor.executemany(_INSERT_AUDIT, rows)
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (AUDIT_LOCK,))
+            last = await (await conn.execute(LAST_AUDIT_HASH)).fetchone()
+            async with conn.cursor() as cursor:
+                await cursor.executemany(_INSERT_AUDIT, chained(last[0] if last else None, rows))
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:

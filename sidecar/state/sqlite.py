@@ -4,7 +4,8 @@ All statements run on a single-thread executor, so claims are serialized in this
 process; ``BEGIN IMMEDIATE`` transactions keep them atomic across processes that
 share the file. ``synchronous=NORMAL`` in WAL mode survives a crash of the process.
 Queued audit events are written in batches (``AuditBatcher``), one transaction per
-batch: under load many calls share one thread hop and one commit.
+batch: under load many calls share one thread hop and one commit. Audit appends read
+the last hash and link the batch to it (``chain.chained``) inside ``BEGIN IMMEDIATE``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,18 @@ from dataclasses import astuple
 from pathlib import Path
 from typing import TypeVar
 
-from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope, StoreUnavailableError
-from sidecar.state.common import AUDIT_COLUMNS, AuditBatcher, Row, audit_row, existing_claim
+from sidecar.state import AuditEvent, AuditRecord, Claim, ClaimState, KeyScope, StoreUnavailableError
+from sidecar.state.chain import chained
+from sidecar.state.common import (
+    LAST_AUDIT_HASH,
+    AuditBatcher,
+    Row,
+    audit_record,
+    audit_row,
+    existing_claim,
+    insert_audit_sql,
+    select_audit_sql,
+)
 
 T = TypeVar("T")
 
@@ -38,9 +49,11 @@ CREATE TABLE IF NOT EXISTS audit (
     policy_revision TEXT NOT NULL, idempotency_key TEXT, call_id TEXT, conversation_id TEXT,
     status TEXT NOT NULL, error_code TEXT, duration_ms INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS audit_mask_key (id INTEGER PRIMARY KEY CHECK (id = 1), key TEXT NOT NULL);
 """
-_INSERT_AUDIT = (f"INSERT INTO audit ({', '.join(AUDIT_COLUMNS)}) "
-                 f"VALUES ({', '.join('?' * len(AUDIT_COLUMNS))})")
+# Added to ``audit`` after its first release: files created before get them on open.
+_LATER_AUDIT_COLUMNS = ("arguments_json", "prev_hash", "hash")
+_INSERT_AUDIT = insert_audit_sql("?")
 _KEY_WHERE = "tenant = ? AND principal_id = ? AND tool = ? AND key = ?"
 
 
@@ -75,7 +88,7 @@ class SqliteStore:
         await self._run(lambda: self._write(f"DELETE FROM idempotency WHERE {_KEY_WHERE}", astuple(scope)))
 
     async def record_audit(self, event: AuditEvent) -> None:
-        await self._run(lambda: self._write(_INSERT_AUDIT, audit_row(event)))
+        await self._write_audit([audit_row(event)])
 
     def queue_audit(self, event: AuditEvent) -> None:
         self._audit.put(event)
@@ -86,12 +99,19 @@ class SqliteStore:
     async def audit_events(self) -> list[AuditEvent]:
         """Every audit event (queued ones included), oldest first."""
         await self.flush_audit()
-        sql = f"SELECT {', '.join(AUDIT_COLUMNS)} FROM audit ORDER BY id"
-        rows = await self._run(lambda: self._db.execute(sql).fetchall())
-        return [AuditEvent(*row) for row in rows]
+        return [record.event for record in await self.audit_records()]
+
+    async def audit_records(self, *, after_id: int = 0, limit: int | None = None,
+                            newest_first: bool = False) -> list[AuditRecord]:
+        sql = select_audit_sql("?", newest_first=newest_first)
+        rows = await self._run(lambda: self._db.execute(sql, (after_id, -1 if limit is None else limit)).fetchall())
+        return [audit_record(row) for row in rows]
+
+    async def audit_mask_key(self, candidate: bytes) -> bytes:
+        return bytes.fromhex(await self._run(lambda: self._mask_key(candidate.hex())))
 
     async def _write_audit(self, rows: list[Row]) -> None:
-        await self._run(functools.partial(self._write_many, _INSERT_AUDIT, rows))
+        await self._run(functools.partial(self._append_audit, rows))
 
     async def aclose(self) -> None:
         await self.flush_audit()
@@ -108,10 +128,16 @@ class SqliteStore:
         with self._db:
             self._db.execute(sql, params)
 
-    def _write_many(self, sql: str, rows: list[Row]) -> None:
+    def _append_audit(self, rows: list[Row]) -> None:
         with self._db:
-            self._db.execute("BEGIN")
-            self._db.executemany(sql, rows)
+            self._db.execute("BEGIN IMMEDIATE")
+            last = self._db.execute(LAST_AUDIT_HASH).fetchone()
+            self._db.executemany(_INSERT_AUDIT, chained(last[0] if last else None, rows))
+
+    def _mask_key(self, candidate: str) -> str:
+        with self._db:
+            self._db.execute("INSERT OR IGNORE INTO audit_mask_key (id, key) VALUES (1, ?)", (candidate,))
+        return str(self._db.execute("SELECT key FROM audit_mask_key").fetchone()[0])
 
     def _claim(self, scope: KeyScope, request_hash: str, request_id: str) -> Claim:
         with self._db:
@@ -133,4 +159,8 @@ def _connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("PRAGMA synchronous = NORMAL")
     db.executescript(_SCHEMA)
+    present = {row[1] for row in db.execute("PRAGMA table_info(audit)")}
+    for column in _LATER_AUDIT_COLUMNS:
+        if column not in present:
+            db.execute(f"ALTER TABLE audit ADD COLUMN {column} TEXT")
     return db
