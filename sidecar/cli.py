@@ -1,4 +1,4 @@
-"""The ``toolbooth`` command: ``serve``, ``tools list``, ``call``, ``config validate``, ``policy …``.
+"""The ``toolbooth`` command: ``serve``, ``tools list``, ``call``, ``config validate``, ``policy …``, ``audit …``.
 
 A thin shell over ``sidecar.config``, ``sidecar.server.serve`` and
 ``sidecar.client.Client``: it parses flags, calls one of them, prints the answer
@@ -91,9 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tools(commands)
     _add_call(commands)
     _add_config(commands)
-    from sidecar import policy_cli  # imported here: it uses this module's helpers
+    from sidecar import audit_cli, policy_cli  # imported here: they use this module's helpers
 
     policy_cli.add_commands(commands)
+    audit_cli.add_commands(commands)
     return parser
 
 

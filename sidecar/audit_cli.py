@@ -1,0 +1,145 @@
+"""``toolbooth audit verify | tail | export``: the configured store's audit log, read directly.
+
+These commands open the store of ``--config`` (``sidecar.state.factory.open_store``), not a
+running sidecar, so they work while it is stopped too. Records print as JSON lines: ``id``,
+the event's fields, ``prev_hash`` and ``hash``.
+
+Exit codes: verify 0 the chain is intact, 1 it is broken or the store cannot be read;
+tail and export 0, or 1 when the store cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import TypeAlias, TypeVar
+
+from sidecar.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
+from sidecar.config import load_settings
+from sidecar.state import AuditRecord, Store, StoreUnavailableError
+from sidecar.state.chain import ChainReport, verify_store
+from sidecar.state.factory import open_store
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+T = TypeVar("T")
+PAGE = 1000
+FOLLOW_INTERVAL_SECONDS = 1.0
+
+
+def add_commands(commands: Subparsers) -> None:
+    """Add ``audit`` and its subcommands to the ``toolbooth`` parser."""
+    audit = commands.add_parser("audit", help="verify, tail and export the audit log of the configured store")
+    actions = audit.add_subparsers(dest="action", required=True, metavar="ACTION")
+    verify = actions.add_parser("verify", help="check the hash chain; exit 1 at the first broken link")
+    verify.set_defaults(handler=cmd_verify)
+    tail = actions.add_parser("tail", help="print the newest events as JSON lines")
+    tail.add_argument("-n", type=int, default=20, metavar="N", help="how many (default: 20)")
+    tail.add_argument("--follow", action="store_true", help="then keep printing new events until interrupted")
+    tail.set_defaults(handler=cmd_tail)
+    export = actions.add_parser("export", help="print every event as JSON lines")
+    export.add_argument("--since", type=_utc_time, metavar="TIME",
+                        help="only events at or after this ISO 8601 time (UTC if no offset is given)")
+    export.set_defaults(handler=cmd_export)
+    for parser in (verify, tail, export):
+        parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config file (default: none)")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """``toolbooth audit verify``: walk the chain and report its first broken link."""
+    report = _with_store(args.config, lambda store: verify_store(store, page=PAGE))
+    print(_describe(report))
+    return EXIT_OK if report.broken is None else EXIT_FAILURE
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    """``toolbooth audit tail``: the newest ``-n`` events, then new ones with ``--follow``."""
+    if args.n < 0:
+        raise CommandError("-n must be 0 or more", EXIT_USAGE)
+
+    async def tail(store: Store) -> None:
+        newest = await store.audit_records(limit=args.n, newest_first=True) if args.n else []
+        after = _print_records(reversed(newest), after=0)
+        if not newest and args.follow:
+            after = max((r.id for r in await store.audit_records(limit=1, newest_first=True)), default=0)
+        while args.follow:
+            await asyncio.sleep(FOLLOW_INTERVAL_SECONDS)
+            after = _print_records(await store.audit_records(after_id=after, limit=PAGE), after=after)
+
+    with contextlib.suppress(KeyboardInterrupt):  # how --follow ends
+        _with_store(args.config, tail)
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``toolbooth audit export``: every event (at or after ``--since``) as JSON lines, oldest first."""
+
+    async def export(store: Store) -> None:
+        async for record in _all_records(store):
+            if args.since is None or record.event.time >= args.since:
+                print(record_json(record))
+
+    _with_store(args.config, export)
+    return EXIT_OK
+
+
+def record_json(record: AuditRecord) -> str:
+    """One record as a JSON line."""
+    line = {"id": record.id, **asdict(record.event), "prev_hash": record.prev_hash, "hash": record.hash}
+    return json.dumps(line, ensure_ascii=False)
+
+
+async def _all_records(store: Store) -> AsyncIterator[AuditRecord]:
+    after = 0
+    while records := await store.audit_records(after_id=after, limit=PAGE):
+        for record in records:
+            yield record
+        after = records[-1].id
+
+
+def _print_records(records: Iterable[AuditRecord], *, after: int) -> int:
+    """Print ``records``; return the id of the last one printed (``after`` if none)."""
+    for record in records:
+        print(record_json(record), flush=True)
+        after = record.id
+    return after
+
+
+def _describe(report: ChainReport) -> str:
+    old = f"; {report.unchained} older event(s) from before the chain are not covered" if report.unchained else ""
+    if report.broken is None:
+        return f"audit chain intact: {report.checked} event(s), last hash {report.last_hash}{old}"
+    return (f"audit chain BROKEN at event id {report.broken.id}: {report.broken.problem}\n"
+            f"the {report.checked} event(s) before it are intact{old}")
+
+
+def _with_store(config: Path | None, use: Callable[[Store], Awaitable[T]]) -> T:
+    """Open the configured store, run ``use`` on it, close it; an unreadable store is exit 1."""
+
+    async def run() -> T:
+        store = await open_store(load_settings(config).store)
+        try:
+            return await use(store)
+        finally:
+            await store.aclose()
+
+    try:
+        return asyncio.run(run())
+    except StoreUnavailableError as exc:
+        raise CommandError(str(exc), EXIT_FAILURE) from None
+
+
+def _utc_time(text: str) -> str:
+    """``text`` (ISO 8601) in the form events store their time, for comparing as text."""
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.astimezone(dt.UTC).isoformat(timespec="milliseconds")
