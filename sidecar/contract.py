@@ -86,6 +86,15 @@ def guidance(code: ErrorCode, side_effect: SideEffect = SideEffect.NONE) -> tupl
     return _GUIDANCE[code]
 
 
+class PreviewState(StrEnum):
+    """Where a preview is in its life: pending -> approved | denied; approved -> used (once)."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    USED = "used"
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -135,14 +144,38 @@ class ResultMeta(_Frozen):
     policy_revision: str = ""
 
 
+class Preview(_Frozen):
+    """The exact call a person is asked to approve (``docs/approvals.md``)."""
+
+    preview_id: str
+    preview_hash: str
+    call_json: str  # the canonical call the hash covers
+    reason: str
+    expires_at: str  # RFC 3339, UTC
+    state: PreviewState = PreviewState.PENDING
+    approver_roles: tuple[str, ...] = ()
+    decided_by: str | None = None
+    decided_at: str | None = None
+    comment: str | None = None
+
+
 class ToolResult(_Frozen):
-    """The typed result of one call: data on success, errors otherwise."""
+    """The typed result of one call: data on success, errors otherwise; a preview when approval is required."""
 
     status: Status
     data: Any = None
     error: ErrorInfo | None = None
     errors: tuple[ErrorInfo, ...] = ()
     meta: ResultMeta
+    preview: Preview | None = None
+
+
+class ApprovalResult(_Frozen):
+    """The answer to approving or denying a preview: ``ok``, or why not."""
+
+    ok: bool
+    error: ErrorInfo | None = None
+    preview: Preview | None = None
 
 
 class ToolDescriptor(_Frozen):

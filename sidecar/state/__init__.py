@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from sidecar.state.previews import PreviewStore
+
 
 class StoreUnavailableError(RuntimeError):
     """The store cannot be read or written; nothing may execute."""
@@ -72,8 +74,8 @@ class AuditRecord:
     hash: str | None
 
 
-class Store(Protocol):
-    """Idempotency records and audit events."""
+class Store(PreviewStore, Protocol):
+    """Idempotency records, previews with their approvals (``PreviewStore``) and audit events."""
 
     async def claim(self, scope: KeyScope, request_hash: str, request_id: str) -> Claim:
         """Atomically claim ``scope`` for ``request_hash`` or report what holds it."""

@@ -37,6 +37,7 @@ from sidecar.state.common import (
 )
 from sidecar.state.dsn import redact_dsn
 from sidecar.state.postgres_migrations import migrate
+from sidecar.state.postgres_previews import PostgresPreviews
 
 _KEY_WHERE = "tenant = %s AND principal_id = %s AND tool = %s AND key = %s"
 _CLAIM = ("INSERT INTO idempotency (tenant, principal_id, tool, key, request_hash, request_id) "
@@ -53,7 +54,7 @@ AUDIT_LOCK = int.from_bytes(b"tb-audit", "big")
 _CLAIM_ATTEMPTS = 10
 
 
-class PostgresStore:
+class PostgresStore(PostgresPreviews):
     """The ``Store`` for many replicas: a PostgreSQL database."""
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]], where: str) -> None:

@@ -32,6 +32,7 @@ from sidecar.state.common import (
     insert_audit_sql,
     select_audit_sql,
 )
+from sidecar.state.sqlite_previews import PREVIEW_SCHEMA, SqlitePreviews
 
 T = TypeVar("T")
 
@@ -57,7 +58,7 @@ _INSERT_AUDIT = insert_audit_sql("?")
 _KEY_WHERE = "tenant = ? AND principal_id = ? AND tool = ? AND key = ?"
 
 
-class SqliteStore:
+class SqliteStore(SqlitePreviews):
     """The default ``Store``: a local SQLite file."""
 
     def __init__(self, connection: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
@@ -159,6 +160,7 @@ def _connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("PRAGMA synchronous = NORMAL")
     db.executescript(_SCHEMA)
+    db.executescript(PREVIEW_SCHEMA)
     present = {row[1] for row in db.execute("PRAGMA table_info(audit)")}
     for column in _LATER_AUDIT_COLUMNS:
         if column not in present:

@@ -1,0 +1,79 @@
+"""The preview part of the ``Store`` contract, on SQLite and on PostgreSQL (fixtures of
+``test_store_contract``): decisions and consumption are atomic across two stores sharing one database."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+from sidecar.contract import PreviewState
+from sidecar.state.previews import PreviewRecord
+from tests.contract import test_store_contract as contract
+from tests.contract.test_store_contract import AnyStore, Stores
+
+stores, store = contract.stores, contract.store  # the contract suite's fixtures: every backend
+
+
+def preview(preview_id: str = "p-1", **fields: object) -> PreviewRecord:
+    now = time.time()
+    values: dict[str, object] = {
+        "preview_id": preview_id, "preview_hash": "sha256:" + "a" * 64, "tenant": "acme", "principal_id": "dev-1",
+        "tool": "send_email", "tool_version": "1.0.0", "call_json": '{"tool":"send_email"}',
+        "policy_revision": "sha256:rev", "reason": "irreversible", "approver_roles": ("approver", "security"),
+        "created_at": now, "expires_at": now + 900, **fields}
+    return PreviewRecord(**values)  # type: ignore[arg-type]
+
+
+async def test_saved_preview_reads_back_equal(store: AnyStore) -> None:
+    saved = preview()
+    await store.save_preview(saved)
+    assert await store.get_preview("p-1") == saved
+    assert await store.get_preview("p-unknown") is None
+
+
+async def test_approve_then_consume_once(store: AnyStore) -> None:
+    await store.save_preview(preview())
+    assert not await store.consume_approval("p-1", now=time.time())  # pending: nothing to consume
+    assert await store.decide_preview("p-1", PreviewState.APPROVED, decided_by='{"id":"boss"}', comment="ok",
+                                      now=123.5)
+    approved = await store.get_preview("p-1")
+    assert approved is not None and approved.state is PreviewState.APPROVED
+    assert (approved.decided_by, approved.decided_at, approved.comment) == ('{"id":"boss"}', 123.5, "ok")
+    assert await store.consume_approval("p-1", now=200.0)
+    assert not await store.consume_approval("p-1", now=201.0)
+    used = await store.get_preview("p-1")
+    assert used is not None and used.state is PreviewState.USED and used.used_at == 200.0
+
+
+async def test_a_decision_is_final(store: AnyStore) -> None:
+    await store.save_preview(preview())
+    assert await store.decide_preview("p-1", PreviewState.DENIED, decided_by="b", comment="no", now=1.0)
+    assert not await store.decide_preview("p-1", PreviewState.APPROVED, decided_by="c", comment=None, now=2.0)
+    assert not await store.consume_approval("p-1", now=3.0)
+    denied = await store.get_preview("p-1")
+    assert denied is not None and (denied.state, denied.decided_by, denied.comment) == (PreviewState.DENIED, "b", "no")
+
+
+async def test_unknown_preview_cannot_be_decided_or_consumed(store: AnyStore) -> None:
+    assert not await store.decide_preview("nope", PreviewState.APPROVED, decided_by="b", comment=None, now=1.0)
+    assert not await store.consume_approval("nope", now=1.0)
+
+
+async def test_list_previews_by_state_newest_first(store: AnyStore) -> None:
+    for n in range(3):
+        await store.save_preview(preview(f"p-{n}", created_at=100.0 + n))
+    await store.decide_preview("p-1", PreviewState.DENIED, decided_by="b", comment="no", now=1.0)
+    assert [p.preview_id for p in await store.list_previews(PreviewState.PENDING)] == ["p-2", "p-0"]
+    assert [p.preview_id for p in await store.list_previews(PreviewState.PENDING, limit=1)] == ["p-2"]
+    assert [p.preview_id for p in await store.list_previews(PreviewState.DENIED)] == ["p-1"]
+
+
+async def test_concurrent_decisions_and_consumptions_have_one_winner(stores: Stores, store: AnyStore) -> None:
+    second = await stores.open()  # another sidecar on the same database
+    await store.save_preview(preview())
+    decided = await asyncio.gather(*(s.decide_preview("p-1", PreviewState.APPROVED, decided_by=f"b{i}", comment=None,
+                                                      now=1.0) for i, s in enumerate([store, second] * 8)))
+    assert Counter(decided) == {True: 1, False: 15}
+    consumed = await asyncio.gather(*(s.consume_approval("p-1", now=2.0) for s in [store, second] * 16))
+    assert Counter(consumed) == {True: 1, False: 31}
