@@ -33,6 +33,8 @@ from pydantic import (
 from sidecar.contract import Principal
 from sidecar.state.dsn import dsn_parts, redact_dsn
 
+MIN_MASK_KEY_BYTES = 16
+
 ENV_PREFIX = "TOOLBOOTH_"
 # Read by the command-line client, not settings of the sidecar.
 ENV_TARGET, ENV_TOKEN = "TOOLBOOTH_TARGET", "TOOLBOOTH_TOKEN"
@@ -295,6 +297,42 @@ class StoreSettings(_Section):
         return f"postgres {dsn} (pool {self.pool_min_size}-{self.pool_max_size})"
 
 
+class AuditSettings(_Section):
+    """The HMAC key masking sensitive values in the audit log: inline, in a file, or (neither set) a
+    random key the store generates once and keeps (``docs/operations.md``)."""
+
+    mask_key: SecretStr | None = None
+    mask_key_file: Path | None = None
+
+    @field_validator("mask_key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().encode()) < MIN_MASK_KEY_BYTES:
+            raise ValueError(f"must be at least {MIN_MASK_KEY_BYTES} bytes")
+        return value
+
+    @model_validator(mode="after")
+    def _one_key(self) -> AuditSettings:
+        if self.mask_key is not None and self.mask_key_file is not None:
+            raise ValueError("set at most one of 'mask_key' or 'mask_key_file'")
+        return self
+
+    def read_mask_key(self) -> bytes | None:
+        """The configured key, ``None`` if none is; ``ConfigError`` if its file cannot be read or is too short."""
+        if self.mask_key is not None:
+            return self.mask_key.get_secret_value().encode()
+        if self.mask_key_file is None:
+            return None
+        try:
+            key = self.mask_key_file.read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"config error at audit.mask_key_file: cannot read {self.mask_key_file}: {exc}") from exc
+        if len(key) < MIN_MASK_KEY_BYTES:
+            raise ConfigError(f"config error at audit.mask_key_file: {self.mask_key_file} holds fewer than "
+                              f"{MIN_MASK_KEY_BYTES} bytes")
+        return key
+
+
 class Limits(_Section):
     max_argument_bytes: int = Field(default=64 * 1024, gt=0)
     max_argument_depth: int = Field(default=16, gt=0)
@@ -333,6 +371,7 @@ class Settings(_Section):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
     limits: Limits = Field(default_factory=Limits)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
     log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")

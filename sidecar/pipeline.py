@@ -13,6 +13,7 @@ import datetime as dt
 import functools
 import json
 import logging
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sidecar.canonical import sha256_hex
+from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.config import Limits, Settings
 from sidecar.contract import (
     CallRequest,
@@ -33,6 +34,7 @@ from sidecar.contract import (
     ToolResult,
 )
 from sidecar.dispatch import Dispatcher
+from sidecar.masking import Masker, reveal
 from sidecar.plugin import NAME_PATTERN, ToolContext, ToolDefinition
 from sidecar.policy import Decision, MalformedDecisionError, PolicyEngine, PolicyEvaluationError, Stage
 from sidecar.policy.factory import close_engine, open_reloading, with_cache
@@ -69,7 +71,8 @@ class _Call:
     policy_revision: str
     defn: ToolDefinition[Any, Any] | None = None
     args: BaseModel | None = None
-    arguments: dict[str, Any] | None = None  # ``args`` as JSON data, for policies and hashes
+    arguments: dict[str, Any] | None = None  # ``args`` as JSON data, for policies and hashes (secrets in clear)
+    sensitive: frozenset[str] = frozenset()  # JSON pointers of the sensitive values in ``arguments``
     inputs: InputParts | None = None  # the policy input's shared parts, once the tool is known
     call_json: str | None = None  # ``input.call``, once the arguments are valid
     request_hash: str | None = None  # see ``Pipeline._request_hash``
@@ -82,8 +85,11 @@ class _Call:
 class Pipeline:
     """Gates, runs and audits tool calls."""
 
-    def __init__(self, *, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits) -> None:
+    def __init__(self, *, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits,
+                 mask_key: bytes | None = None) -> None:
+        """``mask_key`` masks sensitive values in the audit log (default: a random key of this pipeline)."""
         self.registry, self.policy, self.store, self.limits = registry, policy, store, limits
+        self._masker = Masker(mask_key or secrets.token_bytes(32))
         self._dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads)
         self._detached: set[asyncio.Task[ToolResult]] = set()
         self._tool_json = {defn.name: tool_json(defn) for defn in registry}
@@ -135,7 +141,8 @@ class Pipeline:
             raise _Stop(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "this sidecar does not execute approved previews "
                                      "yet; call without approval_id", field="approval_id"))
         call.args = self._validate(defn, call.request.arguments_json)
-        call.arguments = call.args.model_dump(mode="json")
+        revealed = reveal(call.args)
+        call.arguments, call.sensitive = revealed.data, revealed.sensitive
         call.call_json = call_json(call.arguments, call.request)
         await self._authorize(call)
         await self._check_approval(call)
@@ -339,8 +346,14 @@ class Pipeline:
             decisions_json=json.dumps(call.decisions, sort_keys=True), policy_revision=call.policy_revision,
             idempotency_key=request.idempotency_key, call_id=request.call_id,
             conversation_id=request.conversation_id, status=status, error_code=error_code,
-            duration_ms=round((time.monotonic() - call.started) * 1000),
+            duration_ms=round((time.monotonic() - call.started) * 1000), arguments_json=self._recorded_arguments(call),
         )
+
+    def _recorded_arguments(self, call: _Call) -> str | None:
+        """The valid arguments as the audit log records them, sensitive values masked."""
+        if call.arguments is None:
+            return None
+        return canonical_json(self._masker.mask(call.arguments, call.sensitive))
 
 
 def _unknown_tool_json(name: str) -> str:
@@ -363,4 +376,15 @@ async def build_pipeline(settings: Settings, *, registry: Registry | None = None
     except BaseException:
         await close_engine(engine)
         raise
-    return Pipeline(registry=registry, policy=engine, store=store, limits=settings.limits)
+    mask_key = await _mask_key(settings, store, engine)
+    return Pipeline(registry=registry, policy=engine, store=store, limits=settings.limits, mask_key=mask_key)
+
+
+async def _mask_key(settings: Settings, store: Store, engine: PolicyEngine) -> bytes:
+    """The configured ``audit.mask_key``, else the store's own key (generated the first time)."""
+    try:
+        return settings.audit.read_mask_key() or await store.audit_mask_key(secrets.token_bytes(32))
+    except BaseException:
+        await store.aclose()
+        await close_engine(engine)
+        raise

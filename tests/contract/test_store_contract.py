@@ -314,6 +314,12 @@ async def test_concurrent_batches_of_two_stores_form_one_chain(stores: Stores, s
     assert (report.checked, report.broken) == (2 * 45, None)
 
 
+async def test_the_mask_key_is_created_once_and_kept(stores: Stores, store: AnyStore) -> None:
+    assert await store.audit_mask_key(b"first-key-0123456789") == b"first-key-0123456789"
+    second = await stores.open()
+    assert await second.audit_mask_key(b"second-key-0123456789") == b"first-key-0123456789"
+
+
 # --- failures ---------------------------------------------------------------------------------
 
 

@@ -1,0 +1,130 @@
+"""Sensitive argument values: real for policies and handlers, masked in the audit log, absent from the logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field, SecretStr
+
+from sidecar.config import ConfigError, Limits, parse_settings
+from sidecar.contract import CallRequest, Status
+from sidecar.masking import SENSITIVE, Masker, reveal
+from sidecar.pipeline import Pipeline, build_pipeline
+from sidecar.plugin import SideEffect, ToolContext, tool
+from sidecar.policy import Decision, Stage
+from sidecar.policy.input import PolicyInput
+from sidecar.registry import Registry
+from sidecar.state.sqlite import SqliteStore
+from tests.conftest import DEVELOPER
+
+PASSWORD, NOTE = "hunter2-sesame-4711", "a private note 0815"
+KEY = b"k" * 32
+SEEN_BY_HANDLER: list[str] = []
+
+
+class Recipient(BaseModel):
+    email: str
+    password: SecretStr
+
+
+class Login(BaseModel):
+    recipients: list[Recipient]
+    note: str = Field(json_schema_extra=SENSITIVE)
+    subject: str
+
+
+@tool(name="login", version="1.0.0", side_effect=SideEffect.NONE)
+async def login(args: Login, ctx: ToolContext) -> Login:
+    """Keep what the handler was given."""
+    SEEN_BY_HANDLER.append(args.recipients[0].password.get_secret_value())
+    logging.getLogger("toolbooth.test").debug("handler ran for %s", ctx.request_id)
+    return args
+
+
+class RecordingEngine:
+    """Passes decisions through and keeps every input document."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.seen, self.revision = inner, [], inner.revision
+
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
+        self.seen.append(input.document())
+        return await self.inner.decide(stage, input)
+
+    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
+        return [await self.decide(stage, i) for i in inputs]
+
+
+ARGUMENTS = {"recipients": [{"email": "a@example.com", "password": PASSWORD}], "note": NOTE, "subject": "hi"}
+
+
+def test_reveal_keeps_secrets_and_finds_sensitive_pointers() -> None:
+    revealed = reveal(Login.model_validate(ARGUMENTS))
+    assert revealed.data == ARGUMENTS
+    assert revealed.sensitive == {"/recipients/0/password", "/note"}
+
+
+def test_equal_values_mask_equally_and_keys_differ() -> None:
+    masker = Masker(KEY)
+    masked = masker.mask({"a": "x", "b": ["x", {"c/d": "y"}]}, ["/a", "/b/0", "/b/1/c~1d", "/missing/0"])
+    assert masked["a"] == masked["b"][0] == masker.mask_value("x") and masked["a"].startswith("hmac-sha256:")
+    assert masked["b"][1]["c/d"] == masker.mask_value("y") != masked["a"]
+    assert Masker(b"other-key-0123456789").mask_value("x") != masker.mask_value("x")
+    assert masker.mask({"a": 1}, [""]) == masker.mask_value({"a": 1})
+
+
+async def test_a_call_masks_its_audit_and_logs_nothing_sensitive(tmp_path: Path, default_engine: Any,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    engine = RecordingEngine(default_engine)
+    store = await SqliteStore.open(tmp_path / "store.db")
+    pipeline = Pipeline(registry=Registry.from_tools([login]), policy=engine, store=store, limits=Limits(),
+                        mask_key=KEY)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            result = await pipeline.execute(DEVELOPER, CallRequest(tool="login", arguments_json=json.dumps(ARGUMENTS)))
+            [event] = await store.audit_events()
+    finally:
+        await pipeline.aclose()
+    assert result.status is Status.SUCCESS and SEEN_BY_HANDLER[-1] == PASSWORD
+    assert engine.seen[-1]["call"]["arguments"] == ARGUMENTS  # policies decide on the real values
+    assert event.arguments_json is not None
+    recorded = json.loads(event.arguments_json)
+    masker = Masker(KEY)
+    assert recorded == {"recipients": [{"email": "a@example.com", "password": masker.mask_value(PASSWORD)}],
+                        "note": masker.mask_value(NOTE), "subject": "hi"}
+    assert "handler ran for" in caplog.text
+    for secret in (PASSWORD, NOTE):
+        assert secret not in caplog.text and secret not in event.arguments_json
+
+
+def test_mask_key_settings(tmp_path: Path) -> None:
+    key_file = tmp_path / "mask.key"
+    key_file.write_text("0123456789abcdef0123\n")
+    assert parse_settings({"audit": {"mask_key_file": str(key_file)}}).audit.read_mask_key() == b"0123456789abcdef0123"
+    assert parse_settings({"audit": {"mask_key": "x" * 16}}).audit.read_mask_key() == b"x" * 16
+    assert parse_settings({}).audit.read_mask_key() is None
+    with pytest.raises(ConfigError, match=r"audit\.mask_key: must be at least 16 bytes"):
+        parse_settings({"audit": {"mask_key": "short"}})
+    with pytest.raises(ConfigError, match="at most one"):
+        parse_settings({"audit": {"mask_key": "x" * 16, "mask_key_file": str(key_file)}})
+    key_file.write_text("short")
+    with pytest.raises(ConfigError, match="fewer than 16 bytes"):
+        parse_settings({"audit": {"mask_key_file": str(key_file)}}).audit.read_mask_key()
+
+
+async def test_without_a_configured_key_the_store_keeps_one_across_restarts(tmp_path: Path) -> None:
+    settings = parse_settings({"store": {"sqlite_path": str(tmp_path / "store.db")}})
+    recorded = []
+    for _ in range(2):  # two runs of the sidecar on one store
+        pipeline = await build_pipeline(settings, registry=Registry.from_tools([login]))
+        try:
+            await pipeline.execute(DEVELOPER, CallRequest(tool="login", arguments_json=json.dumps(ARGUMENTS)))
+            recorded.append((await pipeline.store.audit_events())[-1].arguments_json)  # type: ignore[attr-defined]
+        finally:
+            await pipeline.aclose()
+    assert recorded[0] == recorded[1] and PASSWORD not in str(recorded[0])
