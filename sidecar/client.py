@@ -19,7 +19,7 @@ import grpc
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.contract import CallRequest, ToolListing, ToolResult
+from sidecar.contract import ApprovalResult, CallRequest, Preview, ToolListing, ToolResult
 from sidecar.policy.reload import ReloadStatus
 from sidecar.server import convert
 
@@ -57,6 +57,7 @@ class AsyncClient(_Base):
         self._channel = grpc.aio.insecure_channel(target)
         self._stub = pb_grpc.ToolServiceStub(self._channel)
         self._policy = pb_grpc.PolicyServiceStub(self._channel)
+        self._approvals = pb_grpc.ApprovalServiceStub(self._channel)
 
     async def list_tools(self, *, conversation_id: str | None = None) -> ToolListing:
         """The tools the caller may see."""
@@ -82,6 +83,21 @@ class AsyncClient(_Base):
         """Run one call; denials and tool failures come back as the result's ``error``."""
         request = _execute_request(tool, arguments, idempotency_key, approval_id, conversation_id, call_id)
         return convert.result_from_pb(await self._call(self._stub.ExecuteTool, request, timeout))
+
+    async def approve(self, preview_id: str, preview_hash: str, *, comment: str | None = None) -> ApprovalResult:
+        """Approve the preview whose hash the approver saw (an approver's token)."""
+        request = pb.ApproveOperationRequest(preview_id=preview_id, preview_hash=preview_hash, comment=comment or "")
+        return convert.approval_from_pb(await self._call(self._approvals.ApproveOperation, request, None))
+
+    async def deny(self, preview_id: str, *, reason: str) -> ApprovalResult:
+        """Deny a pending preview, saying why."""
+        request = pb.DenyOperationRequest(preview_id=preview_id, reason=reason)
+        return convert.approval_from_pb(await self._call(self._approvals.DenyOperation, request, None))
+
+    async def previews(self, *, limit: int = 0) -> list[Preview]:
+        """Pending previews the caller may approve (operators: all), newest first."""
+        response = await self._call(self._approvals.ListPreviews, pb.ListPreviewsRequest(limit=limit), None)
+        return [convert.preview_from_pb(p) for p in response.previews]
 
     async def close(self) -> None:
         """Close the channel; calls in flight are cancelled."""
@@ -110,6 +126,7 @@ class Client(_Base):
         self._channel = grpc.insecure_channel(target)
         self._stub = pb_grpc.ToolServiceStub(self._channel)
         self._policy = pb_grpc.PolicyServiceStub(self._channel)
+        self._approvals = pb_grpc.ApprovalServiceStub(self._channel)
 
     def list_tools(self, *, conversation_id: str | None = None) -> ToolListing:
         """The tools the caller may see."""
@@ -135,6 +152,21 @@ class Client(_Base):
         """Run one call; denials and tool failures come back as the result's ``error``."""
         request = _execute_request(tool, arguments, idempotency_key, approval_id, conversation_id, call_id)
         return convert.result_from_pb(self._call(self._stub.ExecuteTool, request, timeout))
+
+    def approve(self, preview_id: str, preview_hash: str, *, comment: str | None = None) -> ApprovalResult:
+        """Approve the preview whose hash the approver saw (an approver's token)."""
+        request = pb.ApproveOperationRequest(preview_id=preview_id, preview_hash=preview_hash, comment=comment or "")
+        return convert.approval_from_pb(self._call(self._approvals.ApproveOperation, request, None))
+
+    def deny(self, preview_id: str, *, reason: str) -> ApprovalResult:
+        """Deny a pending preview, saying why."""
+        request = pb.DenyOperationRequest(preview_id=preview_id, reason=reason)
+        return convert.approval_from_pb(self._call(self._approvals.DenyOperation, request, None))
+
+    def previews(self, *, limit: int = 0) -> list[Preview]:
+        """Pending previews the caller may approve (operators: all), newest first."""
+        response = self._call(self._approvals.ListPreviews, pb.ListPreviewsRequest(limit=limit), None)
+        return [convert.preview_from_pb(p) for p in response.previews]
 
     def close(self) -> None:
         """Close the channel."""

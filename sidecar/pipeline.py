@@ -21,12 +21,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from sidecar.approvals import Approvals, CallToApprove, Refusal
 from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.config import Limits, Settings
 from sidecar.contract import (
     CallRequest,
     ErrorCode,
     ErrorInfo,
+    Preview,
     Principal,
     ResultMeta,
     Status,
@@ -55,9 +57,9 @@ class ServiceUnavailable(RuntimeError):
 class _Stop(Exception):
     """Ends a call early with an error result (``errors[0]`` is the primary error)."""
 
-    def __init__(self, *errors: ErrorInfo, status: Status = Status.ERROR) -> None:
+    def __init__(self, *errors: ErrorInfo, status: Status = Status.ERROR, preview: Preview | None = None) -> None:
         super().__init__(errors[0].message)
-        self.errors, self.status = errors, status
+        self.errors, self.status, self.preview = errors, status, preview
 
 
 @dataclass(slots=True)
@@ -90,6 +92,7 @@ class Pipeline:
         """``mask_key`` masks sensitive values in the audit log (default: a random key of this pipeline)."""
         self.registry, self.policy, self.store, self.limits = registry, policy, store, limits
         self._masker = Masker(mask_key or secrets.token_bytes(32))
+        self.approvals = Approvals(store, policy)
         self._dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads)
         self._detached: set[asyncio.Task[ToolResult]] = set()
         self._tool_json = {defn.name: tool_json(defn) for defn in registry}
@@ -116,7 +119,7 @@ class Pipeline:
         try:
             result = await self._stages(call, caller_deadline)
         except _Stop as stop:
-            result = self._result(call, stop.status, errors=stop.errors)
+            result = self._result(call, stop.status, errors=stop.errors, preview=stop.preview)
         except asyncio.CancelledError:
             if not call.detached:
                 self.store.queue_audit(self._event(call, "cancelled", None))
@@ -137,9 +140,6 @@ class Pipeline:
 
     async def _stages(self, call: _Call, caller_deadline: float | None) -> ToolResult:
         defn = await self._resolve(call)
-        if call.request.approval_id:
-            raise _Stop(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "this sidecar does not execute approved previews "
-                                     "yet; call without approval_id", field="approval_id"))
         call.args = self._validate(defn, call.request.arguments_json)
         revealed = reveal(call.args)
         call.arguments, call.sensitive = revealed.data, revealed.sensitive
@@ -196,10 +196,31 @@ class Pipeline:
             raise _Stop(ErrorInfo.of(code, decision.reason or "the call is not permitted"))
 
     async def _check_approval(self, call: _Call) -> None:
+        """Run only approved calls: redeem ``approval_id`` (see ``sidecar.approvals``), or answer
+        ``APPROVAL_REQUIRED`` with a new preview when the policy requires approval."""
         decision = await self._decide(call, Stage.APPROVAL)
-        if decision.required:
-            reason = decision.reason or "this call needs a person's approval"
-            raise _Stop(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, reason), status=Status.APPROVAL_REQUIRED)
+        if call.request.approval_id:
+            await self._redeem(call, call.request.approval_id, decision)
+        elif decision.required:
+            preview = await self._store(self.approvals.open_preview(self._to_approve(call), decision))
+            raise _Stop(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, preview.reason), status=Status.APPROVAL_REQUIRED,
+                        preview=preview)
+
+    async def _redeem(self, call: _Call, approval_id: str, decision: Decision) -> None:
+        try:
+            refusal = await self._store(self.approvals.redeem(approval_id, self._to_approve(call), decision))
+        except PolicyEvaluationError as exc:
+            log.error("approver policy failed for request %s: %s", call.request_id, exc)
+            refusal = Refusal(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "policy evaluation failed; "
+                                           "the call was denied"))
+        call.decisions["approval_id"] = approval_id
+        if refusal is not None:
+            status = Status.APPROVAL_REQUIRED if refusal.preview is not None else Status.ERROR
+            raise _Stop(refusal.error, status=status, preview=refusal.preview)
+
+    def _to_approve(self, call: _Call) -> CallToApprove:
+        assert call.defn is not None and call.arguments is not None
+        return CallToApprove(call.principal, call.defn.name, call.defn.version, call.arguments, call.policy_revision)
 
     async def _decide(self, call: _Call, stage: Stage) -> Decision:
         assert call.inputs is not None
@@ -318,10 +339,10 @@ class Pipeline:
             call.request_hash = sha256_hex({"tool": call.request.tool, "version": version, "arguments": arguments})
         return call.request_hash
 
-    def _result(self, call: _Call, status: Status, *, data: Any = None,
-                errors: tuple[ErrorInfo, ...] = ()) -> ToolResult:
+    def _result(self, call: _Call, status: Status, *, data: Any = None, errors: tuple[ErrorInfo, ...] = (),
+                preview: Preview | None = None) -> ToolResult:
         error = errors[0] if errors else None
-        return ToolResult(status=status, data=data, error=error, errors=errors, meta=self._meta(call))
+        return ToolResult(status=status, data=data, error=error, errors=errors, meta=self._meta(call), preview=preview)
 
     def _meta(self, call: _Call) -> ResultMeta:
         defn = call.defn

@@ -27,6 +27,8 @@ from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.config import UNIX_PREFIX, AuthMode, Limits, Settings
 from sidecar.contract import Principal
 from sidecar.policy.reload import ReloadingEngine, ReloadStatus
+from sidecar.server.approval_service import SERVICE_NAME as APPROVAL_SERVICE_NAME
+from sidecar.server.approval_service import ApprovalGateway, ApprovalServicer
 from sidecar.server.auth import Authenticator
 from sidecar.server.policy_service import RELOAD_HEALTH_NAME, PolicyServicer, StatusProvider
 from sidecar.server.policy_service import SERVICE_NAME as POLICY_SERVICE_NAME
@@ -74,20 +76,28 @@ class Sidecar:
         _remove_sockets(self.socket_paths)
 
 
-async def create_server(settings: Settings, gateway: ToolGateway, *,
-                        policy: StatusProvider | None = None) -> tuple[grpc.aio.Server, Sidecar]:
+async def create_server(settings: Settings, gateway: ToolGateway, *, policy: StatusProvider | None = None,
+                        approvals: ApprovalGateway | None = None) -> tuple[grpc.aio.Server, Sidecar]:
     """Build the server with every service and bind each ``settings.server.listen`` address.
 
-    With ``policy`` (the reloading engine) the ``PolicyService`` answers status requests.
+    With ``policy`` (the reloading engine) the ``PolicyService`` answers status requests; with
+    ``approvals`` (the pipeline's) the ``ApprovalService`` serves approvers.
     """
     dev = settings.auth.effective_mode is AuthMode.DEV
     authenticator = Authenticator(settings.auth)
     server = grpc.aio.server(options=_channel_options(settings.limits))
     pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway, authenticator), server)
     names = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
+    operators = set(settings.auth.operator_roles)
+
+    def is_operator(who: Principal) -> bool:
+        return dev or bool(operators & set(who.roles))
+
+    if approvals is not None:
+        pb_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(approvals, authenticator, is_operator), server)
+        names.append(APPROVAL_SERVICE_NAME)
     if policy is not None:
-        operators = set(settings.auth.operator_roles)
-        servicer = PolicyServicer(policy, authenticator, lambda who: dev or bool(operators & set(who.roles)))
+        servicer = PolicyServicer(policy, authenticator, is_operator)
         pb_grpc.add_PolicyServiceServicer_to_server(servicer, server)
         names.append(POLICY_SERVICE_NAME)
     health_servicer = await _add_health(server)
@@ -109,7 +119,7 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
     reloader = await open_reloading(settings.policy)
     pipeline = await build_pipeline(settings, registry=registry, policy=with_cache(reloader, settings.policy))
     try:
-        _, sidecar = await create_server(settings, pipeline, policy=reloader)
+        _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals)
         reloader.on_status = sidecar.report_policy
         try:
             await sidecar.start()

@@ -13,9 +13,12 @@ from typing import Any, Generic, TypeVar
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.contract import (
+    ApprovalResult,
     CallRequest,
     ErrorCode,
     ErrorInfo,
+    Preview,
+    PreviewState,
     Recovery,
     ResultMeta,
     SideEffect,
@@ -58,6 +61,8 @@ STATUS = EnumMap(Status, pb.Status)
 ERROR_CODE = EnumMap(ErrorCode, pb.ErrorCode)
 RECOVERY = EnumMap(Recovery, pb.Recovery)
 SIDE_EFFECT = EnumMap(SideEffect, pb.SideEffect)
+PREVIEW_STATE = EnumMap(PreviewState, pb.PreviewState)
+_OPTIONAL_PREVIEW_FIELDS = ("decided_by", "decided_at", "comment")
 
 
 def _dumps(value: Any) -> str:
@@ -104,6 +109,7 @@ def result_to_pb(result: ToolResult) -> pb.ToolResult:
         error=None if result.error is None else error_to_pb(result.error),
         errors=[error_to_pb(error) for error in result.errors],
         meta=meta_to_pb(result.meta),
+        preview=None if result.preview is None else preview_to_pb(result.preview),
     )
 
 
@@ -115,7 +121,37 @@ def result_from_pb(message: pb.ToolResult) -> ToolResult:
         error=error_from_pb(message.error) if message.HasField("error") else None,
         errors=tuple(error_from_pb(error) for error in message.errors),
         meta=meta_from_pb(message.meta),
+        preview=preview_from_pb(message.preview) if message.HasField("preview") else None,
     )
+
+
+def preview_to_pb(preview: Preview) -> pb.Preview:
+    """A preview as proto; ``None`` becomes ``""``."""
+    fields = preview.model_dump(exclude={"state"})
+    fields.update({name: fields[name] or "" for name in _OPTIONAL_PREVIEW_FIELDS})
+    return pb.Preview(**fields, state=PREVIEW_STATE.to_pb(preview.state))
+
+
+def preview_from_pb(message: pb.Preview) -> Preview:
+    """A proto preview as a domain preview; empty optional fields become ``None``."""
+    return Preview(
+        preview_id=message.preview_id, preview_hash=message.preview_hash, call_json=message.call_json,
+        reason=message.reason, expires_at=message.expires_at, state=PREVIEW_STATE.from_pb(message.state),
+        approver_roles=tuple(message.approver_roles),
+        **{name: getattr(message, name) or None for name in _OPTIONAL_PREVIEW_FIELDS},
+    )
+
+
+def approval_to_pb(result: ApprovalResult) -> pb.ApprovalResult:
+    """An approval outcome as proto."""
+    return pb.ApprovalResult(ok=result.ok, error=None if result.error is None else error_to_pb(result.error),
+                             preview=None if result.preview is None else preview_to_pb(result.preview))
+
+
+def approval_from_pb(message: pb.ApprovalResult) -> ApprovalResult:
+    """A proto approval outcome as a domain one."""
+    return ApprovalResult(ok=message.ok, error=error_from_pb(message.error) if message.HasField("error") else None,
+                          preview=preview_from_pb(message.preview) if message.HasField("preview") else None)
 
 
 def descriptor_to_pb(descriptor: ToolDescriptor) -> pb.ToolDescriptor:

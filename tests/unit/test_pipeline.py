@@ -143,6 +143,7 @@ async def test_approval_required_does_not_run_handler(make_pipeline: PipelineFac
     result = await call(await make_pipeline(), "send_email", {"text": "x"}, idempotency_key="k1")
     assert result.status is Status.APPROVAL_REQUIRED and result.error is not None
     assert result.error.code is ErrorCode.APPROVAL_REQUIRED and result.error.recovery is Recovery.REQUEST_USER_INPUT
+    assert result.preview is not None and result.preview.reason == result.error.message
 
 
 @pytest.mark.parametrize("stage", CALL_STAGES)
@@ -364,9 +365,9 @@ async def test_policy_input_has_the_documented_shape(make_pipeline: PipelineFact
     assert approval["call"] == authz["call"]
 
 
-async def test_approval_ids_are_refused_until_approvals_exist(make_pipeline: PipelineFactory) -> None:
+async def test_an_unknown_approval_id_runs_nothing(make_pipeline: PipelineFactory) -> None:
     result = await call(await make_pipeline(), "echo", {"text": "x"}, approval_id="p-1")
-    assert result.error is not None and result.error.code is ErrorCode.INVALID_ARGUMENT
+    assert result.error is not None and result.error.code is ErrorCode.RESOURCE_NOT_FOUND
     assert result.error.field == "approval_id" and result.meta.attempt == 0
 
 

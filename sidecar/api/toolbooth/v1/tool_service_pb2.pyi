@@ -7,6 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PreviewState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PREVIEW_STATE_UNSPECIFIED: _ClassVar[PreviewState]
+    PREVIEW_STATE_PENDING: _ClassVar[PreviewState]
+    PREVIEW_STATE_APPROVED: _ClassVar[PreviewState]
+    PREVIEW_STATE_DENIED: _ClassVar[PreviewState]
+    PREVIEW_STATE_USED: _ClassVar[PreviewState]
+
 class SideEffect(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SIDE_EFFECT_UNSPECIFIED: _ClassVar[SideEffect]
@@ -49,6 +57,11 @@ class Recovery(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RECOVERY_CHECK_OPERATION_STATUS: _ClassVar[Recovery]
     RECOVERY_RETRY_WITH_BACKOFF: _ClassVar[Recovery]
     RECOVERY_RETRY_SAME_REQUEST: _ClassVar[Recovery]
+PREVIEW_STATE_UNSPECIFIED: PreviewState
+PREVIEW_STATE_PENDING: PreviewState
+PREVIEW_STATE_APPROVED: PreviewState
+PREVIEW_STATE_DENIED: PreviewState
+PREVIEW_STATE_USED: PreviewState
 SIDE_EFFECT_UNSPECIFIED: SideEffect
 SIDE_EFFECT_NONE: SideEffect
 SIDE_EFFECT_INTERNAL_REVERSIBLE: SideEffect
@@ -80,6 +93,70 @@ RECOVERY_REQUEST_USER_INPUT: Recovery
 RECOVERY_CHECK_OPERATION_STATUS: Recovery
 RECOVERY_RETRY_WITH_BACKOFF: Recovery
 RECOVERY_RETRY_SAME_REQUEST: Recovery
+
+class Preview(_message.Message):
+    __slots__ = ("preview_id", "preview_hash", "call_json", "reason", "expires_at", "state", "approver_roles", "decided_by", "decided_at", "comment")
+    PREVIEW_ID_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_HASH_FIELD_NUMBER: _ClassVar[int]
+    CALL_JSON_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    APPROVER_ROLES_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    preview_id: str
+    preview_hash: str
+    call_json: str
+    reason: str
+    expires_at: str
+    state: PreviewState
+    approver_roles: _containers.RepeatedScalarFieldContainer[str]
+    decided_by: str
+    decided_at: str
+    comment: str
+    def __init__(self, preview_id: _Optional[str] = ..., preview_hash: _Optional[str] = ..., call_json: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[str] = ..., state: _Optional[_Union[PreviewState, str]] = ..., approver_roles: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., decided_at: _Optional[str] = ..., comment: _Optional[str] = ...) -> None: ...
+
+class ApproveOperationRequest(_message.Message):
+    __slots__ = ("preview_id", "preview_hash", "comment")
+    PREVIEW_ID_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_HASH_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    preview_id: str
+    preview_hash: str
+    comment: str
+    def __init__(self, preview_id: _Optional[str] = ..., preview_hash: _Optional[str] = ..., comment: _Optional[str] = ...) -> None: ...
+
+class DenyOperationRequest(_message.Message):
+    __slots__ = ("preview_id", "reason")
+    PREVIEW_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    preview_id: str
+    reason: str
+    def __init__(self, preview_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ApprovalResult(_message.Message):
+    __slots__ = ("ok", "error", "preview")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: ToolError
+    preview: Preview
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., preview: _Optional[_Union[Preview, _Mapping]] = ...) -> None: ...
+
+class ListPreviewsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListPreviewsResponse(_message.Message):
+    __slots__ = ("previews",)
+    PREVIEWS_FIELD_NUMBER: _ClassVar[int]
+    previews: _containers.RepeatedCompositeFieldContainer[Preview]
+    def __init__(self, previews: _Optional[_Iterable[_Union[Preview, _Mapping]]] = ...) -> None: ...
 
 class GetPolicyStatusRequest(_message.Message):
     __slots__ = ()
@@ -182,15 +259,17 @@ class ResultMeta(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tool: _Optional[str] = ..., tool_version: _Optional[str] = ..., duration_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., idempotency_replayed: _Optional[bool] = ..., truncated: _Optional[bool] = ..., policy_revision: _Optional[str] = ...) -> None: ...
 
 class ToolResult(_message.Message):
-    __slots__ = ("status", "data_json", "error", "errors", "meta")
+    __slots__ = ("status", "data_json", "error", "errors", "meta", "preview")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DATA_JSON_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     META_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_FIELD_NUMBER: _ClassVar[int]
     status: Status
     data_json: str
     error: ToolError
     errors: _containers.RepeatedCompositeFieldContainer[ToolError]
     meta: ResultMeta
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[ToolError, _Mapping]]] = ..., meta: _Optional[_Union[ResultMeta, _Mapping]] = ...) -> None: ...
+    preview: Preview
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[ToolError, _Mapping]]] = ..., meta: _Optional[_Union[ResultMeta, _Mapping]] = ..., preview: _Optional[_Union[Preview, _Mapping]] = ...) -> None: ...

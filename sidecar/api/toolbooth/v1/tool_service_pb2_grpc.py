@@ -146,6 +146,179 @@ class ToolService:
             _registered_method=True)
 
 
+class ApprovalServiceStub:
+    """ApprovalService is for the people (and their UIs) who approve calls that need approval.
+    It is a service of its own, apart from the agent's ToolService, so that a deployment can
+    route or restrict it separately (e.g. expose it to an approval UI only). Callers
+    authenticate as usual; data.toolbooth.approval.approver decides who may approve what.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ApproveOperation = channel.unary_unary(
+                '/toolbooth.v1.ApprovalService/ApproveOperation',
+                request_serializer=toolbooth_dot_v1_dot_tool__service__pb2.ApproveOperationRequest.SerializeToString,
+                response_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.ApprovalResult.FromString,
+                _registered_method=True)
+        self.DenyOperation = channel.unary_unary(
+                '/toolbooth.v1.ApprovalService/DenyOperation',
+                request_serializer=toolbooth_dot_v1_dot_tool__service__pb2.DenyOperationRequest.SerializeToString,
+                response_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.ApprovalResult.FromString,
+                _registered_method=True)
+        self.ListPreviews = channel.unary_unary(
+                '/toolbooth.v1.ApprovalService/ListPreviews',
+                request_serializer=toolbooth_dot_v1_dot_tool__service__pb2.ListPreviewsRequest.SerializeToString,
+                response_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.ListPreviewsResponse.FromString,
+                _registered_method=True)
+
+
+class ApprovalServiceServicer:
+    """ApprovalService is for the people (and their UIs) who approve calls that need approval.
+    It is a service of its own, apart from the agent's ToolService, so that a deployment can
+    route or restrict it separately (e.g. expose it to an approval UI only). Callers
+    authenticate as usual; data.toolbooth.approval.approver decides who may approve what.
+    """
+
+    def ApproveOperation(self, request, context):
+        """ApproveOperation approves exactly the preview the approver saw (its hash), once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DenyOperation(self, request, context):
+        """DenyOperation denies a pending preview; the call can then never run under it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPreviews(self, request, context):
+        """ListPreviews returns the pending previews the caller may approve (operators: all).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ApprovalServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ApproveOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApproveOperation,
+                    request_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.ApproveOperationRequest.FromString,
+                    response_serializer=toolbooth_dot_v1_dot_tool__service__pb2.ApprovalResult.SerializeToString,
+            ),
+            'DenyOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.DenyOperation,
+                    request_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.DenyOperationRequest.FromString,
+                    response_serializer=toolbooth_dot_v1_dot_tool__service__pb2.ApprovalResult.SerializeToString,
+            ),
+            'ListPreviews': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPreviews,
+                    request_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.ListPreviewsRequest.FromString,
+                    response_serializer=toolbooth_dot_v1_dot_tool__service__pb2.ListPreviewsResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'toolbooth.v1.ApprovalService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('toolbooth.v1.ApprovalService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ApprovalService:
+    """ApprovalService is for the people (and their UIs) who approve calls that need approval.
+    It is a service of its own, apart from the agent's ToolService, so that a deployment can
+    route or restrict it separately (e.g. expose it to an approval UI only). Callers
+    authenticate as usual; data.toolbooth.approval.approver decides who may approve what.
+    """
+
+    @staticmethod
+    def ApproveOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolbooth.v1.ApprovalService/ApproveOperation',
+            toolbooth_dot_v1_dot_tool__service__pb2.ApproveOperationRequest.SerializeToString,
+            toolbooth_dot_v1_dot_tool__service__pb2.ApprovalResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DenyOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolbooth.v1.ApprovalService/DenyOperation',
+            toolbooth_dot_v1_dot_tool__service__pb2.DenyOperationRequest.SerializeToString,
+            toolbooth_dot_v1_dot_tool__service__pb2.ApprovalResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPreviews(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolbooth.v1.ApprovalService/ListPreviews',
+            toolbooth_dot_v1_dot_tool__service__pb2.ListPreviewsRequest.SerializeToString,
+            toolbooth_dot_v1_dot_tool__service__pb2.ListPreviewsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class PolicyServiceStub:
     """PolicyService tells operators which policy revision is in force.
     """

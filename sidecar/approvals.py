@@ -1,0 +1,219 @@
+"""Approvals bound to the exact call (DESIGN.md, stage 5; ``docs/approvals.md``).
+
+A call the approval policy holds gets a preview: the canonical call (tool, version, validated
+arguments, requesting principal, policy revision), its hash, a random id and an expiry. An
+approver approves that hash (``data.toolbooth.approval.approver`` decides who may); the later
+``ExecuteTool`` with ``approval_id`` runs only if its own canonical call hashes the same, and
+consumes the approval atomically first: one approval, one run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.canonical import canonical_json, sha256_hex
+from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview, PreviewState, Principal
+from sidecar.policy import Decision, MalformedDecisionError, PolicyEngine, PolicyEvaluationError, Stage
+from sidecar.policy.input import PolicyInput, now_utc
+from sidecar.state import Store, StoreUnavailableError
+from sidecar.state.previews import PreviewRecord
+
+log = logging.getLogger("toolbooth.approvals")
+DEFAULT_PREVIEW_TTL_SECONDS = 15 * 60
+DEFAULT_APPROVER_ROLES = ("approver",)
+
+
+@dataclass(frozen=True, slots=True)
+class CallToApprove:
+    """What an approval is bound to: one validated call by one principal under one policy revision."""
+
+    principal: Principal
+    tool: str
+    version: str
+    arguments: dict[str, Any]  # validated, as JSON data
+    policy_revision: str
+
+    def canonical(self, policy_revision: str | None = None) -> dict[str, Any]:
+        """The canonical call (with another ``policy_revision`` to compare with an older preview)."""
+        return {"tool": self.tool, "version": self.version, "arguments": self.arguments,
+                "principal": {"id": self.principal.id, "tenant": self.principal.tenant},
+                "policy_revision": self.policy_revision if policy_revision is None else policy_revision}
+
+
+def preview_hash(canonical: dict[str, Any]) -> str:
+    """``sha256:`` + hex over the canonical JSON of a canonical call: equal for any key order."""
+    return sha256_hex(canonical)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why an approved call may not run; ``preview`` is the one to approve (with ``APPROVAL_REQUIRED``)."""
+
+    error: ErrorInfo
+    preview: Preview | None = None
+
+
+class Approvals:
+    """Opens previews, records approvers' decisions, redeems approvals."""
+
+    def __init__(self, store: Store, policy: PolicyEngine) -> None:
+        self.store, self.policy = store, policy
+
+    async def open_preview(self, call: CallToApprove, decision: Decision) -> Preview:
+        """Store a pending preview of ``call`` (``StoreUnavailableError`` if it cannot be)."""
+        canonical = call.canonical()
+        now = time.time()
+        record = PreviewRecord(
+            preview_id=secrets.token_urlsafe(24), preview_hash=preview_hash(canonical), tenant=call.principal.tenant,
+            principal_id=call.principal.id, tool=call.tool, tool_version=call.version,
+            call_json=canonical_json(canonical), policy_revision=call.policy_revision,
+            reason=decision.reason or "this call needs a person's approval",
+            approver_roles=decision.approver_roles or DEFAULT_APPROVER_ROLES, created_at=now,
+            expires_at=now + (decision.preview_ttl_seconds or DEFAULT_PREVIEW_TTL_SECONDS))
+        await self.store.save_preview(record)
+        return to_preview(record)
+
+    async def approve(self, approver: Principal, preview_id: str, hash_seen: str,
+                      comment: str | None) -> ApprovalResult:
+        """Approve ``preview_id`` if ``approver`` may and ``hash_seen`` is its hash."""
+        return await self._decide(approver, preview_id, PreviewState.APPROVED, comment, hash_seen)
+
+    async def deny(self, approver: Principal, preview_id: str, reason: str) -> ApprovalResult:
+        """Deny ``preview_id`` if ``approver`` may; ``reason`` is required."""
+        if not reason.strip():
+            return _refused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "a denial needs a reason", field="reason"))
+        return await self._decide(approver, preview_id, PreviewState.DENIED, reason, None)
+
+    async def pending(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]:
+        """Unexpired pending previews ``principal`` may approve (``all_of_them``: every one, for operators)."""
+        now = time.time()
+        records = [r for r in await self.store.list_previews(PreviewState.PENDING, limit=limit) if r.expires_at > now]
+        if not all_of_them:
+            records = [r for r in records if (await self._approver_decision(principal, r)).allow]
+        return [to_preview(r) for r in records]
+
+    async def redeem(self, approval_id: str, call: CallToApprove, decision: Decision) -> Refusal | None:
+        """Consume the approval ``approval_id`` for ``call`` (``decision``: the approval policy's, now);
+        ``None`` when the call may run. ``StoreUnavailableError`` and ``PolicyEvaluationError`` pass."""
+        record = await self.store.get_preview(approval_id)
+        if record is None:
+            return Refusal(_error(ErrorCode.RESOURCE_NOT_FOUND, "there is no approval with this id"))
+        if refusal := _mismatch(record, call) or _unusable(record):
+            return refusal
+        if record.policy_revision != call.policy_revision and not await self._still_counts(record, decision):
+            fresh = await self.open_preview(call, decision)
+            return Refusal(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, "the policy changed since this approval and "
+                                        "it no longer suffices: " + fresh.reason), fresh)
+        if not await self.store.consume_approval(record.preview_id, now=time.time()):
+            return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval was already used"))
+        return None
+
+    async def _still_counts(self, record: PreviewRecord, decision: Decision) -> bool:
+        """Under a new policy revision: an approval counts if approval is no longer required, or if its
+        approver may still approve the call with the approver roles the new decision names."""
+        if not decision.required:
+            return True
+        assert record.decided_by is not None  # approved
+        approver = Principal.model_validate_json(record.decided_by)
+        roles = decision.approver_roles or DEFAULT_APPROVER_ROLES
+        return (await self._approver_decision(approver, record, approver_roles=roles)).allow
+
+    async def _decide(self, approver: Principal, preview_id: str, state: PreviewState, comment: str | None,
+                      hash_seen: str | None) -> ApprovalResult:
+        try:
+            return await self._decide_or_refuse(approver, preview_id, state, comment, hash_seen)
+        except StoreUnavailableError as exc:
+            log.error("store unavailable while deciding preview %s: %s", preview_id, exc)
+            return _refused(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "state store unavailable; nothing changed"))
+        except MalformedDecisionError as exc:
+            log.error("malformed approver decision for preview %s: %s", preview_id, exc)
+            return _refused(ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the policy returned a malformed decision"))
+        except PolicyEvaluationError as exc:
+            log.error("approver policy failed for preview %s: %s", preview_id, exc)
+            return _refused(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "policy evaluation failed; nothing changed"))
+
+    async def _decide_or_refuse(self, approver: Principal, preview_id: str, state: PreviewState,
+                                comment: str | None, hash_seen: str | None) -> ApprovalResult:
+        record = await self.store.get_preview(preview_id)
+        if record is None:
+            return _refused(ErrorInfo.of(ErrorCode.RESOURCE_NOT_FOUND, "there is no preview with this id",
+                                         field="preview_id"))
+        allowed = await self._approver_decision(approver, record)
+        if not allowed.allow:
+            return _refused(ErrorInfo.of(ErrorCode.PERMISSION_DENIED, allowed.reason or "you may not decide this"))
+        if record.expires_at <= time.time():
+            return _refused(ErrorInfo.of(ErrorCode.PREVIEW_EXPIRED, "the preview expired", field="preview_id"),
+                            record)
+        if hash_seen is not None and not hmac.compare_digest(hash_seen.encode(), record.preview_hash.encode()):
+            return _refused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "preview_hash is not the hash of this preview",
+                                         field="preview_hash"), record)
+        decided_by = approver.model_dump_json()
+        if not await self.store.decide_preview(preview_id, state, decided_by=decided_by, comment=comment or None,
+                                               now=time.time()):
+            current = await self.store.get_preview(preview_id) or record
+            return _refused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, f"the preview is already {current.state}",
+                                         field="preview_id"), current)
+        log.info("preview %s %s by %s", preview_id, state, approver.id)
+        return ApprovalResult(ok=True, preview=to_preview(await self.store.get_preview(preview_id) or record))
+
+    async def _approver_decision(self, approver: Principal, record: PreviewRecord, *,
+                                 approver_roles: tuple[str, ...] | None = None) -> Decision:
+        """``data.toolbooth.approval.approver`` for ``approver`` and ``record`` (never cached)."""
+        preview = {"preview_id": record.preview_id, "tool": record.tool, "tool_version": record.tool_version,
+                   "reason": record.reason, "requested_by": {"id": record.principal_id, "tenant": record.tenant},
+                   "approver_roles": list(approver_roles or record.approver_roles)}
+        document = {"principal": approver.model_dump(mode="json"), "preview": preview,
+                    "context": {"stage": Stage.APPROVER.value, "time": now_utc()}}
+        return await self.policy.decide(Stage.APPROVER, PolicyInput.of(document))
+
+
+def _mismatch(record: PreviewRecord, call: CallToApprove) -> Refusal | None:
+    """A refusal unless ``call`` is exactly the previewed call (under the preview's policy revision)."""
+    if (record.tenant, record.principal_id) != (call.principal.tenant, call.principal.id):
+        return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval is for another principal's call"))
+    if not hmac.compare_digest(preview_hash(call.canonical(record.policy_revision)), record.preview_hash):
+        return Refusal(_error(ErrorCode.INVALID_ARGUMENT, "the call differs from the approved one (tool, version or "
+                              "arguments); send exactly the approved call"))
+    return None
+
+
+def _unusable(record: PreviewRecord) -> Refusal | None:
+    """A refusal unless ``record`` is an approved, unexpired, unused approval."""
+    if record.state is PreviewState.DENIED:
+        return Refusal(_error(ErrorCode.PERMISSION_DENIED, f"an approver denied this call: {record.comment}"))
+    if record.state is PreviewState.USED:
+        return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval was already used"))
+    if record.expires_at <= time.time():
+        return Refusal(_error(ErrorCode.PREVIEW_EXPIRED, "the preview expired before the call ran"))
+    if record.state is PreviewState.PENDING:
+        return Refusal(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, "this call is not approved yet"), to_preview(record))
+    return None
+
+
+def _error(code: ErrorCode, message: str) -> ErrorInfo:
+    return ErrorInfo.of(code, message, field="approval_id")
+
+
+def _refused(error: ErrorInfo, record: PreviewRecord | None = None) -> ApprovalResult:
+    return ApprovalResult(ok=False, error=error, preview=None if record is None else to_preview(record))
+
+
+def to_preview(record: PreviewRecord) -> Preview:
+    """A stored preview as callers see it: times in RFC 3339, the approver by id."""
+    decided_by = None if record.decided_by is None else json.loads(record.decided_by)["id"]
+    return Preview(preview_id=record.preview_id, preview_hash=record.preview_hash, call_json=record.call_json,
+                   reason=record.reason, expires_at=_rfc3339(record.expires_at), state=record.state,
+                   approver_roles=record.approver_roles, decided_by=decided_by,
+                   decided_at=None if record.decided_at is None else _rfc3339(record.decided_at),
+                   comment=record.comment)
+
+
+def _rfc3339(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,247 @@
+"""Approvals through a real server: preview, approve with another principal's token, run exactly once,
+and every way a tampered, replayed, denied, expired or re-decided approval runs nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.client import AsyncClient
+from sidecar.config import Limits, Settings, bundled_policy_dir
+from sidecar.contract import ErrorCode, Preview, PreviewState, Recovery, Status, ToolResult
+from sidecar.pipeline import Pipeline
+from sidecar.policy import Decision, PolicyEngine, Stage
+from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.policy.input import PolicyInput
+from sidecar.registry import Registry
+from sidecar.server import create_server
+from sidecar.state.sqlite import SqliteStore
+from tests.support import tools
+
+NOTE = {"title": "launch", "body": "at noon"}
+Tokens = Callable[..., str]
+
+
+class SwappableEngine:
+    """A policy engine whose policies a test replaces between two calls (a new revision)."""
+
+    def __init__(self, inner: PolicyEngine) -> None:
+        self.inner = inner
+
+    @property
+    def revision(self) -> str:
+        return self.inner.revision
+
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
+        return await self.inner.decide(stage, input)
+
+    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
+        return await self.inner.decide_many(stage, inputs)
+
+
+def policies(root: Path, **approval: Any) -> EmbeddedEngine:
+    """The default policies with ``file_note`` requiring approval and ``approval`` merged into the data."""
+    shutil.copytree(bundled_policy_dir(), root)
+    data = json.loads((root / "data.json").read_text())
+    data["toolbooth"]["approval"].update({"tools": ["file_note"], **approval})
+    (root / "data.json").write_text(json.dumps(data))
+    return EmbeddedEngine.load(root)
+
+
+class World:
+    """One sidecar with approvals; ``client(sub, roles)`` connects with a token of that principal."""
+
+    def __init__(self, target: str, tokens: Tokens, engine: SwappableEngine, tmp: Path) -> None:
+        self.target, self.tokens, self.engine, self.tmp = target, tokens, engine, tmp
+        self.clients: list[AsyncClient] = []
+
+    def client(self, sub: str = "alice", roles: Sequence[str] = ("developer",), tenant: str = "acme") -> AsyncClient:
+        client = AsyncClient(self.target, token=self.tokens(sub=sub, roles=list(roles), tenant=tenant))
+        self.clients.append(client)
+        return client
+
+    @property
+    def agent(self) -> AsyncClient:
+        return self.client()
+
+    @property
+    def approver(self) -> AsyncClient:
+        return self.client("bob", ("approver",))
+
+    async def preview(self, arguments: Any = None, key: str = "k-1") -> Preview:
+        result = await self.agent.execute("file_note", NOTE if arguments is None else arguments, idempotency_key=key)
+        assert result.status is Status.APPROVAL_REQUIRED and result.preview is not None
+        return result.preview
+
+    async def approved(self, **changes: Any) -> Preview:
+        preview = await self.preview(**changes)
+        assert (await self.approver.approve(preview.preview_id, preview.preview_hash, comment="fine")).ok
+        return preview
+
+
+@pytest.fixture
+async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
+                make_token: Tokens) -> AsyncIterator[Callable[..., Awaitable[World]]]:
+    """``await world(**approval_data)``: a JWT sidecar on TCP with the test tools and a SQLite store."""
+    pipelines: list[Pipeline] = []
+    servers: list[Any] = []
+    made: list[World] = []
+
+    async def make(**approval: Any) -> World:
+        engine = SwappableEngine(policies(tmp_path / "policies", **approval))
+        store = await SqliteStore.open(tmp_path / "store.db")
+        pipeline = Pipeline(registry=Registry.from_tools(tools.ALL), policy=engine, store=store, limits=Limits())
+        pipelines.append(pipeline)
+        _, sidecar = await create_server(make_settings(auth=jwt_auth), pipeline, approvals=pipeline.approvals)
+        servers.append(sidecar)
+        await sidecar.start()
+        made.append(world := World(sidecar.addresses[-1], make_token, engine, tmp_path))
+        return world
+
+    yield make
+    for world in made:
+        await asyncio.gather(*(client.close() for client in world.clients))
+    for sidecar in servers:
+        await sidecar.stop(None)
+    for pipeline in pipelines:
+        await pipeline.aclose()
+
+
+def refused(result: ToolResult, code: ErrorCode) -> None:
+    assert result.status is not Status.SUCCESS and result.error is not None, result
+    assert result.error.code is code, result.error
+    assert result.meta.attempt == 0
+
+
+async def test_happy_path_runs_the_approved_call_once(world: Callable[..., Awaitable[World]]) -> None:
+    w = await world()
+    before = tools.CREATED.value
+    preview = await w.preview()
+    assert preview.state is PreviewState.PENDING and preview.approver_roles == ("approver",)
+    call = json.loads(preview.call_json)
+    assert call["tool"] == "file_note" and call["arguments"] == NOTE
+    assert call["principal"] == {"id": "alice", "tenant": "acme"} and call["policy_revision"] == w.engine.revision
+    approval = await w.approver.approve(preview.preview_id, preview.preview_hash, comment="fine")
+    assert approval.ok and approval.preview is not None
+    assert (approval.preview.state, approval.preview.decided_by, approval.preview.comment) == (
+        PreviewState.APPROVED, "bob", "fine")
+    result = await w.agent.execute("file_note", NOTE, idempotency_key="k-2", approval_id=preview.preview_id)
+    assert result.status is Status.SUCCESS and result.data == {"count": before + 1}
+    replay = await w.agent.execute("file_note", NOTE, idempotency_key="k-3", approval_id=preview.preview_id)
+    refused(replay, ErrorCode.PERMISSION_DENIED)
+    assert replay.error is not None and "already used" in replay.error.message
+    assert tools.CREATED.value == before + 1
+
+
+async def test_reordered_keys_still_match(world: Callable[..., Awaitable[World]]) -> None:
+    w = await world()
+    preview = await w.approved()
+    result = await w.agent.execute("file_note", '{"body": "at noon",  "title": "launch"}', idempotency_key="k-2",
+                                   approval_id=preview.preview_id)
+    assert result.status is Status.SUCCESS
+
+
+async def test_changed_argument_runs_nothing_and_keeps_the_approval(world: Callable[..., Awaitable[World]]) -> None:
+    w = await world()
+    preview = await w.approved()
+    changed = await w.agent.execute("file_note", {**NOTE, "body": "at midnight"}, idempotency_key="k-2",
+                                    approval_id=preview.preview_id)
+    refused(changed, ErrorCode.INVALID_ARGUMENT)
+    assert changed.error is not None and changed.error.recovery is Recovery.CORRECT_ARGUMENTS
+    assert (await w.agent.execute("file_note", NOTE, idempotency_key="k-3",
+                                  approval_id=preview.preview_id)).status is Status.SUCCESS
+
+
+async def test_another_principal_cannot_use_the_approval(world: Callable[..., Awaitable[World]]) -> None:
+    w = await world()
+    preview = await w.approved()
+    other = await w.client("carol").execute("file_note", NOTE, idempotency_key="k-2", approval_id=preview.preview_id)
+    refused(other, ErrorCode.PERMISSION_DENIED)
+
+
+@pytest.mark.parametrize(("sub", "roles", "tenant"), [
+    ("alice", ("developer", "approver"), "acme"),  # self-approval
+    ("bob", ("developer",), "acme"),  # no approver role
+    ("bob", ("approver",), "globex"),  # another tenant
+], ids=["self", "no-role", "other-tenant"])
+async def test_who_may_not_approve(world: Callable[..., Awaitable[World]], sub: str, roles: tuple[str, ...],
+                                   tenant: str) -> None:
+    w = await world()
+    preview = await w.preview()
+    result = await w.client(sub, roles, tenant).approve(preview.preview_id, preview.preview_hash)
+    assert not result.ok and result.error is not None and result.error.code is ErrorCode.PERMISSION_DENIED
+    assert result.preview is None
+    pending = await w.agent.execute("file_note", NOTE, idempotency_key="k-2", approval_id=preview.preview_id)
+    assert pending.status is Status.APPROVAL_REQUIRED and pending.preview == preview
+
+
+async def test_hash_mismatch_approves_nothing(world: Callable[..., Awaitable[World]]) -> None:
+    w = await world()
+    preview = await w.preview()
+    other = await w.preview({**NOTE, "body": "at midnight"}, key="k-2")
+    result = await w.approver.approve(preview.preview_id, other.preview_hash)
+    assert not result.ok and result.error is not None and result.error.code is ErrorCode.INVALID_ARGUMENT
+    assert result.error.field == "preview_hash" and result.preview is not None
+    assert result.preview.state is PreviewState.PENDING
+
+
+async def test_unknown_preview(world: Callable[..., Awaitable[World]]) -> None:
+    w = await world()
+    result = await w.approver.approve("no-such-preview", "sha256:00")
+    assert not result.ok and result.error is not None and result.error.code is ErrorCode.RESOURCE_NOT_FOUND
+    refused(await w.agent.execute("file_note", NOTE, idempotency_key="k", approval_id="no-such-preview"),
+            ErrorCode.RESOURCE_NOT_FOUND)
+
+
+async def test_denied_call_never_runs(world: Callable[..., Awaitable[World]]) -> None:
+    w = await world()
+    preview = await w.preview()
+    assert not (await w.approver.deny(preview.preview_id, reason=" ")).ok  # a reason is required
+    denial = await w.approver.deny(preview.preview_id, reason="not before the review")
+    assert denial.ok and denial.preview is not None and denial.preview.state is PreviewState.DENIED
+    late = await w.approver.approve(preview.preview_id, preview.preview_hash)
+    assert not late.ok and late.error is not None and late.error.code is ErrorCode.INVALID_ARGUMENT
+    result = await w.agent.execute("file_note", NOTE, idempotency_key="k-2", approval_id=preview.preview_id)
+    refused(result, ErrorCode.PERMISSION_DENIED)
+    assert result.error is not None and "not before the review" in result.error.message
+
+
+async def test_expired_preview(world: Callable[..., Awaitable[World]]) -> None:
+    w = await world(preview_ttl_seconds=1)
+    approved, pending = await w.approved(), await w.preview(key="k-2")
+    await asyncio.sleep(1.1)
+    late = await w.approver.approve(pending.preview_id, pending.preview_hash)
+    assert not late.ok and late.error is not None and late.error.code is ErrorCode.PREVIEW_EXPIRED
+    result = await w.agent.execute("file_note", NOTE, idempotency_key="k-3", approval_id=approved.preview_id)
+    refused(result, ErrorCode.PREVIEW_EXPIRED)
+    assert result.error is not None and result.error.recovery is Recovery.REQUEST_USER_INPUT
+
+
+async def test_policy_change_reevaluates_the_approval(world: Callable[..., Awaitable[World]]) -> None:
+    w = await world()
+    kept, dropped = await w.approved(), await w.approved(key="k-2")
+    w.engine.inner = policies(w.tmp / "stricter", approver_roles=["security"])  # bob is no longer enough
+    result = await w.agent.execute("file_note", NOTE, idempotency_key="k-3", approval_id=dropped.preview_id)
+    assert result.status is Status.APPROVAL_REQUIRED and result.preview is not None
+    assert result.preview.approver_roles == ("security",) and result.preview.preview_id != dropped.preview_id
+    security = w.client("sam", ("security",))
+    assert (await security.approve(result.preview.preview_id, result.preview.preview_hash)).ok
+    rerun = await w.agent.execute("file_note", NOTE, idempotency_key="k-4", approval_id=result.preview.preview_id)
+    assert rerun.status is Status.SUCCESS
+    w.engine.inner = policies(w.tmp / "relaxed", tools=[])  # no approval needed at all: the old one still counts
+    assert (await w.agent.execute("file_note", NOTE, idempotency_key="k-5",
+                                  approval_id=kept.preview_id)).status is Status.SUCCESS
+
+
+async def test_list_previews_shows_what_the_caller_may_approve(world: Callable[..., Awaitable[World]]) -> None:
+    w = await world()
+    preview = await w.preview()
+    assert [p.preview_id for p in await w.approver.previews()] == [preview.preview_id]
+    assert await w.client("carol").previews() == []
+    assert [p.preview_id for p in await w.client("olga", ("operator",)).previews()] == [preview.preview_id]
