@@ -1,4 +1,5 @@
-"""The ``toolbooth`` command: ``serve``, ``tools list``, ``call``, ``config validate``, ``policy …``, ``audit …``.
+"""The ``toolbooth`` command: ``serve``, ``tools list``, ``call``, ``config validate``, ``policy …``, ``audit …``,
+``previews list``, ``approve``, ``deny``.
 
 A thin shell over ``sidecar.config``, ``sidecar.server.serve`` and
 ``sidecar.client.Client``: it parses flags, calls one of them, prints the answer
@@ -91,10 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tools(commands)
     _add_call(commands)
     _add_config(commands)
-    from sidecar import audit_cli, policy_cli  # imported here: they use this module's helpers
+    from sidecar import approval_cli, audit_cli, policy_cli  # imported here: they use this module's helpers
 
     policy_cli.add_commands(commands)
     audit_cli.add_commands(commands)
+    approval_cli.add_commands(commands)
     return parser
 
 
@@ -125,6 +127,7 @@ def _add_call(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                       help="arguments as a JSON object, @FILE to read a file, - to read stdin (default: {})")
     call.add_argument("--idempotency-key", metavar="KEY", help="required by tools with side effects")
     call.add_argument("--conversation-id", metavar="ID")
+    call.add_argument("--approval-id", metavar="ID", help="the preview_id of an approved preview of this exact call")
     client_flags(call)
     call.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline of the call")
     call.set_defaults(handler=cmd_call)
@@ -179,7 +182,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     """``toolbooth call``: execute one call and print its typed result."""
     arguments = read_arguments(args.arguments)
     result = with_client(args, lambda client: client.execute(
-        args.tool, arguments, idempotency_key=args.idempotency_key,
+        args.tool, arguments, idempotency_key=args.idempotency_key, approval_id=args.approval_id,
         conversation_id=args.conversation_id, timeout=args.timeout))
     print(dump_json(result.model_dump(mode="json")))
     return exit_code(result.status)

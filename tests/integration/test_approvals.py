@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.cli import main
 from sidecar.client import AsyncClient
 from sidecar.config import Limits, Settings, bundled_policy_dir
 from sidecar.contract import ErrorCode, Preview, PreviewState, Recovery, Status, ToolResult
@@ -245,3 +246,25 @@ async def test_list_previews_shows_what_the_caller_may_approve(world: Callable[.
     assert [p.preview_id for p in await w.approver.previews()] == [preview.preview_id]
     assert await w.client("carol").previews() == []
     assert [p.preview_id for p in await w.client("olga", ("operator",)).previews()] == [preview.preview_id]
+
+
+async def test_cli_lists_approves_and_denies(world: Callable[..., Awaitable[World]],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    w = await world()
+    first, second = await w.preview(), await w.preview({**NOTE, "body": "later"}, key="k-2")
+    bob = ["--target", w.target, "--token", w.tokens(sub="bob", roles=["approver"])]
+
+    async def toolbooth(*argv: str) -> tuple[int, str]:
+        code = await asyncio.to_thread(main, [*argv, *bob])
+        return code, capsys.readouterr().out
+
+    code, out = await toolbooth("previews", "list")
+    assert code == 0 and first.preview_id in out and second.preview_hash in out and '"body":"later"' in out
+    code, out = await toolbooth("approve", first.preview_id, "--comment", "ok")  # the hash `previews list` shows
+    assert code == 0 and json.loads(out)["preview"]["state"] == "approved"
+    code, out = await toolbooth("approve", second.preview_id, "--hash", first.preview_hash)
+    assert code == 3 and json.loads(out)["error"]["code"] == "INVALID_ARGUMENT"
+    code, out = await toolbooth("deny", second.preview_id, "--reason", "too late")
+    assert code == 0 and json.loads(out)["preview"]["comment"] == "too late"
+    code, out = await toolbooth("previews", "list", "--output", "json")
+    assert code == 0 and json.loads(out) == []

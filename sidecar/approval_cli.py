@@ -1,0 +1,89 @@
+"""``toolbooth previews list``, ``toolbooth approve`` and ``toolbooth deny``: the approver's side, over gRPC.
+
+Each runs with the caller's token (``--token`` / ``$TOOLBOOTH_TOKEN``): the sidecar's approval
+policy decides whether that principal may approve. Exit codes: 0 done, 1 gRPC error, 3 refused
+(the printed result says why), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TypeAlias
+
+from sidecar.cli import EXIT_OK, EXIT_TOOL_ERROR, CommandError, client_flags, dump_json, with_client
+from sidecar.contract import ApprovalResult, Preview
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def add_commands(commands: Subparsers) -> None:
+    """Add ``previews``, ``approve`` and ``deny`` to the ``toolbooth`` parser."""
+    previews = commands.add_parser("previews", help="calls waiting for approval")
+    actions = previews.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="pending previews you may approve (operators: all)")
+    listing.add_argument("--limit", type=int, default=0, metavar="N", help="at most N, newest first (default: 100)")
+    listing.add_argument("--output", choices=("table", "json"), default="table")
+    client_flags(listing)
+    listing.set_defaults(handler=cmd_previews_list)
+    approve = commands.add_parser("approve", help="approve a preview: that exact call may then run once")
+    approve.add_argument("preview_id", metavar="PREVIEW_ID")
+    approve.add_argument("--hash", dest="preview_hash", metavar="H",
+                         help="the preview_hash you were shown (default: the one `previews list` shows now)")
+    approve.add_argument("--comment", metavar="C")
+    client_flags(approve)
+    approve.set_defaults(handler=cmd_approve)
+    deny = commands.add_parser("deny", help="deny a preview: the call can never run under it")
+    deny.add_argument("preview_id", metavar="PREVIEW_ID")
+    deny.add_argument("--reason", required=True, metavar="R")
+    client_flags(deny)
+    deny.set_defaults(handler=cmd_deny)
+
+
+def cmd_previews_list(args: argparse.Namespace) -> int:
+    """``toolbooth previews list``."""
+    previews = with_client(args, lambda client: client.previews(limit=args.limit))
+    if args.output == "json":
+        print(dump_json([p.model_dump(mode="json") for p in previews]))
+    else:
+        print("\n\n".join(describe(p) for p in previews) or "no pending previews")
+    return EXIT_OK
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    """``toolbooth approve PREVIEW_ID``: without ``--hash``, approve the call ``previews list`` shows."""
+    preview_hash = args.preview_hash or _listed(args).preview_hash
+    result = with_client(args, lambda client: client.approve(args.preview_id, preview_hash, comment=args.comment))
+    return _report(result)
+
+
+def cmd_deny(args: argparse.Namespace) -> int:
+    """``toolbooth deny PREVIEW_ID --reason R``."""
+    return _report(with_client(args, lambda client: client.deny(args.preview_id, reason=args.reason)))
+
+
+def describe(preview: Preview) -> str:
+    """A preview for a person: id, hash, why, until when, who may approve, and the call."""
+    return "\n".join([
+        f"preview  {preview.preview_id}",
+        f"hash     {preview.preview_hash}",
+        f"reason   {preview.reason}",
+        f"expires  {preview.expires_at}",
+        f"approve  with one of the roles {', '.join(preview.approver_roles)}",
+        f"call     {preview.call_json}",
+    ])
+
+
+def _listed(args: argparse.Namespace) -> Preview:
+    previews = with_client(args, lambda client: client.previews())
+    found = next((p for p in previews if p.preview_id == args.preview_id), None)
+    if found is None:
+        raise CommandError(f"preview {args.preview_id!r} is not among the pending previews you may approve; "
+                           "check the id, or pass --hash", EXIT_TOOL_ERROR)
+    print(f"approving:\n{describe(found)}", file=sys.stderr)
+    return found
+
+
+def _report(result: ApprovalResult) -> int:
+    print(dump_json(result.model_dump(mode="json", exclude_none=True)))
+    return EXIT_OK if result.ok else EXIT_TOOL_ERROR
