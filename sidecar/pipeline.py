@@ -38,7 +38,14 @@ from sidecar.contract import (
 from sidecar.dispatch import Dispatcher
 from sidecar.masking import Masker, reveal
 from sidecar.plugin import NAME_PATTERN, ToolContext, ToolDefinition
-from sidecar.policy import Decision, MalformedDecisionError, PolicyEngine, PolicyEvaluationError, Stage
+from sidecar.policy import (
+    Decision,
+    MalformedDecisionError,
+    PolicyEngine,
+    PolicyEvaluationError,
+    Stage,
+    audit_masks,
+)
 from sidecar.policy.factory import close_engine, open_reloading, with_cache
 from sidecar.policy.input import InputParts, call_json, now_utc, principal_json, tool_json
 from sidecar.registry import Registry
@@ -92,6 +99,7 @@ class Pipeline:
         """``mask_key`` masks sensitive values in the audit log (default: a random key of this pipeline)."""
         self.registry, self.policy, self.store, self.limits = registry, policy, store, limits
         self._masker = Masker(mask_key or secrets.token_bytes(32))
+        self._policy_masks: tuple[str, dict[str, tuple[str, ...]]] = ("", {})  # (revision, masks)
         self.approvals = Approvals(store, policy)
         self._dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads)
         self._detached: set[asyncio.Task[ToolResult]] = set()
@@ -142,7 +150,8 @@ class Pipeline:
         defn = await self._resolve(call)
         call.args = self._validate(defn, call.request.arguments_json)
         revealed = reveal(call.args)
-        call.arguments, call.sensitive = revealed.data, revealed.sensitive
+        sensitive = revealed.sensitive | set(await self._masked_by_policy(call, defn.name))
+        call.arguments, call.sensitive = revealed.data, sensitive
         call.call_json = call_json(call.arguments, call.request)
         await self._authorize(call)
         await self._check_approval(call)
@@ -369,6 +378,18 @@ class Pipeline:
             conversation_id=request.conversation_id, status=status, error_code=error_code,
             duration_ms=round((time.monotonic() - call.started) * 1000), arguments_json=self._recorded_arguments(call),
         )
+
+    async def _masked_by_policy(self, call: _Call, tool: str) -> tuple[str, ...]:
+        """The pointers ``data.toolbooth.audit.mask`` lists for ``tool``, read once per policy revision."""
+        revision = self.policy.revision
+        if self._policy_masks[0] != revision:
+            try:
+                self._policy_masks = (revision, await audit_masks(self.policy))
+            except PolicyEvaluationError as exc:
+                log.error("audit masks could not be read for request %s: %s", call.request_id, exc)
+                raise _Stop(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "policy evaluation failed; "
+                                         "the call was denied")) from None
+        return self._policy_masks[1].get(tool, ())
 
     def _recorded_arguments(self, call: _Call) -> str | None:
         """The valid arguments as the audit log records them, sensitive values masked."""

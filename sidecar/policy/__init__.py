@@ -45,6 +45,7 @@ class Stage(StrEnum):
 
 
 CALL_STAGES = (Stage.AVAILABILITY, Stage.AUTHZ, Stage.APPROVAL)
+AUDIT_MASK_RULE = "data.toolbooth.audit.mask"
 RULES = {**{stage: f"data.toolbooth.{stage.value}.decision" for stage in CALL_STAGES},
          Stage.APPROVER: "data.toolbooth.approval.approver"}
 MAX_PREVIEW_TTL_SECONDS = 7 * 24 * 3600
@@ -133,7 +134,8 @@ class PolicyEngine(Protocol):
 
     An engine that holds resources (the OPA engine's HTTP session) also has
     ``async def aclose()``, which ``close_engine`` calls; engines wrapping
-    another one pass it on.
+    another one pass it on. Likewise an engine that can read ``data.toolbooth.audit.mask``
+    has ``async def audit_masks()`` (see ``audit_masks``).
     """
 
     @property
@@ -148,6 +150,25 @@ class PolicyEngine(Protocol):
     async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
         """Evaluate one decision per input, in order (used by ``ListTools``)."""
         ...
+
+
+def parse_audit_masks(value: Any) -> dict[str, tuple[str, ...]]:
+    """``data.toolbooth.audit.mask`` checked: tool name -> JSON pointers (undefined: none)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+            isinstance(pointers, list) and all(isinstance(p, str) and (p == "" or p.startswith("/")) for p in pointers)
+            for pointers in value.values()):
+        raise MalformedDecisionError(f"{AUDIT_MASK_RULE} must map tool names to lists of JSON pointers "
+                                     "(\"\" or starting with /)")
+    return {tool: tuple(pointers) for tool, pointers in value.items()}
+
+
+async def audit_masks(engine: PolicyEngine) -> dict[str, tuple[str, ...]]:
+    """The JSON pointers the policy masks in each tool's audited arguments; engines without
+    ``audit_masks`` mask none. Raises ``PolicyEvaluationError`` like a decision."""
+    read = getattr(engine, "audit_masks", None)
+    return {} if read is None else await read()  # type: ignore[no-any-return]
 
 
 async def close_engine(engine: PolicyEngine) -> None:

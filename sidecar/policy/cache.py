@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 from cachetools import TTLCache
 
-from sidecar.policy import Decision, PolicyEngine, Stage, close_engine
+from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks, close_engine
 from sidecar.policy.input import PolicyInput
 
 
@@ -32,6 +32,9 @@ class CachingEngine:
     @property
     def revision(self) -> str:
         return self.inner.revision
+
+    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
+        return await audit_masks(self.inner)
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         key = self._key(stage, input)

@@ -26,7 +26,17 @@ from typing import TYPE_CHECKING
 
 import regorus
 
-from sidecar.policy import CALL_STAGES, RULES, Decision, PolicyEvaluationError, PolicyLoadError, Stage, parse_decision
+from sidecar.policy import (
+    AUDIT_MASK_RULE,
+    CALL_STAGES,
+    RULES,
+    Decision,
+    PolicyEvaluationError,
+    PolicyLoadError,
+    Stage,
+    parse_audit_masks,
+    parse_decision,
+)
 from sidecar.policy.input import PolicyInput
 
 if TYPE_CHECKING:
@@ -197,6 +207,15 @@ class EmbeddedEngine:
         except Exception as exc:
             raise PolicyEvaluationError(f"{rule}: {clean_regorus_error(exc)}") from exc
         return parse_decision(stage, value)
+
+    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
+        """``data.toolbooth.audit.mask``, checked (a data key or a rule that does not read the input)."""
+        try:
+            answer = self._bound_engine().eval_query(AUDIT_MASK_RULE)
+        except Exception as exc:
+            raise PolicyEvaluationError(f"{AUDIT_MASK_RULE}: {clean_regorus_error(exc)}") from exc
+        results = answer.get("result") or []
+        return parse_audit_masks(results[0]["expressions"][0]["value"] if results else None)
 
     async def aclose(self) -> None:
         """Drop the compiled engine here, on its thread: left to the garbage collector, it

@@ -37,7 +37,16 @@ from opa_client import AsyncOpaClient
 from opa_client.errors import DeletePolicyError, RegoParseError, TypeException
 
 from sidecar.config import OpaSettings, OpaTlsSettings
-from sidecar.policy import RULES, Decision, PolicyEvaluationError, PolicyLoadError, Stage, parse_decision
+from sidecar.policy import (
+    AUDIT_MASK_RULE,
+    RULES,
+    Decision,
+    PolicyEvaluationError,
+    PolicyLoadError,
+    Stage,
+    parse_audit_masks,
+    parse_decision,
+)
 from sidecar.policy.embedded import DATA_FILE, PolicyFiles
 from sidecar.policy.input import PolicyInput
 
@@ -45,7 +54,6 @@ log = logging.getLogger("toolbooth.policy.opa")
 
 POLICY_ID_PREFIX = "toolbooth/"
 START_TIMEOUT_SECONDS = 10.0  # each request made at start; decisions have their own timeout
-_PATHS = {stage: rule.removeprefix("data.").replace(".", "/") for stage, rule in RULES.items()}
 _JSON = {"Content-Type": "application/json"}
 _TRANSPORT_ERRORS = (aiohttp.ClientError, OSError)
 
@@ -88,15 +96,24 @@ class OpaEngine:
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         """Evaluate one decision, within the timeout."""
-        where = f"{RULES[stage]} (POST {self._url}/v1/data/{_PATHS[stage]})"
+        return parse_decision(stage, await self._ask(RULES[stage], input.json))
+
+    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
+        """``data.toolbooth.audit.mask`` as OPA serves it, checked."""
+        return parse_audit_masks(await self._ask(AUDIT_MASK_RULE, "{}"))
+
+    async def _ask(self, rule: str, input_json: str) -> Any:
+        """The value of ``rule`` for ``input_json``, within the timeout."""
+        path = rule.removeprefix("data.").replace(".", "/")
+        where = f"{rule} (POST {self._url}/v1/data/{path})"
         try:
             async with asyncio.timeout(self._timeout):
-                status, body = await self._transport.evaluate(_PATHS[stage], input.json)
+                status, body = await self._transport.evaluate(path, input_json)
         except TimeoutError as exc:
             raise PolicyEvaluationError(f"{where}: no answer within {self._timeout:g}s") from exc
         except _TRANSPORT_ERRORS as exc:
             raise PolicyEvaluationError(f"{where}: {type(exc).__name__}: {exc}") from exc
-        return parse_decision(stage, _result(where, status, body))
+        return _result(where, status, body)
 
     async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
         """One request per input, all in flight together (so one timeout bounds them); in order."""

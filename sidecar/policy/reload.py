@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from sidecar.policy import Decision, PolicyEngine, PolicyLoadError, Stage, close_engine
+from sidecar.policy import Decision, PolicyEngine, PolicyLoadError, Stage, audit_masks, close_engine
 from sidecar.policy.input import PolicyInput
 
 log = logging.getLogger("toolbooth.policy.reload")
@@ -77,6 +77,9 @@ class ReloadingEngine:
 
     async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
         return await self._engine.decide_many(stage, inputs)
+
+    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
+        return await audit_masks(self._engine)
 
     async def reload_if_changed(self) -> ReloadStatus:
         """Look at the source once; load and swap in a changed policy set."""

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from sidecar.config import PolicyEngineKind, PolicySettings, bundled_policy_dir
-from sidecar.policy import PolicyEngine, PolicyLoadError, Stage
+from sidecar.policy import PolicyEngine, PolicyLoadError, Stage, audit_masks
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.factory import close_engine, open_engine, open_reloading
 from sidecar.policy.input import PolicyInput
@@ -245,3 +245,12 @@ async def test_a_refused_reload_never_reaches_opa(opa: FakeOpa, tmp_path: Path, 
 def served_authz(opa: FakeOpa) -> str:
     with urllib.request.urlopen(f"{opa.url}/v1/policies", timeout=5) as response:
         return next(str(p["raw"]) for p in json.load(response)["result"] if p["id"] == "toolbooth/authz.rego")
+
+
+async def test_audit_masks_are_read_from_opa(open_opa: Open, opa: FakeOpa, tmp_path: Path) -> None:
+    path = Path(shutil.copytree(bundled_policy_dir(), tmp_path / "policies"))
+    data = json.loads((path / "data.json").read_text())
+    data["toolbooth"]["audit"] = {"mask": {"send_email": ["/body"]}}
+    (path / "data.json").write_text(json.dumps(data))
+    assert await audit_masks(await open_opa(opa.url, path)) == {"send_email": ("/body",)}
+    assert await audit_masks(await open_opa(opa.url)) == {}

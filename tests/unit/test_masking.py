@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,12 +12,14 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field, SecretStr
 
-from sidecar.config import ConfigError, Limits, parse_settings
+from sidecar.config import ConfigError, Limits, bundled_policy_dir, parse_settings
 from sidecar.contract import CallRequest, Status
 from sidecar.masking import SENSITIVE, Masker, reveal
 from sidecar.pipeline import Pipeline, build_pipeline
 from sidecar.plugin import SideEffect, ToolContext, tool
-from sidecar.policy import Decision, Stage
+from sidecar.policy import Decision, Stage, audit_masks
+from sidecar.policy.cache import CachingEngine
+from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
 from sidecar.registry import Registry
 from sidecar.state.sqlite import SqliteStore
@@ -128,3 +131,41 @@ async def test_without_a_configured_key_the_store_keeps_one_across_restarts(tmp_
         finally:
             await pipeline.aclose()
     assert recorded[0] == recorded[1] and PASSWORD not in str(recorded[0])
+
+
+def policies_masking(tmp_path: Path, mask: Any) -> EmbeddedEngine:
+    """The default policies, with ``data.toolbooth.audit.mask`` set to ``mask``."""
+    path = Path(shutil.copytree(bundled_policy_dir(), tmp_path / "policies"))
+    data = json.loads((path / "data.json").read_text())
+    data["toolbooth"]["audit"] = {"mask": mask}
+    (path / "data.json").write_text(json.dumps(data))
+    return EmbeddedEngine.load(path)
+
+
+async def run_login(tmp_path: Path, policy: Any) -> tuple[Status, str | None]:
+    store = await SqliteStore.open(tmp_path / "masked.db")
+    pipeline = Pipeline(registry=Registry.from_tools([login]), policy=policy, store=store, limits=Limits(),
+                        mask_key=KEY)
+    try:
+        result = await pipeline.execute(DEVELOPER, CallRequest(tool="login", arguments_json=json.dumps(ARGUMENTS)))
+        [event] = await store.audit_events()
+    finally:
+        await pipeline.aclose()
+    return result.status, event.arguments_json
+
+
+async def test_the_policy_masks_more_pointers(tmp_path: Path) -> None:
+    engine = policies_masking(tmp_path, {"login": ["/subject", "/recipients/0/email", "/absent"], "other": ["/x"]})
+    cached = CachingEngine(engine, max_entries=10, ttl_seconds=5)
+    assert await audit_masks(cached) == {"login": ("/subject", "/recipients/0/email", "/absent"), "other": ("/x",)}
+    status, recorded = await run_login(tmp_path, cached)
+    masker = Masker(KEY)
+    assert status is Status.SUCCESS and json.loads(recorded or "") == {
+        "recipients": [{"email": masker.mask_value("a@example.com"), "password": masker.mask_value(PASSWORD)}],
+        "note": masker.mask_value(NOTE), "subject": masker.mask_value("hi")}
+
+
+async def test_a_malformed_mask_denies_the_call(tmp_path: Path) -> None:
+    runs = len(SEEN_BY_HANDLER)
+    status, recorded = await run_login(tmp_path, policies_masking(tmp_path, {"login": "/subject"}))
+    assert status is Status.ERROR and recorded is None and len(SEEN_BY_HANDLER) == runs
