@@ -228,8 +228,11 @@ class Pipeline:
             raise _Stop(refusal.error, status=status, preview=refusal.preview)
 
     def _to_approve(self, call: _Call) -> CallToApprove:
+        """The call to preview or compare, its sensitive values masked: the keyed hash binds an approval to
+        them without a preview (shown to approvers, stored) ever holding them in clear."""
         assert call.defn is not None and call.arguments is not None
-        return CallToApprove(call.principal, call.defn.name, call.defn.version, call.arguments, call.policy_revision)
+        arguments = self._masker.mask(call.arguments, call.sensitive)
+        return CallToApprove(call.principal, call.defn.name, call.defn.version, arguments, call.policy_revision)
 
     async def _decide(self, call: _Call, stage: Stage) -> Decision:
         assert call.inputs is not None

@@ -17,7 +17,7 @@ from sidecar.client import AsyncClient
 from sidecar.config import Limits, Settings, bundled_policy_dir
 from sidecar.contract import ErrorCode, Preview, PreviewState, Recovery, Status, ToolResult
 from sidecar.pipeline import Pipeline
-from sidecar.policy import Decision, PolicyEngine, Stage
+from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
 from sidecar.registry import Registry
@@ -45,12 +45,17 @@ class SwappableEngine:
     async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
         return await self.inner.decide_many(stage, inputs)
 
+    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
+        return await audit_masks(self.inner)
 
-def policies(root: Path, **approval: Any) -> EmbeddedEngine:
-    """The default policies with ``file_note`` requiring approval and ``approval`` merged into the data."""
+
+def policies(root: Path, *, mask: Sequence[str] = (), **approval: Any) -> EmbeddedEngine:
+    """The default policies with ``file_note`` requiring approval, ``approval`` merged into the data and
+    the audit ``mask`` pointers of ``file_note``."""
     shutil.copytree(bundled_policy_dir(), root)
     data = json.loads((root / "data.json").read_text())
     data["toolbooth"]["approval"].update({"tools": ["file_note"], **approval})
+    data["toolbooth"]["audit"] = {"mask": {"file_note": list(mask)}}
     (root / "data.json").write_text(json.dumps(data))
     return EmbeddedEngine.load(root)
 
@@ -268,3 +273,15 @@ async def test_cli_lists_approves_and_denies(world: Callable[..., Awaitable[Worl
     assert code == 0 and json.loads(out)["preview"]["comment"] == "too late"
     code, out = await toolbooth("previews", "list", "--output", "json")
     assert code == 0 and json.loads(out) == []
+
+
+async def test_sensitive_values_are_masked_in_the_preview_yet_bound(world: Callable[..., Awaitable[World]]) -> None:
+    w = await world(mask=["/body"])
+    preview = await w.approved()
+    shown = json.loads(preview.call_json)["arguments"]
+    assert shown["title"] == "launch" and shown["body"].startswith("hmac-sha256:") and "noon" not in preview.call_json
+    other = await w.agent.execute("file_note", {**NOTE, "body": "at midnight"}, idempotency_key="k-2",
+                                  approval_id=preview.preview_id)
+    refused(other, ErrorCode.INVALID_ARGUMENT)
+    assert (await w.agent.execute("file_note", NOTE, idempotency_key="k-3",
+                                  approval_id=preview.preview_id)).status is Status.SUCCESS
