@@ -113,7 +113,8 @@ def _print_records(records: Iterable[AuditRecord], *, after: int) -> int:
 def _describe(report: ChainReport) -> str:
     old = f"; {report.unchained} older event(s) from before the chain are not covered" if report.unchained else ""
     if report.broken is None:
-        return f"audit chain intact: {report.checked} event(s), last hash {report.last_hash}{old}"
+        last = f", last hash {report.last_hash}" if report.last_hash else ""
+        return f"audit chain intact: {report.checked} event(s){last}{old}"
     return (f"audit chain BROKEN at event id {report.broken.id}: {report.broken.problem}\n"
             f"the {report.checked} event(s) before it are intact{old}")
 
