@@ -139,3 +139,28 @@ def test_tail_follow_prints_new_events_until_interrupted(config: Path, db: Path)
         finally:
             if follow.poll() is None:
                 follow.kill()
+
+
+OLD_AUDIT_TABLE = """
+CREATE TABLE audit (
+    id INTEGER PRIMARY KEY, request_id TEXT NOT NULL, time TEXT NOT NULL,
+    principal_id TEXT NOT NULL, tenant TEXT NOT NULL, tool TEXT NOT NULL, tool_version TEXT NOT NULL,
+    input_hash TEXT NOT NULL, decisions_json TEXT NOT NULL,
+    policy_revision TEXT NOT NULL, idempotency_key TEXT, call_id TEXT, conversation_id TEXT,
+    status TEXT NOT NULL, error_code TEXT, duration_ms INTEGER NOT NULL
+);
+INSERT INTO audit VALUES (1, 'old', '2025-01-01T00:00:00.000+00:00', 'dev-1', 'acme', 'echo', '1.0.0', 'sha256:0',
+                          '{}', 'sha256:rev', NULL, NULL, NULL, 'success', NULL, 3);
+"""
+
+
+def test_a_store_from_before_the_chain_is_upgraded(config: Path, db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with sqlite3.connect(db) as conn:
+        conn.executescript(OLD_AUDIT_TABLE)
+    write_events(db, range(1, 3))
+    code, out, _ = run(capsys, "audit", "verify", "--config", str(config))
+    assert code == 0 and out.startswith("audit chain intact: 2 event(s), last hash sha256:")
+    assert out.rstrip().endswith("1 older event(s) from before the chain are not covered")
+    tamper(db, "UPDATE audit SET hash = NULL, prev_hash = NULL WHERE id = 3")
+    code, out, _ = run(capsys, "audit", "verify", "--config", str(config))
+    assert code == 1 and "event id 3: the event has no hash" in out
