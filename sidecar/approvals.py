@@ -15,6 +15,7 @@ import json
 import logging
 import secrets
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview, PreviewState, Principal
 from sidecar.policy import Decision, MalformedDecisionError, PolicyEngine, PolicyEvaluationError, Stage
 from sidecar.policy.input import PolicyInput, now_utc
-from sidecar.state import Store, StoreUnavailableError
+from sidecar.state import AuditEvent, Store, StoreUnavailableError
 from sidecar.state.previews import PreviewRecord
 
 log = logging.getLogger("toolbooth.approvals")
@@ -82,7 +83,7 @@ class Approvals:
 
     async def approve(self, approver: Principal, preview_id: str, hash_seen: str,
                       comment: str | None) -> ApprovalResult:
-        """Approve ``preview_id`` if ``approver`` may and ``hash_seen`` is its hash."""
+        """Approve ``preview_id`` if ``approver`` may and ``hash_seen`` is its hash (audited either way)."""
         return await self._decide(approver, preview_id, PreviewState.APPROVED, comment, hash_seen)
 
     async def deny(self, approver: Principal, preview_id: str, reason: str) -> ApprovalResult:
@@ -127,21 +128,26 @@ class Approvals:
 
     async def _decide(self, approver: Principal, preview_id: str, state: PreviewState, comment: str | None,
                       hash_seen: str | None) -> ApprovalResult:
+        """Decide, then queue the audit event of the attempt (whatever its outcome)."""
+        started, record = time.monotonic(), None
         try:
-            return await self._decide_or_refuse(approver, preview_id, state, comment, hash_seen)
+            record = await self.store.get_preview(preview_id)
+            result = await self._decide_or_refuse(approver, preview_id, record, state, comment, hash_seen)
         except StoreUnavailableError as exc:
             log.error("store unavailable while deciding preview %s: %s", preview_id, exc)
-            return _refused(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "state store unavailable; nothing changed"))
+            result = _refused(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "state store unavailable; nothing changed"))
         except MalformedDecisionError as exc:
             log.error("malformed approver decision for preview %s: %s", preview_id, exc)
-            return _refused(ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the policy returned a malformed decision"))
+            result = _refused(ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the policy returned a malformed decision"))
         except PolicyEvaluationError as exc:
             log.error("approver policy failed for preview %s: %s", preview_id, exc)
-            return _refused(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "policy evaluation failed; nothing changed"))
+            result = _refused(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "policy evaluation failed; nothing changed"))
+        action = {"preview_id": preview_id, "decision": state.value, "comment": comment}
+        self.store.queue_audit(_event(approver, record, action, result, self.policy.revision, started))
+        return result
 
-    async def _decide_or_refuse(self, approver: Principal, preview_id: str, state: PreviewState,
-                                comment: str | None, hash_seen: str | None) -> ApprovalResult:
-        record = await self.store.get_preview(preview_id)
+    async def _decide_or_refuse(self, approver: Principal, preview_id: str, record: PreviewRecord | None,
+                                state: PreviewState, comment: str | None, hash_seen: str | None) -> ApprovalResult:
         if record is None:
             return _refused(ErrorInfo.of(ErrorCode.RESOURCE_NOT_FOUND, "there is no preview with this id",
                                          field="preview_id"))
@@ -195,6 +201,19 @@ def _unusable(record: PreviewRecord) -> Refusal | None:
     if record.state is PreviewState.PENDING:
         return Refusal(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, "this call is not approved yet"), to_preview(record))
     return None
+
+
+def _event(approver: Principal, record: PreviewRecord | None, action: dict[str, Any], result: ApprovalResult,
+           revision: str, started: float) -> AuditEvent:
+    """An approver's attempt as an audit event: status ``approved``/``denied``, or ``refused`` with its code."""
+    return AuditEvent(
+        request_id=uuid.uuid4().hex, time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+        principal_id=approver.id, tenant=approver.tenant, tool=record.tool if record else "",
+        tool_version=record.tool_version if record else "", input_hash=record.preview_hash if record else "",
+        decisions_json=canonical_json({"approver": action}), policy_revision=revision, idempotency_key=None,
+        call_id=None, conversation_id=None, status=action["decision"] if result.ok else "refused",
+        error_code=result.error.code.value if result.error else None,
+        duration_ms=round((time.monotonic() - started) * 1000))
 
 
 def _error(code: ErrorCode, message: str) -> ErrorInfo:

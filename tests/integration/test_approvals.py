@@ -63,8 +63,8 @@ def policies(root: Path, *, mask: Sequence[str] = (), **approval: Any) -> Embedd
 class World:
     """One sidecar with approvals; ``client(sub, roles)`` connects with a token of that principal."""
 
-    def __init__(self, target: str, tokens: Tokens, engine: SwappableEngine, tmp: Path) -> None:
-        self.target, self.tokens, self.engine, self.tmp = target, tokens, engine, tmp
+    def __init__(self, target: str, tokens: Tokens, engine: SwappableEngine, tmp: Path, store: SqliteStore) -> None:
+        self.target, self.tokens, self.engine, self.tmp, self.store = target, tokens, engine, tmp, store
         self.clients: list[AsyncClient] = []
 
     def client(self, sub: str = "alice", roles: Sequence[str] = ("developer",), tenant: str = "acme") -> AsyncClient:
@@ -107,7 +107,7 @@ async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth
         _, sidecar = await create_server(make_settings(auth=jwt_auth), pipeline, approvals=pipeline.approvals)
         servers.append(sidecar)
         await sidecar.start()
-        made.append(world := World(sidecar.addresses[-1], make_token, engine, tmp_path))
+        made.append(world := World(sidecar.addresses[-1], make_token, engine, tmp_path, store))
         return world
 
     yield make
@@ -285,3 +285,16 @@ async def test_sensitive_values_are_masked_in_the_preview_yet_bound(world: Calla
     refused(other, ErrorCode.INVALID_ARGUMENT)
     assert (await w.agent.execute("file_note", NOTE, idempotency_key="k-3",
                                   approval_id=preview.preview_id)).status is Status.SUCCESS
+
+
+async def test_approvers_attempts_are_audited(world: Callable[..., Awaitable[World]]) -> None:
+    w = await world()
+    preview = await w.preview()
+    await w.client("alice", ("approver",)).approve(preview.preview_id, preview.preview_hash)  # self-approval
+    await w.approver.approve(preview.preview_id, preview.preview_hash, comment="fine")
+    events = [e for e in await w.store.audit_events() if "approver" in json.loads(e.decisions_json)]
+    assert [(e.principal_id, e.status, e.error_code) for e in events] == [
+        ("alice", "refused", "PERMISSION_DENIED"), ("bob", "approved", None)]
+    assert events[1].tool == "file_note" and events[1].input_hash == preview.preview_hash
+    assert json.loads(events[1].decisions_json) == {
+        "approver": {"preview_id": preview.preview_id, "decision": "approved", "comment": "fine"}}
