@@ -106,6 +106,9 @@ def _checked_output(defn: ToolDefinition[Any, Any], result: Any, ctx: ToolContex
         return result
     try:
         return defn.output_model.model_validate(result)
-    except ValidationError:
-        ctx.logger.exception("tool %r returned a value that does not fit %s", defn.name, defn.output_model.__name__)
+    except ValidationError as exc:  # its text shows the values, which may echo sensitive arguments: not logged
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(value)'}: {e['msg']}"
+                             for e in exc.errors(include_url=False, include_input=False))
+        ctx.logger.error("tool %r returned a value that does not fit %s: %s", defn.name, defn.output_model.__name__,
+                         problems)
         return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the tool returned an invalid result")

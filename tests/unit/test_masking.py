@@ -169,3 +169,28 @@ async def test_a_malformed_mask_denies_the_call(tmp_path: Path) -> None:
     runs = len(SEEN_BY_HANDLER)
     status, recorded = await run_login(tmp_path, policies_masking(tmp_path, {"login": "/subject"}))
     assert status is Status.ERROR and recorded is None and len(SEEN_BY_HANDLER) == runs
+
+
+class Count(BaseModel):
+    count: int
+
+
+@tool(name="leaky", version="1.0.0", side_effect=SideEffect.NONE)
+async def leaky(args: Recipient, ctx: ToolContext) -> Count:
+    """Return a result that does not fit, echoing a secret argument."""
+    return {"count": args.password.get_secret_value()}  # type: ignore[return-value]
+
+
+async def test_an_output_that_does_not_fit_is_logged_without_its_values(tmp_path: Path, default_engine: Any,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    store = await SqliteStore.open(tmp_path / "store.db")
+    pipeline = Pipeline(registry=Registry.from_tools([leaky]), policy=default_engine, store=store, limits=Limits())
+    arguments = json.dumps({"email": "a@example.com", "password": PASSWORD})
+    try:
+        with caplog.at_level(logging.DEBUG):
+            result = await pipeline.execute(DEVELOPER, CallRequest(tool="leaky", arguments_json=arguments))
+    finally:
+        await pipeline.aclose()
+    assert result.status is Status.ERROR
+    assert "returned a value that does not fit Count: count: Input should be a valid integer" in caplog.text
+    assert PASSWORD not in caplog.text
