@@ -125,8 +125,13 @@ def checked_files(path: Path) -> PolicyFiles:
 
 
 def check_files(files: PolicyFiles) -> PolicyFiles:
-    """Compile ``files`` once and check the three entrypoints' packages exist."""
-    _check_packages(set(files.build().get_packages()), files.root)  # the engine is gone before any raise
+    """Compile ``files`` once; check the three entrypoints' packages exist and ``data.toolbooth.audit.mask``."""
+    engine = files.build()
+    packages, mask_problem = set(engine.get_packages()), _mask_problem(engine)
+    del engine  # gone before any raise
+    _check_packages(packages, files.root)
+    if mask_problem is not None:
+        raise PolicyLoadError(f"policy directory {files.root}: {mask_problem}")
     return files
 
 
@@ -156,6 +161,23 @@ def _load_step(where: Path, step: Callable[..., object], *args: str) -> str | No
         step(*args)
     except Exception as exc:  # noqa: BLE001 - regorus raises plain RuntimeError/ValueError; report any as a load error
         return f"cannot load {where}: {clean_regorus_error(exc)}"
+    return None
+
+
+def _audit_masks_of(engine: regorus.Engine) -> dict[str, tuple[str, ...]]:
+    try:
+        answer = engine.eval_query(AUDIT_MASK_RULE)
+    except Exception as exc:
+        raise PolicyEvaluationError(f"{AUDIT_MASK_RULE}: {clean_regorus_error(exc)}") from exc
+    results = answer.get("result") or []
+    return parse_audit_masks(results[0]["expressions"][0]["value"] if results else None)
+
+
+def _mask_problem(engine: regorus.Engine) -> str | None:
+    try:
+        _audit_masks_of(engine)
+    except PolicyEvaluationError as exc:
+        return str(exc)
     return None
 
 
@@ -210,12 +232,7 @@ class EmbeddedEngine:
 
     async def audit_masks(self) -> dict[str, tuple[str, ...]]:
         """``data.toolbooth.audit.mask``, checked (a data key or a rule that does not read the input)."""
-        try:
-            answer = self._bound_engine().eval_query(AUDIT_MASK_RULE)
-        except Exception as exc:
-            raise PolicyEvaluationError(f"{AUDIT_MASK_RULE}: {clean_regorus_error(exc)}") from exc
-        results = answer.get("result") or []
-        return parse_audit_masks(results[0]["expressions"][0]["value"] if results else None)
+        return _audit_masks_of(self._bound_engine())
 
     async def aclose(self) -> None:
         """Drop the compiled engine here, on its thread: left to the garbage collector, it

@@ -17,7 +17,7 @@ from sidecar.contract import CallRequest, Status
 from sidecar.masking import SENSITIVE, Masker, reveal
 from sidecar.pipeline import Pipeline, build_pipeline
 from sidecar.plugin import SideEffect, ToolContext, tool
-from sidecar.policy import Decision, Stage, audit_masks
+from sidecar.policy import Decision, PolicyLoadError, Stage, audit_masks, parse_audit_masks
 from sidecar.policy.cache import CachingEngine
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
@@ -165,9 +165,21 @@ async def test_the_policy_masks_more_pointers(tmp_path: Path) -> None:
         "note": masker.mask_value(NOTE), "subject": masker.mask_value("hi")}
 
 
-async def test_a_malformed_mask_denies_the_call(tmp_path: Path) -> None:
+def test_a_malformed_mask_is_refused_at_load(tmp_path: Path) -> None:
+    with pytest.raises(PolicyLoadError, match=r"data\.toolbooth\.audit\.mask must map tool names to lists"):
+        policies_masking(tmp_path, {"login": "/subject"})
+
+
+class MalformedMasks(RecordingEngine):
+    """An engine (like OPA) whose masks turn out malformed only when asked."""
+
+    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
+        return parse_audit_masks({"login": "/subject"})
+
+
+async def test_a_malformed_mask_denies_the_call(tmp_path: Path, default_engine: Any) -> None:
     runs = len(SEEN_BY_HANDLER)
-    status, recorded = await run_login(tmp_path, policies_masking(tmp_path, {"login": "/subject"}))
+    status, recorded = await run_login(tmp_path, MalformedMasks(default_engine))
     assert status is Status.ERROR and recorded is None and len(SEEN_BY_HANDLER) == runs
 
 
