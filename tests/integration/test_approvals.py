@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,18 +13,17 @@ import pytest
 
 from sidecar.cli import main
 from sidecar.client import AsyncClient
-from sidecar.config import Limits, Settings, bundled_policy_dir
+from sidecar.config import Limits, Settings
 from sidecar.contract import ErrorCode, Preview, PreviewState, Recovery, Status, ToolResult
 from sidecar.pipeline import Pipeline
 from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks
-from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
 from sidecar.registry import Registry
 from sidecar.server import create_server
 from sidecar.state.sqlite import SqliteStore
 from tests.support import tools
+from tests.support.approvals import NOTE, policies
 
-NOTE = {"title": "launch", "body": "at noon"}
 Tokens = Callable[..., str]
 
 
@@ -47,17 +45,6 @@ class SwappableEngine:
 
     async def audit_masks(self) -> dict[str, tuple[str, ...]]:
         return await audit_masks(self.inner)
-
-
-def policies(root: Path, *, mask: Sequence[str] = (), **approval: Any) -> EmbeddedEngine:
-    """The default policies with ``file_note`` requiring approval, ``approval`` merged into the data and
-    the audit ``mask`` pointers of ``file_note``."""
-    shutil.copytree(bundled_policy_dir(), root)
-    data = json.loads((root / "data.json").read_text())
-    data["toolbooth"]["approval"].update({"tools": ["file_note"], **approval})
-    data["toolbooth"]["audit"] = {"mask": {"file_note": list(mask)}}
-    (root / "data.json").write_text(json.dumps(data))
-    return EmbeddedEngine.load(root)
 
 
 class World:
