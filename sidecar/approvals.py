@@ -29,6 +29,7 @@ from sidecar.state.previews import PreviewRecord
 log = logging.getLogger("toolbooth.approvals")
 DEFAULT_PREVIEW_TTL_SECONDS = 15 * 60
 DEFAULT_APPROVER_ROLES = ("approver",)
+_FAILURES = (StoreUnavailableError, PolicyEvaluationError)  # fail closed: refuse, nothing changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,13 @@ class Approvals:
 
     async def redeem(self, approval_id: str, call: CallToApprove, decision: Decision) -> Refusal | None:
         """Consume the approval ``approval_id`` for ``call`` (``decision``: the approval policy's, now);
-        ``None`` when the call may run. ``StoreUnavailableError`` and ``PolicyEvaluationError`` pass."""
+        ``None`` when the call may run. A failing store or policy refuses (fail closed)."""
+        try:
+            return await self._redeem(approval_id, call, decision)
+        except _FAILURES as exc:
+            return Refusal(_failure(exc, f"redeeming approval {approval_id}"))
+
+    async def _redeem(self, approval_id: str, call: CallToApprove, decision: Decision) -> Refusal | None:
         record = await self.store.get_preview(approval_id)
         if record is None:
             return Refusal(_error(ErrorCode.RESOURCE_NOT_FOUND, "there is no approval with this id"))
@@ -133,15 +140,8 @@ class Approvals:
         try:
             record = await self.store.get_preview(preview_id)
             result = await self._decide_or_refuse(approver, preview_id, record, state, comment, hash_seen)
-        except StoreUnavailableError as exc:
-            log.error("store unavailable while deciding preview %s: %s", preview_id, exc)
-            result = _refused(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "state store unavailable; nothing changed"))
-        except MalformedDecisionError as exc:
-            log.error("malformed approver decision for preview %s: %s", preview_id, exc)
-            result = _refused(ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the policy returned a malformed decision"))
-        except PolicyEvaluationError as exc:
-            log.error("approver policy failed for preview %s: %s", preview_id, exc)
-            result = _refused(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "policy evaluation failed; nothing changed"))
+        except _FAILURES as exc:
+            result = _refused(_failure(exc, f"deciding preview {preview_id}"))
         action = {"preview_id": preview_id, "decision": state.value, "comment": comment}
         self.store.queue_audit(_event(approver, record, action, result, self.policy.revision, started))
         return result
@@ -214,6 +214,15 @@ def _event(approver: Principal, record: PreviewRecord | None, action: dict[str, 
         call_id=None, conversation_id=None, status=action["decision"] if result.ok else "refused",
         error_code=result.error.code.value if result.error else None,
         duration_ms=round((time.monotonic() - started) * 1000))
+
+
+def _failure(exc: Exception, doing: str) -> ErrorInfo:
+    """The typed error of a failing store or approver policy; the details go to the log only."""
+    log.error("%s failed: %s", doing, exc)
+    if isinstance(exc, MalformedDecisionError):
+        return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the policy returned a malformed decision; nothing was done")
+    what = "state store" if isinstance(exc, StoreUnavailableError) else "policy evaluation"
+    return ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, f"{what} unavailable; nothing was done")
 
 
 def _error(code: ErrorCode, message: str) -> ErrorInfo:

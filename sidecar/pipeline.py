@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sidecar.approvals import Approvals, CallToApprove, Refusal
+from sidecar.approvals import Approvals, CallToApprove
 from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.config import Limits, Settings
 from sidecar.contract import (
@@ -209,23 +209,15 @@ class Pipeline:
         ``APPROVAL_REQUIRED`` with a new preview when the policy requires approval."""
         decision = await self._decide(call, Stage.APPROVAL)
         if call.request.approval_id:
-            await self._redeem(call, call.request.approval_id, decision)
+            call.decisions["approval_id"] = call.request.approval_id
+            refusal = await self.approvals.redeem(call.request.approval_id, self._to_approve(call), decision)
+            if refusal is not None:
+                status = Status.APPROVAL_REQUIRED if refusal.preview is not None else Status.ERROR
+                raise _Stop(refusal.error, status=status, preview=refusal.preview)
         elif decision.required:
             preview = await self._store(self.approvals.open_preview(self._to_approve(call), decision))
             raise _Stop(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, preview.reason), status=Status.APPROVAL_REQUIRED,
                         preview=preview)
-
-    async def _redeem(self, call: _Call, approval_id: str, decision: Decision) -> None:
-        try:
-            refusal = await self._store(self.approvals.redeem(approval_id, self._to_approve(call), decision))
-        except PolicyEvaluationError as exc:
-            log.error("approver policy failed for request %s: %s", call.request_id, exc)
-            refusal = Refusal(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "policy evaluation failed; "
-                                           "the call was denied"))
-        call.decisions["approval_id"] = approval_id
-        if refusal is not None:
-            status = Status.APPROVAL_REQUIRED if refusal.preview is not None else Status.ERROR
-            raise _Stop(refusal.error, status=status, preview=refusal.preview)
 
     def _to_approve(self, call: _Call) -> CallToApprove:
         """The call to preview or compare, its sensitive values masked: the keyed hash binds an approval to

@@ -16,7 +16,7 @@ from sidecar.client import AsyncClient
 from sidecar.config import Limits, Settings
 from sidecar.contract import ErrorCode, Preview, PreviewState, Recovery, Status, ToolResult
 from sidecar.pipeline import Pipeline
-from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks
+from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks, close_engine
 from sidecar.policy.input import PolicyInput
 from sidecar.registry import Registry
 from sidecar.server import create_server
@@ -28,10 +28,23 @@ Tokens = Callable[..., str]
 
 
 class SwappableEngine:
-    """A policy engine whose policies a test replaces between two calls (a new revision)."""
+    """A policy engine whose policies a test replaces between two calls (a new revision). Closing it
+    closes every engine it held, here, on the thread that evaluated them (regorus requires it)."""
 
     def __init__(self, inner: PolicyEngine) -> None:
-        self.inner = inner
+        self.held = [inner]
+
+    @property
+    def inner(self) -> PolicyEngine:
+        return self.held[-1]
+
+    @inner.setter
+    def inner(self, engine: PolicyEngine) -> None:
+        self.held.append(engine)
+
+    async def aclose(self) -> None:
+        for engine in self.held:
+            await close_engine(engine)
 
     @property
     def revision(self) -> str:

@@ -1,15 +1,21 @@
-"""The canonical call an approval is bound to, and its hash."""
+"""The canonical call an approval is bound to, its hash, and failing closed when the store or the
+approver policy fails."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from sidecar.approvals import CallToApprove, preview_hash
+from sidecar.approvals import Approvals, CallToApprove, preview_hash
 from sidecar.canonical import canonical_json
-from sidecar.contract import Principal
+from sidecar.contract import ErrorCode, PreviewState, Principal
+from sidecar.policy import Decision, MalformedDecisionError, PolicyEvaluationError, Stage
+from sidecar.policy.input import PolicyInput
+from sidecar.state import StoreUnavailableError
+from sidecar.state.sqlite import SqliteStore
 
 ALICE = Principal(id="alice", tenant="acme", roles=("developer",))
 CALL = CallToApprove(ALICE, "file_note", "1.0.0", {"title": "t", "body": "b"}, "sha256:rev-1")
@@ -46,3 +52,54 @@ def test_every_part_of_the_call_changes_the_hash(changed: CallToApprove) -> None
 def test_an_older_revision_can_be_put_back_for_comparison() -> None:
     later = replace(CALL, policy_revision="sha256:rev-2")
     assert preview_hash(later.canonical("sha256:rev-1")) == preview_hash(CALL.canonical())
+
+
+class BrokenStore:
+    """Every preview read fails, as a store that is down does."""
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    async def get_preview(self, preview_id: str) -> None:
+        raise StoreUnavailableError("disk I/O error at /secret/path")
+
+    def queue_audit(self, event: object) -> None:
+        self.events.append(event)
+
+
+class FailingApprover:
+    """A policy engine whose approver rule cannot be evaluated (or answers malformed)."""
+
+    def __init__(self, error: PolicyEvaluationError) -> None:
+        self.error, self.revision = error, "sha256:rev-1"
+
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
+        raise self.error
+
+
+async def test_a_failing_store_refuses_redeeming_and_deciding() -> None:
+    store = BrokenStore()
+    approvals = Approvals(store, FailingApprover(PolicyEvaluationError("x")))  # type: ignore[arg-type]
+    refusal = await approvals.redeem("p-1", CALL, Decision(required=True))
+    assert refusal is not None and refusal.error.code is ErrorCode.SERVICE_UNAVAILABLE and refusal.error.retryable
+    assert "secret" not in refusal.error.message
+    result = await approvals.approve(ALICE, "p-1", "sha256:00", None)
+    assert not result.ok and result.error is not None and result.error.code is ErrorCode.SERVICE_UNAVAILABLE
+    assert len(store.events) == 1  # the attempt is audited
+
+
+@pytest.mark.parametrize(("error", "code"), [(PolicyEvaluationError("down"), ErrorCode.SERVICE_UNAVAILABLE),
+                                             (MalformedDecisionError("allow: 'yes'"), ErrorCode.INTERNAL_ERROR)])
+async def test_a_failing_approver_policy_approves_nothing(tmp_path: Path, error: PolicyEvaluationError,
+                                                          code: ErrorCode) -> None:
+    store = await SqliteStore.open(tmp_path / "store.db")
+    try:
+        approvals = Approvals(store, FailingApprover(error))  # type: ignore[arg-type]
+        preview = await approvals.open_preview(CALL, Decision(required=True, reason="why"))
+        result = await approvals.approve(Principal(id="bob", roles=("approver",)), preview.preview_id,
+                                         preview.preview_hash, None)
+        assert not result.ok and result.error is not None and result.error.code is code
+        stored = await store.get_preview(preview.preview_id)
+        assert stored is not None and stored.state is PreviewState.PENDING
+    finally:
+        await store.aclose()

@@ -9,9 +9,12 @@ import pytest
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.contract import (
+    ApprovalResult,
     CallRequest,
     ErrorCode,
     ErrorInfo,
+    Preview,
+    PreviewState,
     Recovery,
     ResultMeta,
     SideEffect,
@@ -27,6 +30,7 @@ ENUM_PAIRS: list[tuple[type[Enum], Any, convert.EnumMap[Any, Any]]] = [
     (ErrorCode, pb.ErrorCode, convert.ERROR_CODE),
     (Recovery, pb.Recovery, convert.RECOVERY),
     (SideEffect, pb.SideEffect, convert.SIDE_EFFECT),
+    (PreviewState, pb.PreviewState, convert.PREVIEW_STATE),
 ]
 
 
@@ -79,6 +83,28 @@ def test_error_result_round_trips_every_error_and_field() -> None:
     assert message.error.recovery == pb.RECOVERY_CORRECT_ARGUMENTS
     assert message.error.field == "operands.1"
     assert convert.result_from_pb(message) == result
+
+
+PREVIEW = Preview(preview_id="p-1", preview_hash="sha256:ab", call_json='{"tool":"file_note"}', reason="why",
+                  expires_at="2026-11-30T15:15:00Z", approver_roles=("approver", "security"))
+
+
+def test_approval_required_result_round_trips_its_preview() -> None:
+    error = ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, "why")
+    result = ToolResult(status=Status.APPROVAL_REQUIRED, error=error, errors=(error,), meta=_meta(), preview=PREVIEW)
+    message = convert.result_to_pb(result)
+    assert message.preview.state == pb.PREVIEW_STATE_PENDING and message.preview.decided_by == ""
+    assert convert.result_from_pb(pb.ToolResult.FromString(message.SerializeToString())) == result
+    assert not convert.result_to_pb(result.model_copy(update={"preview": None})).HasField("preview")
+
+
+def test_approval_result_round_trips() -> None:
+    decided = PREVIEW.model_copy(update={"state": PreviewState.APPROVED, "decided_by": "bob",
+                                         "decided_at": "2026-11-30T15:01:00Z", "comment": "ok"})
+    for result in (ApprovalResult(ok=True, preview=decided),
+                   ApprovalResult(ok=False, error=ErrorInfo.of(ErrorCode.PREVIEW_EXPIRED, "expired")),
+                   ApprovalResult(ok=False, error=ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "x"), preview=PREVIEW)):
+        assert convert.approval_from_pb(convert.approval_to_pb(result)) == result
 
 
 def test_none_fields_travel_as_empty_strings() -> None:
