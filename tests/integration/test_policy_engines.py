@@ -201,6 +201,8 @@ CONVERSATIONS = [None, "conv-1"]
 def corpus() -> dict[Stage, list[PolicyInput]]:
     """Every stage's inputs for principals x test tools x arguments x conversations, as the pipeline builds them."""
     inputs: dict[Stage, list[PolicyInput]] = {stage: [] for stage in CALL_STAGES}
+    inputs[Stage.APPROVER] = [approver_input(principal, requested_by) for principal in PRINCIPALS
+                              for requested_by in (DEVELOPER, ADMIN)]
     for principal in PRINCIPALS:
         for defn in tools.ALL:
             for conversation in CONVERSATIONS:
@@ -212,6 +214,15 @@ def corpus() -> dict[Stage, list[PolicyInput]]:
                     inputs[Stage.AUTHZ].append(parts.build(Stage.AUTHZ, call))
                     inputs[Stage.APPROVAL].append(parts.build(Stage.APPROVAL, call))
     return inputs
+
+
+def approver_input(approver: Principal, requested_by: Principal) -> PolicyInput:
+    """``data.toolbooth.approval.approver``'s input, as ``sidecar.approvals`` builds it."""
+    preview = {"preview_id": "p-1", "tool": "send_email", "tool_version": "1.0.0", "reason": "r",
+               "requested_by": {"id": requested_by.id, "tenant": requested_by.tenant},
+               "approver_roles": ["approver", "reader"]}
+    return PolicyInput.of({"principal": approver.model_dump(mode="json"), "preview": preview,
+                           "context": {"stage": "approver", "time": "2026-11-30T15:00:00Z"}})
 
 
 async def test_both_engines_decide_the_same(opa: FakeOpa) -> None:
