@@ -101,25 +101,33 @@ class Approvals:
             records = [r for r in records if (await self._approver_decision(principal, r)).allow]
         return [to_preview(r) for r in records]
 
-    async def redeem(self, approval_id: str, call: CallToApprove, decision: Decision) -> Refusal | None:
+    async def redeem(self, approval_id: str, call: CallToApprove, decision: Decision, *,
+                     key: str | None = None) -> Refusal | None:
         """Consume the approval ``approval_id`` for ``call`` (``decision``: the approval policy's, now);
-        ``None`` when the call may run. A failing store or policy refuses (fail closed)."""
+        ``None`` when the call may run. ``key``: the idempotency key that will guard the call, if any; a
+        retry with the key of the call that used the approval goes on, for that key to replay its result.
+        A failing store or policy refuses (fail closed)."""
         try:
-            return await self._redeem(approval_id, call, decision)
+            return await self._redeem(approval_id, call, decision, key)
         except _FAILURES as exc:
             return Refusal(_failure(exc, f"redeeming approval {approval_id}"))
 
-    async def _redeem(self, approval_id: str, call: CallToApprove, decision: Decision) -> Refusal | None:
+    async def _redeem(self, approval_id: str, call: CallToApprove, decision: Decision,
+                      key: str | None) -> Refusal | None:
         record = await self.store.get_preview(approval_id)
         if record is None:
             return Refusal(_error(ErrorCode.RESOURCE_NOT_FOUND, "there is no approval with this id"))
-        if refusal := _mismatch(record, call) or _unusable(record):
+        if refusal := _mismatch(record, call):
+            return refusal
+        if record.state is PreviewState.USED and key is not None and record.used_key == key:
+            return None  # a retry of the call that used it: its idempotency key replays, never runs it twice
+        if refusal := _unusable(record):
             return refusal
         if record.policy_revision != call.policy_revision and not await self._still_counts(record, decision):
             fresh = await self.open_preview(call, decision)
             return Refusal(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, "the policy changed since this approval and "
                                         "it no longer suffices: " + fresh.reason), fresh)
-        if not await self.store.consume_approval(record.preview_id, now=time.time()):
+        if not await self.store.consume_approval(record.preview_id, now=time.time(), key=key):
             return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval was already used"))
         return None
 

@@ -210,7 +210,8 @@ class Pipeline:
         decision = await self._decide(call, Stage.APPROVAL)
         if call.request.approval_id:
             call.decisions["approval_id"] = call.request.approval_id
-            refusal = await self.approvals.redeem(call.request.approval_id, self._to_approve(call), decision)
+            key = call.request.idempotency_key if call.defn and call.defn.requires_idempotency_key else None
+            refusal = await self.approvals.redeem(call.request.approval_id, self._to_approve(call), decision, key=key)
             if refusal is not None:
                 status = Status.APPROVAL_REQUIRED if refusal.preview is not None else Status.ERROR
                 raise _Stop(refusal.error, status=status, preview=refusal.preview)

@@ -33,8 +33,8 @@ class PostgresPreviews:
                              now: float) -> bool:
         return await self._change(_SQL["decide"], (state.value, decided_by, comment, now, preview_id)) == 1
 
-    async def consume_approval(self, preview_id: str, *, now: float) -> bool:
-        return await self._change(_SQL["consume"], (now, preview_id)) == 1
+    async def consume_approval(self, preview_id: str, *, now: float, key: str | None = None) -> bool:
+        return await self._change(_SQL["consume"], (now, key, preview_id)) == 1
 
     async def _change(self, sql: Any, params: tuple[Any, ...]) -> int:
         async with self._connection() as conn:

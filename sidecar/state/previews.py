@@ -36,6 +36,7 @@ class PreviewRecord:
     decided_at: float | None = None
     comment: str | None = None  # the approver's comment, or the reason for a denial
     used_at: float | None = None
+    used_key: str | None = None  # the idempotency key of the call that used the approval, if it had one
 
 
 PREVIEW_COLUMNS = tuple(f.name for f in fields(PreviewRecord))
@@ -61,8 +62,9 @@ class PreviewStore(Protocol):
         """Atomically move a pending preview to ``state`` (approved or denied); ``False`` if it was not pending."""
         ...
 
-    async def consume_approval(self, preview_id: str, *, now: float) -> bool:
-        """Atomically mark an approved preview used; ``False`` if it was not approved (or already used)."""
+    async def consume_approval(self, preview_id: str, *, now: float, key: str | None = None) -> bool:
+        """Atomically mark an approved preview used (by the call with idempotency ``key``); ``False`` if it
+        was not approved (or already used)."""
         ...
 
 
@@ -90,5 +92,6 @@ def preview_sql(placeholder: str) -> dict[str, str]:
                 f"ORDER BY created_at DESC LIMIT {p}",
         "decide": f"UPDATE previews SET state = {p}, decided_by = {p}, comment = {p}, decided_at = {p} "
                   f"WHERE preview_id = {p} AND state = 'pending'",
-        "consume": f"UPDATE previews SET state = 'used', used_at = {p} WHERE preview_id = {p} AND state = 'approved'",
+        "consume": f"UPDATE previews SET state = 'used', used_at = {p}, used_key = {p} "
+                   f"WHERE preview_id = {p} AND state = 'approved'",
     }

@@ -16,7 +16,8 @@ CREATE TABLE IF NOT EXISTS previews (
     preview_id TEXT PRIMARY KEY, preview_hash TEXT NOT NULL, tenant TEXT NOT NULL, principal_id TEXT NOT NULL,
     tool TEXT NOT NULL, tool_version TEXT NOT NULL, call_json TEXT NOT NULL, policy_revision TEXT NOT NULL,
     reason TEXT NOT NULL, approver_roles TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL NOT NULL,
-    state TEXT NOT NULL, decided_by TEXT, decided_at REAL, comment TEXT, used_at REAL
+    state TEXT NOT NULL, decided_by TEXT, decided_at REAL, comment TEXT, used_at REAL,
+    used_key TEXT
 );
 """
 _SQL = preview_sql("?")
@@ -46,8 +47,8 @@ class SqlitePreviews:
         params = (state.value, decided_by, comment, now, preview_id)
         return await self._run(lambda: self._change(_SQL["decide"], params)) == 1
 
-    async def consume_approval(self, preview_id: str, *, now: float) -> bool:
-        return await self._run(lambda: self._change(_SQL["consume"], (now, preview_id))) == 1
+    async def consume_approval(self, preview_id: str, *, now: float, key: str | None = None) -> bool:
+        return await self._run(lambda: self._change(_SQL["consume"], (now, key, preview_id))) == 1
 
     def _change(self, sql: str, params: tuple[Any, ...]) -> int:
         """Run one statement in its own transaction; the number of rows it changed."""

@@ -40,10 +40,10 @@ async def test_approve_then_consume_once(store: AnyStore) -> None:
     approved = await store.get_preview("p-1")
     assert approved is not None and approved.state is PreviewState.APPROVED
     assert (approved.decided_by, approved.decided_at, approved.comment) == ('{"id":"boss"}', 123.5, "ok")
-    assert await store.consume_approval("p-1", now=200.0)
-    assert not await store.consume_approval("p-1", now=201.0)
+    assert await store.consume_approval("p-1", now=200.0, key="k-7")
+    assert not await store.consume_approval("p-1", now=201.0, key="k-8")
     used = await store.get_preview("p-1")
-    assert used is not None and used.state is PreviewState.USED and used.used_at == 200.0
+    assert used is not None and used.state is PreviewState.USED and (used.used_at, used.used_key) == (200.0, "k-7")
 
 
 async def test_a_decision_is_final(store: AnyStore) -> None:

@@ -142,6 +142,8 @@ async def test_happy_path_runs_the_approved_call_once(world: Callable[..., Await
     replay = await w.agent.execute("file_note", NOTE, idempotency_key="k-3", approval_id=preview.preview_id)
     refused(replay, ErrorCode.PERMISSION_DENIED)
     assert replay.error is not None and "already used" in replay.error.message
+    retry = await w.agent.execute("file_note", NOTE, idempotency_key="k-2", approval_id=preview.preview_id)
+    assert retry.status is Status.SUCCESS and retry.meta.idempotency_replayed and retry.data == result.data
     assert tools.CREATED.value == before + 1
 
 

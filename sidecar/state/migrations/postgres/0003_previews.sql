@@ -17,7 +17,8 @@ CREATE TABLE previews (
     decided_by text,
     decided_at double precision,
     comment text,
-    used_at double precision
+    used_at double precision,
+    used_key text
 );
 
 CREATE INDEX previews_state_created ON previews (state, created_at DESC);
