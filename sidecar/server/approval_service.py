@@ -21,7 +21,7 @@ from sidecar.server.service import authenticate
 from sidecar.state import StoreUnavailableError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ApprovalService"].full_name
-DEFAULT_LIST_LIMIT = 100
+DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT = 100, 1000
 T = TypeVar("T")
 
 
@@ -58,7 +58,7 @@ class ApprovalServicer(pb_grpc.ApprovalServiceServicer):
                            context: grpc.aio.ServicerContext) -> pb.ListPreviewsResponse:
         principal = await authenticate(self._authenticator, context)
         pending = self._approvals.pending(principal, all_of_them=self._is_operator(principal),
-                                         limit=request.limit or DEFAULT_LIST_LIMIT)
+                                         limit=min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT))
         previews = await _unavailable_as_status(pending, context)
         return pb.ListPreviewsResponse(previews=[convert.preview_to_pb(p) for p in previews])
 
