@@ -73,7 +73,7 @@ class Approvals:
         canonical = call.canonical()
         now = time.time()
         record = PreviewRecord(
-            preview_id=secrets.token_urlsafe(24), preview_hash=preview_hash(canonical), tenant=call.principal.tenant,
+            preview_id=secrets.token_hex(24), preview_hash=preview_hash(canonical), tenant=call.principal.tenant,
             principal_id=call.principal.id, tool=call.tool, tool_version=call.version,
             call_json=canonical_json(canonical), policy_revision=call.policy_revision,
             reason=decision.reason or "this call needs a person's approval",

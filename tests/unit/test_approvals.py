@@ -103,3 +103,13 @@ async def test_a_failing_approver_policy_approves_nothing(tmp_path: Path, error:
         assert stored is not None and stored.state is PreviewState.PENDING
     finally:
         await store.aclose()
+
+
+async def test_preview_ids_are_random_hex(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "store.db")
+    try:
+        approvals = Approvals(store, FailingApprover(PolicyEvaluationError("unused")))  # type: ignore[arg-type]
+        ids = {(await approvals.open_preview(CALL, Decision(required=True))).preview_id for _ in range(50)}
+    finally:
+        await store.aclose()
+    assert len(ids) == 50 and all(len(i) == 48 and int(i, 16) >= 0 for i in ids)  # hex: never an option's "-"
