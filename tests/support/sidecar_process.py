@@ -1,0 +1,124 @@
+"""A real sidecar in a process of its own, whose write tools leave a trace every process can see.
+
+The child runs ``main([CONFIG])``: the settings of the YAML/JSON file ``CONFIG`` (plus the usual
+``TOOLBOOTH_*`` overrides) and a registry of ``TOOLS``. Each real execution of a tool appends one line,
+``PID TEXT``, to the file ``$TOOLBOOTH_TEST_APPEND_LOG`` (``O_APPEND``: lines from several processes
+never mix), then sleeps 100 ms so that duplicate executions would overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import BaseModel
+
+from sidecar.plugin import SideEffect, ToolContext, tool
+from tests.support.tools import Text
+
+APPEND_LOG_ENV = "TOOLBOOTH_TEST_APPEND_LOG"  # TOOLBOOTH_TEST_*: never read as a setting
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = "import sys; from tests.support.sidecar_process import main; main(sys.argv[1:])"
+
+
+class Appended(BaseModel):
+    pid: int
+    text: str
+
+
+async def _append(args: Text) -> Appended:
+    fd = os.open(os.environ[APPEND_LOG_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{os.getpid()} {args.text}\n".encode())
+    finally:
+        os.close(fd)
+    await asyncio.sleep(0.1)
+    return Appended(pid=os.getpid(), text=args.text)
+
+
+@tool(name="append_line", version="1.0.0", side_effect=SideEffect.INTERNAL_REVERSIBLE, timeout=5)
+async def append_line(args: Text, ctx: ToolContext) -> Appended:
+    """Append a line to the shared log: one line per real execution."""
+    return await _append(args)
+
+
+@tool(name="append_line_approved", version="1.0.0", side_effect=SideEffect.INTERNAL_REVERSIBLE, timeout=5)
+async def append_line_approved(args: Text, ctx: ToolContext) -> Appended:
+    """As ``append_line``; the tests' policies make it need an approval."""
+    return await _append(args)
+
+
+TOOLS = [append_line, append_line_approved]
+
+
+def main(argv: Sequence[str]) -> None:
+    """The child process: serve the settings of file ``argv[0]`` with ``TOOLS`` until SIGTERM."""
+    from sidecar.cli import setup_logging
+    from sidecar.config import load_settings
+    from sidecar.registry import Registry
+    from sidecar.server import serve
+
+    settings = load_settings(Path(argv[0]))
+    setup_logging(settings.log_level)
+    asyncio.run(serve(settings, registry=Registry.from_tools(TOOLS)))
+
+
+def appended(log: Path) -> list[str]:
+    """The lines the tools appended to ``log`` so far."""
+    return log.read_text().splitlines() if log.exists() else []
+
+
+class SidecarProcess:
+    """``python -c LAUNCHER CONFIG``, listening on the Unix socket ``socket``; stderr goes to ``stderr``."""
+
+    def __init__(self, config: Path, socket: Path, stderr: Path, append_log: Path) -> None:
+        self.socket, self.stderr = socket, stderr
+        env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
+        env.update(PYTHONPATH=str(REPO), **{APPEND_LOG_ENV: str(append_log)})
+        with stderr.open("wb") as err:
+            self.process = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(config)], cwd=REPO, env=env,
+                                            stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
+
+    @property
+    def target(self) -> str:
+        return f"unix://{self.socket}"
+
+    def output(self) -> str:
+        return self.stderr.read_text(errors="replace") if self.stderr.exists() else ""
+
+    async def wait_serving(self, timeout: float = 20.0) -> None:
+        """Return once gRPC health says SERVING; ``AssertionError`` with the output if it exits or never does."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"sidecar exited with {self.process.returncode}:\n{self.output()}")
+            if self.socket.exists() and await self._serving():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"sidecar not SERVING within {timeout}s:\n{self.output()}")
+
+    async def _serving(self) -> bool:
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            try:
+                reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+            except grpc.RpcError:
+                return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout``; its exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait(timeout=timeout)
