@@ -87,6 +87,7 @@ class _Call:
     request_hash: str | None = None  # see ``Pipeline._request_hash``
     decisions: dict[str, Any] = field(default_factory=dict)
     scope: KeyScope | None = None
+    deadline: float | None = None  # ``time.monotonic()`` by which the handler must end, once known
     attempts: int = 0
     detached: bool = False  # a started write: it records its own outcome, even if the caller leaves
 
@@ -168,7 +169,7 @@ class Pipeline:
     async def _keyed(self, call: _Call, caller_deadline: float | None) -> ToolResult:
         """Claim the key, record the dispatch, run the handler, store and audit the outcome."""
         try:
-            result = await self._claim(call)
+            result = await self._claim(call, caller_deadline)
             if result is None:
                 await self._audit_before_dispatch(call)
                 result = await self._dispatch(call, caller_deadline)
@@ -244,7 +245,7 @@ class Pipeline:
         call.decisions[stage.value] = decision.document()
         return decision
 
-    async def _claim(self, call: _Call) -> ToolResult | None:
+    async def _claim(self, call: _Call, caller_deadline: float | None) -> ToolResult | None:
         assert call.defn is not None and call.args is not None
         key = call.request.idempotency_key
         if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
@@ -252,7 +253,10 @@ class Pipeline:
                                      f"idempotency_key of 1-{MAX_IDEMPOTENCY_KEY_CHARS} characters is required",
                                      field="idempotency_key"))
         call.scope = KeyScope(call.principal.tenant, call.principal.id, call.defn.name, key)
-        claim = await self._store(self.store.claim(call.scope, self._request_hash(call), call.request_id))
+        call.deadline = _deadline(call.defn, caller_deadline)
+        deadline_at = time.time() + (call.deadline - time.monotonic())
+        claim = await self._store(self.store.claim(call.scope, self._request_hash(call), call.request_id,
+                                                   deadline_at=deadline_at))
         if claim.state is ClaimState.CLAIMED:
             return None
         call.scope = None  # not ours: never complete or release it
@@ -264,6 +268,11 @@ class Pipeline:
         if claim.state is ClaimState.IN_PROGRESS:
             raise _Stop(ErrorInfo.of(ErrorCode.OPERATION_IN_PROGRESS, "a call with this idempotency key is still "
                                      "running", field="idempotency_key"))
+        if claim.state is ClaimState.UNKNOWN:
+            raise _Stop(ErrorInfo.of(ErrorCode.OPERATION_IN_PROGRESS, "the outcome of the call with this "
+                                     "idempotency key is unknown (its sidecar stopped while it ran); it is not run "
+                                     "again until an operator resolves it (toolbooth operations resolve)",
+                                     field="idempotency_key"))
         raise _Stop(ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_REUSED, "this idempotency key was used for a "
                                  "different request", field="idempotency_key"))
 
@@ -279,9 +288,7 @@ class Pipeline:
     async def _dispatch(self, call: _Call, caller_deadline: float | None) -> ToolResult:
         defn, args = call.defn, call.args
         assert defn is not None and args is not None
-        deadline = time.monotonic() + defn.timeout
-        if caller_deadline is not None:
-            deadline = min(deadline, caller_deadline)
+        deadline = call.deadline if call.deadline is not None else _deadline(defn, caller_deadline)
         outcome = await self._dispatcher.run(defn, args, self._context(call, deadline))
         call.attempts = outcome.attempts
         if outcome.error is not None:
@@ -392,6 +399,12 @@ class Pipeline:
         if call.arguments is None:
             return None
         return canonical_json(self._masker.mask(call.arguments, call.sensitive))
+
+
+def _deadline(defn: ToolDefinition[Any, Any], caller_deadline: float | None) -> float:
+    """When a call of ``defn`` must end (``time.monotonic()``): its timeout from now, or the caller's deadline."""
+    deadline = time.monotonic() + defn.timeout
+    return deadline if caller_deadline is None else min(deadline, caller_deadline)
 
 
 def _unknown_tool_json(name: str) -> str:

@@ -34,6 +34,7 @@ class ClaimState(StrEnum):
     REPLAY = "replay"  # same key, same request, finished: ``result_json`` holds the stored result
     IN_PROGRESS = "in_progress"  # same key, same request, still running
     REUSED = "reused"  # same key, different request
+    UNKNOWN = "unknown"  # same key, same request, still "running" well past its deadline: its sidecar died
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +78,13 @@ class AuditRecord:
 class Store(PreviewStore, Protocol):
     """Idempotency records, previews with their approvals (``PreviewStore``) and audit events."""
 
-    async def claim(self, scope: KeyScope, request_hash: str, request_id: str) -> Claim:
-        """Atomically claim ``scope`` for ``request_hash`` or report what holds it."""
+    async def claim(self, scope: KeyScope, request_hash: str, request_id: str, *,
+                    deadline_at: float | None = None) -> Claim:
+        """Atomically claim ``scope`` for ``request_hash`` or report what holds it.
+
+        ``deadline_at`` (epoch seconds) bounds the call claiming: a record still in progress
+        ``DEADLINE_GRACE_SECONDS`` after it is reported ``UNKNOWN``; ``None`` never expires.
+        """
         ...
 
     async def complete(self, scope: KeyScope, result_json: str) -> None:

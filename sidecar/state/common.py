@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from sidecar.state import AuditEvent, AuditRecord, Claim, ClaimState, StoreUnavailableError
@@ -13,6 +14,9 @@ AUDIT_COLUMNS = EVENT_COLUMNS
 CHAINED_COLUMNS = (*AUDIT_COLUMNS, "prev_hash", "hash")
 AUDIT_LINGER_SECONDS = 0.005
 LAST_AUDIT_HASH = "SELECT hash FROM audit ORDER BY id DESC LIMIT 1"
+# A keyed call ends (completed or released) by its deadline; one still in progress this long after it
+# belonged to a sidecar that died: its outcome is unknown.
+DEADLINE_GRACE_SECONDS = 5.0
 
 Row = tuple[object, ...]
 log = logging.getLogger("toolbooth.store")
@@ -43,13 +47,19 @@ def audit_record(row: Row) -> AuditRecord:
     return AuditRecord(int(ident), AuditEvent(*values[:count]), *values[count:])  # type: ignore[arg-type]
 
 
-def existing_claim(stored_hash: str, result_json: str | None, request_hash: str) -> Claim:
+def existing_claim(stored_hash: str, result_json: str | None, deadline_at: float | None,
+                   request_hash: str) -> Claim:
     """What a key already held by ``stored_hash`` means for a call hashing to ``request_hash``."""
     if stored_hash != request_hash:
         return Claim(ClaimState.REUSED)
     if result_json is None:
-        return Claim(ClaimState.IN_PROGRESS)
+        return Claim(ClaimState.UNKNOWN if is_abandoned(deadline_at) else ClaimState.IN_PROGRESS)
     return Claim(ClaimState.REPLAY, result_json)
+
+
+def is_abandoned(deadline_at: float | None) -> bool:
+    """Whether a record in progress is past ``deadline_at`` by more than the grace: its owner died."""
+    return deadline_at is not None and deadline_at + DEADLINE_GRACE_SECONDS < time.time()
 
 
 class AuditBatcher:

@@ -40,9 +40,9 @@ from sidecar.state.postgres_migrations import migrate
 from sidecar.state.postgres_previews import PostgresPreviews
 
 _KEY_WHERE = "tenant = %s AND principal_id = %s AND tool = %s AND key = %s"
-_CLAIM = ("INSERT INTO idempotency (tenant, principal_id, tool, key, request_hash, request_id) "
-          "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING true")
-_READ_CLAIM = f"SELECT request_hash, result_json FROM idempotency WHERE {_KEY_WHERE}"
+_CLAIM = ("INSERT INTO idempotency (tenant, principal_id, tool, key, request_hash, request_id, deadline_at) "
+          "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING true")
+_READ_CLAIM = f"SELECT request_hash, result_json, deadline_at FROM idempotency WHERE {_KEY_WHERE}"
 _COMPLETE = f"UPDATE idempotency SET result_json = %s, completed_at = now() WHERE {_KEY_WHERE}"
 _RELEASE = f"DELETE FROM idempotency WHERE {_KEY_WHERE}"
 _INSERT_AUDIT = insert_audit_sql("%s")
@@ -77,10 +77,12 @@ class PostgresStore(PostgresPreviews):
             raise StoreUnavailableError(f"cannot open the PostgreSQL store at {where}: {_reason(exc)}") from exc
         return cls(pool, where)
 
-    async def claim(self, scope: KeyScope, request_hash: str, request_id: str) -> Claim:
+    async def claim(self, scope: KeyScope, request_hash: str, request_id: str, *,
+                    deadline_at: float | None = None) -> Claim:
+        row_values = (*astuple(scope), request_hash, request_id, deadline_at)
         async with self._connection() as conn:
             for _ in range(_CLAIM_ATTEMPTS):
-                if await (await conn.execute(_CLAIM, (*astuple(scope), request_hash, request_id))).fetchone():
+                if await (await conn.execute(_CLAIM, row_values)).fetchone():
                     return Claim(ClaimState.CLAIMED)
                 row = await (await conn.execute(_READ_CLAIM, astuple(scope))).fetchone()
                 if row is not None:

@@ -2,7 +2,8 @@
 
 All statements run on a single-thread executor, so claims are serialized in this
 process; ``BEGIN IMMEDIATE`` transactions keep them atomic across processes that
-share the file. ``synchronous=NORMAL`` in WAL mode survives a crash of the process.
+share the file. ``synchronous=FULL``: a claim and the audit event before a dispatch are on
+disk before the handler runs, even if the machine loses power.
 Queued audit events are written in batches (``AuditBatcher``), one transaction per
 batch: under load many calls share one thread hop and one commit. Audit appends read
 the last hash and link the batch to it (``chain.chained``) inside ``BEGIN IMMEDIATE``.
@@ -52,8 +53,9 @@ CREATE TABLE IF NOT EXISTS audit (
 );
 CREATE TABLE IF NOT EXISTS audit_mask_key (id INTEGER PRIMARY KEY CHECK (id = 1), key TEXT NOT NULL);
 """
-# Added to ``audit`` after its first release: files created before get them on open.
-_LATER_AUDIT_COLUMNS = ("arguments_json", "prev_hash", "hash")
+# Added after the first release (table, column, type): files created before get them on open.
+_LATER_COLUMNS = (("audit", "arguments_json", "TEXT"), ("audit", "prev_hash", "TEXT"), ("audit", "hash", "TEXT"),
+                  ("idempotency", "deadline_at", "REAL"))
 _INSERT_AUDIT = insert_audit_sql("?")
 _KEY_WHERE = "tenant = ? AND principal_id = ? AND tool = ? AND key = ?"
 
@@ -78,8 +80,9 @@ class SqliteStore(SqlitePreviews):
             raise StoreUnavailableError(f"cannot open SQLite store at {path}: {exc}") from exc
         return cls(db, executor)
 
-    async def claim(self, scope: KeyScope, request_hash: str, request_id: str) -> Claim:
-        return await self._run(lambda: self._claim(scope, request_hash, request_id))
+    async def claim(self, scope: KeyScope, request_hash: str, request_id: str, *,
+                    deadline_at: float | None = None) -> Claim:
+        return await self._run(lambda: self._claim(scope, request_hash, request_id, deadline_at))
 
     async def complete(self, scope: KeyScope, result_json: str) -> None:
         sql = f"UPDATE idempotency SET result_json = ?, completed_at = ? WHERE {_KEY_WHERE}"
@@ -140,15 +143,15 @@ class SqliteStore(SqlitePreviews):
             self._db.execute("INSERT OR IGNORE INTO audit_mask_key (id, key) VALUES (1, ?)", (candidate,))
         return str(self._db.execute("SELECT key FROM audit_mask_key").fetchone()[0])
 
-    def _claim(self, scope: KeyScope, request_hash: str, request_id: str) -> Claim:
+    def _claim(self, scope: KeyScope, request_hash: str, request_id: str, deadline_at: float | None) -> Claim:
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            row = self._db.execute(f"SELECT request_hash, result_json FROM idempotency WHERE {_KEY_WHERE}",
+            row = self._db.execute(f"SELECT request_hash, result_json, deadline_at FROM idempotency WHERE {_KEY_WHERE}",
                                    astuple(scope)).fetchone()
             if row is None:
                 self._db.execute("INSERT INTO idempotency (tenant, principal_id, tool, key, request_hash, request_id, "
-                                 "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                 (*astuple(scope), request_hash, request_id, time.time()))
+                                 "created_at, deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (*astuple(scope), request_hash, request_id, time.time(), deadline_at))
                 return Claim(ClaimState.CLAIMED)
         return existing_claim(*row, request_hash)
 
@@ -158,11 +161,10 @@ def _connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
     db.execute("PRAGMA journal_mode = WAL")
-    db.execute("PRAGMA synchronous = NORMAL")
+    db.execute("PRAGMA synchronous = FULL")
     db.executescript(_SCHEMA)
     db.executescript(PREVIEW_SCHEMA)
-    present = {row[1] for row in db.execute("PRAGMA table_info(audit)")}
-    for column in _LATER_AUDIT_COLUMNS:
-        if column not in present:
-            db.execute(f"ALTER TABLE audit ADD COLUMN {column} TEXT")
+    for table, column, kind in _LATER_COLUMNS:
+        if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
     return db

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ import pytest
 
 from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope, StoreUnavailableError
 from sidecar.state.chain import GENESIS_HASH, verify_store
+from sidecar.state.common import DEADLINE_GRACE_SECONDS
 from sidecar.state.postgres import PostgresStore
 from sidecar.state.sqlite import SqliteStore
 from tests.support.postgres import closed_port_dsn
@@ -145,6 +147,24 @@ async def test_claim_in_progress_reused_replay(store: AnyStore) -> None:
     await store.complete(SCOPE, '{"count": 1}')
     assert await store.claim(SCOPE, "hash-a", "r4") == Claim(ClaimState.REPLAY, '{"count": 1}')
     assert await store.claim(SCOPE, "hash-b", "r5") == Claim(ClaimState.REUSED)
+
+
+async def test_in_progress_past_its_deadline_is_unknown(stores: Stores, store: AnyStore) -> None:
+    lapsed = time.time() - DEADLINE_GRACE_SECONDS - 1
+    await store.claim(SCOPE, "hash-a", "r1", deadline_at=lapsed)
+    second = await stores.open()  # the sidecar restarted after the first one died
+    assert await second.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.UNKNOWN)
+    assert await second.claim(SCOPE, "hash-b", "r3") == Claim(ClaimState.REUSED)
+    await store.complete(SCOPE, '{"resolved": true}')
+    assert await second.claim(SCOPE, "hash-a", "r4") == Claim(ClaimState.REPLAY, '{"resolved": true}')
+
+
+async def test_in_progress_within_deadline_and_grace_is_in_progress(store: AnyStore) -> None:
+    other = replace(SCOPE, key="key-2")
+    await store.claim(SCOPE, "hash-a", "r1", deadline_at=time.time() + 60)
+    await store.claim(other, "hash-a", "r2", deadline_at=time.time() - DEADLINE_GRACE_SECONDS + 30)
+    assert await store.claim(SCOPE, "hash-a", "r3") == Claim(ClaimState.IN_PROGRESS)
+    assert await store.claim(other, "hash-a", "r4") == Claim(ClaimState.IN_PROGRESS)
 
 
 async def test_release_frees_the_key(store: AnyStore) -> None:

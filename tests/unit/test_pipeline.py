@@ -19,7 +19,8 @@ from sidecar.policy import CALL_STAGES, Decision, MalformedDecisionError, Policy
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
 from sidecar.registry import Registry
-from sidecar.state import StoreUnavailableError
+from sidecar.state import KeyScope, StoreUnavailableError
+from sidecar.state.common import DEADLINE_GRACE_SECONDS
 from sidecar.state.sqlite import SqliteStore
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools
@@ -221,6 +222,30 @@ async def test_concurrent_duplicates_execute_once(make_pipeline: PipelineFactory
     assert sum(r.status is Status.SUCCESS and not r.meta.idempotency_replayed for r in results) == 1
 
 
+async def test_a_key_whose_sidecar_died_is_unknown_and_never_runs_again(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    assert (await call(pipeline, "create_note", {"text": "x"}, idempotency_key="k")).status is Status.SUCCESS
+    request_hash = (await pipeline.store.audit_events())[-1].input_hash
+    lapsed = time.time() - DEADLINE_GRACE_SECONDS - 1  # claimed by a sidecar that died during the handler
+    await pipeline.store.claim(KeyScope(DEVELOPER.tenant, DEVELOPER.id, "create_note", "lost"), request_hash, "dead",
+                               deadline_at=lapsed)
+    before = tools.CREATED.value
+    unknown = await call(pipeline, "create_note", {"text": "x"}, idempotency_key="lost")
+    assert unknown.error is not None and unknown.error.code is ErrorCode.OPERATION_IN_PROGRESS
+    assert unknown.error.recovery is Recovery.CHECK_OPERATION_STATUS and "unknown" in unknown.error.message
+    assert tools.CREATED.value == before
+
+
+async def test_a_keyed_call_records_its_deadline(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    before = time.time()
+    await call(pipeline, "create_note", {"text": "x"}, idempotency_key="k")
+    assert isinstance(pipeline.store, SqliteStore)
+    rows = await pipeline.store._run(lambda: pipeline.store._db.execute(  # type: ignore[union-attr]
+        "SELECT deadline_at FROM idempotency").fetchall())
+    assert before + 1.5 < rows[0][0] <= time.time() + 2  # create_note's timeout is 2 s
+
+
 # --- dispatch and results ---------------------------------------------------------------------
 
 async def test_handler_exception_is_generic(make_pipeline: PipelineFactory, caplog: pytest.LogCaptureFixture) -> None:
@@ -383,9 +408,9 @@ class SlowClaims:
     def __init__(self, inner: Any, delay: float) -> None:
         self.inner, self.delay = inner, delay
 
-    async def claim(self, *args: Any) -> Any:
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
         await asyncio.sleep(self.delay)
-        return await self.inner.claim(*args)
+        return await self.inner.claim(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -445,7 +470,7 @@ class BrokenStore:
 
     def __getattr__(self, name: str) -> Any:
         if name == self.failing:
-            async def fail(*args: Any) -> Any:
+            async def fail(*args: Any, **kwargs: Any) -> Any:
                 raise StoreUnavailableError("disk I/O error")
             return fail
         return getattr(self.inner, name)
