@@ -273,6 +273,7 @@ class StoreSettings(_Section):
     pool_min_size: int = Field(default=1, ge=0)
     pool_max_size: int = Field(default=10, gt=0)
     connect_timeout_seconds: float = Field(default=5.0, gt=0)  # also the wait for a free pooled connection
+    idempotency_retention_hours: float = Field(default=24.0, gt=0)  # finished records are deleted after this
 
     @field_validator("postgres_dsn")
     @classmethod

@@ -51,6 +51,7 @@ from sidecar.policy.input import InputParts, call_json, now_utc, principal_json,
 from sidecar.registry import Registry
 from sidecar.state import AuditEvent, ClaimState, KeyScope, Store, StoreUnavailableError
 from sidecar.state.factory import open_store
+from sidecar.state.operations import Expiry
 from sidecar.validation import ArgumentError, parse_arguments
 
 log = logging.getLogger("toolbooth.pipeline")
@@ -96,9 +97,11 @@ class Pipeline:
     """Gates, runs and audits tool calls."""
 
     def __init__(self, *, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits,
-                 mask_key: bytes | None = None) -> None:
-        """``mask_key`` masks sensitive values in the audit log (default: a random key of this pipeline)."""
+                 mask_key: bytes | None = None, retention_hours: float = 24.0) -> None:
+        """``mask_key`` masks sensitive values in the audit log (default: a random key of this pipeline);
+        finished idempotency records older than ``retention_hours`` are deleted."""
         self.registry, self.policy, self.store, self.limits = registry, policy, store, limits
+        self._expiry = Expiry(store, retention_hours * 3600)
         self._masker = Masker(mask_key or secrets.token_bytes(32))
         self._policy_masks: tuple[str, dict[str, tuple[str, ...]]] = ("", {})  # (revision, masks)
         self.approvals = Approvals(store, policy)
@@ -144,6 +147,7 @@ class Pipeline:
             log.info("waiting for %d started write(s) to finish", len(self._detached))
             await asyncio.gather(*self._detached, return_exceptions=True)
         self._dispatcher.close()
+        await self._expiry.aclose()
         await self.store.aclose()
         await close_engine(self.policy)
 
@@ -258,6 +262,7 @@ class Pipeline:
         claim = await self._store(self.store.claim(call.scope, self._request_hash(call), call.request_id,
                                                    deadline_at=deadline_at))
         if claim.state is ClaimState.CLAIMED:
+            self._expiry.poke()
             return None
         call.scope = None  # not ours: never complete or release it
         if claim.state is ClaimState.REPLAY:
@@ -428,7 +433,8 @@ async def build_pipeline(settings: Settings, *, registry: Registry | None = None
         await close_engine(engine)
         raise
     mask_key = await _mask_key(settings, store, engine)
-    return Pipeline(registry=registry, policy=engine, store=store, limits=settings.limits, mask_key=mask_key)
+    return Pipeline(registry=registry, policy=engine, store=store, limits=settings.limits, mask_key=mask_key,
+                    retention_hours=settings.store.idempotency_retention_hours)
 
 
 async def _mask_key(settings: Settings, store: Store, engine: PolicyEngine) -> bytes:

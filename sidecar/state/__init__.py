@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sidecar.state.previews import PreviewStore
+
+if TYPE_CHECKING:
+    from sidecar.state.operations import Operation
 
 
 class StoreUnavailableError(RuntimeError):
@@ -93,6 +96,26 @@ class Store(PreviewStore, Protocol):
 
     async def release(self, scope: KeyScope) -> None:
         """Forget a claimed key whose call certainly had no effect."""
+        ...
+
+    async def operation(self, scope: KeyScope) -> Operation | None:
+        """The record holding ``scope``, if any."""
+        ...
+
+    async def operation_of_request(self, tenant: str, principal_id: str, request_id: str) -> Operation | None:
+        """The record the call ``request_id`` of this principal claimed, if any."""
+        ...
+
+    async def pending_operations(self, *, limit: int = 1000) -> list[Operation]:
+        """Records without a result (in progress or unknown), oldest first."""
+        ...
+
+    async def resolve_operation(self, scope: KeyScope, result_json: str, *, now: float) -> bool:
+        """Store ``result_json`` for a record still without a result; ``False`` if there is none such."""
+        ...
+
+    async def expire_operations(self, completed_before: float) -> int:
+        """Delete the records completed before ``completed_before`` (never one without a result); how many."""
         ...
 
     async def record_audit(self, event: AuditEvent) -> None:

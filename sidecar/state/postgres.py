@@ -36,6 +36,7 @@ from sidecar.state.common import (
     select_audit_sql,
 )
 from sidecar.state.dsn import redact_dsn
+from sidecar.state.operations import OperationMethods, operation_sql
 from sidecar.state.postgres_migrations import migrate
 from sidecar.state.postgres_previews import PostgresPreviews
 
@@ -54,8 +55,10 @@ AUDIT_LOCK = int.from_bytes(b"tb-audit", "big")
 _CLAIM_ATTEMPTS = 10
 
 
-class PostgresStore(PostgresPreviews):
+class PostgresStore(PostgresPreviews, OperationMethods):
     """The ``Store`` for many replicas: a PostgreSQL database."""
+
+    _OPERATION_SQL = operation_sql("%s", epoch="extract(epoch FROM {})::float8", from_epoch="to_timestamp({})")
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]], where: str) -> None:
         self._pool = pool

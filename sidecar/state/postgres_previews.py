@@ -20,26 +20,26 @@ class PostgresPreviews:
         raise NotImplementedError
 
     async def save_preview(self, preview: PreviewRecord) -> None:
-        await self._change(_SQL["insert"], preview_row(preview))
+        await self._execute(_SQL["insert"], preview_row(preview))
 
     async def get_preview(self, preview_id: str) -> PreviewRecord | None:
-        rows = await self._rows(_SQL["get"], (preview_id,))
+        rows = await self._fetch(_SQL["get"], (preview_id,))
         return preview_from_row(rows[0]) if rows else None
 
     async def list_previews(self, state: PreviewState, *, limit: int = 100) -> list[PreviewRecord]:
-        return [preview_from_row(row) for row in await self._rows(_SQL["list"], (state.value, limit))]
+        return [preview_from_row(row) for row in await self._fetch(_SQL["list"], (state.value, limit))]
 
     async def decide_preview(self, preview_id: str, state: PreviewState, *, decided_by: str, comment: str | None,
                              now: float) -> bool:
-        return await self._change(_SQL["decide"], (state.value, decided_by, comment, now, preview_id)) == 1
+        return await self._execute(_SQL["decide"], (state.value, decided_by, comment, now, preview_id)) == 1
 
     async def consume_approval(self, preview_id: str, *, now: float, key: str | None = None) -> bool:
-        return await self._change(_SQL["consume"], (now, key, preview_id)) == 1
+        return await self._execute(_SQL["consume"], (now, key, preview_id)) == 1
 
-    async def _change(self, sql: Any, params: tuple[Any, ...]) -> int:
+    async def _execute(self, sql: Any, params: tuple[Any, ...]) -> int:
         async with self._connection() as conn:
             return (await conn.execute(sql, params)).rowcount
 
-    async def _rows(self, sql: Any, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    async def _fetch(self, sql: Any, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         async with self._connection() as conn:
             return await (await conn.execute(sql, params)).fetchall()

@@ -33,6 +33,7 @@ from sidecar.state.common import (
     insert_audit_sql,
     select_audit_sql,
 )
+from sidecar.state.operations import OperationMethods, operation_sql
 from sidecar.state.sqlite_previews import PREVIEW_SCHEMA, SqlitePreviews
 
 T = TypeVar("T")
@@ -60,8 +61,10 @@ _INSERT_AUDIT = insert_audit_sql("?")
 _KEY_WHERE = "tenant = ? AND principal_id = ? AND tool = ? AND key = ?"
 
 
-class SqliteStore(SqlitePreviews):
+class SqliteStore(SqlitePreviews, OperationMethods):
     """The default ``Store``: a local SQLite file."""
+
+    _OPERATION_SQL = operation_sql("?", epoch="{}", from_epoch="{}")
 
     def __init__(self, connection: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
         self._db = connection
@@ -121,6 +124,12 @@ class SqliteStore(SqlitePreviews):
         await self.flush_audit()
         await self._run(self._db.close)
         self._executor.shutdown(wait=True)
+
+    async def _fetch(self, sql: str, params: Row) -> list[Row]:
+        return await self._run(lambda: self._db.execute(sql, params).fetchall())
+
+    async def _execute(self, sql: str, params: Row) -> int:
+        return await self._run(lambda: self._change(sql, params))
 
     async def _run(self, fn: Callable[[], T]) -> T:
         try:

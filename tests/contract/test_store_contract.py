@@ -22,6 +22,7 @@ import pytest
 from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope, StoreUnavailableError
 from sidecar.state.chain import GENESIS_HASH, verify_store
 from sidecar.state.common import DEADLINE_GRACE_SECONDS
+from sidecar.state.operations import OperationState
 from sidecar.state.postgres import PostgresStore
 from sidecar.state.sqlite import SqliteStore
 from tests.support.postgres import closed_port_dsn
@@ -165,6 +166,45 @@ async def test_in_progress_within_deadline_and_grace_is_in_progress(store: AnySt
     await store.claim(other, "hash-a", "r2", deadline_at=time.time() - DEADLINE_GRACE_SECONDS + 30)
     assert await store.claim(SCOPE, "hash-a", "r3") == Claim(ClaimState.IN_PROGRESS)
     assert await store.claim(other, "hash-a", "r4") == Claim(ClaimState.IN_PROGRESS)
+
+
+async def test_operations_by_key_and_by_request(store: AnyStore) -> None:
+    other = replace(SCOPE, key="key-2")
+    await store.claim(SCOPE, "hash-a", "r1", deadline_at=time.time() + 60)
+    await store.claim(other, "hash-a", "r2", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
+    first = await store.operation(SCOPE)
+    assert first is not None and first.state is OperationState.IN_PROGRESS and first.request_id == "r1"
+    assert abs(first.created_at - time.time()) < 60 and first.scope == SCOPE
+    lost = await store.operation_of_request("acme", "dev-1", "r2")
+    assert lost is not None and lost.state is OperationState.UNKNOWN and lost.scope == other
+    assert await store.operation_of_request("acme", "dev-2", "r2") is None
+    assert await store.operation(replace(SCOPE, key="none")) is None
+    assert [op.request_id for op in await store.pending_operations()] == ["r1", "r2"]
+    await store.complete(SCOPE, '{"ok": 1}')
+    done = await store.operation(SCOPE)
+    assert done is not None and done.state is OperationState.COMPLETED and done.result_json == '{"ok": 1}'
+    assert [op.request_id for op in await store.pending_operations()] == ["r2"]
+
+
+async def test_resolve_settles_only_records_without_a_result(store: AnyStore) -> None:
+    await store.claim(SCOPE, "hash-a", "r1", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
+    assert await store.resolve_operation(SCOPE, '{"resolved": 1}', now=time.time())
+    assert not await store.resolve_operation(SCOPE, '{"resolved": 2}', now=time.time())
+    assert not await store.resolve_operation(replace(SCOPE, key="none"), "{}", now=time.time())
+    assert await store.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.REPLAY, '{"resolved": 1}')
+
+
+async def test_expiry_deletes_only_old_completed_records(store: AnyStore) -> None:
+    old, new, running = (replace(SCOPE, key=k) for k in ("old", "new", "running"))
+    for n, scope in enumerate((old, new, running)):
+        await store.claim(scope, "hash-a", f"r{n}", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
+    await store.resolve_operation(old, "{}", now=time.time() - 3600)
+    await store.complete(new, "{}")
+    assert await store.expire_operations(time.time() - 60) == 1
+    assert await store.operation(old) is None
+    assert await store.operation(new) is not None and await store.operation(running) is not None
+    assert await store.expire_operations(time.time() + 60) == 1
+    assert await store.operation(running) is not None
 
 
 async def test_release_frees_the_key(store: AnyStore) -> None:

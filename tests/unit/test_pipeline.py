@@ -246,6 +246,23 @@ async def test_a_keyed_call_records_its_deadline(make_pipeline: PipelineFactory)
     assert before + 1.5 < rows[0][0] <= time.time() + 2  # create_note's timeout is 2 s
 
 
+async def test_finished_records_past_the_retention_are_deleted(tmp_path: Path, default_engine: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sidecar.state.operations.EXPIRY_INTERVAL_SECONDS", 0.0)
+    store = await SqliteStore.open(tmp_path / "store.db")
+    pipeline = Pipeline(registry=Registry.from_tools(tools.ALL), policy=default_engine, store=store, limits=Limits(),
+                        retention_hours=0.5 / 3600)
+    try:
+        await call(pipeline, "create_note", {"text": "x"}, idempotency_key="old")
+        await asyncio.sleep(0.6)
+        await call(pipeline, "create_note", {"text": "x"}, idempotency_key="new")  # starts the cleanup
+        await asyncio.sleep(0.1)
+        keys = [KeyScope(DEVELOPER.tenant, DEVELOPER.id, "create_note", k) for k in ("old", "new")]
+        assert [await store.operation(scope) is not None for scope in keys] == [False, True]
+    finally:
+        await pipeline.aclose()
+
+
 # --- dispatch and results ---------------------------------------------------------------------
 
 async def test_handler_exception_is_generic(make_pipeline: PipelineFactory, caplog: pytest.LogCaptureFixture) -> None:
