@@ -19,7 +19,7 @@ import grpc
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.contract import ApprovalResult, CallRequest, Preview, ToolListing, ToolResult
+from sidecar.contract import ApprovalResult, CallRequest, Operation, Preview, ToolListing, ToolResult
 from sidecar.policy.reload import ReloadStatus
 from sidecar.server import convert
 
@@ -83,6 +83,12 @@ class AsyncClient(_Base):
         """Run one call; denials and tool failures come back as the result's ``error``."""
         request = _execute_request(tool, arguments, idempotency_key, approval_id, conversation_id, call_id)
         return convert.result_from_pb(await self._call(self._stub.ExecuteTool, request, timeout))
+
+    async def get_operation(self, tool: str | None = None, idempotency_key: str | None = None, *,
+                            request_id: str | None = None) -> Operation:
+        """Where one of the caller's keyed calls stands: by ``tool`` and ``idempotency_key``, or ``request_id``."""
+        request = _operation_request(tool, idempotency_key, request_id)
+        return convert.operation_from_pb(await self._call(self._stub.GetOperation, request, None))
 
     async def approve(self, preview_id: str, preview_hash: str, *, comment: str | None = None) -> ApprovalResult:
         """Approve the preview whose hash the approver saw (an approver's token)."""
@@ -153,6 +159,12 @@ class Client(_Base):
         request = _execute_request(tool, arguments, idempotency_key, approval_id, conversation_id, call_id)
         return convert.result_from_pb(self._call(self._stub.ExecuteTool, request, timeout))
 
+    def get_operation(self, tool: str | None = None, idempotency_key: str | None = None, *,
+                      request_id: str | None = None) -> Operation:
+        """Where one of the caller's keyed calls stands: by ``tool`` and ``idempotency_key``, or ``request_id``."""
+        request = _operation_request(tool, idempotency_key, request_id)
+        return convert.operation_from_pb(self._call(self._stub.GetOperation, request, None))
+
     def approve(self, preview_id: str, preview_hash: str, *, comment: str | None = None) -> ApprovalResult:
         """Approve the preview whose hash the approver saw (an approver's token)."""
         request = pb.ApproveOperationRequest(preview_id=preview_id, preview_hash=preview_hash, comment=comment or "")
@@ -204,6 +216,11 @@ def _execute_request(
         call_id=call_id,
     )
     return convert.call_request_to_pb(call)
+
+
+def _operation_request(tool: str | None, idempotency_key: str | None, request_id: str | None
+                       ) -> pb.GetOperationRequest:
+    return pb.GetOperationRequest(tool=tool or "", idempotency_key=idempotency_key or "", request_id=request_id or "")
 
 
 def _client_error(exc: grpc.RpcError) -> ClientError:

@@ -178,6 +178,23 @@ class ApprovalResult(_Frozen):
     preview: Preview | None = None
 
 
+class OperationState(StrEnum):
+    """Where a keyed call stands (``GetOperation``)."""
+
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"  # finished with a stored error result
+    UNKNOWN = "unknown"  # its sidecar stopped mid-call: an operator must resolve it
+    NOT_FOUND = "not_found"
+
+
+class Operation(_Frozen):
+    """A keyed call's state and, once finished, its stored result."""
+
+    state: OperationState
+    result: ToolResult | None = None
+
+
 class ToolDescriptor(_Frozen):
     """What discovery shows about a tool."""
 

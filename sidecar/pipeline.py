@@ -28,6 +28,7 @@ from sidecar.contract import (
     CallRequest,
     ErrorCode,
     ErrorInfo,
+    Operation,
     Preview,
     Principal,
     ResultMeta,
@@ -37,6 +38,7 @@ from sidecar.contract import (
 )
 from sidecar.dispatch import Dispatcher
 from sidecar.masking import Masker, reveal
+from sidecar.operations import find_operation
 from sidecar.plugin import NAME_PATTERN, ToolContext, ToolDefinition
 from sidecar.policy import (
     Decision,
@@ -139,6 +141,15 @@ class Pipeline:
         if not call.detached:
             self._audit(call, result)
         return result
+
+    async def get_operation(self, principal: Principal, *, tool: str | None = None, key: str | None = None,
+                            request_id: str | None = None) -> Operation:
+        """Where ``principal``'s keyed call stands, by ``request_id`` or by ``tool`` and ``key``."""
+        try:
+            return await find_operation(self.store, principal, tool=tool, key=key, request_id=request_id)
+        except StoreUnavailableError as exc:
+            log.error("store unavailable during GetOperation: %s", exc)
+            raise ServiceUnavailable("state store unavailable") from exc
 
     async def aclose(self) -> None:
         """Let started writes finish and be recorded, then release the handler pool, the store and the policy

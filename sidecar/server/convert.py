@@ -17,6 +17,8 @@ from sidecar.contract import (
     CallRequest,
     ErrorCode,
     ErrorInfo,
+    Operation,
+    OperationState,
     Preview,
     PreviewState,
     Recovery,
@@ -62,6 +64,7 @@ ERROR_CODE = EnumMap(ErrorCode, pb.ErrorCode)
 RECOVERY = EnumMap(Recovery, pb.Recovery)
 SIDE_EFFECT = EnumMap(SideEffect, pb.SideEffect)
 PREVIEW_STATE = EnumMap(PreviewState, pb.PreviewState)
+OPERATION_STATE = EnumMap(OperationState, pb.OperationState)
 _OPTIONAL_PREVIEW_FIELDS = ("decided_by", "decided_at", "comment")
 
 
@@ -123,6 +126,16 @@ def result_from_pb(message: pb.ToolResult) -> ToolResult:
         meta=meta_from_pb(message.meta),
         preview=preview_from_pb(message.preview) if message.HasField("preview") else None,
     )
+
+
+def operation_to_pb(operation: Operation) -> pb.Operation:
+    result = None if operation.result is None else result_to_pb(operation.result)
+    return pb.Operation(state=OPERATION_STATE.to_pb(operation.state), result=result)
+
+
+def operation_from_pb(message: pb.Operation) -> Operation:
+    result = result_from_pb(message.result) if message.HasField("result") else None
+    return Operation(state=OPERATION_STATE.from_pb(message.state), result=result)
 
 
 def preview_to_pb(preview: Preview) -> pb.Preview:

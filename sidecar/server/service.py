@@ -17,7 +17,7 @@ import grpc
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.contract import CallRequest, Principal, ToolListing, ToolResult
+from sidecar.contract import CallRequest, Operation, Principal, ToolListing, ToolResult
 from sidecar.pipeline import ServiceUnavailable
 from sidecar.server import convert
 from sidecar.server.auth import AuthenticationError, Authenticator
@@ -35,6 +35,9 @@ class ToolGateway(Protocol):
     async def execute(
         self, principal: Principal, request: CallRequest, *, caller_deadline: float | None = None
     ) -> ToolResult: ...
+
+    async def get_operation(self, principal: Principal, *, tool: str | None = None, key: str | None = None,
+                            request_id: str | None = None) -> Operation: ...
 
 
 class ToolServicer(pb_grpc.ToolServiceServicer):
@@ -58,6 +61,17 @@ class ToolServicer(pb_grpc.ToolServiceServicer):
         call = convert.call_request_from_pb(request)
         result = self._gateway.execute(principal, call, caller_deadline=_caller_deadline(context))
         return convert.result_to_pb(await _guarded(result, context))
+
+    async def GetOperation(self, request: pb.GetOperationRequest, context: grpc.aio.ServicerContext) -> pb.Operation:
+        principal = await self._authenticate(context)
+        if request.request_id:
+            found = self._gateway.get_operation(principal, request_id=request.request_id)
+        elif request.tool and request.idempotency_key:
+            found = self._gateway.get_operation(principal, tool=request.tool, key=request.idempotency_key)
+        else:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tool and idempotency_key, or request_id, "
+                                "are required")
+        return convert.operation_to_pb(await _guarded(found, context))
 
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> Principal:
         return await authenticate(self._authenticator, context)

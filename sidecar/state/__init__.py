@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from sidecar.state.previews import PreviewStore
 
 if TYPE_CHECKING:
-    from sidecar.state.operations import Operation
+    from sidecar.state.operations import OperationRecord
 
 
 class StoreUnavailableError(RuntimeError):
@@ -98,15 +98,15 @@ class Store(PreviewStore, Protocol):
         """Forget a claimed key whose call certainly had no effect."""
         ...
 
-    async def operation(self, scope: KeyScope) -> Operation | None:
+    async def operation(self, scope: KeyScope) -> OperationRecord | None:
         """The record holding ``scope``, if any."""
         ...
 
-    async def operation_of_request(self, tenant: str, principal_id: str, request_id: str) -> Operation | None:
+    async def operation_of_request(self, tenant: str, principal_id: str, request_id: str) -> OperationRecord | None:
         """The record the call ``request_id`` of this principal claimed, if any."""
         ...
 
-    async def pending_operations(self, *, limit: int = 1000) -> list[Operation]:
+    async def pending_operations(self, *, limit: int = 1000) -> list[OperationRecord]:
         """Records without a result (in progress or unknown), oldest first."""
         ...
 

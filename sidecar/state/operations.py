@@ -21,14 +21,14 @@ EXPIRY_INTERVAL_SECONDS = 60.0
 _COLUMNS = "tenant, principal_id, tool, key, request_id, result_json, deadline_at"
 
 
-class OperationState(StrEnum):
+class RecordState(StrEnum):
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"  # a stored result (its status says whether the call succeeded)
     UNKNOWN = "unknown"  # still in progress well past its deadline: the sidecar running it died
 
 
 @dataclass(frozen=True, slots=True)
-class Operation:
+class OperationRecord:
     """An idempotency record: the call holding a key and, once finished, its stored result."""
 
     scope: KeyScope
@@ -38,10 +38,10 @@ class Operation:
     created_at: float
 
     @property
-    def state(self) -> OperationState:
+    def state(self) -> RecordState:
         if self.result_json is not None:
-            return OperationState.COMPLETED
-        return OperationState.UNKNOWN if is_abandoned(self.deadline_at) else OperationState.IN_PROGRESS
+            return RecordState.COMPLETED
+        return RecordState.UNKNOWN if is_abandoned(self.deadline_at) else RecordState.IN_PROGRESS
 
 
 def operation_sql(p: str, *, epoch: str, from_epoch: str) -> dict[str, str]:
@@ -59,9 +59,9 @@ def operation_sql(p: str, *, epoch: str, from_epoch: str) -> dict[str, str]:
     }
 
 
-def _operation(row: Row) -> Operation:
+def _operation(row: Row) -> OperationRecord:
     tenant, principal_id, tool, key, request_id, result_json, deadline_at, created_at = row
-    return Operation(KeyScope(str(tenant), str(principal_id), str(tool), str(key)), str(request_id),
+    return OperationRecord(KeyScope(str(tenant), str(principal_id), str(tool), str(key)), str(request_id),
                      result_json,  # type: ignore[arg-type]
                      None if deadline_at is None else float(deadline_at),  # type: ignore[arg-type]
                      float(created_at))  # type: ignore[arg-type]
@@ -78,18 +78,18 @@ class OperationMethods:
     async def _execute(self, sql: Any, params: tuple[Any, ...]) -> int:
         raise NotImplementedError
 
-    async def operation(self, scope: KeyScope) -> Operation | None:
+    async def operation(self, scope: KeyScope) -> OperationRecord | None:
         """The record holding ``scope``, if any."""
         rows = await self._fetch(self._OPERATION_SQL["by_key"], (scope.tenant, scope.principal_id, scope.tool,
                                                                  scope.key))
         return _operation(rows[0]) if rows else None
 
-    async def operation_of_request(self, tenant: str, principal_id: str, request_id: str) -> Operation | None:
+    async def operation_of_request(self, tenant: str, principal_id: str, request_id: str) -> OperationRecord | None:
         """The record the call ``request_id`` of this principal claimed, if any."""
         rows = await self._fetch(self._OPERATION_SQL["by_request"], (tenant, principal_id, request_id))
         return _operation(rows[0]) if rows else None
 
-    async def pending_operations(self, *, limit: int = 1000) -> list[Operation]:
+    async def pending_operations(self, *, limit: int = 1000) -> list[OperationRecord]:
         """Records without a result (in progress or unknown), oldest first."""
         return [_operation(row) for row in await self._fetch(self._OPERATION_SQL["pending"], (limit,))]
 

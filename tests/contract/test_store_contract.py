@@ -22,7 +22,7 @@ import pytest
 from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope, StoreUnavailableError
 from sidecar.state.chain import GENESIS_HASH, verify_store
 from sidecar.state.common import DEADLINE_GRACE_SECONDS
-from sidecar.state.operations import OperationState
+from sidecar.state.operations import RecordState
 from sidecar.state.postgres import PostgresStore
 from sidecar.state.sqlite import SqliteStore
 from tests.support.postgres import closed_port_dsn
@@ -173,16 +173,16 @@ async def test_operations_by_key_and_by_request(store: AnyStore) -> None:
     await store.claim(SCOPE, "hash-a", "r1", deadline_at=time.time() + 60)
     await store.claim(other, "hash-a", "r2", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
     first = await store.operation(SCOPE)
-    assert first is not None and first.state is OperationState.IN_PROGRESS and first.request_id == "r1"
+    assert first is not None and first.state is RecordState.IN_PROGRESS and first.request_id == "r1"
     assert abs(first.created_at - time.time()) < 60 and first.scope == SCOPE
     lost = await store.operation_of_request("acme", "dev-1", "r2")
-    assert lost is not None and lost.state is OperationState.UNKNOWN and lost.scope == other
+    assert lost is not None and lost.state is RecordState.UNKNOWN and lost.scope == other
     assert await store.operation_of_request("acme", "dev-2", "r2") is None
     assert await store.operation(replace(SCOPE, key="none")) is None
     assert [op.request_id for op in await store.pending_operations()] == ["r1", "r2"]
     await store.complete(SCOPE, '{"ok": 1}')
     done = await store.operation(SCOPE)
-    assert done is not None and done.state is OperationState.COMPLETED and done.result_json == '{"ok": 1}'
+    assert done is not None and done.state is RecordState.COMPLETED and done.result_json == '{"ok": 1}'
     assert [op.request_id for op in await store.pending_operations()] == ["r2"]
 
 

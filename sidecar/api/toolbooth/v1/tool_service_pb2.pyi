@@ -7,6 +7,15 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class OperationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OPERATION_STATE_UNSPECIFIED: _ClassVar[OperationState]
+    OPERATION_STATE_IN_PROGRESS: _ClassVar[OperationState]
+    OPERATION_STATE_COMPLETED: _ClassVar[OperationState]
+    OPERATION_STATE_FAILED: _ClassVar[OperationState]
+    OPERATION_STATE_UNKNOWN: _ClassVar[OperationState]
+    OPERATION_STATE_NOT_FOUND: _ClassVar[OperationState]
+
 class PreviewState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PREVIEW_STATE_UNSPECIFIED: _ClassVar[PreviewState]
@@ -57,6 +66,12 @@ class Recovery(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RECOVERY_CHECK_OPERATION_STATUS: _ClassVar[Recovery]
     RECOVERY_RETRY_WITH_BACKOFF: _ClassVar[Recovery]
     RECOVERY_RETRY_SAME_REQUEST: _ClassVar[Recovery]
+OPERATION_STATE_UNSPECIFIED: OperationState
+OPERATION_STATE_IN_PROGRESS: OperationState
+OPERATION_STATE_COMPLETED: OperationState
+OPERATION_STATE_FAILED: OperationState
+OPERATION_STATE_UNKNOWN: OperationState
+OPERATION_STATE_NOT_FOUND: OperationState
 PREVIEW_STATE_UNSPECIFIED: PreviewState
 PREVIEW_STATE_PENDING: PreviewState
 PREVIEW_STATE_APPROVED: PreviewState
@@ -93,6 +108,24 @@ RECOVERY_REQUEST_USER_INPUT: Recovery
 RECOVERY_CHECK_OPERATION_STATUS: Recovery
 RECOVERY_RETRY_WITH_BACKOFF: Recovery
 RECOVERY_RETRY_SAME_REQUEST: Recovery
+
+class GetOperationRequest(_message.Message):
+    __slots__ = ("tool", "idempotency_key", "request_id")
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    tool: str
+    idempotency_key: str
+    request_id: str
+    def __init__(self, tool: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class Operation(_message.Message):
+    __slots__ = ("state", "result")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    state: OperationState
+    result: ToolResult
+    def __init__(self, state: _Optional[_Union[OperationState, str]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ...) -> None: ...
 
 class Preview(_message.Message):
     __slots__ = ("preview_id", "preview_hash", "call_json", "reason", "expires_at", "state", "approver_roles", "decided_by", "decided_at", "comment")

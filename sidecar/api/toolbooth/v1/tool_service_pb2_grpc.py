@@ -45,6 +45,11 @@ class ToolServiceStub:
                 request_serializer=toolbooth_dot_v1_dot_tool__service__pb2.ExecuteToolRequest.SerializeToString,
                 response_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.ToolResult.FromString,
                 _registered_method=True)
+        self.GetOperation = channel.unary_unary(
+                '/toolbooth.v1.ToolService/GetOperation',
+                request_serializer=toolbooth_dot_v1_dot_tool__service__pb2.GetOperationRequest.SerializeToString,
+                response_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.Operation.FromString,
+                _registered_method=True)
 
 
 class ToolServiceServicer:
@@ -66,6 +71,14 @@ class ToolServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetOperation(self, request, context):
+        """GetOperation says where a keyed call of the caller stands (for results with recovery
+        check_operation_status): by tool + idempotency_key, or by the request_id of the call that ran it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +91,11 @@ def add_ToolServiceServicer_to_server(servicer, server):
                     servicer.ExecuteTool,
                     request_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.ExecuteToolRequest.FromString,
                     response_serializer=toolbooth_dot_v1_dot_tool__service__pb2.ToolResult.SerializeToString,
+            ),
+            'GetOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetOperation,
+                    request_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.GetOperationRequest.FromString,
+                    response_serializer=toolbooth_dot_v1_dot_tool__service__pb2.Operation.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,6 +153,33 @@ class ToolService:
             '/toolbooth.v1.ToolService/ExecuteTool',
             toolbooth_dot_v1_dot_tool__service__pb2.ExecuteToolRequest.SerializeToString,
             toolbooth_dot_v1_dot_tool__service__pb2.ToolResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolbooth.v1.ToolService/GetOperation',
+            toolbooth_dot_v1_dot_tool__service__pb2.GetOperationRequest.SerializeToString,
+            toolbooth_dot_v1_dot_tool__service__pb2.Operation.FromString,
             options,
             channel_credentials,
             insecure,
