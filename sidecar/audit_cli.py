@@ -52,7 +52,7 @@ def add_commands(commands: Subparsers) -> None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """``toolbooth audit verify``: walk the chain and report its first broken link."""
-    report = _with_store(args.config, lambda store: verify_store(store, page=PAGE))
+    report = with_store(args.config, lambda store: verify_store(store, page=PAGE))
     print(_describe(report))
     return EXIT_OK if report.broken is None else EXIT_FAILURE
 
@@ -72,7 +72,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
             after = _print_records(await store.audit_records(after_id=after, limit=PAGE), after=after)
 
     with contextlib.suppress(KeyboardInterrupt):  # how --follow ends
-        _with_store(args.config, tail)
+        with_store(args.config, tail)
     return EXIT_OK
 
 
@@ -84,7 +84,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             if args.since is None or record.event.time >= args.since:
                 print(record_json(record))
 
-    _with_store(args.config, export)
+    with_store(args.config, export)
     return EXIT_OK
 
 
@@ -119,7 +119,7 @@ def _describe(report: ChainReport) -> str:
             f"the {report.checked} event(s) before it are intact{old}")
 
 
-def _with_store(config: Path | None, use: Callable[[Store], Awaitable[T]]) -> T:
+def with_store(config: Path | None, use: Callable[[Store], Awaitable[T]]) -> T:
     """Open the configured store, run ``use`` on it, close it; an unreadable store is exit 1."""
 
     async def run() -> T:

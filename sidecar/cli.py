@@ -1,5 +1,5 @@
 """The ``toolbooth`` command: ``serve``, ``tools list``, ``call``, ``config validate``, ``policy …``, ``audit …``,
-``previews list``, ``approve``, ``deny``.
+``previews list``, ``approve``, ``deny``, ``operations …``.
 
 A thin shell over ``sidecar.config``, ``sidecar.server.serve`` and
 ``sidecar.client.Client``: it parses flags, calls one of them, prints the answer
@@ -92,11 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tools(commands)
     _add_call(commands)
     _add_config(commands)
-    from sidecar import approval_cli, audit_cli, policy_cli  # imported here: they use this module's helpers
+    from sidecar import approval_cli, audit_cli, operations_cli, policy_cli  # they use this module's helpers
 
     policy_cli.add_commands(commands)
     audit_cli.add_commands(commands)
     approval_cli.add_commands(commands)
+    operations_cli.add_commands(commands)
     return parser
 
 

@@ -1,0 +1,101 @@
+"""``toolbooth operations list | resolve`` on a SQLite store holding keyed calls in every state."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from sidecar import cli
+from sidecar.contract import ErrorCode, Status, ToolResult
+from sidecar.state import Claim, ClaimState, KeyScope
+from sidecar.state.common import DEADLINE_GRACE_SECONDS
+from sidecar.state.sqlite import SqliteStore
+
+LOST = KeyScope("acme", "dev-1", "create_note", "lost")
+RUNNING = KeyScope("acme", "dev-1", "create_note", "running")
+DONE = KeyScope("acme", "dev-1", "create_note", "done")
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    async def fill() -> None:
+        store = await SqliteStore.open(tmp_path / "store.db")
+        await store.claim(LOST, "h", "r-lost", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
+        await store.claim(RUNNING, "h", "r-running", deadline_at=time.time() + 60)
+        await store.claim(DONE, "h", "r-done", deadline_at=time.time() + 60)
+        await store.complete(DONE, "{}")
+        await store.aclose()
+
+    asyncio.run(fill())
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+def config(tmp_path: Path, db: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    path = tmp_path / "toolbooth.yaml"
+    path.write_text(f"store:\n  sqlite_path: {db}\n")
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def claim_again(db: Path, scope: KeyScope) -> Claim:
+    async def claim() -> Claim:
+        store = await SqliteStore.open(db)
+        try:
+            return await store.claim(scope, "h", "r-retry")
+        finally:
+            await store.aclose()
+
+    return asyncio.run(claim())
+
+
+def resolve(capsys: pytest.CaptureFixture[str], config: Path, key: str, *flags: str) -> tuple[int, str, str]:
+    return run(capsys, "operations", "resolve", key, "--tool", "create_note", "--principal", "dev-1",
+               "--tenant", "acme", "--config", str(config), *flags)
+
+
+def test_list_shows_calls_without_a_result(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    code, out, _ = run(capsys, "operations", "list", "--config", str(config))
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [(line["key"], line["state"]) for line in lines] == [("lost", "unknown"),
+                                                                            ("running", "in_progress")]
+    code, out, _ = run(capsys, "operations", "list", "--unknown", "--config", str(config))
+    assert code == 0 and [json.loads(line)["request_id"] for line in out.splitlines()] == ["r-lost"]
+
+
+@pytest.mark.parametrize(("flag", "status"), [("--completed", Status.SUCCESS), ("--failed", Status.ERROR)])
+def test_resolve_stores_a_result_retries_replay(capsys: pytest.CaptureFixture[str], config: Path, db: Path,
+                                                flag: str, status: Status) -> None:
+    code, out, _ = resolve(capsys, config, "lost", flag, "--note", "checked the CRM")
+    assert code == 0 and "resolved 'lost'" in out
+    replay = claim_again(db, LOST)
+    assert replay.state is ClaimState.REPLAY and replay.result_json is not None
+    result = ToolResult.model_validate_json(replay.result_json)
+    assert result.status is status and result.data == {"resolved_by_operator": True, "note": "checked the CRM"}
+    if status is Status.ERROR:
+        assert result.error is not None and result.error.code is ErrorCode.INTERNAL_ERROR
+        assert result.error.message == "resolved as failed by an operator: checked the CRM"
+
+
+def test_resolve_refuses_unknown_and_finished_keys(capsys: pytest.CaptureFixture[str], config: Path, db: Path) -> None:
+    code, _, err = resolve(capsys, config, "never", "--completed")
+    assert code == 1 and "no keyed call 'never'" in err
+    code, _, err = resolve(capsys, config, "done", "--failed")
+    assert code == 1 and "already has a result; nothing to resolve" in err
+    assert claim_again(db, DONE) == Claim(ClaimState.REPLAY, "{}")
+
+
+def test_resolve_needs_exactly_one_outcome(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    assert resolve(capsys, config, "lost")[0] == 2
+    assert resolve(capsys, config, "lost", "--completed", "--failed")[0] == 2
+    assert claim_again(config.parent / "store.db", LOST).state is ClaimState.UNKNOWN
