@@ -3,7 +3,9 @@
 The child runs ``main([CONFIG])``: the settings of the YAML/JSON file ``CONFIG`` (plus the usual
 ``TOOLBOOTH_*`` overrides) and a registry of ``TOOLS``. Each real execution of a tool appends one line,
 ``PID TEXT``, to the file ``$TOOLBOOTH_TEST_APPEND_LOG`` (``O_APPEND``: lines from several processes
-never mix), then sleeps 100 ms so that duplicate executions would overlap.
+never mix), then sleeps 100 ms so that duplicate executions would overlap (``append_then_wait``: 900 ms
+of its 1 s timeout, for a test to kill the process mid-handler). ``$TOOLBOOTH_TEST_DEADLINE_GRACE`` (seconds)
+replaces ``DEADLINE_GRACE_SECONDS`` in the child, so that a test need not wait 5 s for a call to be unknown.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sidecar.plugin import SideEffect, ToolContext, tool
 from tests.support.tools import Text
 
 APPEND_LOG_ENV = "TOOLBOOTH_TEST_APPEND_LOG"  # TOOLBOOTH_TEST_*: never read as a setting
+DEADLINE_GRACE_ENV = "TOOLBOOTH_TEST_DEADLINE_GRACE"
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = "import sys; from tests.support.sidecar_process import main; main(sys.argv[1:])"
 
@@ -34,13 +37,13 @@ class Appended(BaseModel):
     text: str
 
 
-async def _append(args: Text) -> Appended:
+async def _append(args: Text, wait: float = 0.1) -> Appended:
     fd = os.open(os.environ[APPEND_LOG_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, f"{os.getpid()} {args.text}\n".encode())
     finally:
         os.close(fd)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(wait)
     return Appended(pid=os.getpid(), text=args.text)
 
 
@@ -56,7 +59,13 @@ async def append_line_approved(args: Text, ctx: ToolContext) -> Appended:
     return await _append(args)
 
 
-TOOLS = [append_line, append_line_approved]
+@tool(name="append_then_wait", version="1.0.0", side_effect=SideEffect.INTERNAL_REVERSIBLE, timeout=1)
+async def append_then_wait(args: Text, ctx: ToolContext) -> Appended:
+    """Append a line, then wait 0.9 s: a process killed meanwhile has had the effect, not recorded it."""
+    return await _append(args, wait=0.9)
+
+
+TOOLS = [append_line, append_line_approved, append_then_wait]
 
 
 def main(argv: Sequence[str]) -> None:
@@ -65,7 +74,10 @@ def main(argv: Sequence[str]) -> None:
     from sidecar.config import load_settings
     from sidecar.registry import Registry
     from sidecar.server import serve
+    from sidecar.state import common
 
+    if DEADLINE_GRACE_ENV in os.environ:
+        common.DEADLINE_GRACE_SECONDS = float(os.environ[DEADLINE_GRACE_ENV])
     settings = load_settings(Path(argv[0]))
     setup_logging(settings.log_level)
     asyncio.run(serve(settings, registry=Registry.from_tools(TOOLS)))
@@ -79,10 +91,13 @@ def appended(log: Path) -> list[str]:
 class SidecarProcess:
     """``python -c LAUNCHER CONFIG``, listening on the Unix socket ``socket``; stderr goes to ``stderr``."""
 
-    def __init__(self, config: Path, socket: Path, stderr: Path, append_log: Path) -> None:
+    def __init__(self, config: Path, socket: Path, stderr: Path, append_log: Path, *,
+                 deadline_grace: float | None = None) -> None:
         self.socket, self.stderr = socket, stderr
         env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
         env.update(PYTHONPATH=str(REPO), **{APPEND_LOG_ENV: str(append_log)})
+        if deadline_grace is not None:
+            env[DEADLINE_GRACE_ENV] = str(deadline_grace)
         with stderr.open("wb") as err:
             self.process = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(config)], cwd=REPO, env=env,
                                             stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
