@@ -207,6 +207,24 @@ async def test_expiry_deletes_only_old_completed_records(store: AnyStore) -> Non
     assert await store.operation(running) is not None
 
 
+async def test_an_old_sqlite_file_gains_the_deadline_column(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as old:
+        old.execute("CREATE TABLE idempotency (tenant TEXT NOT NULL, principal_id TEXT NOT NULL, tool TEXT NOT NULL, "
+                    "key TEXT NOT NULL, request_hash TEXT NOT NULL, request_id TEXT NOT NULL, result_json TEXT, "
+                    "created_at REAL NOT NULL, completed_at REAL, PRIMARY KEY (tenant, principal_id, tool, key))")
+        old.execute("INSERT INTO idempotency VALUES ('acme', 'dev-1', 'create_note', 'key-1', 'hash-a', 'r0', NULL, "
+                    "0, NULL)")
+    store = await SqliteStore.open(path)
+    try:
+        assert await store.claim(SCOPE, "hash-a", "r1") == Claim(ClaimState.IN_PROGRESS)  # no deadline: never unknown
+        other = replace(SCOPE, key="key-2")
+        await store.claim(other, "hash-a", "r2", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
+        assert await store.claim(other, "hash-a", "r3") == Claim(ClaimState.UNKNOWN)
+    finally:
+        await store.aclose()
+
+
 async def test_release_frees_the_key(store: AnyStore) -> None:
     await store.claim(SCOPE, "hash-a", "r1")
     await store.release(SCOPE)

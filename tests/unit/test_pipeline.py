@@ -510,6 +510,17 @@ async def test_a_store_that_cannot_write_runs_nothing(make_pipeline: PipelineFac
     assert retry.status is Status.SUCCESS and not retry.meta.idempotency_replayed
 
 
+async def test_get_operation_on_a_broken_store_is_unavailable(make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    healthy = pipeline.store
+    pipeline.store = BrokenStore(healthy, "operation")  # type: ignore[assignment]
+    try:
+        with pytest.raises(ServiceUnavailable):
+            await pipeline.get_operation(DEVELOPER, tool="create_note", key="k")
+    finally:
+        pipeline.store = healthy
+
+
 async def test_an_overlong_idempotency_key_is_refused(make_pipeline: PipelineFactory) -> None:
     result = await call(await make_pipeline(), "create_note", {"text": "x"}, idempotency_key="k" * 257)
     assert result.error is not None and result.error.code is ErrorCode.INVALID_ARGUMENT
