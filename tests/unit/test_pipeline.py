@@ -240,10 +240,14 @@ async def test_a_keyed_call_records_its_deadline(make_pipeline: PipelineFactory)
     pipeline = await make_pipeline()
     before = time.time()
     await call(pipeline, "create_note", {"text": "x"}, idempotency_key="k")
-    assert isinstance(pipeline.store, SqliteStore)
-    rows = await pipeline.store._run(lambda: pipeline.store._db.execute(  # type: ignore[union-attr]
-        "SELECT deadline_at FROM idempotency").fetchall())
-    assert before + 1.5 < rows[0][0] <= time.time() + 2  # create_note's timeout is 2 s
+    record = await pipeline.store.operation(KeyScope(DEVELOPER.tenant, DEVELOPER.id, "create_note", "k"))
+    assert record is not None and record.deadline_at is not None
+    assert before + 1.9 < record.deadline_at <= time.time() + 2  # create_note's timeout is 2 s
+    request = CallRequest(tool="create_note", arguments_json='{"text": "x"}', idempotency_key="soon")
+    await pipeline.execute(DEVELOPER, request, caller_deadline=time.monotonic() + 0.5)
+    record = await pipeline.store.operation(KeyScope(DEVELOPER.tenant, DEVELOPER.id, "create_note", "soon"))
+    assert record is not None and record.deadline_at is not None
+    assert record.deadline_at <= time.time() + 0.5  # the caller's earlier deadline
 
 
 async def test_finished_records_past_the_retention_are_deleted(tmp_path: Path, default_engine: Any,
