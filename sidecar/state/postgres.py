@@ -44,8 +44,9 @@ _KEY_WHERE = "tenant = %s AND principal_id = %s AND tool = %s AND key = %s"
 _CLAIM = ("INSERT INTO idempotency (tenant, principal_id, tool, key, request_hash, request_id, deadline_at) "
           "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING true")
 _READ_CLAIM = f"SELECT request_hash, result_json, deadline_at FROM idempotency WHERE {_KEY_WHERE}"
-_COMPLETE = f"UPDATE idempotency SET result_json = %s, completed_at = now() WHERE {_KEY_WHERE}"
-_RELEASE = f"DELETE FROM idempotency WHERE {_KEY_WHERE}"
+# Only a record still without a result: an operator's resolution is never overwritten or deleted.
+_COMPLETE = f"UPDATE idempotency SET result_json = %s, completed_at = now() WHERE {_KEY_WHERE} AND result_json IS NULL"
+_RELEASE = f"DELETE FROM idempotency WHERE {_KEY_WHERE} AND result_json IS NULL"
 _INSERT_AUDIT = insert_audit_sql("%s")
 _SET_MASK_KEY = "INSERT INTO audit_mask_key (id, key) VALUES (1, %s) ON CONFLICT DO NOTHING"
 # pg_advisory_xact_lock key serializing audit appends: "tb-audit" in ASCII.

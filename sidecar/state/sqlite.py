@@ -88,11 +88,13 @@ class SqliteStore(SqlitePreviews, OperationMethods):
         return await self._run(lambda: self._claim(scope, request_hash, request_id, deadline_at))
 
     async def complete(self, scope: KeyScope, result_json: str) -> None:
-        sql = f"UPDATE idempotency SET result_json = ?, completed_at = ? WHERE {_KEY_WHERE}"
+        # Only a record still without a result: an operator's resolution is never overwritten or deleted.
+        sql = f"UPDATE idempotency SET result_json = ?, completed_at = ? WHERE {_KEY_WHERE} AND result_json IS NULL"
         await self._run(lambda: self._write(sql, (result_json, time.time(), *astuple(scope))))
 
     async def release(self, scope: KeyScope) -> None:
-        await self._run(lambda: self._write(f"DELETE FROM idempotency WHERE {_KEY_WHERE}", astuple(scope)))
+        sql = f"DELETE FROM idempotency WHERE {_KEY_WHERE} AND result_json IS NULL"
+        await self._run(lambda: self._write(sql, astuple(scope)))
 
     async def record_audit(self, event: AuditEvent) -> None:
         await self._write_audit([audit_row(event)])

@@ -194,6 +194,14 @@ async def test_resolve_settles_only_records_without_a_result(store: AnyStore) ->
     assert await store.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.REPLAY, '{"resolved": 1}')
 
 
+async def test_a_late_outcome_never_replaces_an_operators_resolution(store: AnyStore) -> None:
+    await store.claim(SCOPE, "hash-a", "r1", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
+    assert await store.resolve_operation(SCOPE, '{"resolved": 1}', now=time.time())
+    await store.complete(SCOPE, '{"late": 1}')  # the crashed call's sidecar comes back after all
+    await store.release(SCOPE)
+    assert await store.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.REPLAY, '{"resolved": 1}')
+
+
 async def test_expiry_deletes_only_old_completed_records(store: AnyStore) -> None:
     old, new, running = (replace(SCOPE, key=k) for k in ("old", "new", "running"))
     for n, scope in enumerate((old, new, running)):
