@@ -93,3 +93,31 @@ class AuditBatcher:
                 await self._write(rows)
             except StoreUnavailableError as exc:
                 log.error("%d audit event(s) could not be written: %s", len(rows), exc)
+
+
+class AuditMethods:
+    """The audit half of the ``Store`` protocol, the same on every backend. A store supplies
+    ``_write_audit`` (append rows, linked into the chain) and ``audit_records``."""
+
+    _audit: AuditBatcher
+
+    async def _write_audit(self, rows: list[Row]) -> None:
+        raise NotImplementedError
+
+    async def audit_records(self, *, after_id: int = 0, limit: int | None = None,
+                            newest_first: bool = False) -> list[AuditRecord]:
+        raise NotImplementedError
+
+    async def record_audit(self, event: AuditEvent) -> None:
+        await self._write_audit([audit_row(event)])
+
+    def queue_audit(self, event: AuditEvent) -> None:
+        self._audit.put(event)
+
+    async def flush_audit(self) -> None:
+        await self._audit.flush()
+
+    async def audit_events(self) -> list[AuditEvent]:
+        """Every audit event (queued ones included), oldest first."""
+        await self.flush_audit()
+        return [record.event for record in await self.audit_records()]

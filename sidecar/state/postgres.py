@@ -23,14 +23,14 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from sidecar.state import AuditEvent, AuditRecord, Claim, ClaimState, KeyScope, StoreUnavailableError
+from sidecar.state import AuditRecord, Claim, ClaimState, KeyScope, StoreUnavailableError
 from sidecar.state.chain import chained
 from sidecar.state.common import (
     LAST_AUDIT_HASH,
     AuditBatcher,
+    AuditMethods,
     Row,
     audit_record,
-    audit_row,
     existing_claim,
     insert_audit_sql,
     select_audit_sql,
@@ -56,7 +56,7 @@ AUDIT_LOCK = int.from_bytes(b"tb-audit", "big")
 _CLAIM_ATTEMPTS = 10
 
 
-class PostgresStore(PostgresPreviews, OperationMethods):
+class PostgresStore(PostgresPreviews, OperationMethods, AuditMethods):
     """The ``Store`` for many replicas: a PostgreSQL database."""
 
     _OPERATION_SQL = operation_sql("%s", epoch="extract(epoch FROM {})::float8", from_epoch="to_timestamp({})")
@@ -101,20 +101,6 @@ class PostgresStore(PostgresPreviews, OperationMethods):
     async def release(self, scope: KeyScope) -> None:
         async with self._connection() as conn:
             await conn.execute(_RELEASE, astuple(scope))
-
-    async def record_audit(self, event: AuditEvent) -> None:
-        await self._write_audit([audit_row(event)])
-
-    def queue_audit(self, event: AuditEvent) -> None:
-        self._audit.put(event)
-
-    async def flush_audit(self) -> None:
-        await self._audit.flush()
-
-    async def audit_events(self) -> list[AuditEvent]:
-        """Every audit event (queued ones included), oldest first."""
-        await self.flush_audit()
-        return [record.event for record in await self.audit_records()]
 
     async def audit_records(self, *, after_id: int = 0, limit: int | None = None,
                             newest_first: bool = False) -> list[AuditRecord]:

@@ -21,14 +21,14 @@ from dataclasses import astuple
 from pathlib import Path
 from typing import TypeVar
 
-from sidecar.state import AuditEvent, AuditRecord, Claim, ClaimState, KeyScope, StoreUnavailableError
+from sidecar.state import AuditRecord, Claim, ClaimState, KeyScope, StoreUnavailableError
 from sidecar.state.chain import chained
 from sidecar.state.common import (
     LAST_AUDIT_HASH,
     AuditBatcher,
+    AuditMethods,
     Row,
     audit_record,
-    audit_row,
     existing_claim,
     insert_audit_sql,
     select_audit_sql,
@@ -61,7 +61,7 @@ _INSERT_AUDIT = insert_audit_sql("?")
 _KEY_WHERE = "tenant = ? AND principal_id = ? AND tool = ? AND key = ?"
 
 
-class SqliteStore(SqlitePreviews, OperationMethods):
+class SqliteStore(SqlitePreviews, OperationMethods, AuditMethods):
     """The default ``Store``: a local SQLite file."""
 
     _OPERATION_SQL = operation_sql("?", epoch="{}", from_epoch="{}")
@@ -95,20 +95,6 @@ class SqliteStore(SqlitePreviews, OperationMethods):
     async def release(self, scope: KeyScope) -> None:
         sql = f"DELETE FROM idempotency WHERE {_KEY_WHERE} AND result_json IS NULL"
         await self._run(lambda: self._write(sql, astuple(scope)))
-
-    async def record_audit(self, event: AuditEvent) -> None:
-        await self._write_audit([audit_row(event)])
-
-    def queue_audit(self, event: AuditEvent) -> None:
-        self._audit.put(event)
-
-    async def flush_audit(self) -> None:
-        await self._audit.flush()
-
-    async def audit_events(self) -> list[AuditEvent]:
-        """Every audit event (queued ones included), oldest first."""
-        await self.flush_audit()
-        return [record.event for record in await self.audit_records()]
 
     async def audit_records(self, *, after_id: int = 0, limit: int | None = None,
                             newest_first: bool = False) -> list[AuditRecord]:
