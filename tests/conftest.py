@@ -48,3 +48,16 @@ async def make_pipeline(tmp_path: Path) -> AsyncIterator[PipelineFactory]:
     yield make
     for pipeline in made:
         await pipeline.aclose()
+
+
+@pytest.fixture
+def store_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], Path]:
+    """``store_config(db)``: a config file whose SQLite store is ``db`` (the default state dir kept in tmp)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+    def write(db: Path) -> Path:
+        path = tmp_path / "toolbooth.yaml"
+        path.write_text(f"store:\n  sqlite_path: {db}\n")
+        return path
+
+    return write

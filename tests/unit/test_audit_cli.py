@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,8 @@ def db(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def config(tmp_path: Path, db: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    path = tmp_path / "toolbooth.yaml"
-    path.write_text(f"store:\n  sqlite_path: {db}\n")
-    return path
+def config(db: Path, store_config: Callable[[Path], Path]) -> Path:
+    return store_config(db)
 
 
 def write_events(db: Path, numbers: range) -> None:

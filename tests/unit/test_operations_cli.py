@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,11 +36,8 @@ def db(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def config(tmp_path: Path, db: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    path = tmp_path / "toolbooth.yaml"
-    path.write_text(f"store:\n  sqlite_path: {db}\n")
-    return path
+def config(db: Path, store_config: Callable[[Path], Path]) -> Path:
+    return store_config(db)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
