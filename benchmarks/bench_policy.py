@@ -31,8 +31,8 @@ from sidecar.policy import PolicyEngine, Stage
 from sidecar.policy.cache import CachingEngine
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import InputParts, PolicyInput, call_json, now_utc, principal_json, tool_json
-from sidecar.registry import Registry
 from sidecar.state.sqlite import SqliteStore
+from sidecar.tools.registry import Registry
 
 PRINCIPAL = Principal(id="u-1", tenant="acme", roles=("developer",), permissions=("reports:read",))
 CONSTANT = {

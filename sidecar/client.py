@@ -17,11 +17,10 @@ from typing import Any, TypeVar
 
 import grpc
 
+from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.contract import ApprovalResult, CallRequest, Operation, Preview, ToolListing, ToolResult
-from sidecar.policy.reload import ReloadStatus
-from sidecar.server import convert
+from sidecar.contract import ApprovalResult, CallRequest, Operation, Preview, ReloadStatus, ToolListing, ToolResult
 
 __all__ = ["AsyncClient", "Client", "ClientError"]
 

@@ -1,11 +1,12 @@
 """Domain types shared by every layer: side effects, error codes, recovery, results.
 
-Nothing here knows about gRPC; ``sidecar.server.convert`` maps these types to and
+Nothing here knows about gRPC; ``sidecar.api.convert`` maps these types to and
 from the protobuf messages of ``proto/toolbooth/v1``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -223,3 +224,19 @@ class CallRequest(_Frozen):
     approval_id: str | None = None
     conversation_id: str | None = None
     call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadStatus:
+    """The revision in force and what the last reload attempt did."""
+
+    source: str
+    revision: str
+    loaded_at: str
+    last_attempt_at: str | None = None
+    last_error: str | None = None  # set while the latest change is refused
+
+    @property
+    def healthy(self) -> bool:
+        """False while a change of the source is refused (the old revision still serves)."""
+        return self.last_error is None

@@ -1,33 +1,33 @@
-"""The plugin author's API: ``@tool``, ``ToolContext``, ``ToolError``, ``SideEffect``.
+"""The plugin author's one import: everything needed to write, type and test a tool.
 
 A tool is a typed function::
+
+    from sidecar.plugin import SENSITIVE, SideEffect, ToolContext, ToolError, tool
 
     @tool(name="calculate", version="1.0.0", side_effect=SideEffect.NONE, timeout=0.5)
     async def calculate(args: CalculateInput, ctx: ToolContext) -> CalculateOutput: ...
 
-Its input and output are pydantic models; the JSON schema shown to the model
-comes from the input model. A definition is checked when the decorator runs:
-a bad one raises ``ToolDefinitionError`` naming the plugin, the tool and the field.
-Decorating registers nothing globally; a plugin exposes its tools through the
-``toolbooth.tools`` entry-point group (see ``sidecar.registry``).
+Its input and output are pydantic models; the JSON schema shown to the model comes from the
+input model. A definition is checked when the decorator runs: a bad one raises
+``ToolDefinitionError`` naming the plugin, the tool and the field. Decorating registers
+nothing globally; a plugin exposes its tools through the ``toolbooth.tools`` entry-point
+group (``docs/plugins.md``).
+
+This module is a promise to plugin authors: the names in ``__all__`` keep their meaning.
+(``sidecar.contract`` and ``sidecar.masking``, which older plugins import from, keep theirs too.)
 """
 
 from __future__ import annotations
 
-import inspect
-import logging
-import re
-import time
-import typing
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
-
-from pydantic import BaseModel
-
-from sidecar.contract import ErrorCode, Principal, SideEffect
+from sidecar.contract import ErrorCode, Principal, Recovery, SideEffect
+from sidecar.tools.definition import RetryPolicy, ToolContext, ToolDefinition, ToolDefinitionError, ToolError, tool
+from sidecar.tools.masking import SENSITIVE
 
 __all__ = [
+    "SENSITIVE",
+    "ErrorCode",
+    "Principal",
+    "Recovery",
     "RetryPolicy",
     "SideEffect",
     "ToolContext",
@@ -36,174 +36,3 @@ __all__ = [
     "ToolError",
     "tool",
 ]
-
-NAME_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
-_RETRYABLE_BY_DEFAULT = frozenset({ErrorCode.SERVICE_UNAVAILABLE, ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT})
-
-In = TypeVar("In", bound=BaseModel)
-Out = TypeVar("Out", bound=BaseModel)
-
-
-class ToolDefinitionError(ValueError):
-    """A tool definition is invalid. The message names plugin, tool and field."""
-
-    def __init__(self, plugin: str, tool: str, field_name: str, problem: str) -> None:
-        super().__init__(f"plugin {plugin!r}, tool {tool!r}, field {field_name!r}: {problem}")
-        self.plugin, self.tool, self.field = plugin, tool, field_name
-
-
-class ToolError(Exception):
-    """The only way a handler's own text reaches the model.
-
-    ``retryable`` defaults to the standard guidance for ``code`` and the tool's side
-    effect (a timeout of a write tool is not retryable); anything else a handler
-    raises becomes a generic ``INTERNAL_ERROR``.
-    """
-
-    def __init__(
-        self,
-        code: ErrorCode | str,
-        message: str,
-        *,
-        field: str | None = None,
-        retryable: bool | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.code = ErrorCode(code)
-        self.message = message
-        self.field = field
-        self.retryable = retryable
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Retries for read-only tools: exponential backoff between attempts."""
-
-    max_attempts: int = 1
-    initial_backoff: float = 0.05
-    max_backoff: float = 1.0
-    retry_on: frozenset[ErrorCode] = _RETRYABLE_BY_DEFAULT
-
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        return min(self.max_backoff, self.initial_backoff * 2 ** (attempt - 1))
-
-
-@dataclass(frozen=True, slots=True)
-class ToolContext:
-    """What a handler may know about its call. Never holds the caller's token."""
-
-    principal: Principal
-    request_id: str
-    deadline: float
-    idempotency_key: str | None
-    attempt: int
-    logger: logging.LoggerAdapter[logging.Logger]
-
-    def time_remaining(self) -> float:
-        """Seconds until the call's deadline (``time.monotonic`` based)."""
-        return max(0.0, self.deadline - time.monotonic())
-
-
-Handler = Callable[[Any, ToolContext], Awaitable[BaseModel] | BaseModel]
-
-
-@dataclass(frozen=True, slots=True)
-class ToolDefinition(Generic[In, Out]):
-    """A validated tool: metadata plus its typed handler."""
-
-    name: str
-    version: str
-    description: str
-    handler: Handler
-    input_model: type[In]
-    output_model: type[Out]
-    side_effect: SideEffect
-    permissions: tuple[str, ...]
-    timeout: float
-    retry: RetryPolicy
-    plugin: str
-    is_async: bool = field(default=False)
-
-    @property
-    def requires_idempotency_key(self) -> bool:
-        """Tools with side effects must be called with an idempotency key."""
-        return self.side_effect is not SideEffect.NONE
-
-
-def tool(
-    *,
-    name: str,
-    version: str,
-    side_effect: SideEffect | str,
-    permissions: tuple[str, ...] = (),
-    timeout: float = 10.0,
-    description: str | None = None,
-    retry: RetryPolicy | None = None,
-) -> Callable[[Handler], ToolDefinition[Any, Any]]:
-    """Turn a typed handler into a validated ``ToolDefinition``."""
-
-    def decorate(handler: Handler) -> ToolDefinition[Any, Any]:
-        plugin = getattr(handler, "__module__", "?")
-        check = _Checker(plugin, name if isinstance(name, str) else repr(name))
-        check.that(isinstance(name, str) and bool(NAME_PATTERN.match(name)), "name",
-                   "must be 1-64 chars of lowercase letters, digits and inner '_' or '-'")
-        check.that(isinstance(version, str) and bool(version.strip()), "version", "must be a non-empty string")
-        effect = check.side_effect(side_effect)
-        check.that(isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < float("inf"),
-                   "timeout", f"must be a positive number of seconds, got {timeout!r}")
-        check.that(isinstance(permissions, tuple | list) and all(isinstance(p, str) and p for p in permissions),
-                   "permissions", "must be a tuple of non-empty strings")
-        policy = retry or RetryPolicy()
-        check.that(policy.max_attempts >= 1, "retry", "max_attempts must be at least 1")
-        check.that(policy.max_attempts == 1 or effect is SideEffect.NONE, "retry",
-                   f"tools with side effect {effect.value!r} are never retried; use max_attempts=1")
-        input_model, output_model = check.signature(handler)
-        doc = description if description is not None else inspect.getdoc(handler) or ""
-        return ToolDefinition(
-            name=name, version=version, description=doc.strip(), handler=handler,
-            input_model=input_model, output_model=output_model, side_effect=effect,
-            permissions=tuple(permissions), timeout=float(timeout), retry=policy, plugin=plugin,
-            is_async=inspect.iscoroutinefunction(handler),
-        )
-
-    return decorate
-
-
-@dataclass(frozen=True, slots=True)
-class _Checker:
-    plugin: str
-    tool: str
-
-    def that(self, ok: bool, field_name: str, problem: str) -> None:
-        if not ok:
-            raise ToolDefinitionError(self.plugin, self.tool, field_name, problem)
-
-    def side_effect(self, value: SideEffect | str) -> SideEffect:
-        try:
-            return SideEffect(value)
-        except ValueError:
-            allowed = ", ".join(e.value for e in SideEffect)
-            raise ToolDefinitionError(self.plugin, self.tool, "side_effect",
-                                      f"unknown side effect {value!r}; expected one of {allowed}") from None
-
-    def signature(self, handler: Handler) -> tuple[type[BaseModel], type[BaseModel]]:
-        self.that(callable(handler), "handler", "must be a function")
-        params = list(inspect.signature(handler).parameters.values())
-        self.that(len(params) == 2 and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params),
-                  "handler", "must take exactly two positional parameters: (args, ctx)")
-        try:
-            hints = typing.get_type_hints(handler)
-        except Exception as exc:  # unresolvable annotations: report, do not guess
-            raise ToolDefinitionError(self.plugin, self.tool, "handler", f"cannot resolve type hints: {exc}") from exc
-        input_model, output_model = hints.get(params[0].name), hints.get("return")
-        self.that(_is_model(input_model), "input", f"must be annotated with a pydantic model, got {input_model!r}")
-        self.that(_is_model(output_model), "output",
-                  f"return type must be a pydantic model, got {output_model!r}")
-        return input_model, output_model  # type: ignore[return-value]
-
-
-def _is_model(annotation: object) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
-
-

@@ -13,8 +13,8 @@ from sidecar.contract import Principal
 from sidecar.pipeline import Pipeline
 from sidecar.policy import PolicyEngine
 from sidecar.policy.embedded import EmbeddedEngine
-from sidecar.registry import Registry
 from sidecar.state.sqlite import SqliteStore
+from sidecar.tools.registry import Registry
 from tests.support import tools
 
 DEVELOPER = Principal(id="dev-1", tenant="acme", roles=("developer",))

@@ -10,7 +10,7 @@ Three questions, three Rego packages, each answering with a decision document
   "approver_roles"?: [str], "preview_ttl_seconds"?: int}``
 
 and one more rule, outside any call, when someone approves or denies a preview
-(``sidecar.approvals``): ``data.toolbooth.approval.approver`` -> ``{"allow": bool, "reason"?}``.
+(``sidecar.pipeline.approvals``): ``data.toolbooth.approval.approver`` -> ``{"allow": bool, "reason"?}``.
 
 Any decision may say ``"cacheable": false`` (e.g. one that depends on the time):
 it is then never answered from the decision cache.

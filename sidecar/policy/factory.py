@@ -7,13 +7,13 @@ from pathlib import Path
 
 from sidecar.config import PolicyEngineKind, PolicySettings
 from sidecar.policy import PolicyEngine, PolicyLoadError, close_engine
-from sidecar.policy.bundle_fetch import BundleFetcher
-from sidecar.policy.bundle_signing import VerificationConfig
+from sidecar.policy.bundle.fetch import BundleFetcher
+from sidecar.policy.bundle.signing import VerificationConfig
 from sidecar.policy.cache import CachingEngine
+from sidecar.policy.devtools.runner import Outcome, run_tests
 from sidecar.policy.embedded import EmbeddedEngine, checked_files
 from sidecar.policy.reload import PolicySource, ReloadingEngine
 from sidecar.policy.sources import BundleSource, DirectorySource, FixedSource
-from sidecar.policy.testing import Outcome, run_tests
 
 __all__ = ["close_engine", "open_engine", "open_reloading", "policy_source", "reload_interval", "with_cache"]
 

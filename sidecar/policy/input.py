@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.contract import CallRequest, Principal
-from sidecar.plugin import ToolDefinition
 from sidecar.policy import Stage
+from sidecar.tools.definition import ToolDefinition
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,10 @@ import asyncio
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol
 
+from sidecar.contract import ReloadStatus
 from sidecar.policy import Decision, PolicyEngine, PolicyLoadError, Stage, audit_masks, close_engine
 from sidecar.policy.input import PolicyInput
 
@@ -36,22 +37,6 @@ class PolicySource(Protocol):
     async def load(self) -> PolicyEngine:
         """Compile the current content; ``PolicyLoadError`` naming the file when it cannot."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class ReloadStatus:
-    """The revision in force and what the last reload attempt did."""
-
-    source: str
-    revision: str
-    loaded_at: str
-    last_attempt_at: str | None = None
-    last_error: str | None = None  # set while the latest change is refused
-
-    @property
-    def healthy(self) -> bool:
-        """False while a change of the source is refused (the old revision still serves)."""
-        return self.last_error is None
 
 
 class ReloadingEngine:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from sidecar.policy import PolicyEngine
 from sidecar.policy.bundle import load_bundle
-from sidecar.policy.bundle_fetch import BundleFetcher
-from sidecar.policy.bundle_signing import VerificationConfig
+from sidecar.policy.bundle.fetch import BundleFetcher
+from sidecar.policy.bundle.signing import VerificationConfig
 from sidecar.policy.embedded import EmbeddedEngine, PolicyFiles, check_files
 
 _WATCHED = ("*.rego", "*.json")

@@ -1,7 +1,7 @@
 """The gRPC transport of the sidecar: ``create_server`` for tests and embedding, ``serve`` for the CLI.
 
 The server modules load on first use, so ``sidecar.client`` (which needs only
-``sidecar.server.convert``) does not import the pipeline, JWT or YAML.
+``sidecar.api.convert``) does not import the pipeline, JWT or YAML.
 """
 
 from __future__ import annotations

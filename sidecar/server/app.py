@@ -25,8 +25,8 @@ from grpc_reflection.v1alpha import reflection
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.config import UNIX_PREFIX, AuthMode, Limits, Settings
-from sidecar.contract import Principal
-from sidecar.policy.reload import ReloadingEngine, ReloadStatus
+from sidecar.contract import Principal, ReloadStatus
+from sidecar.policy.reload import ReloadingEngine
 from sidecar.server.approval_service import SERVICE_NAME as APPROVAL_SERVICE_NAME
 from sidecar.server.approval_service import ApprovalGateway, ApprovalServicer
 from sidecar.server.auth import Authenticator
@@ -35,7 +35,7 @@ from sidecar.server.policy_service import SERVICE_NAME as POLICY_SERVICE_NAME
 from sidecar.server.service import ToolGateway, ToolServicer
 
 if TYPE_CHECKING:
-    from sidecar.registry import Registry
+    from sidecar.tools.registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The thin ``ApprovalService`` servicer: authenticate the approver, call ``Approvals``, convert back.
 
 Who may approve what is the approval policy's decision (``data.toolbooth.approval.approver``),
-made in ``sidecar.approvals``; refusals are ``ApprovalResult``s, not gRPC errors.
+made in ``sidecar.pipeline.approvals``; refusals are ``ApprovalResult``s, not gRPC errors.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Protocol, TypeVar
 
 import grpc
 
+from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.contract import ApprovalResult, Preview, Principal
 from sidecar.policy import PolicyEvaluationError
-from sidecar.server import convert
 from sidecar.server.auth import Authenticator
 from sidecar.server.service import authenticate
 from sidecar.state import StoreUnavailableError
@@ -26,7 +26,7 @@ T = TypeVar("T")
 
 
 class ApprovalGateway(Protocol):
-    """What the servicer needs: ``sidecar.approvals.Approvals``."""
+    """What the servicer needs: ``sidecar.pipeline.approvals.Approvals``."""
 
     async def approve(self, approver: Principal, preview_id: str, hash_seen: str,
                       comment: str | None) -> ApprovalResult: ...

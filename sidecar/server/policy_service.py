@@ -8,11 +8,10 @@ from typing import Protocol
 
 import grpc
 
+from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.contract import Principal
-from sidecar.policy.reload import ReloadStatus
-from sidecar.server import convert
+from sidecar.contract import Principal, ReloadStatus
 from sidecar.server.auth import Authenticator
 from sidecar.server.service import authenticate
 

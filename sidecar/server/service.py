@@ -15,11 +15,11 @@ from typing import Protocol, TypeVar
 
 import grpc
 
+from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.contract import CallRequest, Operation, Principal, ToolListing, ToolResult
 from sidecar.pipeline import ServiceUnavailable
-from sidecar.server import convert
 from sidecar.server.auth import AuthenticationError, Authenticator
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from sidecar.state.previews import PreviewStore
 
 if TYPE_CHECKING:
-    from sidecar.state.operations import OperationRecord
+    from sidecar.state.idempotency import OperationRecord
 
 
 class StoreUnavailableError(RuntimeError):
@@ -65,7 +65,7 @@ class AuditEvent:
     status: str
     error_code: str | None
     duration_ms: int
-    arguments_json: str | None = None  # the validated arguments, sensitive values masked (``sidecar.masking``)
+    arguments_json: str | None = None  # the validated arguments, sensitive values masked (``sidecar.tools.masking``)
 
 
 @dataclass(frozen=True, slots=True)

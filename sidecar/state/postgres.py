@@ -36,7 +36,7 @@ from sidecar.state.common import (
     select_audit_sql,
 )
 from sidecar.state.dsn import redact_dsn
-from sidecar.state.operations import OperationMethods, operation_sql
+from sidecar.state.idempotency import OperationMethods, operation_sql
 from sidecar.state.postgres_migrations import migrate
 from sidecar.state.postgres_previews import PostgresPreviews
 

@@ -33,7 +33,7 @@ from sidecar.state.common import (
     insert_audit_sql,
     select_audit_sql,
 )
-from sidecar.state.operations import OperationMethods, operation_sql
+from sidecar.state.idempotency import OperationMethods, operation_sql
 from sidecar.state.sqlite_previews import PREVIEW_SCHEMA, SqlitePreviews
 
 T = TypeVar("T")

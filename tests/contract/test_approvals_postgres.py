@@ -11,7 +11,7 @@ from pathlib import Path
 from sidecar.config import parse_settings
 from sidecar.contract import CallRequest, ErrorCode, Principal, Status
 from sidecar.pipeline import Pipeline, build_pipeline
-from sidecar.registry import Registry
+from sidecar.tools.registry import Registry
 from tests.support import tools
 from tests.support.approvals import NOTE, policies
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import cli
+from sidecar.cli import app as cli
 from sidecar.state import AuditEvent
 from sidecar.state.postgres import PostgresStore
 from tests.support.postgres import PostgresServer

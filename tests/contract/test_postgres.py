@@ -15,10 +15,10 @@ from sidecar.config import bundled_policy_dir, parse_settings
 from sidecar.contract import CallRequest, ErrorCode, Status
 from sidecar.pipeline import Pipeline, build_pipeline
 from sidecar.policy.embedded import EmbeddedEngine
-from sidecar.registry import Registry
 from sidecar.state import ClaimState, KeyScope, StoreUnavailableError
 from sidecar.state.postgres import PostgresStore
 from sidecar.state.postgres_migrations import migrate, migrations
+from sidecar.tools.registry import Registry
 from tests.conftest import ADMIN, DEVELOPER
 from tests.support import tools
 from tests.support.postgres import PASSWORD, PostgresServer, closed_port_dsn, with_options

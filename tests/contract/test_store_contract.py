@@ -22,7 +22,7 @@ import pytest
 from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope, StoreUnavailableError
 from sidecar.state.chain import GENESIS_HASH, verify_store
 from sidecar.state.common import DEADLINE_GRACE_SECONDS
-from sidecar.state.operations import RecordState
+from sidecar.state.idempotency import RecordState
 from sidecar.state.postgres import PostgresStore
 from sidecar.state.sqlite import SqliteStore
 from tests.support.postgres import closed_port_dsn

@@ -18,9 +18,9 @@ from sidecar.contract import ErrorCode, Preview, PreviewState, Recovery, Status,
 from sidecar.pipeline import Pipeline
 from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks, close_engine
 from sidecar.policy.input import PolicyInput
-from sidecar.registry import Registry
 from sidecar.server import create_server
 from sidecar.state.sqlite import SqliteStore
+from sidecar.tools.registry import Registry
 from tests.support import tools
 from tests.support.approvals import NOTE, policies
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import cli
+from sidecar.cli import app as cli
 from sidecar.client import AsyncClient
 from sidecar.contract import ErrorCode, OperationState, Recovery, Status, ToolResult
 from tests.support.sidecar_process import SidecarProcess, appended

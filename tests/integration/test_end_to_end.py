@@ -16,9 +16,9 @@ from sidecar.config import Settings
 from sidecar.contract import ErrorCode, Recovery, Status
 from sidecar.pipeline import Pipeline, build_pipeline
 from sidecar.plugin import SideEffect, ToolContext, ToolDefinition, tool
-from sidecar.registry import Registry
 from sidecar.server import serve
 from sidecar.server.app import SERVICE_NAME
+from sidecar.tools.registry import Registry
 from tests.support import tools
 from tests.support.tools import Count
 

@@ -22,7 +22,7 @@ from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.client import AsyncClient, ClientError
 from sidecar.config import Settings, bundled_policy_dir
 from sidecar.pipeline import build_pipeline
-from sidecar.registry import Registry
+from sidecar.tools.registry import Registry
 from tests.support import tools
 
 pytestmark = pytest.mark.integration

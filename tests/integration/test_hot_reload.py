@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sidecar import cli
+from sidecar.cli import app as cli
 from sidecar.client import AsyncClient
 from sidecar.config import bundled_policy_dir
 from tests.support.reloading import rewrite, until_status

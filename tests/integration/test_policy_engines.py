@@ -217,7 +217,7 @@ def corpus() -> dict[Stage, list[PolicyInput]]:
 
 
 def approver_input(approver: Principal, requested_by: Principal) -> PolicyInput:
-    """``data.toolbooth.approval.approver``'s input, as ``sidecar.approvals`` builds it."""
+    """``data.toolbooth.approval.approver``'s input, as ``sidecar.pipeline.approvals`` builds it."""
     preview = {"preview_id": "p-1", "tool": "send_email", "tool_version": "1.0.0", "reason": "r",
                "requested_by": {"id": requested_by.id, "tenant": requested_by.tenant},
                "approver_roles": ["approver", "reader"]}

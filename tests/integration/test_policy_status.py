@@ -16,10 +16,10 @@ from sidecar.config import PolicySettings, Settings, bundled_policy_dir
 from sidecar.pipeline import Pipeline
 from sidecar.policy.factory import policy_source
 from sidecar.policy.reload import ReloadingEngine
-from sidecar.registry import Registry
 from sidecar.server import create_server
 from sidecar.server.policy_service import REFUSED_WITHOUT_DETAILS, RELOAD_HEALTH_NAME
 from sidecar.state.sqlite import SqliteStore
+from sidecar.tools.registry import Registry
 from tests.support import tools
 from tests.support.reloading import rewrite
 

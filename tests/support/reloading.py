@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sidecar.client import AsyncClient
-from sidecar.policy.reload import ReloadStatus
+from sidecar.contract import ReloadStatus
 
 
 def rewrite(path: Path, content: str | bytes) -> None:

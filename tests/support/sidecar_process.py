@@ -70,11 +70,11 @@ TOOLS = [append_line, append_line_approved, append_then_wait]
 
 def main(argv: Sequence[str]) -> None:
     """The child process: serve the settings of file ``argv[0]`` with ``TOOLS`` until SIGTERM."""
-    from sidecar.cli import setup_logging
+    from sidecar.cli.app import setup_logging
     from sidecar.config import load_settings
-    from sidecar.registry import Registry
     from sidecar.server import serve
     from sidecar.state import common
+    from sidecar.tools.registry import Registry
 
     if DEADLINE_GRACE_ENV in os.environ:
         common.DEADLINE_GRACE_SECONDS = float(os.environ[DEADLINE_GRACE_ENV])

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.approvals import Approvals, CallToApprove, preview_hash
 from sidecar.canonical import canonical_json
 from sidecar.contract import ErrorCode, PreviewState, Principal
+from sidecar.pipeline.approvals import Approvals, CallToApprove, preview_hash
 from sidecar.policy import Decision, MalformedDecisionError, PolicyEvaluationError, Stage
 from sidecar.policy.input import PolicyInput
 from sidecar.state import StoreUnavailableError

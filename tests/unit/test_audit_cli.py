@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sidecar import cli
+from sidecar.cli import app as cli
 from sidecar.state import AuditEvent
 from sidecar.state.sqlite import SqliteStore
 

@@ -10,7 +10,7 @@ import pytest
 from sidecar.cli import main
 from sidecar.config import bundled_policy_dir
 from sidecar.policy.bundle import load_bundle
-from sidecar.policy.bundle_archive import read_archive, write_archive
+from sidecar.policy.bundle.archive import read_archive, write_archive
 from sidecar.policy.embedded import EmbeddedEngine
 from tests.support.signing_keys import key_pair
 

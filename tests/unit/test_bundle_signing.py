@@ -13,9 +13,9 @@ import pytest
 
 from sidecar.config import ConfigError, bundled_policy_dir, parse_settings
 from sidecar.policy.bundle import build_bundle, load_bundle
-from sidecar.policy.bundle_archive import read_archive, write_archive
-from sidecar.policy.bundle_errors import BundleFormatError, BundleSignatureError
-from sidecar.policy.bundle_signing import (
+from sidecar.policy.bundle.archive import read_archive, write_archive
+from sidecar.policy.bundle.errors import BundleFormatError, BundleSignatureError
+from sidecar.policy.bundle.signing import (
     VerificationConfig,
     VerificationKey,
     file_hash,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import cli
+from sidecar.cli import app as cli
 from sidecar.config import ConfigError, load_settings
 from sidecar.contract import SideEffect, Status, ToolDescriptor, ToolListing
 

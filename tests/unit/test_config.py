@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import cli
+from sidecar.cli import app as cli
 from sidecar.config import AuthMode, ConfigError, load_settings, parse_settings
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.contract import (
     ApprovalResult,
@@ -23,7 +24,6 @@ from sidecar.contract import (
     ToolListing,
     ToolResult,
 )
-from sidecar.server import convert
 
 ENUM_PAIRS: list[tuple[type[Enum], Any, convert.EnumMap[Any, Any]]] = [
     (Status, pb.Status, convert.STATUS),

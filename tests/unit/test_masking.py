@@ -14,15 +14,15 @@ from pydantic import BaseModel, Field, SecretStr
 
 from sidecar.config import ConfigError, Limits, bundled_policy_dir, parse_settings
 from sidecar.contract import CallRequest, Status
-from sidecar.masking import SENSITIVE, Masker, reveal
 from sidecar.pipeline import Pipeline, build_pipeline
 from sidecar.plugin import SideEffect, ToolContext, tool
 from sidecar.policy import Decision, PolicyLoadError, Stage, audit_masks, parse_audit_masks
 from sidecar.policy.cache import CachingEngine
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
-from sidecar.registry import Registry
 from sidecar.state.sqlite import SqliteStore
+from sidecar.tools.masking import SENSITIVE, Masker, reveal
+from sidecar.tools.registry import Registry
 from tests.conftest import DEVELOPER
 
 PASSWORD, NOTE = "hunter2-sesame-4711", "a private note 0815"

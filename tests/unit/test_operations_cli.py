@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import cli
+from sidecar.cli import app as cli
 from sidecar.contract import ErrorCode, Status, ToolResult
 from sidecar.state import Claim, ClaimState, KeyScope
 from sidecar.state.common import DEADLINE_GRACE_SECONDS

@@ -96,8 +96,19 @@ def test_public_api_is_curated() -> None:
     import sidecar.client
     import sidecar.plugin
 
-    assert sorted(sidecar.plugin.__all__) == ["RetryPolicy", "SideEffect", "ToolContext", "ToolDefinition",
-                                              "ToolDefinitionError", "ToolError", "tool"]
+    assert sorted(sidecar.plugin.__all__) == ["ErrorCode", "Principal", "Recovery", "RetryPolicy", "SENSITIVE",
+                                              "SideEffect", "ToolContext", "ToolDefinition", "ToolDefinitionError",
+                                              "ToolError", "tool"]
     assert sorted(sidecar.client.__all__) == ["AsyncClient", "Client", "ClientError"]
     for module in (sidecar.plugin, sidecar.client):
         assert all(hasattr(module, name) for name in module.__all__)
+
+
+def test_plugins_written_against_the_older_modules_keep_working() -> None:
+    import sidecar.contract
+    import sidecar.masking
+    import sidecar.plugin
+
+    assert sidecar.masking.SENSITIVE is sidecar.plugin.SENSITIVE == {"sensitive": True}
+    assert sidecar.contract.ErrorCode is sidecar.plugin.ErrorCode
+    assert sidecar.contract.SideEffect is sidecar.plugin.SideEffect

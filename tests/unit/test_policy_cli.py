@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from sidecar import cli
+from sidecar.cli import app as cli
 from sidecar.config import bundled_policy_dir
-from sidecar.registry import Registry
+from sidecar.tools.registry import Registry
 from tests.support import tools
 
 FAILING_TEST = """

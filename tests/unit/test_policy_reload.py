@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import PolicySettings, bundled_policy_dir
+from sidecar.contract import ReloadStatus
 from sidecar.policy import PolicyLoadError, Stage
 from sidecar.policy.factory import policy_source
 from sidecar.policy.input import PolicyInput
-from sidecar.policy.reload import ReloadingEngine, ReloadStatus
+from sidecar.policy.reload import ReloadingEngine
 from tests.support.reloading import rewrite
 
 DENY_ALL = 'package toolbooth.availability\n\nimport rego.v1\n\ndecision := {"allow": false, "reason": "closed"}\n'

@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from sidecar.policy import PolicyLoadError
-from sidecar.policy.testing import CoverageReport, FileCoverage, Outcome, RegoTestResult, defined_rules, run_tests
+from sidecar.policy.devtools.runner import (
+    CoverageReport,
+    FileCoverage,
+    Outcome,
+    RegoTestResult,
+    defined_rules,
+    run_tests,
+)
 
 GREETING = """\
 package greeting

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.registry import PluginLoadError, Registry
+from sidecar.tools.registry import PluginLoadError, Registry
 from tests.support import tools
 
 TOOL_MODULE = '''

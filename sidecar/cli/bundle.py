@@ -17,11 +17,11 @@ import argparse
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from sidecar.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError, dump_json
+from sidecar.cli.app import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError, dump_json
 from sidecar.policy import PolicyLoadError
 from sidecar.policy.bundle import Bundle, build_bundle, load_bundle
-from sidecar.policy.bundle_errors import BundleError
-from sidecar.policy.bundle_signing import (
+from sidecar.policy.bundle.errors import BundleError
+from sidecar.policy.bundle.signing import (
     SIGNING_ALGORITHMS,
     VerificationConfig,
     VerificationKey,

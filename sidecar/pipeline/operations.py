@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sidecar.contract import Operation, OperationState, Principal, Status, ToolResult
 from sidecar.state import KeyScope, Store
-from sidecar.state.operations import OperationRecord, RecordState
+from sidecar.state.idempotency import OperationRecord, RecordState
 
 
 async def find_operation(store: Store, principal: Principal, *, tool: str | None = None, key: str | None = None,

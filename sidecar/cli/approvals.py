@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import TypeAlias
 
-from sidecar.cli import EXIT_OK, EXIT_TOOL_ERROR, CommandError, client_flags, dump_json, with_client
+from sidecar.cli.app import EXIT_OK, EXIT_TOOL_ERROR, CommandError, client_flags, dump_json, with_client
 from sidecar.contract import ApprovalResult, Preview
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

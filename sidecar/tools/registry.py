@@ -20,7 +20,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from sidecar.contract import ToolDescriptor
-from sidecar.plugin import ToolDefinition
+from sidecar.tools.definition import ToolDefinition
 
 GROUP = "toolbooth.tools"
 

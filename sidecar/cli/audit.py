@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TypeAlias, TypeVar
 
-from sidecar.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
+from sidecar.cli.app import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
 from sidecar.config import load_settings
 from sidecar.state import AuditRecord, Store, StoreUnavailableError
 from sidecar.state.chain import ChainReport, verify_store

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import jwt
 
 from sidecar.config import ConfigError
-from sidecar.policy.bundle_errors import BundleFormatError, BundleSignatureError
+from sidecar.policy.bundle.errors import BundleFormatError, BundleSignatureError
 
 if TYPE_CHECKING:
     from sidecar.config import BundleVerificationSettings

@@ -8,7 +8,7 @@ The format, as OPA documents it ("Bundle File Format"): a gzipped tarball holdin
 * ``data.json`` files, each placed in ``data`` by its directory: ``/data.json`` is ``data``
   itself (an object), ``/toolbooth/data.json`` is ``data.toolbooth``; they are merged, and a
   conflict between two of them is an error;
-* ``.signatures.json`` (optional): see ``sidecar.policy.bundle_signing``.
+* ``.signatures.json`` (optional): see ``sidecar.policy.bundle.signing``.
 
 As in OPA, roots may not overlap and every module's package and every data path must lie
 under a root. Other files are kept (and must be signed) but not loaded. What the embedded
@@ -37,9 +37,9 @@ from typing import Any
 
 import regorus
 
-from sidecar.policy.bundle_archive import MAX_BUNDLE_BYTES, read_archive, write_archive
-from sidecar.policy.bundle_errors import BundleFetchError, BundleFormatError, BundleSignatureError
-from sidecar.policy.bundle_signing import (
+from sidecar.policy.bundle.archive import MAX_BUNDLE_BYTES, read_archive, write_archive
+from sidecar.policy.bundle.errors import BundleFetchError, BundleFormatError, BundleSignatureError
+from sidecar.policy.bundle.signing import (
     MANIFEST_FILE,
     SIGNATURES_FILE,
     VerificationConfig,

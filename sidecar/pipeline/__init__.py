@@ -21,7 +21,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sidecar.approvals import Approvals, CallToApprove
 from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.config import Limits, Settings
 from sidecar.contract import (
@@ -36,10 +35,8 @@ from sidecar.contract import (
     ToolListing,
     ToolResult,
 )
-from sidecar.dispatch import Dispatcher
-from sidecar.masking import Masker, reveal
-from sidecar.operations import find_operation
-from sidecar.plugin import NAME_PATTERN, ToolContext, ToolDefinition
+from sidecar.pipeline.approvals import Approvals, CallToApprove
+from sidecar.pipeline.operations import find_operation
 from sidecar.policy import (
     Decision,
     MalformedDecisionError,
@@ -50,11 +47,14 @@ from sidecar.policy import (
 )
 from sidecar.policy.factory import close_engine, open_reloading, with_cache
 from sidecar.policy.input import InputParts, call_json, now_utc, principal_json, tool_json
-from sidecar.registry import Registry
 from sidecar.state import AuditEvent, ClaimState, KeyScope, Store, StoreUnavailableError
 from sidecar.state.factory import open_store
-from sidecar.state.operations import Expiry
-from sidecar.validation import ArgumentError, parse_arguments
+from sidecar.state.idempotency import Expiry
+from sidecar.tools.definition import NAME_PATTERN, ToolContext, ToolDefinition
+from sidecar.tools.dispatch import Dispatcher
+from sidecar.tools.masking import Masker, reveal
+from sidecar.tools.registry import Registry
+from sidecar.tools.validation import ArgumentError, parse_arguments
 
 log = logging.getLogger("toolbooth.pipeline")
 MAX_IDEMPOTENCY_KEY_CHARS = 256
@@ -221,7 +221,7 @@ class Pipeline:
             raise _Stop(ErrorInfo.of(code, decision.reason or "the call is not permitted"))
 
     async def _check_approval(self, call: _Call) -> None:
-        """Run only approved calls: redeem ``approval_id`` (see ``sidecar.approvals``), or answer
+        """Run only approved calls: redeem ``approval_id`` (see ``sidecar.pipeline.approvals``), or answer
         ``APPROVAL_REQUIRED`` with a new preview when the policy requires approval."""
         decision = await self._decide(call, Stage.APPROVAL)
         if call.request.approval_id:

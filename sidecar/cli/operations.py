@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import TypeAlias
 
-from sidecar.audit_cli import with_store
-from sidecar.cli import EXIT_FAILURE, EXIT_OK, CommandError
+from sidecar.cli.app import EXIT_FAILURE, EXIT_OK, CommandError
+from sidecar.cli.audit import with_store
 from sidecar.contract import ErrorCode, ErrorInfo, ResultMeta, Status, ToolResult
 from sidecar.state import KeyScope, Store
-from sidecar.state.operations import OperationRecord, RecordState
+from sidecar.state.idempotency import OperationRecord, RecordState
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 RESOLVED_FAILED_MESSAGE = "resolved as failed by an operator"

@@ -22,6 +22,7 @@ from sidecar.contract import (
     Preview,
     PreviewState,
     Recovery,
+    ReloadStatus,
     ResultMeta,
     SideEffect,
     Status,
@@ -29,7 +30,6 @@ from sidecar.contract import (
     ToolListing,
     ToolResult,
 )
-from sidecar.policy.reload import ReloadStatus
 
 E = TypeVar("E", bound=Enum)
 P = TypeVar("P", bound=int)

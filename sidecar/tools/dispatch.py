@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from sidecar.contract import ErrorCode, ErrorInfo
-from sidecar.plugin import ToolContext, ToolDefinition, ToolError
+from sidecar.tools.definition import ToolContext, ToolDefinition, ToolError
 
 log = logging.getLogger("toolbooth.dispatch")
 

@@ -92,7 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tools(commands)
     _add_call(commands)
     _add_config(commands)
-    from sidecar import approval_cli, audit_cli, operations_cli, policy_cli  # they use this module's helpers
+    from sidecar.cli import approvals as approval_cli
+    from sidecar.cli import audit as audit_cli
+    from sidecar.cli import operations as operations_cli
+    from sidecar.cli import policy as policy_cli
 
     policy_cli.add_commands(commands)
     audit_cli.add_commands(commands)
@@ -240,8 +243,8 @@ def _startup_errors() -> tuple[type[BaseException], ...]:
     bare ``RuntimeError``.
     """
     from sidecar.policy import PolicyLoadError
-    from sidecar.registry import PluginLoadError
     from sidecar.state import StoreUnavailableError
+    from sidecar.tools.registry import PluginLoadError
 
     return ConfigError, PluginLoadError, PolicyLoadError, StoreUnavailableError, OSError, RuntimeError
 

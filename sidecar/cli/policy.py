@@ -1,7 +1,7 @@
 """``toolbooth policy test | check | eval``: the security team's commands (``docs/policies.md``).
 
-A thin shell like ``sidecar.cli``: ``sidecar.policy.testing`` runs the Rego tests and
-``sidecar.policy.dry_run`` evaluates decisions; this module parses flags, prints text
+A thin shell like ``sidecar.cli``: ``sidecar.policy.devtools.runner`` runs the Rego tests and
+``sidecar.policy.devtools.dry_run`` evaluates decisions; this module parses flags, prints text
 or JSON (``--output``) and turns the outcome into an exit code. Every command reads the policy directory
 given to it, else ``policy.path`` of ``--config`` (by default the bundled policies).
 
@@ -27,7 +27,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from pydantic import ValidationError
 
-from sidecar.cli import (
+from sidecar.cli.app import (
     EXIT_APPROVAL_REQUIRED,
     EXIT_FAILURE,
     EXIT_OK,
@@ -39,16 +39,16 @@ from sidecar.cli import (
     read_arguments,
     with_client,
 )
+from sidecar.cli.bundle import add_bundle_commands
 from sidecar.config import Settings, load_settings
 from sidecar.contract import Principal
-from sidecar.plugin import ToolDefinition
 from sidecar.policy import CALL_STAGES, PolicyLoadError
-from sidecar.policy.bundle_cli import add_bundle_commands
-from sidecar.policy.dry_run import VALIDATION, CheckReport, DryRun, Verdict, check_policies, dry_run
+from sidecar.policy.devtools.dry_run import VALIDATION, CheckReport, DryRun, Verdict, check_policies, dry_run
+from sidecar.policy.devtools.runner import Outcome, RegoTestReport, run_tests
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import now_utc
-from sidecar.policy.testing import Outcome, RegoTestReport, run_tests
-from sidecar.registry import PluginLoadError, Registry
+from sidecar.tools.definition import ToolDefinition
+from sidecar.tools.registry import PluginLoadError, Registry
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Result = TypeVar("Result")
