@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from sidecar.contract import Principal
+from sidecar.errors import ConfigError
 from sidecar.state.dsn import dsn_parts, redact_dsn
 
 MIN_MASK_KEY_BYTES = 16
@@ -42,9 +43,6 @@ CLIENT_VARIABLES = frozenset({ENV_TARGET, ENV_TOKEN})
 UNIX_PREFIX = "unix://"
 _LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
 
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message names the offending key."""
 
 
 def default_socket_path() -> Path:

@@ -24,8 +24,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sidecar.config import ENV_TARGET, ENV_TOKEN, ConfigError, Settings, load_settings, parse_settings
+from sidecar.config import ENV_TARGET, ENV_TOKEN, Settings, load_settings, parse_settings
 from sidecar.contract import Status, ToolListing
+from sidecar.errors import ConfigError
 
 if TYPE_CHECKING:
     from sidecar.client import Client, ClientError
@@ -242,9 +243,7 @@ def _startup_errors() -> tuple[type[BaseException], ...]:
     address in dev mode, an unreadable JWT key); grpc reports a failed bind as a
     bare ``RuntimeError``.
     """
-    from sidecar.policy import PolicyLoadError
-    from sidecar.state import StoreUnavailableError
-    from sidecar.tools.registry import PluginLoadError
+    from sidecar.errors import PluginLoadError, PolicyLoadError, StoreUnavailableError
 
     return ConfigError, PluginLoadError, PolicyLoadError, StoreUnavailableError, OSError, RuntimeError
 

@@ -22,7 +22,8 @@ from typing import TypeAlias, TypeVar
 
 from sidecar.cli.app import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
 from sidecar.config import load_settings
-from sidecar.state import AuditRecord, Store, StoreUnavailableError
+from sidecar.errors import StoreUnavailableError
+from sidecar.state import AuditRecord, Store
 from sidecar.state.chain import ChainReport, verify_store
 from sidecar.state.factory import open_store
 

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from sidecar.cli.app import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError, dump_json
-from sidecar.policy import PolicyLoadError
+from sidecar.errors import BundleError, PolicyLoadError
 from sidecar.policy.bundle import Bundle, build_bundle, load_bundle
-from sidecar.policy.bundle.errors import BundleError
 from sidecar.policy.bundle.signing import (
     SIGNING_ALGORITHMS,
     VerificationConfig,

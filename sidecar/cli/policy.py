@@ -42,13 +42,14 @@ from sidecar.cli.app import (
 from sidecar.cli.bundle import add_bundle_commands
 from sidecar.config import Settings, load_settings
 from sidecar.contract import Principal
-from sidecar.policy import CALL_STAGES, PolicyLoadError
+from sidecar.errors import PluginLoadError, PolicyLoadError
+from sidecar.policy import CALL_STAGES
 from sidecar.policy.devtools.dry_run import VALIDATION, CheckReport, DryRun, Verdict, check_policies, dry_run
 from sidecar.policy.devtools.runner import Outcome, RegoTestReport, run_tests
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import now_utc
 from sidecar.tools.definition import ToolDefinition
-from sidecar.tools.registry import PluginLoadError, Registry
+from sidecar.tools.registry import Registry
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Result = TypeVar("Result")

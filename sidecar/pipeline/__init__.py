@@ -35,26 +35,20 @@ from sidecar.contract import (
     ToolListing,
     ToolResult,
 )
+from sidecar.errors import ArgumentError, MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
 from sidecar.pipeline.approvals import Approvals, CallToApprove
 from sidecar.pipeline.operations import find_operation
-from sidecar.policy import (
-    Decision,
-    MalformedDecisionError,
-    PolicyEngine,
-    PolicyEvaluationError,
-    Stage,
-    audit_masks,
-)
+from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks
 from sidecar.policy.factory import close_engine, open_reloading, with_cache
 from sidecar.policy.input import InputParts, call_json, now_utc, principal_json, tool_json
-from sidecar.state import AuditEvent, ClaimState, KeyScope, Store, StoreUnavailableError
+from sidecar.state import AuditEvent, ClaimState, KeyScope, Store
 from sidecar.state.factory import open_store
 from sidecar.state.idempotency import Expiry
 from sidecar.tools.definition import NAME_PATTERN, ToolContext, ToolDefinition
 from sidecar.tools.dispatch import Dispatcher
 from sidecar.tools.masking import Masker, reveal
 from sidecar.tools.registry import Registry
-from sidecar.tools.validation import ArgumentError, parse_arguments
+from sidecar.tools.validation import parse_arguments
 
 log = logging.getLogger("toolbooth.pipeline")
 MAX_IDEMPOTENCY_KEY_CHARS = 256

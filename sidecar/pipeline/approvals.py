@@ -21,9 +21,10 @@ from typing import Any
 
 from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview, PreviewState, Principal
-from sidecar.policy import Decision, MalformedDecisionError, PolicyEngine, PolicyEvaluationError, Stage
+from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
+from sidecar.policy import Decision, PolicyEngine, Stage
 from sidecar.policy.input import PolicyInput, now_utc
-from sidecar.state import AuditEvent, Store, StoreUnavailableError
+from sidecar.state import AuditEvent, Store
 from sidecar.state.previews import PreviewRecord
 
 log = logging.getLogger("toolbooth.approvals")

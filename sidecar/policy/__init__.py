@@ -29,6 +29,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sidecar.contract import ErrorCode
+from sidecar.errors import MalformedDecisionError
 
 if TYPE_CHECKING:
     from sidecar.policy.input import PolicyInput
@@ -80,16 +81,7 @@ class Decision:
         return document
 
 
-class PolicyEvaluationError(Exception):
-    """A policy could not be evaluated (runtime error, engine unreachable or too slow)."""
 
-
-class MalformedDecisionError(PolicyEvaluationError):
-    """A policy answered with a decision of the wrong shape; the message names the rule."""
-
-
-class PolicyLoadError(ValueError):
-    """The policy source cannot be loaded; the message names the file."""
 
 
 def parse_decision(stage: Stage, value: Any) -> Decision:

@@ -26,17 +26,8 @@ from typing import TYPE_CHECKING
 
 import regorus
 
-from sidecar.policy import (
-    AUDIT_MASK_RULE,
-    CALL_STAGES,
-    RULES,
-    Decision,
-    PolicyEvaluationError,
-    PolicyLoadError,
-    Stage,
-    parse_audit_masks,
-    parse_decision,
-)
+from sidecar.errors import PolicyEvaluationError, PolicyLoadError
+from sidecar.policy import AUDIT_MASK_RULE, CALL_STAGES, RULES, Decision, Stage, parse_audit_masks, parse_decision
 from sidecar.policy.input import PolicyInput
 
 if TYPE_CHECKING:

@@ -6,7 +6,8 @@ import asyncio
 from pathlib import Path
 
 from sidecar.config import PolicyEngineKind, PolicySettings
-from sidecar.policy import PolicyEngine, PolicyLoadError, close_engine
+from sidecar.errors import PolicyLoadError
+from sidecar.policy import PolicyEngine, close_engine
 from sidecar.policy.bundle.fetch import BundleFetcher
 from sidecar.policy.bundle.signing import VerificationConfig
 from sidecar.policy.cache import CachingEngine

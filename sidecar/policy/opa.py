@@ -37,16 +37,8 @@ from opa_client import AsyncOpaClient
 from opa_client.errors import DeletePolicyError, RegoParseError, TypeException
 
 from sidecar.config import OpaSettings, OpaTlsSettings
-from sidecar.policy import (
-    AUDIT_MASK_RULE,
-    RULES,
-    Decision,
-    PolicyEvaluationError,
-    PolicyLoadError,
-    Stage,
-    parse_audit_masks,
-    parse_decision,
-)
+from sidecar.errors import PolicyEvaluationError, PolicyLoadError
+from sidecar.policy import AUDIT_MASK_RULE, RULES, Decision, Stage, parse_audit_masks, parse_decision
 from sidecar.policy.embedded import DATA_FILE, PolicyFiles
 from sidecar.policy.input import PolicyInput
 

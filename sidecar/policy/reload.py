@@ -20,7 +20,8 @@ from dataclasses import replace
 from typing import Protocol
 
 from sidecar.contract import ReloadStatus
-from sidecar.policy import Decision, PolicyEngine, PolicyLoadError, Stage, audit_masks, close_engine
+from sidecar.errors import PolicyLoadError
+from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks, close_engine
 from sidecar.policy.input import PolicyInput
 
 log = logging.getLogger("toolbooth.policy.reload")

@@ -15,10 +15,9 @@ from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.contract import ApprovalResult, Preview, Principal
-from sidecar.policy import PolicyEvaluationError
+from sidecar.errors import PolicyEvaluationError, StoreUnavailableError
 from sidecar.server.auth import Authenticator
 from sidecar.server.service import authenticate
-from sidecar.state import StoreUnavailableError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ApprovalService"].full_name
 DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT = 100, 1000

@@ -15,8 +15,9 @@ from typing import Any
 import jwt
 from jwt.algorithms import get_default_algorithms
 
-from sidecar.config import AuthMode, AuthSettings, ConfigError, JwtSettings
+from sidecar.config import AuthMode, AuthSettings, JwtSettings
 from sidecar.contract import Principal
+from sidecar.errors import AuthenticationError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,6 @@ _MESSAGES: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
     (jwt.PyJWTError, "invalid token"),
 )
 
-
-class AuthenticationError(Exception):
-    """The caller is not authenticated; the message is constant and safe to return."""
 
 
 class Authenticator:

@@ -19,8 +19,9 @@ from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.contract import CallRequest, Operation, Principal, ToolListing, ToolResult
+from sidecar.errors import AuthenticationError
 from sidecar.pipeline import ServiceUnavailable
-from sidecar.server.auth import AuthenticationError, Authenticator
+from sidecar.server.auth import Authenticator
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,6 @@ if TYPE_CHECKING:
     from sidecar.state.idempotency import OperationRecord
 
 
-class StoreUnavailableError(RuntimeError):
-    """The store cannot be read or written; nothing may execute."""
-
 
 @dataclass(frozen=True, slots=True)
 class KeyScope:

@@ -7,7 +7,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from sidecar.state import AuditEvent, AuditRecord, Claim, ClaimState, StoreUnavailableError
+from sidecar.errors import StoreUnavailableError
+from sidecar.state import AuditEvent, AuditRecord, Claim, ClaimState
 from sidecar.state.chain import EVENT_COLUMNS
 
 AUDIT_COLUMNS = EVENT_COLUMNS

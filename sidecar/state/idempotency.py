@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sidecar.state import KeyScope, Store, StoreUnavailableError
+from sidecar.errors import StoreUnavailableError
+from sidecar.state import KeyScope, Store
 from sidecar.state.common import Row, is_abandoned, log
 
 EXPIRY_INTERVAL_SECONDS = 60.0

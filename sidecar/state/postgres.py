@@ -23,7 +23,8 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from sidecar.state import AuditRecord, Claim, ClaimState, KeyScope, StoreUnavailableError
+from sidecar.errors import StoreUnavailableError
+from sidecar.state import AuditRecord, Claim, ClaimState, KeyScope
 from sidecar.state.chain import chained
 from sidecar.state.common import (
     LAST_AUDIT_HASH,

@@ -14,7 +14,7 @@ from typing import Any, LiteralString
 
 from psycopg import AsyncConnection
 
-from sidecar.state import StoreUnavailableError
+from sidecar.errors import StoreUnavailableError
 
 # pg_advisory_xact_lock key: "toolboot" in ASCII, so other applications' locks are unlikely to collide.
 MIGRATION_LOCK = int.from_bytes(b"toolboot", "big")

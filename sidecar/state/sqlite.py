@@ -21,7 +21,8 @@ from dataclasses import astuple
 from pathlib import Path
 from typing import TypeVar
 
-from sidecar.state import AuditRecord, Claim, ClaimState, KeyScope, StoreUnavailableError
+from sidecar.errors import StoreUnavailableError
+from sidecar.state import AuditRecord, Claim, ClaimState, KeyScope
 from sidecar.state.chain import chained
 from sidecar.state.common import (
     LAST_AUDIT_HASH,

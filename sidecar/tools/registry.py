@@ -20,13 +20,11 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from sidecar.contract import ToolDescriptor
+from sidecar.errors import PluginLoadError
 from sidecar.tools.definition import ToolDefinition
 
 GROUP = "toolbooth.tools"
 
-
-class PluginLoadError(RuntimeError):
-    """A plugin cannot be loaded; the message names entry points and distributions."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,14 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from sidecar.contract import ErrorCode, ErrorInfo
-
-
-class ArgumentError(Exception):
-    """The arguments are invalid; ``errors`` says where and why."""
-
-    def __init__(self, errors: list[ErrorInfo]) -> None:
-        super().__init__("; ".join(e.message for e in errors))
-        self.errors = errors
+from sidecar.errors import ArgumentError
 
 
 def parse_arguments(

@@ -13,9 +13,10 @@ import pytest
 
 from sidecar.config import bundled_policy_dir, parse_settings
 from sidecar.contract import CallRequest, ErrorCode, Status
+from sidecar.errors import StoreUnavailableError
 from sidecar.pipeline import Pipeline, build_pipeline
 from sidecar.policy.embedded import EmbeddedEngine
-from sidecar.state import ClaimState, KeyScope, StoreUnavailableError
+from sidecar.state import ClaimState, KeyScope
 from sidecar.state.postgres import PostgresStore
 from sidecar.state.postgres_migrations import migrate, migrations
 from sidecar.tools.registry import Registry

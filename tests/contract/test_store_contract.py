@@ -19,7 +19,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope, StoreUnavailableError
+from sidecar.errors import StoreUnavailableError
+from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope
 from sidecar.state.chain import GENESIS_HASH, verify_store
 from sidecar.state.common import DEADLINE_GRACE_SECONDS
 from sidecar.state.idempotency import RecordState

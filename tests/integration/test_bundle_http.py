@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from sidecar.config import bundled_policy_dir
+from sidecar.errors import BundleFetchError
 from sidecar.policy.bundle import build_bundle, load_bundle
-from sidecar.policy.bundle.errors import BundleFetchError
 from sidecar.policy.bundle.fetch import BundleFetcher
 from sidecar.policy.embedded import EmbeddedEngine
 from tests.support.bundle_server import PATH, BundleServer, bundle_server

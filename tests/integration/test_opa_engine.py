@@ -26,7 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from sidecar.config import PolicyEngineKind, PolicySettings, bundled_policy_dir
-from sidecar.policy import PolicyEngine, PolicyLoadError, Stage, audit_masks
+from sidecar.errors import PolicyLoadError
+from sidecar.policy import PolicyEngine, Stage, audit_masks
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.factory import close_engine, open_engine, open_reloading
 from sidecar.policy.input import PolicyInput

@@ -25,8 +25,9 @@ import pytest
 
 from sidecar.config import PolicyEngineKind, PolicySettings, bundled_policy_dir
 from sidecar.contract import CallRequest, ErrorCode, Principal, Status
+from sidecar.errors import PolicyLoadError
 from sidecar.pipeline import ServiceUnavailable
-from sidecar.policy import CALL_STAGES, PolicyEngine, PolicyLoadError, Stage
+from sidecar.policy import CALL_STAGES, PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.factory import close_engine, open_engine
 from sidecar.policy.input import InputParts, PolicyInput, call_json, principal_json, tool_json

@@ -19,8 +19,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.client import AsyncClient, Client, ClientError
-from sidecar.config import ConfigError, Settings
+from sidecar.config import Settings
 from sidecar.contract import CallRequest, Principal, ResultMeta, Status, ToolListing, ToolResult
+from sidecar.errors import ConfigError
 from sidecar.pipeline import ServiceUnavailable
 from sidecar.server import create_server
 from sidecar.server.app import SERVICE_NAME

@@ -11,10 +11,10 @@ import pytest
 
 from sidecar.canonical import canonical_json
 from sidecar.contract import ErrorCode, PreviewState, Principal
+from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
 from sidecar.pipeline.approvals import Approvals, CallToApprove, preview_hash
-from sidecar.policy import Decision, MalformedDecisionError, PolicyEvaluationError, Stage
+from sidecar.policy import Decision, Stage
 from sidecar.policy.input import PolicyInput
-from sidecar.state import StoreUnavailableError
 from sidecar.state.sqlite import SqliteStore
 
 ALICE = Principal(id="alice", tenant="acme", roles=("developer",))

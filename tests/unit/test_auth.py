@@ -14,9 +14,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from sidecar.config import AuthMode, AuthSettings, ConfigError, JwtSettings
+from sidecar.config import AuthMode, AuthSettings, JwtSettings
 from sidecar.contract import Principal
-from sidecar.server.auth import AuthenticationError, Authenticator
+from sidecar.errors import AuthenticationError, ConfigError
+from sidecar.server.auth import Authenticator
 
 ISSUER, AUDIENCE = "https://issuer.example", "toolbooth"
 

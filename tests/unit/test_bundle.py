@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import bundled_policy_dir
-from sidecar.policy import CALL_STAGES, Decision, PolicyLoadError
+from sidecar.errors import BundleFetchError, BundleFormatError, PolicyLoadError
+from sidecar.policy import CALL_STAGES, Decision
 from sidecar.policy.bundle import Manifest, build_bundle, load_bundle
 from sidecar.policy.bundle import archive as archive_module
 from sidecar.policy.bundle.archive import read_archive, write_archive
-from sidecar.policy.bundle.errors import BundleFetchError, BundleFormatError
 from sidecar.policy.embedded import EmbeddedEngine, PolicyFiles, check_files, checked_files
 from sidecar.policy.input import PolicyInput
 

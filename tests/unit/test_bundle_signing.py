@@ -11,10 +11,10 @@ from typing import Any
 import jwt
 import pytest
 
-from sidecar.config import ConfigError, bundled_policy_dir, parse_settings
+from sidecar.config import bundled_policy_dir, parse_settings
+from sidecar.errors import BundleFormatError, BundleSignatureError, ConfigError
 from sidecar.policy.bundle import build_bundle, load_bundle
 from sidecar.policy.bundle.archive import read_archive, write_archive
-from sidecar.policy.bundle.errors import BundleFormatError, BundleSignatureError
 from sidecar.policy.bundle.signing import (
     VerificationConfig,
     VerificationKey,

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.cli import app as cli
-from sidecar.config import ConfigError, load_settings
+from sidecar.config import load_settings
 from sidecar.contract import SideEffect, Status, ToolDescriptor, ToolListing
+from sidecar.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.cli import app as cli
-from sidecar.config import AuthMode, ConfigError, load_settings, parse_settings
+from sidecar.config import AuthMode, load_settings, parse_settings
+from sidecar.errors import ConfigError
 
 
 def write(tmp_path: Path, text: str) -> Path:

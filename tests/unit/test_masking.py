@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field, SecretStr
 
-from sidecar.config import ConfigError, Limits, bundled_policy_dir, parse_settings
+from sidecar.config import Limits, bundled_policy_dir, parse_settings
 from sidecar.contract import CallRequest, Status
+from sidecar.errors import ConfigError, PolicyLoadError
 from sidecar.pipeline import Pipeline, build_pipeline
 from sidecar.plugin import SideEffect, ToolContext, tool
-from sidecar.policy import Decision, PolicyLoadError, Stage, audit_masks, parse_audit_masks
+from sidecar.policy import Decision, Stage, audit_masks, parse_audit_masks
 from sidecar.policy.cache import CachingEngine
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput

@@ -14,11 +14,12 @@ import pytest
 
 from sidecar.config import Limits, bundled_policy_dir
 from sidecar.contract import CallRequest, ErrorCode, Recovery, Status, ToolResult
+from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
 from sidecar.pipeline import Pipeline, ServiceUnavailable
-from sidecar.policy import CALL_STAGES, Decision, MalformedDecisionError, PolicyEvaluationError, Stage
+from sidecar.policy import CALL_STAGES, Decision, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
-from sidecar.state import KeyScope, StoreUnavailableError
+from sidecar.state import KeyScope
 from sidecar.state.common import DEADLINE_GRACE_SECONDS
 from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry

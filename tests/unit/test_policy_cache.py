@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from sidecar.policy import Decision, PolicyEvaluationError, Stage
+from sidecar.errors import PolicyEvaluationError
+from sidecar.policy import Decision, Stage
 from sidecar.policy.cache import CachingEngine
 from sidecar.policy.input import InputParts, PolicyInput
 

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from sidecar.contract import ErrorCode
-from sidecar.policy import Decision, MalformedDecisionError, PolicyEvaluationError, Stage, parse_decision
+from sidecar.errors import MalformedDecisionError, PolicyEvaluationError
+from sidecar.policy import Decision, Stage, parse_decision
 
 
 def test_full_documents_are_read() -> None:

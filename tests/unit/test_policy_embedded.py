@@ -12,7 +12,8 @@ import pytest
 
 from sidecar.config import bundled_policy_dir
 from sidecar.contract import ErrorCode
-from sidecar.policy import CALL_STAGES, Decision, PolicyEvaluationError, PolicyLoadError, Stage
+from sidecar.errors import PolicyEvaluationError, PolicyLoadError
+from sidecar.policy import CALL_STAGES, Decision, Stage
 from sidecar.policy.embedded import EmbeddedEngine, checked_files, clean_regorus_error
 from sidecar.policy.input import PolicyInput
 

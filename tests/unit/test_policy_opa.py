@@ -11,7 +11,8 @@ import aiohttp
 import pytest
 
 from sidecar.contract import ErrorCode
-from sidecar.policy import Decision, MalformedDecisionError, PolicyEvaluationError, Stage
+from sidecar.errors import MalformedDecisionError, PolicyEvaluationError
+from sidecar.policy import Decision, Stage
 from sidecar.policy.input import PolicyInput
 from sidecar.policy.opa import OpaEngine
 

@@ -10,7 +10,8 @@ import pytest
 
 from sidecar.config import PolicySettings, bundled_policy_dir
 from sidecar.contract import ReloadStatus
-from sidecar.policy import PolicyLoadError, Stage
+from sidecar.errors import PolicyLoadError
+from sidecar.policy import Stage
 from sidecar.policy.factory import policy_source
 from sidecar.policy.input import PolicyInput
 from sidecar.policy.reload import ReloadingEngine

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.policy import PolicyLoadError
+from sidecar.errors import PolicyLoadError
 from sidecar.policy.devtools.runner import (
     CoverageReport,
     FileCoverage,

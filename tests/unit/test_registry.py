@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.tools.registry import PluginLoadError, Registry
+from sidecar.errors import PluginLoadError
+from sidecar.tools.registry import Registry
 from tests.support import tools
 
 TOOL_MODULE = '''

@@ -37,8 +37,8 @@ from typing import Any
 
 import regorus
 
+from sidecar.errors import BundleFetchError, BundleFormatError, BundleSignatureError
 from sidecar.policy.bundle.archive import MAX_BUNDLE_BYTES, read_archive, write_archive
-from sidecar.policy.bundle.errors import BundleFetchError, BundleFormatError, BundleSignatureError
 from sidecar.policy.bundle.signing import (
     MANIFEST_FILE,
     SIGNATURES_FILE,

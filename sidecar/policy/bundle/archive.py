@@ -18,7 +18,7 @@ import tarfile
 import zlib
 from collections.abc import Mapping
 
-from sidecar.policy.bundle.errors import BundleFormatError
+from sidecar.errors import BundleFormatError
 
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024  # compressed or uncompressed, tar headers included
 MAX_FILE_BYTES = 16 * 1024 * 1024

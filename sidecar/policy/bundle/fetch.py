@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from sidecar.errors import BundleFetchError
 from sidecar.policy.bundle.archive import MAX_BUNDLE_BYTES
-from sidecar.policy.bundle.errors import BundleFetchError
 
 if TYPE_CHECKING:
     from sidecar.config import BundleSettings

@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import jwt
 
-from sidecar.config import ConfigError
-from sidecar.policy.bundle.errors import BundleFormatError, BundleSignatureError
+from sidecar.errors import BundleFormatError, BundleSignatureError, ConfigError
 
 if TYPE_CHECKING:
     from sidecar.config import BundleVerificationSettings

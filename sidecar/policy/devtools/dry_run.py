@@ -22,12 +22,13 @@ from pydantic import BaseModel
 
 from sidecar.config import Limits
 from sidecar.contract import CallRequest, ErrorInfo, Principal, SideEffect
-from sidecar.policy import CALL_STAGES, RULES, Decision, PolicyEngine, PolicyEvaluationError, PolicyLoadError, Stage
+from sidecar.errors import ArgumentError, PolicyEvaluationError, PolicyLoadError
+from sidecar.policy import CALL_STAGES, RULES, Decision, PolicyEngine, Stage
 from sidecar.policy.devtools.runner import defined_rules
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import InputParts, PolicyInput, call_json, now_utc, principal_json, tool_json
 from sidecar.tools.definition import ToolContext, ToolDefinition, tool
-from sidecar.tools.validation import ArgumentError, parse_arguments
+from sidecar.tools.validation import parse_arguments
 
 VALIDATION = "validation"
 STEPS = (Stage.AVAILABILITY.value, VALIDATION, Stage.AUTHZ.value, Stage.APPROVAL.value)

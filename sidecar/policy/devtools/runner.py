@@ -24,7 +24,7 @@ from typing import Any
 
 import regorus
 
-from sidecar.policy import PolicyLoadError
+from sidecar.errors import PolicyLoadError
 from sidecar.policy.embedded import PolicyFiles, clean_regorus_error
 
 TEST_PREFIX = "test_"

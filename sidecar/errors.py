@@ -1,0 +1,128 @@
+"""Every exception Toolbooth raises on purpose, and the one mapping of failures to ``ErrorInfo``.
+
+::
+
+    ToolboothError
+     ├── ConfigError                 the configuration is invalid (names the key)           -> exit 2
+     ├── PluginLoadError             a plugin cannot be loaded (names entry point, dist)    -> start-up fails
+     ├── PolicyLoadError             a policy source cannot be loaded (names the file)      -> start-up / reload refused
+     │    └── BundleError
+     │         ├── BundleFetchError      the bytes could not be obtained
+     │         ├── BundleFormatError     not a bundle this sidecar can load
+     │         └── BundleSignatureError  signature verification refused it
+     ├── AuthenticationError         the caller is not authenticated (constant message)    -> gRPC UNAUTHENTICATED
+     ├── DependencyError             a dependency failed mid-call: fail closed, nothing runs
+     │    ├── StoreUnavailableError      the store cannot be read or written               -> SERVICE_UNAVAILABLE
+     │    └── PolicyEvaluationError      a policy could not be evaluated                   -> SERVICE_UNAVAILABLE
+     │         └── MalformedDecisionError  a decision of the wrong shape (a policy bug)    -> INTERNAL_ERROR
+     └── CallRefused                 a stage ends a call with typed errors (a normal result, not a failure)
+          └── ArgumentError              the arguments are invalid                         -> INVALID_ARGUMENT
+
+A handler's ``ToolError`` (``sidecar.plugin``) is not here: it belongs to plugin authors and
+becomes an ``ErrorInfo`` in dispatch. ``refusal`` is the only place a ``DependencyError``
+becomes an ``ErrorInfo``; ``sidecar.server.interceptors`` is the only place an exception
+becomes a gRPC status.
+"""
+
+from __future__ import annotations
+
+from sidecar.contract import ErrorCode, ErrorInfo, Preview, Status
+
+__all__ = [
+    "ArgumentError",
+    "AuthenticationError",
+    "BundleError",
+    "BundleFetchError",
+    "BundleFormatError",
+    "BundleSignatureError",
+    "CallRefused",
+    "ConfigError",
+    "DependencyError",
+    "MalformedDecisionError",
+    "PluginLoadError",
+    "PolicyEvaluationError",
+    "PolicyLoadError",
+    "StoreUnavailableError",
+    "ToolboothError",
+    "refusal",
+]
+
+
+class ToolboothError(Exception):
+    """The root of every exception Toolbooth raises on purpose."""
+
+
+class ConfigError(ToolboothError, ValueError):
+    """The configuration is invalid; the message names the offending key."""
+
+
+class PluginLoadError(ToolboothError, RuntimeError):
+    """A plugin cannot be loaded; the message names entry points and distributions."""
+
+
+class PolicyLoadError(ToolboothError, ValueError):
+    """The policy source cannot be loaded; the message names the file."""
+
+
+class BundleError(PolicyLoadError):
+    """A bundle cannot be used (a bad bundle is refused like a bad policy directory)."""
+
+
+class BundleFetchError(BundleError):
+    """The bundle's bytes could not be obtained (HTTP status, network, unreadable file)."""
+
+
+class BundleFormatError(BundleError):
+    """The bytes are not a bundle this sidecar can load (archive, member, size, manifest, data, Rego)."""
+
+
+class BundleSignatureError(BundleError):
+    """Signature verification refused the bundle (unsigned, wrong key, hash mismatch, missing file)."""
+
+
+class AuthenticationError(ToolboothError):
+    """The caller is not authenticated; the message is constant and safe to return."""
+
+
+class DependencyError(ToolboothError):
+    """A dependency (store, policy engine) failed; whatever needed it was refused, nothing ran."""
+
+
+class StoreUnavailableError(DependencyError, RuntimeError):
+    """The store cannot be read or written; nothing may execute."""
+
+
+class PolicyEvaluationError(DependencyError):
+    """A policy could not be evaluated (runtime error, engine unreachable or too slow)."""
+
+
+class MalformedDecisionError(PolicyEvaluationError):
+    """A policy answered with a decision of the wrong shape; the message names the rule."""
+
+
+class CallRefused(ToolboothError):
+    """A stage ends a call early with ``errors`` (``errors[0]`` is the primary one)."""
+
+    def __init__(self, *errors: ErrorInfo, status: Status = Status.ERROR, preview: Preview | None = None) -> None:
+        super().__init__("; ".join(error.message for error in errors))
+        self.errors, self.status, self.preview = errors, status, preview
+
+
+class ArgumentError(CallRefused):
+    """The arguments are invalid; ``errors`` says where and why."""
+
+    def __init__(self, errors: list[ErrorInfo]) -> None:
+        super().__init__(*errors)
+
+
+def refusal(exc: DependencyError, *, consequence: str = "the call was denied") -> ErrorInfo:
+    """The typed error a caller gets when ``exc`` stopped its request; ``consequence`` says what that meant.
+
+    A malformed decision is a policy bug (``INTERNAL_ERROR``, retrying cannot fix it); anything else is
+    a dependency that may recover (``SERVICE_UNAVAILABLE``, retry with backoff). The details of ``exc``
+    go to the log, never to the caller.
+    """
+    if isinstance(exc, MalformedDecisionError):
+        return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, f"the policy returned a malformed decision; {consequence}")
+    what = "state store unavailable" if isinstance(exc, StoreUnavailableError) else "policy evaluation failed"
+    return ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, f"{what}; {consequence}")
