@@ -3,7 +3,7 @@
 Authentication happens before the pipeline (the server hands it a ``Principal``).
 Then: resolve + availability, validate, authorize, approval, idempotency, dispatch,
 shape the result, audit. Denials and failures are ``ToolResult``s; the only
-exception that leaves ``list_tools`` is ``ServiceUnavailable`` (fail closed).
+exceptions that leave ``list_tools`` and ``get_operation`` are ``DependencyError``s (fail closed).
 """
 
 from __future__ import annotations
@@ -52,10 +52,6 @@ from sidecar.tools.validation import parse_arguments
 
 log = logging.getLogger("toolbooth.pipeline")
 MAX_IDEMPOTENCY_KEY_CHARS = 256
-
-
-class ServiceUnavailable(RuntimeError):
-    """A dependency (policy engine, store) failed; the request was denied."""
 
 
 class _Stop(Exception):
@@ -116,7 +112,7 @@ class Pipeline:
             decisions = await self.policy.decide_many(Stage.AVAILABILITY, inputs)
         except PolicyEvaluationError as exc:
             log.error("availability policy failed during ListTools: %s", exc)
-            raise ServiceUnavailable("policy evaluation failed") from exc
+            raise
         shown = tuple(self.registry.descriptor(d.name) for d, dec in zip(tools, decisions, strict=True) if dec.allow)
         return ToolListing(tools=shown, policy_revision=revision)
 
@@ -143,7 +139,7 @@ class Pipeline:
             return await find_operation(self.store, principal, tool=tool, key=key, request_id=request_id)
         except StoreUnavailableError as exc:
             log.error("store unavailable during GetOperation: %s", exc)
-            raise ServiceUnavailable("state store unavailable") from exc
+            raise
 
     async def aclose(self) -> None:
         """Let started writes finish and be recorded, then release the handler pool, the store and the policy

@@ -19,8 +19,7 @@ from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.contract import CallRequest, Operation, Principal, ToolListing, ToolResult
-from sidecar.errors import AuthenticationError
-from sidecar.pipeline import ServiceUnavailable
+from sidecar.errors import AuthenticationError, DependencyError
 from sidecar.server.auth import Authenticator
 
 log = logging.getLogger(__name__)
@@ -96,7 +95,7 @@ async def _guarded(call: Awaitable[T], context: grpc.aio.ServicerContext) -> T:
     """Await a gateway call; never let an exception's text reach the caller."""
     try:
         return await call
-    except ServiceUnavailable:
+    except DependencyError:
         await context.abort(grpc.StatusCode.UNAVAILABLE, "service unavailable")
     except Exception:
         log.exception("unexpected error while serving a call")

@@ -21,8 +21,7 @@ from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.client import AsyncClient, Client, ClientError
 from sidecar.config import Settings
 from sidecar.contract import CallRequest, Principal, ResultMeta, Status, ToolListing, ToolResult
-from sidecar.errors import ConfigError
-from sidecar.pipeline import ServiceUnavailable
+from sidecar.errors import ConfigError, PolicyEvaluationError
 from sidecar.server import create_server
 from sidecar.server.app import SERVICE_NAME
 
@@ -258,7 +257,7 @@ async def test_gateway_bugs_never_leak_their_text(make_settings, start_sidecar) 
 
 
 async def test_unavailable_dependencies_are_unavailable(make_settings, start_sidecar) -> None:
-    sidecar = await start_sidecar(make_settings(), FakeGateway(error=ServiceUnavailable("policy down")))
+    sidecar = await start_sidecar(make_settings(), FakeGateway(error=PolicyEvaluationError("policy down")))
     async with AsyncClient(sidecar.addresses[0]) as client:
         with pytest.raises(ClientError) as caught:
             await client.list_tools()

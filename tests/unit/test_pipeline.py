@@ -15,7 +15,7 @@ import pytest
 from sidecar.config import Limits, bundled_policy_dir
 from sidecar.contract import CallRequest, ErrorCode, Recovery, Status, ToolResult
 from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
-from sidecar.pipeline import Pipeline, ServiceUnavailable
+from sidecar.pipeline import Pipeline
 from sidecar.policy import CALL_STAGES, Decision, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
@@ -187,7 +187,7 @@ async def test_internal_reason_reaches_only_the_audit(make_pipeline: PipelineFac
 
 async def test_list_tools_fails_closed(make_pipeline: PipelineFactory, default_engine: Any) -> None:
     pipeline = await make_pipeline(policy=FailingEngine(default_engine, Stage.AVAILABILITY))
-    with pytest.raises(ServiceUnavailable):
+    with pytest.raises(PolicyEvaluationError):
         await pipeline.list_tools(DEVELOPER)
 
 
@@ -520,7 +520,7 @@ async def test_get_operation_on_a_broken_store_is_unavailable(make_pipeline: Pip
     healthy = pipeline.store
     pipeline.store = BrokenStore(healthy, "operation")  # type: ignore[assignment]
     try:
-        with pytest.raises(ServiceUnavailable):
+        with pytest.raises(StoreUnavailableError):
             await pipeline.get_operation(DEVELOPER, tool="create_note", key="k")
     finally:
         pipeline.store = healthy
