@@ -23,9 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from sidecar.bootstrap import assemble
 from sidecar.config import Limits, bundled_policy_dir
 from sidecar.contract import Principal
-from sidecar.pipeline import Pipeline
 from sidecar.plugin import SideEffect, ToolContext, ToolDefinition, tool
 from sidecar.policy import PolicyEngine, Stage
 from sidecar.policy.cache import CachingEngine
@@ -98,7 +98,7 @@ class _Request:
 
 async def list_tools(policy: PolicyEngine, tools: int, rounds: int, store: SqliteStore) -> tuple[float, float]:
     registry = Registry.from_tools(make_tool(f"tool_{n:03d}") for n in range(tools))
-    pipeline = Pipeline(registry=registry, policy=policy, store=store, limits=Limits())
+    pipeline = assemble(registry=registry, policy=policy, store=store, limits=Limits())
     return await timed(rounds, lambda: pipeline.list_tools(PRINCIPAL))
 
 

@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
+from sidecar.bootstrap import assemble
 from sidecar.config import Limits, bundled_policy_dir
 from sidecar.contract import Principal
 from sidecar.pipeline import Pipeline
 from sidecar.policy import PolicyEngine
 from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.state import Store
 from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.support import tools
@@ -30,16 +32,18 @@ def default_engine() -> EmbeddedEngine:
 
 @pytest.fixture
 async def make_pipeline(tmp_path: Path) -> AsyncIterator[PipelineFactory]:
-    """Build pipelines over the test tools, a fresh SQLite store and (by default) the default policies."""
+    """Build pipelines over the test tools, a fresh SQLite store (seen through ``wrap_store``, if given) and
+    (by default) the default policies."""
     made: list[Pipeline] = []
 
     async def make(*, policy: PolicyEngine | None = None, limits: Limits | None = None,
-                   registry: Registry | None = None, **limit_overrides: Any) -> Pipeline:
-        store = await SqliteStore.open(tmp_path / f"store-{len(made)}.db")
-        pipeline = Pipeline(
+                   registry: Registry | None = None, wrap_store: Callable[[Store], Any] | None = None,
+                   **limit_overrides: Any) -> Pipeline:
+        store: Any = await SqliteStore.open(tmp_path / f"store-{len(made)}.db")
+        pipeline = assemble(
             registry=registry or Registry.from_tools(tools.ALL),
             policy=policy or EmbeddedEngine.load(bundled_policy_dir()),
-            store=store,
+            store=store if wrap_store is None else wrap_store(store),
             limits=limits or Limits(**limit_overrides),
         )
         made.append(pipeline)

@@ -21,7 +21,7 @@ from typing import Any
 
 from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview, PreviewState, Principal
-from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
+from sidecar.errors import DependencyError, refusal
 from sidecar.policy import Decision, PolicyEngine, Stage
 from sidecar.policy.input import PolicyInput, now_utc
 from sidecar.state import AuditEvent, Store
@@ -30,7 +30,6 @@ from sidecar.state.previews import PreviewRecord
 log = logging.getLogger("toolbooth.approvals")
 DEFAULT_PREVIEW_TTL_SECONDS = 15 * 60
 DEFAULT_APPROVER_ROLES = ("approver",)
-_FAILURES = (StoreUnavailableError, PolicyEvaluationError)  # fail closed: refuse, nothing changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +109,7 @@ class Approvals:
         A failing store or policy refuses (fail closed)."""
         try:
             return await self._redeem(approval_id, call, decision, key)
-        except _FAILURES as exc:
+        except DependencyError as exc:  # fail closed: refuse, nothing changes
             return Refusal(_failure(exc, f"redeeming approval {approval_id}"))
 
     async def _redeem(self, approval_id: str, call: CallToApprove, decision: Decision,
@@ -149,7 +148,7 @@ class Approvals:
         try:
             record = await self.store.get_preview(preview_id)
             result = await self._decide_or_refuse(approver, preview_id, record, state, comment, hash_seen)
-        except _FAILURES as exc:
+        except DependencyError as exc:  # fail closed: refuse, nothing changes
             result = _refused(_failure(exc, f"deciding preview {preview_id}"))
         action = {"preview_id": preview_id, "decision": state.value, "comment": comment}
         self.store.queue_audit(_event(approver, record, action, result, self.policy.revision, started))
@@ -225,13 +224,10 @@ def _event(approver: Principal, record: PreviewRecord | None, action: dict[str, 
         duration_ms=round((time.monotonic() - started) * 1000))
 
 
-def _failure(exc: Exception, doing: str) -> ErrorInfo:
+def _failure(exc: DependencyError, doing: str) -> ErrorInfo:
     """The typed error of a failing store or approver policy; the details go to the log only."""
     log.error("%s failed: %s", doing, exc)
-    if isinstance(exc, MalformedDecisionError):
-        return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the policy returned a malformed decision; nothing was done")
-    what = "state store" if isinstance(exc, StoreUnavailableError) else "policy evaluation"
-    return ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, f"{what} unavailable; nothing was done")
+    return refusal(exc, consequence="nothing was done")
 
 
 def _error(code: ErrorCode, message: str) -> ErrorInfo:

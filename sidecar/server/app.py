@@ -113,11 +113,10 @@ async def create_server(settings: Settings, gateway: ToolGateway, *, policy: Sta
 
 async def serve(settings: Settings, *, registry: Registry | None = None, stop: asyncio.Event | None = None) -> None:
     """Run the sidecar until SIGTERM, SIGINT or ``stop``, then shut down gracefully."""
-    from sidecar.pipeline import build_pipeline
-    from sidecar.policy.factory import open_reloading, reload_interval, with_cache
+    from sidecar.bootstrap import open_sidecar
+    from sidecar.policy.factory import reload_interval
 
-    reloader = await open_reloading(settings.policy)
-    pipeline = await build_pipeline(settings, registry=registry, policy=with_cache(reloader, settings.policy))
+    reloader, pipeline = await open_sidecar(settings, registry=registry)
     try:
         _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals)
         reloader.on_status = sidecar.report_policy

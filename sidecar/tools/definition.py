@@ -86,7 +86,7 @@ class RetryPolicy:
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        return min(self.max_backoff, self.initial_backoff * 2 ** (attempt - 1))
+        return min(self.max_backoff, self.initial_backoff * 2.0 ** (attempt - 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,10 +102,11 @@ def _published(exc: ToolError, defn: ToolDefinition[Any, Any]) -> ErrorInfo:
 
 
 def _checked_output(defn: ToolDefinition[Any, Any], result: Any, ctx: ToolContext) -> BaseModel | ErrorInfo:
-    if isinstance(result, defn.output_model):
+    model: type[BaseModel] = defn.output_model
+    if isinstance(result, model):
         return result
     try:
-        return defn.output_model.model_validate(result)
+        return model.model_validate(result)
     except ValidationError as exc:  # its text shows the values, which may echo sensitive arguments: not logged
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(value)'}: {e['msg']}"
                              for e in exc.errors(include_url=False, include_input=False))

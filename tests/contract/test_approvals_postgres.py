@@ -8,9 +8,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from sidecar import bootstrap
 from sidecar.config import parse_settings
 from sidecar.contract import CallRequest, ErrorCode, Principal, Status
-from sidecar.pipeline import Pipeline, build_pipeline
+from sidecar.pipeline import Pipeline
 from sidecar.tools.registry import Registry
 from tests.support import tools
 from tests.support.approvals import NOTE, policies
@@ -21,7 +22,7 @@ BOB = Principal(id="bob", tenant="acme", roles=("approver",))
 
 async def open_pipeline(dsn: str, tmp_path: Path, policy_dir: Path) -> Pipeline:
     settings = parse_settings({"store": {"postgres_dsn": dsn, "sqlite_path": str(tmp_path / "unused.db")}})
-    return await build_pipeline(settings, registry=Registry.from_tools(tools.ALL), policy=policies(policy_dir))
+    return await bootstrap.open_pipeline(settings, registry=Registry.from_tools(tools.ALL), policy=policies(policy_dir))
 
 
 def note_call(key: str, approval_id: str | None = None) -> CallRequest:

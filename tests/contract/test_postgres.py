@@ -11,10 +11,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from sidecar import bootstrap
 from sidecar.config import bundled_policy_dir, parse_settings
 from sidecar.contract import CallRequest, ErrorCode, Status
 from sidecar.errors import StoreUnavailableError
-from sidecar.pipeline import Pipeline, build_pipeline
+from sidecar.pipeline import Pipeline
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.state import ClaimState, KeyScope
 from sidecar.state.postgres import PostgresStore
@@ -129,7 +130,7 @@ async def test_pool_timeout_is_unavailable(postgres_dsn: str) -> None:
 
 async def open_pipeline(dsn: str, tmp_path: Path) -> Pipeline:
     settings = parse_settings({"store": {"postgres_dsn": dsn, "sqlite_path": str(tmp_path / "unused.db")}})
-    return await build_pipeline(settings, registry=Registry.from_tools(tools.ALL),
+    return await bootstrap.open_pipeline(settings, registry=Registry.from_tools(tools.ALL),
                                 policy=EmbeddedEngine.load(bundled_policy_dir()))
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.bootstrap import assemble
 from sidecar.cli import main
 from sidecar.client import AsyncClient
 from sidecar.config import Limits, Settings
@@ -102,7 +103,7 @@ async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth
     async def make(**approval: Any) -> World:
         engine = SwappableEngine(policies(tmp_path / "policies", **approval))
         store = await SqliteStore.open(tmp_path / "store.db")
-        pipeline = Pipeline(registry=Registry.from_tools(tools.ALL), policy=engine, store=store, limits=Limits())
+        pipeline = assemble(registry=Registry.from_tools(tools.ALL), policy=engine, store=store, limits=Limits())
         pipelines.append(pipeline)
         _, sidecar = await create_server(make_settings(auth=jwt_auth), pipeline, approvals=pipeline.approvals)
         servers.append(sidecar)

@@ -11,10 +11,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sidecar.bootstrap import open_pipeline
 from sidecar.client import AsyncClient, ClientError
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, Recovery, Status
-from sidecar.pipeline import Pipeline, build_pipeline
+from sidecar.pipeline import Pipeline
 from sidecar.plugin import SideEffect, ToolContext, ToolDefinition, tool
 from sidecar.server import serve
 from sidecar.server.app import SERVICE_NAME
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def pipeline(make_settings: Callable[..., Settings]) -> AsyncIterator[Pipeline]:
-    built = await build_pipeline(make_settings(), registry=Registry.from_tools(tools.ALL))
+    built = await open_pipeline(make_settings(), registry=Registry.from_tools(tools.ALL))
     yield built
     await built.aclose()
 

@@ -19,9 +19,9 @@ import pytest
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
+from sidecar.bootstrap import open_pipeline
 from sidecar.client import AsyncClient, ClientError
 from sidecar.config import Settings, bundled_policy_dir
-from sidecar.pipeline import build_pipeline
 from sidecar.tools.registry import Registry
 from tests.support import tools
 
@@ -86,7 +86,7 @@ async def serve_gate(make_settings: Callable[..., Settings], start_sidecar: Any)
 
     async def start(**sections: dict[str, Any]) -> str:
         settings = make_settings(**sections)
-        pipeline = await build_pipeline(settings, registry=Registry.from_tools(tools.ALL))
+        pipeline = await open_pipeline(settings, registry=Registry.from_tools(tools.ALL))
         pipelines.append(pipeline)
         sidecar = await start_sidecar(settings, pipeline)
         return str(sidecar.addresses[0])

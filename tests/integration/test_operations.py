@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from sidecar.bootstrap import open_pipeline
 from sidecar.client import AsyncClient, ClientError
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, ErrorInfo, OperationState, ResultMeta, Status, ToolResult
-from sidecar.pipeline import Pipeline, build_pipeline
+from sidecar.pipeline import Pipeline
 from sidecar.state import KeyScope
 from sidecar.state.common import DEADLINE_GRACE_SECONDS
 from sidecar.tools.registry import Registry
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def pipeline(make_settings: Callable[..., Settings], jwt_auth: dict[str, Any]) -> AsyncIterator[Pipeline]:
-    built = await build_pipeline(make_settings(auth=jwt_auth), registry=Registry.from_tools(tools.ALL))
+    built = await open_pipeline(make_settings(auth=jwt_auth), registry=Registry.from_tools(tools.ALL))
     yield built
     await built.aclose()
 

@@ -11,9 +11,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sidecar.bootstrap import assemble
 from sidecar.client import AsyncClient, ClientError
 from sidecar.config import PolicySettings, Settings, bundled_policy_dir
-from sidecar.pipeline import Pipeline
 from sidecar.policy.factory import policy_source
 from sidecar.policy.reload import ReloadingEngine
 from sidecar.server import create_server
@@ -39,7 +39,7 @@ async def running(make_settings: Callable[..., Settings], policies: Path,
     settings = make_settings()
     reloader = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
     store = await SqliteStore.open(tmp_path / "status.db")
-    pipeline = Pipeline(registry=Registry.from_tools(tools.ALL), policy=reloader, store=store, limits=settings.limits)
+    pipeline = assemble(registry=Registry.from_tools(tools.ALL), policy=reloader, store=store, limits=settings.limits)
     _, sidecar = await create_server(settings, pipeline, policy=reloader)
     reloader.on_status = sidecar.report_policy
     await sidecar.start()

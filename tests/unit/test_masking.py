@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field, SecretStr
 
+from sidecar.bootstrap import assemble, open_pipeline
 from sidecar.config import Limits, bundled_policy_dir, parse_settings
 from sidecar.contract import CallRequest, Status
 from sidecar.errors import ConfigError, PolicyLoadError
-from sidecar.pipeline import Pipeline, build_pipeline
 from sidecar.plugin import SideEffect, ToolContext, tool
 from sidecar.policy import Decision, Stage, audit_masks, parse_audit_masks
 from sidecar.policy.cache import CachingEngine
+from sidecar.policy.devtools.dry_run import Verdict, dry_run
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
 from sidecar.state.sqlite import SqliteStore
@@ -86,7 +87,7 @@ async def test_a_call_masks_its_audit_and_logs_nothing_sensitive(tmp_path: Path,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     engine = RecordingEngine(default_engine)
     store = await SqliteStore.open(tmp_path / "store.db")
-    pipeline = Pipeline(registry=Registry.from_tools([login]), policy=engine, store=store, limits=Limits(),
+    pipeline = assemble(registry=Registry.from_tools([login]), policy=engine, store=store, limits=Limits(),
                         mask_key=KEY)
     try:
         with caplog.at_level(logging.DEBUG):
@@ -104,6 +105,29 @@ async def test_a_call_masks_its_audit_and_logs_nothing_sensitive(tmp_path: Path,
     assert "handler ran for" in caplog.text
     for secret in (PASSWORD, NOTE):
         assert secret not in caplog.text and secret not in event.arguments_json
+
+
+async def test_policy_eval_gives_the_policies_exactly_the_input_of_a_real_call(tmp_path: Path,
+                                                                               default_engine: Any) -> None:
+    """``toolbooth policy eval`` runs the sidecar's own stages: a ``SecretStr`` reaches the policy in clear in both
+    (a hand-built copy of the stages once showed the policy ``'**********'`` in the dry run only)."""
+    real, dry = RecordingEngine(default_engine), RecordingEngine(default_engine)
+    store = await SqliteStore.open(tmp_path / "store.db")
+    pipeline = assemble(registry=Registry.from_tools([login]), policy=real, store=store, limits=Limits())
+    try:
+        result = await pipeline.execute(DEVELOPER, CallRequest(tool="login", arguments_json=json.dumps(ARGUMENTS)))
+    finally:
+        await pipeline.aclose()
+    run = await dry_run(dry, login, DEVELOPER, json.dumps(ARGUMENTS), limits=Limits(), time="2026-01-01T00:00:00Z")
+    assert result.status is Status.SUCCESS and run.verdict is Verdict.WOULD_RUN
+
+    def timeless(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**doc, "context": {k: v for k, v in doc["context"].items() if k != "time"}} for doc in documents]
+
+    assert [doc["context"]["stage"] for doc in real.seen] == ["availability", "authz", "approval"]
+    assert timeless(dry.seen) == timeless(real.seen)
+    assert dry.seen[-1]["call"]["arguments"]["recipients"][0]["password"] == PASSWORD
+    assert {doc["context"]["time"] for doc in dry.seen} == {"2026-01-01T00:00:00Z"}
 
 
 def test_mask_key_settings(tmp_path: Path) -> None:
@@ -125,7 +149,7 @@ async def test_without_a_configured_key_the_store_keeps_one_across_restarts(tmp_
     settings = parse_settings({"store": {"sqlite_path": str(tmp_path / "store.db")}})
     recorded = []
     for _ in range(2):  # two runs of the sidecar on one store
-        pipeline = await build_pipeline(settings, registry=Registry.from_tools([login]))
+        pipeline = await open_pipeline(settings, registry=Registry.from_tools([login]))
         try:
             await pipeline.execute(DEVELOPER, CallRequest(tool="login", arguments_json=json.dumps(ARGUMENTS)))
             recorded.append((await pipeline.store.audit_events())[-1].arguments_json)  # type: ignore[attr-defined]
@@ -145,7 +169,7 @@ def policies_masking(tmp_path: Path, mask: Any) -> EmbeddedEngine:
 
 async def run_login(tmp_path: Path, policy: Any) -> tuple[Status, str | None]:
     store = await SqliteStore.open(tmp_path / "masked.db")
-    pipeline = Pipeline(registry=Registry.from_tools([login]), policy=policy, store=store, limits=Limits(),
+    pipeline = assemble(registry=Registry.from_tools([login]), policy=policy, store=store, limits=Limits(),
                         mask_key=KEY)
     try:
         result = await pipeline.execute(DEVELOPER, CallRequest(tool="login", arguments_json=json.dumps(ARGUMENTS)))
@@ -197,7 +221,7 @@ async def leaky(args: Recipient, ctx: ToolContext) -> Count:
 async def test_an_output_that_does_not_fit_is_logged_without_its_values(tmp_path: Path, default_engine: Any,
                                                                         caplog: pytest.LogCaptureFixture) -> None:
     store = await SqliteStore.open(tmp_path / "store.db")
-    pipeline = Pipeline(registry=Registry.from_tools([leaky]), policy=default_engine, store=store, limits=Limits())
+    pipeline = assemble(registry=Registry.from_tools([leaky]), policy=default_engine, store=store, limits=Limits())
     arguments = json.dumps({"email": "a@example.com", "password": PASSWORD})
     try:
         with caplog.at_level(logging.DEBUG):

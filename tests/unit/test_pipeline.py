@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.bootstrap import assemble
 from sidecar.config import Limits, bundled_policy_dir
 from sidecar.contract import CallRequest, ErrorCode, Recovery, Status, ToolResult
 from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
@@ -255,7 +256,7 @@ async def test_finished_records_past_the_retention_are_deleted(tmp_path: Path, d
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sidecar.state.idempotency.EXPIRY_INTERVAL_SECONDS", 0.0)
     store = await SqliteStore.open(tmp_path / "store.db")
-    pipeline = Pipeline(registry=Registry.from_tools(tools.ALL), policy=default_engine, store=store, limits=Limits(),
+    pipeline = assemble(registry=Registry.from_tools(tools.ALL), policy=default_engine, store=store, limits=Limits(),
                         retention_hours=0.5 / 3600)
     try:
         await call(pipeline, "create_note", {"text": "x"}, idempotency_key="old")
@@ -439,8 +440,7 @@ class SlowClaims:
 
 
 async def test_a_caller_gone_during_the_claim_leaves_no_stuck_key(make_pipeline: PipelineFactory) -> None:
-    pipeline = await make_pipeline()
-    pipeline.store = SlowClaims(pipeline.store, 0.05)  # type: ignore[assignment]
+    pipeline = await make_pipeline(wrap_store=lambda store: SlowClaims(store, 0.05))
     before = tools.CREATED.value
     task = asyncio.create_task(call(pipeline, "create_note", {"text": "x"}, idempotency_key="early-exit"))
     await asyncio.sleep(0.01)  # still claiming
@@ -456,7 +456,7 @@ async def test_a_caller_gone_during_the_claim_leaves_no_stuck_key(make_pipeline:
 async def test_closing_waits_for_started_writes(default_engine: Any, tmp_path: Path) -> None:
     async def pipeline() -> Pipeline:
         store = await SqliteStore.open(tmp_path / "shutdown.db")
-        return Pipeline(registry=Registry.from_tools(tools.ALL), policy=default_engine, store=store, limits=Limits())
+        return assemble(registry=Registry.from_tools(tools.ALL), policy=default_engine, store=store, limits=Limits())
 
     first, before = await pipeline(), tools.CREATED.value
     task = asyncio.create_task(call(first, "create_note", {"text": "x"}, idempotency_key="at-shutdown"))
@@ -485,9 +485,10 @@ async def test_unknown_and_hidden_tools_fail_alike_when_the_engine_fails(make_pi
 
 
 class BrokenStore:
-    """A store whose chosen operation fails as a full disk or a dead database would."""
+    """A store whose chosen operation fails as a full disk or a dead database would (until ``failing`` is
+    set to ``None``)."""
 
-    def __init__(self, inner: Any, failing: str) -> None:
+    def __init__(self, inner: Any, failing: str | None) -> None:
         self.inner, self.failing = inner, failing
 
     def __getattr__(self, name: str) -> Any:
@@ -504,26 +505,20 @@ class BrokenStore:
 ])
 async def test_a_store_that_cannot_write_runs_nothing(make_pipeline: PipelineFactory, failing: str,
                                                       message: str) -> None:
-    pipeline = await make_pipeline()
-    healthy, before = pipeline.store, tools.CREATED.value
-    pipeline.store = BrokenStore(healthy, failing)  # type: ignore[assignment]
+    pipeline = await make_pipeline(wrap_store=lambda store: BrokenStore(store, failing))
+    before = tools.CREATED.value
     result = await call(pipeline, "create_note", {"text": "x"}, idempotency_key=f"broken-{failing}")
     assert result.error is not None and result.error.code is ErrorCode.SERVICE_UNAVAILABLE
     assert result.error.retryable and result.error.message == message and tools.CREATED.value == before
-    pipeline.store = healthy  # the key was not left claimed: a retry runs
+    pipeline.store.failing = None  # type: ignore[attr-defined]  # the key was not left claimed: a retry runs
     retry = await call(pipeline, "create_note", {"text": "x"}, idempotency_key=f"broken-{failing}")
     assert retry.status is Status.SUCCESS and not retry.meta.idempotency_replayed
 
 
 async def test_get_operation_on_a_broken_store_is_unavailable(make_pipeline: PipelineFactory) -> None:
-    pipeline = await make_pipeline()
-    healthy = pipeline.store
-    pipeline.store = BrokenStore(healthy, "operation")  # type: ignore[assignment]
-    try:
-        with pytest.raises(StoreUnavailableError):
-            await pipeline.get_operation(DEVELOPER, tool="create_note", key="k")
-    finally:
-        pipeline.store = healthy
+    pipeline = await make_pipeline(wrap_store=lambda store: BrokenStore(store, "operation"))
+    with pytest.raises(StoreUnavailableError):
+        await pipeline.get_operation(DEVELOPER, tool="create_note", key="k")
 
 
 async def test_an_overlong_idempotency_key_is_refused(make_pipeline: PipelineFactory) -> None:

@@ -1,7 +1,9 @@
 """Policy dry runs: decisions made as the sidecar makes them, with nothing executed.
 
-``dry_run`` takes one call through availability, argument validation, authz and
-approval, in the pipeline's order, and stops where the pipeline would.
+``dry_run`` takes one call through the very stages a real call meets first — resolve +
+availability, validation, authz, approval (``sidecar.bootstrap.dry_run_chain``) — so the
+policies get exactly the input they get in the sidecar, and the run stops where the sidecar
+would. Where the call would run, a last stage ends it instead; no preview is opened.
 ``check_policies`` compiles a policy directory (its tests too), checks that the three
 entrypoints exist and evaluates them on sample calls (every sample principal, side
 effect, and a tool with and without required permissions), reporting each distinct
@@ -20,15 +22,23 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from sidecar.bootstrap import dry_run_chain
 from sidecar.config import Limits
-from sidecar.contract import CallRequest, ErrorInfo, Principal, SideEffect
-from sidecar.errors import ArgumentError, PolicyEvaluationError, PolicyLoadError
-from sidecar.policy import CALL_STAGES, RULES, Decision, PolicyEngine, Stage
+from sidecar.contract import CallRequest, ErrorInfo, Principal, SideEffect, Status, ToolResult
+from sidecar.errors import PolicyEvaluationError, PolicyLoadError
+from sidecar.pipeline import results
+from sidecar.pipeline.call import Call
+from sidecar.pipeline.chain import Next
+from sidecar.pipeline.decisions import AUDIT_MASKS
+from sidecar.policy import CALL_STAGES, RULES, PolicyEngine, Stage
 from sidecar.policy.devtools.runner import defined_rules
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import InputParts, PolicyInput, call_json, now_utc, principal_json, tool_json
 from sidecar.tools.definition import ToolContext, ToolDefinition, tool
-from sidecar.tools.validation import parse_arguments
+from sidecar.tools.registry import Registry
+
+__all__ = ["SAMPLE_PRINCIPALS", "STEPS", "VALIDATION", "CheckReport", "DryRun", "Problem", "Step", "Verdict",
+           "check_policies", "dry_run"]
 
 VALIDATION = "validation"
 STEPS = (Stage.AVAILABILITY.value, VALIDATION, Stage.AUTHZ.value, Stage.APPROVAL.value)
@@ -45,16 +55,17 @@ class Verdict(StrEnum):
     POLICY_ERROR = "policy_error"
 
 
-_STOPS = {Stage.AVAILABILITY: Verdict.UNAVAILABLE, Stage.AUTHZ: Verdict.DENIED,
-          Stage.APPROVAL: Verdict.APPROVAL_REQUIRED}
+_STOPS = {Stage.AVAILABILITY.value: Verdict.UNAVAILABLE, VALIDATION: Verdict.INVALID_ARGUMENTS,
+          Stage.AUTHZ.value: Verdict.DENIED, Stage.APPROVAL.value: Verdict.APPROVAL_REQUIRED}
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One step reached: a decision, a validation (its errors, or the validated arguments), or a policy failure."""
+    """One step reached: a decision (its document), a validation (its errors, or the validated arguments),
+    or a policy failure."""
 
     name: str
-    decision: Decision | None = None
+    decision: dict[str, Any] | None = None
     errors: tuple[ErrorInfo, ...] = ()
     arguments: dict[str, Any] | None = None
     failure: str = ""
@@ -67,7 +78,7 @@ class Step:
             return {"valid": not self.errors, "arguments": self.arguments,
                     "errors": [error.model_dump(mode="json") for error in self.errors]}
         flag = "required" if self.name == Stage.APPROVAL else "allow"
-        return {flag: getattr(self.decision, flag), **self.decision.document()}
+        return {flag: self.decision.get(flag, False), **self.decision}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,45 +104,46 @@ class DryRun:
                 "not_reached": self.not_reached, "outcome": self.verdict.value}
 
 
+class _WouldRun:
+    """The last stage of a dry run: where a real call would go on to idempotency and dispatch."""
+
+    async def run(self, call: Call, next: Next) -> ToolResult:
+        return results.result(call, Status.SUCCESS)
+
+
 async def dry_run(engine: PolicyEngine, defn: ToolDefinition[Any, Any], principal: Principal, arguments_json: str,
                   *, limits: Limits, time: str) -> DryRun:
-    """Availability, validation, authz, approval of one call, as the pipeline runs them; nothing executes."""
-    parts = InputParts(principal_json(principal), tool_json(defn), time, None)
+    """Availability, validation, authz, approval of one call, by the sidecar's own stages; nothing executes."""
+    chain = dry_run_chain(Registry.from_tools([defn]), engine, limits, _WouldRun())
+    call = Call(principal, CallRequest(tool=defn.name, arguments_json=arguments_json), engine.revision, time=time)
+    result = await chain(call)
+    steps = _steps(call, result)
+    verdict = Verdict.WOULD_RUN if result.status is Status.SUCCESS else _verdict(steps[-1])
+    return DryRun(json.loads(tool_json(defn)), principal, engine.revision, time, steps, verdict)
+
+
+def _steps(call: Call, result: ToolResult) -> tuple[Step, ...]:
+    """The steps ``call`` reached, from what the stages recorded on it."""
     steps: list[Step] = []
-    verdict = await _run(engine, defn, parts, arguments_json, limits, steps)
-    return DryRun(json.loads(parts.tool), principal, engine.revision, time, tuple(steps), verdict)
+    for name in STEPS:
+        if name == VALIDATION:
+            if call.tool is None:
+                break
+            if call.arguments is None:
+                failed = call.trail.get(AUDIT_MASKS)
+                steps.append(Step(name, failure=failed["error"]) if failed else Step(name, errors=result.errors))
+                break
+            steps.append(Step(name, arguments=call.arguments.data))
+            continue
+        document = call.trail.get(name)
+        if document is None:
+            break
+        steps.append(Step(name, failure=document["error"]) if "error" in document else Step(name, decision=document))
+    return tuple(steps)
 
 
-async def _run(engine: PolicyEngine, defn: ToolDefinition[Any, Any], parts: InputParts, arguments_json: str,
-               limits: Limits, steps: list[Step]) -> Verdict:
-    """Append each step reached to ``steps``; the verdict."""
-    if stop := await _decide(engine, Stage.AVAILABILITY, parts.build(Stage.AVAILABILITY), steps):
-        return stop
-    try:
-        args = parse_arguments(arguments_json, defn.input_model, max_bytes=limits.max_argument_bytes,
-                               max_depth=limits.max_argument_depth)
-    except ArgumentError as exc:
-        steps.append(Step(VALIDATION, errors=tuple(exc.errors)))
-        return Verdict.INVALID_ARGUMENTS
-    arguments = args.model_dump(mode="json")
-    steps.append(Step(VALIDATION, arguments=arguments))
-    call = call_json(arguments, CallRequest(tool=defn.name, arguments_json=arguments_json))
-    for stage in (Stage.AUTHZ, Stage.APPROVAL):
-        if stop := await _decide(engine, stage, parts.build(stage, call), steps):
-            return stop
-    return Verdict.WOULD_RUN
-
-
-async def _decide(engine: PolicyEngine, stage: Stage, input: PolicyInput, steps: list[Step]) -> Verdict | None:
-    """Append one decision to ``steps``; the verdict when it stops the call."""
-    try:
-        decision = await engine.decide(stage, input)
-    except PolicyEvaluationError as exc:
-        steps.append(Step(stage.value, failure=str(exc)))
-        return Verdict.POLICY_ERROR
-    steps.append(Step(stage.value, decision=decision))
-    stops = decision.required if stage is Stage.APPROVAL else not decision.allow
-    return _STOPS[stage] if stops else None
+def _verdict(last: Step) -> Verdict:
+    return Verdict.POLICY_ERROR if last.failure else _STOPS[last.name]
 
 
 @dataclass(frozen=True, slots=True)

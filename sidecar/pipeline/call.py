@@ -1,0 +1,93 @@
+"""``Call``: the one input object every stage of the chain gets, and what the stages learn about it.
+
+A stage reads what earlier stages set and sets its own part: resolve sets ``tool`` and
+``inputs``, validate sets ``arguments``, idempotency sets ``key`` and ``deadline``, dispatch
+sets ``attempts``. ``trail`` is the audit trail: every decision made for the call, by stage.
+The accessors (``defn``, ``validated``) say which stage must have run, so a stage placed
+before the one it depends on fails loudly in tests rather than silently deciding on nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from time import monotonic
+from typing import Any
+
+from pydantic import BaseModel
+
+from sidecar.canonical import sha256_hex
+from sidecar.contract import CallRequest, Principal
+from sidecar.policy.input import InputParts, now_utc
+from sidecar.state import KeyScope
+from sidecar.tools.definition import ToolDefinition
+
+__all__ = ["Arguments", "Call"]
+
+
+@dataclass(frozen=True, slots=True)
+class Arguments:
+    """Validated arguments: the model the handler gets, its JSON data with secrets in clear (for policies,
+    hashes and previews), the JSON pointers of its sensitive values, and ``input.call`` for the policies."""
+
+    model: BaseModel
+    data: dict[str, Any]
+    sensitive: frozenset[str]
+    call_json: str
+
+
+@dataclass(slots=True)
+class Call:
+    """One tool call on its way through the chain."""
+
+    principal: Principal
+    request: CallRequest
+    policy_revision: str
+    caller_deadline: float | None = None  # ``time.monotonic()`` by which the caller stops waiting
+    time: str = field(default_factory=now_utc)  # ``input.context.time`` of every decision of the call
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started: float = field(default_factory=monotonic)
+    tool: ToolDefinition[Any, Any] | None = None  # resolve: the tool, once available to the caller
+    inputs: InputParts | None = None  # resolve: the policy input's shared parts
+    arguments: Arguments | None = None  # validate
+    key: KeyScope | None = None  # idempotency: the key this call claimed (``None``: none, or not ours)
+    deadline: float | None = None  # idempotency or dispatch: ``time.monotonic()`` by which the handler must end
+    attempts: int = 0  # dispatch
+    detached: bool = False  # idempotency: a started write records its own outcome, even if the caller leaves
+    trail: dict[str, Any] = field(default_factory=dict)  # decisions (as documents) and approval ids, by stage
+    _request_hash: str | None = None
+
+    @property
+    def defn(self) -> ToolDefinition[Any, Any]:
+        """The resolved tool (only after the resolve stage)."""
+        assert self.tool is not None, "the resolve stage must run first"
+        return self.tool
+
+    @property
+    def validated(self) -> Arguments:
+        """The validated arguments (only after the validate stage)."""
+        assert self.arguments is not None, "the validate stage must run first"
+        return self.arguments
+
+    @property
+    def elapsed_ms(self) -> int:
+        """Milliseconds since the call arrived."""
+        return round((monotonic() - self.started) * 1000)
+
+    @property
+    def request_hash(self) -> str:
+        """Hash of the canonical request: equal for equal arguments in any key order or spacing.
+        Before the arguments are valid, the raw text is hashed instead."""
+        if self._request_hash is None:
+            arguments: Any = self.request.arguments_json if self.arguments is None else self.arguments.data
+            version = self.tool.version if self.tool else ""
+            self._request_hash = sha256_hex({"tool": self.request.tool, "version": version, "arguments": arguments})
+        return self._request_hash
+
+    def handler_deadline(self) -> float:
+        """When the handler must end (``time.monotonic()``): the tool's timeout from now, or the caller's
+        deadline if earlier; fixed the first time it is asked."""
+        if self.deadline is None:
+            deadline = monotonic() + self.defn.timeout
+            self.deadline = deadline if self.caller_deadline is None else min(deadline, self.caller_deadline)
+        return self.deadline

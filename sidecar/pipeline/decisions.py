@@ -1,0 +1,53 @@
+"""Asking the policy engine on behalf of a call: one place that records decisions and fails closed.
+
+Every decision is written to the call's trail (the audit log shows it, failures included). An
+engine that cannot answer refuses the call through ``sidecar.errors.refusal``: nothing after the
+stage that asked runs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sidecar.errors import CallRefused, PolicyEvaluationError, refusal
+from sidecar.pipeline.call import Call
+from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks
+
+__all__ = ["AUDIT_MASKS", "Decider"]
+
+AUDIT_MASKS = "audit_masks"  # the trail entry of a failure to read ``data.toolbooth.audit.mask``
+
+log = logging.getLogger("toolbooth.pipeline")
+
+
+class Decider:
+    """Makes a call's policy decisions and reads the policy's audit masks (once per revision)."""
+
+    def __init__(self, policy: PolicyEngine) -> None:
+        self.policy = policy
+        self._masks: tuple[str, dict[str, tuple[str, ...]]] = ("", {})  # (revision, tool -> pointers)
+
+    async def decide(self, call: Call, stage: Stage) -> Decision:
+        """``stage``'s decision for ``call`` (``input.call`` once its arguments are valid)."""
+        assert call.inputs is not None, "the resolve stage must run first"
+        call_json = call.arguments.call_json if call.arguments is not None else None
+        try:
+            decision = await self.policy.decide(stage, call.inputs.build(stage, call_json))
+        except PolicyEvaluationError as exc:
+            log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
+            call.trail[stage.value] = {"error": str(exc)}
+            raise CallRefused(refusal(exc)) from None
+        call.trail[stage.value] = decision.document()
+        return decision
+
+    async def masked(self, call: Call, tool: str) -> tuple[str, ...]:
+        """The pointers ``data.toolbooth.audit.mask`` lists for ``tool``, read once per policy revision."""
+        revision = self.policy.revision
+        if self._masks[0] != revision:
+            try:
+                self._masks = (revision, await audit_masks(self.policy))
+            except PolicyEvaluationError as exc:
+                log.error("audit masks could not be read for request %s: %s", call.request_id, exc)
+                call.trail[AUDIT_MASKS] = {"error": str(exc)}
+                raise CallRefused(refusal(exc)) from None
+        return self._masks[1].get(tool, ())

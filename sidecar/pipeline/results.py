@@ -1,0 +1,60 @@
+"""Stage 8, shaping the result: every ``ToolResult`` of a call is built here.
+
+Its ``meta`` says how it was produced (request id, tool and version, duration, attempts,
+policy revision); a success whose data is above ``limits.max_result_bytes`` is never
+returned truncated: it becomes an ``INTERNAL_ERROR`` naming the size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from sidecar.contract import ErrorCode, ErrorInfo, Preview, ResultMeta, Status, ToolResult
+from sidecar.errors import CallRefused
+from sidecar.pipeline.call import Call
+
+__all__ = ["error", "refused", "replayed", "result", "success"]
+
+log = logging.getLogger("toolbooth.pipeline")
+
+
+def result(call: Call, status: Status, *, data: Any = None, errors: tuple[ErrorInfo, ...] = (),
+           preview: Preview | None = None) -> ToolResult:
+    """A result of ``call`` with ``status``; ``errors[0]`` is its primary error."""
+    return ToolResult(status=status, data=data, error=errors[0] if errors else None, errors=errors,
+                      meta=_meta(call), preview=preview)
+
+
+def refused(call: Call, refusal: CallRefused) -> ToolResult:
+    """The result of a call a stage ended with ``refusal``."""
+    return result(call, refusal.status, errors=refusal.errors, preview=refusal.preview)
+
+
+def error(call: Call, info: ErrorInfo) -> ToolResult:
+    """An error result with one error."""
+    return result(call, Status.ERROR, errors=(info,))
+
+
+def success(call: Call, data: Any, *, max_bytes: int) -> ToolResult:
+    """A success carrying ``data`` (JSON data), or an error if it is larger than ``max_bytes``."""
+    size = len(json.dumps(data, separators=(",", ":")).encode())
+    if size > max_bytes:
+        log.error("tool %r returned %d bytes (limit %d)", call.request.tool, size, max_bytes)
+        return error(call, ErrorInfo.of(ErrorCode.INTERNAL_ERROR, f"the tool's result is {size} bytes, above the "
+                                        f"limit of {max_bytes}; it was not returned"))
+    return result(call, Status.SUCCESS, data=data)
+
+
+def replayed(call: Call, result_json: str) -> ToolResult:
+    """A stored result replayed for a retry: its own meta, under this call's request id."""
+    stored = ToolResult.model_validate_json(result_json)
+    meta = stored.meta.model_copy(update={"request_id": call.request_id, "idempotency_replayed": True})
+    return stored.model_copy(update={"meta": meta})
+
+
+def _meta(call: Call) -> ResultMeta:
+    return ResultMeta(request_id=call.request_id, tool=call.request.tool,
+                      tool_version=call.tool.version if call.tool else "", duration_ms=call.elapsed_ms,
+                      attempt=call.attempts, policy_revision=call.policy_revision)

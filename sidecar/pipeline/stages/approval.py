@@ -1,0 +1,57 @@
+"""Stage 5, approval: run only approved calls (``docs/approvals.md``).
+
+The approval policy decides whether the call needs a person's approval. With ``approval_id`` the
+approval is redeemed (``Approvals.redeem``: the exact approved call, once); without one, a call that
+needs approval ends with ``APPROVAL_REQUIRED`` and a new preview. Previews and approvals see the
+arguments with their sensitive values masked: the keyed hash binds an approval to them without a
+preview (shown to approvers, stored) ever holding them in clear.
+
+Built without ``Approvals`` (``toolbooth policy eval``), the stage opens no preview: a call that
+needs approval ends with ``APPROVAL_REQUIRED`` alone.
+"""
+
+from __future__ import annotations
+
+from sidecar.contract import ErrorCode, ErrorInfo, Status, ToolResult
+from sidecar.errors import CallRefused, StoreUnavailableError, refusal
+from sidecar.pipeline.approvals import Approvals, CallToApprove
+from sidecar.pipeline.call import Call
+from sidecar.pipeline.chain import Next
+from sidecar.pipeline.decisions import Decider
+from sidecar.policy import Stage
+from sidecar.tools.masking import Masker
+
+__all__ = ["ApprovalStage"]
+
+
+class ApprovalStage:
+    """Passes on a call that needs no approval or carries a valid one."""
+
+    def __init__(self, decider: Decider, approvals: Approvals | None, masker: Masker) -> None:
+        self._decider, self._approvals, self._masker = decider, approvals, masker
+
+    async def run(self, call: Call, next: Next) -> ToolResult:
+        decision = await self._decider.decide(call, Stage.APPROVAL)
+        if call.request.approval_id and self._approvals is not None:
+            call.trail["approval_id"] = call.request.approval_id
+            key = call.request.idempotency_key if call.defn.requires_idempotency_key else None
+            denied = await self._approvals.redeem(call.request.approval_id, self._to_approve(call), decision, key=key)
+            if denied is not None:
+                status = Status.APPROVAL_REQUIRED if denied.preview is not None else Status.ERROR
+                raise CallRefused(denied.error, status=status, preview=denied.preview)
+        elif decision.required:
+            preview = None
+            if self._approvals is not None:
+                try:
+                    preview = await self._approvals.open_preview(self._to_approve(call), decision)
+                except StoreUnavailableError as exc:
+                    raise CallRefused(refusal(exc, consequence="nothing was executed")) from None
+            reason = preview.reason if preview else decision.reason or "this call needs a person's approval"
+            raise CallRefused(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, reason), status=Status.APPROVAL_REQUIRED,
+                              preview=preview)
+        return await next(call)
+
+    def _to_approve(self, call: Call) -> CallToApprove:
+        """The call to preview or compare, its sensitive values masked."""
+        arguments = self._masker.mask(call.validated.data, call.validated.sensitive)
+        return CallToApprove(call.principal, call.defn.name, call.defn.version, arguments, call.policy_revision)

@@ -1,0 +1,46 @@
+"""Stage 7, dispatch: the last stage; runs the handler within the call's deadline and shapes its result.
+
+The deadline is the tool's timeout or the caller's deadline, whichever comes first; retries,
+cancellation and the thread pool for sync handlers are ``sidecar.tools.dispatch.Dispatcher``'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from sidecar.config import Limits
+from sidecar.contract import ToolResult
+from sidecar.pipeline import results
+from sidecar.pipeline.call import Call
+from sidecar.pipeline.chain import Next
+from sidecar.tools.definition import ToolContext
+from sidecar.tools.dispatch import Dispatcher
+
+__all__ = ["DispatchStage"]
+
+
+class DispatchStage:
+    """Ends every call that gets this far with the handler's outcome."""
+
+    def __init__(self, dispatcher: Dispatcher, limits: Limits) -> None:
+        self._dispatcher, self._limits = dispatcher, limits
+
+    async def run(self, call: Call, next: Next) -> ToolResult:
+        outcome = await self._dispatcher.run(call.defn, call.validated.model, _context(call))
+        call.attempts = outcome.attempts
+        if outcome.error is not None:
+            return results.error(call, outcome.error)
+        assert outcome.output is not None
+        return results.success(call, outcome.output.model_dump(mode="json"), max_bytes=self._limits.max_result_bytes)
+
+
+def _context(call: Call) -> ToolContext:
+    logger = logging.LoggerAdapter(_tool_logger(call.request.tool), {"request_id": call.request_id})
+    return ToolContext(principal=call.principal, request_id=call.request_id, deadline=call.handler_deadline(),
+                       idempotency_key=call.request.idempotency_key, attempt=1, logger=logger)
+
+
+@functools.cache
+def _tool_logger(name: str) -> logging.Logger:
+    return logging.getLogger(f"toolbooth.tool.{name}")

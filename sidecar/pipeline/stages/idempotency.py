@@ -1,0 +1,134 @@
+"""Stage 6, idempotency: a call of a tool with side effects runs at most once per key.
+
+Such a call must carry an ``idempotency_key``. Claiming it finds one of: nothing (this call owns
+the key and runs), the same request finished (its stored result is replayed), still running
+(``OPERATION_IN_PROGRESS``), of unknown outcome because its sidecar stopped mid-call (also
+``OPERATION_IN_PROGRESS``: never run again until an operator resolves it), or a different request
+(``IDEMPOTENCY_KEY_REUSED``).
+
+From its claim on, a keyed call is detached from its caller: it runs to its end, and its outcome
+is stored and audited, even if the caller goes away. A claimed key is always completed or
+released, never left "in progress". The dispatch is audited durably before the handler runs; if
+that write fails the key is released and nothing runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from sidecar.contract import ErrorCode, ErrorInfo, ToolResult
+from sidecar.errors import CallRefused, StoreUnavailableError, refusal
+from sidecar.pipeline import results
+from sidecar.pipeline.call import Call
+from sidecar.pipeline.chain import Next
+from sidecar.pipeline.stages.audit import Auditor
+from sidecar.state import ClaimState, KeyScope, Store
+from sidecar.state.idempotency import Expiry
+
+__all__ = ["MAX_IDEMPOTENCY_KEY_CHARS", "IdempotencyStage"]
+
+log = logging.getLogger("toolbooth.pipeline")
+MAX_IDEMPOTENCY_KEY_CHARS = 256
+
+
+class IdempotencyStage:
+    """Claims the key of a call with side effects, runs the rest of the chain detached, stores its outcome."""
+
+    def __init__(self, store: Store, auditor: Auditor, expiry: Expiry) -> None:
+        self._store, self._auditor, self._expiry = store, auditor, expiry
+        self._detached: set[asyncio.Task[ToolResult]] = set()
+
+    async def run(self, call: Call, next: Next) -> ToolResult:
+        if not call.defn.requires_idempotency_key:
+            return await next(call)
+        scope = _scope(call)
+        call.detached = True
+        task = asyncio.create_task(self._detached_call(call, scope, next))
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+        return await asyncio.shield(task)
+
+    async def drain(self) -> None:
+        """Wait for every detached call (each is bounded by its own deadline)."""
+        if self._detached:
+            log.info("waiting for %d started write(s) to finish", len(self._detached))
+            await asyncio.gather(*self._detached, return_exceptions=True)
+
+    async def _detached_call(self, call: Call, scope: KeyScope, next: Next) -> ToolResult:
+        try:
+            result = await self._claimed(call, scope, next)
+        except CallRefused as refused:
+            result = results.refused(call, refused)
+        self._auditor.outcome(call, result)
+        return result
+
+    async def _claimed(self, call: Call, scope: KeyScope, next: Next) -> ToolResult:
+        deadline_at = time.time() + (call.handler_deadline() - time.monotonic())
+        try:
+            claim = await self._store.claim(scope, call.request_hash, call.request_id, deadline_at=deadline_at)
+        except StoreUnavailableError as exc:
+            log.error("store unavailable: %s", exc)
+            raise CallRefused(refusal(exc, consequence="nothing was executed")) from None
+        if claim.state is not ClaimState.CLAIMED:
+            return _not_ours(call, claim.state, claim.result_json)
+        call.key = scope
+        self._expiry.poke()
+        await self._record_dispatch(call)
+        result = await next(call)
+        await self._finish(call, result)
+        return result
+
+    async def _record_dispatch(self, call: Call) -> None:
+        try:
+            await self._auditor.dispatching(call)
+        except StoreUnavailableError as exc:
+            await self._release(call)
+            log.error("audit write failed before dispatch of request %s: %s", call.request_id, exc)
+            raise CallRefused(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "the audit log is unavailable; "
+                                           "nothing was executed")) from None
+
+    async def _finish(self, call: Call, result: ToolResult) -> None:
+        """Store the outcome under the key; forget the key if the tool said nothing happened."""
+        assert call.key is not None
+        if result.error is not None and result.error.retryable and result.error.code is not ErrorCode.TIMEOUT:
+            await self._release(call)
+            return
+        try:
+            await self._store.complete(call.key, result.model_dump_json())
+        except StoreUnavailableError as exc:
+            log.error("could not store the result of request %s under its key: %s", call.request_id, exc)
+
+    async def _release(self, call: Call) -> None:
+        if call.key is not None:
+            try:
+                await self._store.release(call.key)
+            except StoreUnavailableError as exc:
+                log.error("could not release idempotency key of request %s: %s", call.request_id, exc)
+
+
+def _scope(call: Call) -> KeyScope:
+    """The key's scope (principal, tool), or ``INVALID_ARGUMENT`` for a missing or oversized key."""
+    key = call.request.idempotency_key
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+        raise CallRefused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, f"tool {call.defn.name!r} has side effects: an "
+                                       f"idempotency_key of 1-{MAX_IDEMPOTENCY_KEY_CHARS} characters is required",
+                                       field="idempotency_key"))
+    return KeyScope(call.principal.tenant, call.principal.id, call.defn.name, key)
+
+
+def _not_ours(call: Call, state: ClaimState, result_json: str | None) -> ToolResult:
+    """The answer when the key is held by an earlier call: its replayed result, or why not."""
+    if state is ClaimState.REPLAY:
+        assert result_json is not None
+        return results.replayed(call, result_json)
+    if state is ClaimState.IN_PROGRESS:
+        message = "a call with this idempotency key is still running"
+    elif state is ClaimState.UNKNOWN:
+        message = ("the outcome of the call with this idempotency key is unknown (its sidecar stopped while it "
+                   "ran); it is not run again until an operator resolves it (toolbooth operations resolve)")
+    else:
+        raise CallRefused(ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_REUSED, "this idempotency key was used for a "
+                                       "different request", field="idempotency_key"))
+    raise CallRefused(ErrorInfo.of(ErrorCode.OPERATION_IN_PROGRESS, message, field="idempotency_key"))
