@@ -7,6 +7,8 @@ Public entry points: ``sidecar.plugin`` (writing tools), ``sidecar.client``
 
 from importlib.metadata import PackageNotFoundError, version
 
+__all__ = ["__version__"]
+
 try:
     __version__ = version("toolbooth")
 except PackageNotFoundError:  # running from a source tree that is not installed

@@ -6,6 +6,8 @@ import hashlib
 import json
 from typing import Any
 
+__all__ = ["canonical_json", "sha256_hex"]
+
 
 def canonical_json(value: Any) -> str:
     """Compact JSON with sorted keys."""

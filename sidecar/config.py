@@ -34,6 +34,38 @@ from sidecar.contract import Principal
 from sidecar.errors import ConfigError
 from sidecar.state.dsn import dsn_parts, redact_dsn
 
+__all__ = [
+    "CLIENT_VARIABLES",
+    "ENV_PREFIX",
+    "ENV_TARGET",
+    "ENV_TOKEN",
+    "MIN_MASK_KEY_BYTES",
+    "UNIX_PREFIX",
+    "AuditSettings",
+    "AuthMode",
+    "AuthSettings",
+    "BundleKeySettings",
+    "BundleSettings",
+    "BundleVerificationSettings",
+    "DecisionCacheSettings",
+    "JwtSettings",
+    "Limits",
+    "OpaSettings",
+    "OpaTlsSettings",
+    "PluginSettings",
+    "PolicyEngineKind",
+    "PolicySettings",
+    "ServerSettings",
+    "Settings",
+    "StoreSettings",
+    "bundled_policy_dir",
+    "default_socket_path",
+    "default_state_dir",
+    "is_loopback",
+    "load_settings",
+    "parse_settings",
+]
+
 MIN_MASK_KEY_BYTES = 16
 
 ENV_PREFIX = "TOOLBOOTH_"

@@ -12,6 +12,27 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+__all__ = [
+    "ApprovalResult",
+    "CallRequest",
+    "ErrorCode",
+    "ErrorInfo",
+    "Operation",
+    "OperationState",
+    "Preview",
+    "PreviewState",
+    "Principal",
+    "Recovery",
+    "ReloadStatus",
+    "ResultMeta",
+    "SideEffect",
+    "Status",
+    "ToolDescriptor",
+    "ToolListing",
+    "ToolResult",
+    "guidance",
+]
+
 
 class SideEffect(StrEnum):
     """How far a tool's effects reach (reference design, side-effect classes)."""

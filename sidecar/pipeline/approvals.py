@@ -27,6 +27,16 @@ from sidecar.policy.input import PolicyInput, now_utc
 from sidecar.state import AuditEvent, Store
 from sidecar.state.previews import PreviewRecord
 
+__all__ = [
+    "DEFAULT_APPROVER_ROLES",
+    "DEFAULT_PREVIEW_TTL_SECONDS",
+    "Approvals",
+    "CallToApprove",
+    "Refusal",
+    "preview_hash",
+    "to_preview",
+]
+
 log = logging.getLogger("toolbooth.approvals")
 DEFAULT_PREVIEW_TTL_SECONDS = 15 * 60
 DEFAULT_APPROVER_ROLES = ("approver",)

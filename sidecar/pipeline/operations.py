@@ -6,6 +6,8 @@ from sidecar.contract import Operation, OperationState, Principal, Status, ToolR
 from sidecar.state import KeyScope, Store
 from sidecar.state.idempotency import OperationRecord, RecordState
 
+__all__ = ["find_operation", "operation_of"]
+
 
 async def find_operation(store: Store, principal: Principal, *, tool: str | None = None, key: str | None = None,
                          request_id: str | None = None) -> Operation:

@@ -1,4 +1,4 @@
-"""The plugin author's API: ``@tool``, ``ToolContext``, ``ToolError``, ``SideEffect``.
+"""Tool definitions: ``@tool``, ``ToolContext``, ``ToolError``, ``RetryPolicy`` (re-exported by ``sidecar.plugin``).
 
 A tool is a typed function::
 
@@ -28,8 +28,8 @@ from pydantic import BaseModel
 from sidecar.contract import ErrorCode, Principal, SideEffect
 
 __all__ = [
+    "NAME_PATTERN",
     "RetryPolicy",
-    "SideEffect",
     "ToolContext",
     "ToolDefinition",
     "ToolDefinitionError",

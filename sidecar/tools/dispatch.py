@@ -21,6 +21,8 @@ from pydantic import BaseModel, ValidationError
 from sidecar.contract import ErrorCode, ErrorInfo
 from sidecar.tools.definition import ToolContext, ToolDefinition, ToolError
 
+__all__ = ["Dispatcher", "Outcome"]
+
 log = logging.getLogger("toolbooth.dispatch")
 
 

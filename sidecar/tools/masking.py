@@ -24,6 +24,8 @@ from pydantic_core import to_jsonable_python
 
 from sidecar.canonical import canonical_json
 
+__all__ = ["MASK_PREFIX", "SENSITIVE", "Masker", "Revealed", "reveal"]
+
 SENSITIVE = {"sensitive": True}  # ``Field(json_schema_extra=SENSITIVE)`` marks a field sensitive
 MASK_PREFIX = "hmac-sha256:"
 

@@ -23,6 +23,8 @@ from sidecar.contract import ToolDescriptor
 from sidecar.errors import PluginLoadError
 from sidecar.tools.definition import ToolDefinition
 
+__all__ = ["GROUP", "Registry", "describe"]
+
 GROUP = "toolbooth.tools"
 
 

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ValidationError
 from sidecar.contract import ErrorCode, ErrorInfo
 from sidecar.errors import ArgumentError
 
+__all__ = ["parse_arguments"]
+
 
 def parse_arguments(
     arguments_json: str, model: type[BaseModel], *, max_bytes: int, max_depth: int
