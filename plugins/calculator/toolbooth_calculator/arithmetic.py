@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from sidecar.contract import ErrorCode
-from sidecar.plugin import ToolError
+from sidecar.plugin import ErrorCode, ToolError
 from toolbooth_calculator.models import Operation
 
 MAX_RESULT = 1e15
