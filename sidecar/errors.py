@@ -115,8 +115,9 @@ class ArgumentError(CallRefused):
         super().__init__(*errors)
 
 
-def refusal(exc: DependencyError, *, consequence: str = "the call was denied") -> ErrorInfo:
-    """The typed error a caller gets when ``exc`` stopped its request; ``consequence`` says what that meant.
+def refusal(exc: DependencyError, *, consequence: str = "the call was denied", part: str | None = None) -> ErrorInfo:
+    """The typed error a caller gets when ``exc`` stopped its request; ``consequence`` says what that meant,
+    ``part`` names the part of the store that failed when that tells the caller more (``"the audit log"``).
 
     A malformed decision is a policy bug (``INTERNAL_ERROR``, retrying cannot fix it); anything else is
     a dependency that may recover (``SERVICE_UNAVAILABLE``, retry with backoff). The details of ``exc``
@@ -124,5 +125,8 @@ def refusal(exc: DependencyError, *, consequence: str = "the call was denied") -
     """
     if isinstance(exc, MalformedDecisionError):
         return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, f"the policy returned a malformed decision; {consequence}")
-    what = "state store unavailable" if isinstance(exc, StoreUnavailableError) else "policy evaluation failed"
+    if part is not None:
+        what = f"{part} is unavailable"
+    else:
+        what = "state store unavailable" if isinstance(exc, StoreUnavailableError) else "policy evaluation failed"
     return ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, f"{what}; {consequence}")

@@ -86,8 +86,7 @@ class IdempotencyStage:
         except StoreUnavailableError as exc:
             await self._release(call)
             log.error("audit write failed before dispatch of request %s: %s", call.request_id, exc)
-            raise CallRefused(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "the audit log is unavailable; "
-                                           "nothing was executed")) from None
+            raise CallRefused(refusal(exc, consequence="nothing was executed", part="the audit log")) from None
 
     async def _finish(self, call: Call, result: ToolResult) -> None:
         """Store the outcome under the key; forget the key if the tool said nothing happened."""
