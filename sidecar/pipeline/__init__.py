@@ -38,8 +38,8 @@ from sidecar.contract import (
 from sidecar.errors import ArgumentError, MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
 from sidecar.pipeline.approvals import Approvals, CallToApprove
 from sidecar.pipeline.operations import find_operation
-from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks
-from sidecar.policy.factory import close_engine, open_reloading, with_cache
+from sidecar.policy import Decision, PolicyEngine, Stage
+from sidecar.policy.factory import open_reloading, with_cache
 from sidecar.policy.input import InputParts, call_json, now_utc, principal_json, tool_json
 from sidecar.state import AuditEvent, ClaimState, KeyScope, Store
 from sidecar.state.factory import open_store
@@ -150,7 +150,7 @@ class Pipeline:
         self._dispatcher.close()
         await self._expiry.aclose()
         await self.store.aclose()
-        await close_engine(self.policy)
+        await self.policy.aclose()
 
     async def _stages(self, call: _Call, caller_deadline: float | None) -> ToolResult:
         defn = await self._resolve(call)
@@ -393,7 +393,7 @@ class Pipeline:
         revision = self.policy.revision
         if self._policy_masks[0] != revision:
             try:
-                self._policy_masks = (revision, await audit_masks(self.policy))
+                self._policy_masks = (revision, await self.policy.audit_masks())
             except PolicyEvaluationError as exc:
                 log.error("audit masks could not be read for request %s: %s", call.request_id, exc)
                 raise _Stop(ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "policy evaluation failed; "
@@ -431,7 +431,7 @@ async def build_pipeline(settings: Settings, *, registry: Registry | None = None
     try:
         store = await open_store(settings.store)
     except BaseException:
-        await close_engine(engine)
+        await engine.aclose()
         raise
     mask_key = await _mask_key(settings, store, engine)
     return Pipeline(registry=registry, policy=engine, store=store, limits=settings.limits, mask_key=mask_key,
@@ -444,5 +444,5 @@ async def _mask_key(settings: Settings, store: Store, engine: PolicyEngine) -> b
         return settings.audit.read_mask_key() or await store.audit_mask_key(secrets.token_bytes(32))
     except BaseException:
         await store.aclose()
-        await close_engine(engine)
+        await engine.aclose()
         raise

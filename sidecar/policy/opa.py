@@ -38,9 +38,11 @@ from opa_client.errors import DeletePolicyError, RegoParseError, TypeException
 
 from sidecar.config import OpaSettings, OpaTlsSettings
 from sidecar.errors import PolicyEvaluationError, PolicyLoadError
-from sidecar.policy import AUDIT_MASK_RULE, RULES, Decision, Stage, parse_audit_masks, parse_decision
-from sidecar.policy.embedded import DATA_FILE, PolicyFiles
+from sidecar.policy.decision import AUDIT_MASK_RULE, RULES, Decision, Stage, parse_audit_masks, parse_decision
+from sidecar.policy.files import DATA_FILE, PolicyFiles
 from sidecar.policy.input import PolicyInput
+
+__all__ = ["POLICY_ID_PREFIX", "START_TIMEOUT_SECONDS", "OpaEngine", "OpaTransport"]
 
 log = logging.getLogger("toolbooth.policy.opa")
 
