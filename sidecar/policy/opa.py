@@ -255,10 +255,11 @@ async def _starting(doing: str) -> AsyncIterator[None]:
         raise PolicyLoadError(f"cannot {doing}: {type(exc).__name__}: {exc}") from None
 
 
-def _describe(exc: Exception) -> str:
+def _describe(exc: DeletePolicyError | RegoParseError | TypeException) -> str:
     """An ``opa_client`` error: OPA's code and message, then each compile error at its row:col."""
-    parts = [": ".join(str(part) for part in (getattr(exc, "expression", ""), getattr(exc, "message", "")) if part)]
-    for error in getattr(exc, "errors", []):
+    message = "" if isinstance(exc, TypeException) else exc.message  # a TypeException has no message
+    parts = [": ".join(str(part) for part in (exc.expression, message) if part)]
+    for error in exc.errors if isinstance(exc, RegoParseError) else []:
         location = error.get("location") or {}
         parts.append(f"{location.get('row', '?')}:{location.get('col', '?')}: {error.get('message')}")
     return "; ".join(parts)
