@@ -43,8 +43,9 @@ from sidecar.cli.bundle import add_bundle_commands
 from sidecar.config import Settings, load_settings
 from sidecar.contract import Principal
 from sidecar.errors import PluginLoadError, PolicyLoadError
+from sidecar.pipeline.dry_run import VALIDATION, DryRun, Verdict, dry_run
 from sidecar.policy import CALL_STAGES
-from sidecar.policy.devtools.dry_run import VALIDATION, CheckReport, DryRun, Verdict, check_policies, dry_run
+from sidecar.policy.devtools.check import CheckReport, check_policies
 from sidecar.policy.devtools.runner import Outcome, RegoTestReport, run_tests
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import now_utc

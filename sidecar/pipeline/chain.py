@@ -8,7 +8,7 @@ the stage that raised it (``results.refused``), so every stage before it sees a 
 never an exception, and can audit or store it.
 
 Transports and tools build the chain they need from the same stage objects
-(``sidecar.pipeline.gate`` for real calls, ``sidecar.policy.devtools.dry_run`` for
+(``sidecar.pipeline.gate`` for real calls, ``sidecar.pipeline.dry_run`` for
 ``toolbooth policy eval``); the last stage must end every call.
 """
 

@@ -11,7 +11,7 @@ import logging
 
 from sidecar.errors import CallRefused, PolicyEvaluationError, refusal
 from sidecar.pipeline.call import Call
-from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks
+from sidecar.policy import Decision, PolicyEngine, Stage
 
 __all__ = ["AUDIT_MASKS", "Decider"]
 
@@ -45,7 +45,7 @@ class Decider:
         revision = self.policy.revision
         if self._masks[0] != revision:
             try:
-                self._masks = (revision, await audit_masks(self.policy))
+                self._masks = (revision, await self.policy.audit_masks())
             except PolicyEvaluationError as exc:
                 log.error("audit masks could not be read for request %s: %s", call.request_id, exc)
                 call.trail[AUDIT_MASKS] = {"error": str(exc)}

@@ -20,7 +20,7 @@ from sidecar.pipeline.chain import Chain
 from sidecar.pipeline.operations import find_operation
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
 from sidecar.pipeline.stages.resolve import ResolveStage
-from sidecar.policy import PolicyEngine, close_engine
+from sidecar.policy import PolicyEngine
 from sidecar.state import Store
 from sidecar.state.idempotency import Expiry
 from sidecar.tools.dispatch import Dispatcher
@@ -71,4 +71,4 @@ class Pipeline:
         self.dispatcher.close()
         await self.expiry.aclose()
         await self.store.aclose()
-        await close_engine(self.policy)
+        await self.policy.aclose()

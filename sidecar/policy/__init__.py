@@ -1,170 +1,43 @@
-"""Policy decisions: the ``PolicyEngine`` protocol and the decision documents it returns.
+"""Policy decisions for tool calls: what the rest of the sidecar imports from ``sidecar.policy``.
 
-Three questions, three Rego packages, each answering with a decision document
-(not a bare boolean) at the rule ``decision`` (``docs/policies.md``):
+The package is organised by concept; this face re-exports the names callers use:
 
-* ``data.toolbooth.availability.decision`` -> ``{"allow": bool, "reason"?, "internal_reason"?}``
-* ``data.toolbooth.authz.decision`` -> ``{"allow": bool, "code"?, "reason"?, "internal_reason"?}``
-  (``code``: ``PERMISSION_DENIED`` or ``RESOURCE_NOT_FOUND``, only on a deny)
-* ``data.toolbooth.approval.decision`` -> ``{"required": bool, "reason"?, "internal_reason"?,
-  "approver_roles"?: [str], "preview_ttl_seconds"?: int}``
+* ``sidecar.policy.decision``: ``Stage``, ``Decision`` and the checks of decision documents
+  (``parse_decision``, ``parse_audit_masks``, ``RULES``, ``CALL_STAGES``);
+* ``sidecar.policy.engine``: the ``PolicyEngine`` protocol and ``DelegatingEngine``, the base
+  of engines wrapping another;
+* ``sidecar.policy.input``: ``PolicyInput``, the input document of a decision.
 
-and one more rule, outside any call, when someone approves or denies a preview
-(``sidecar.pipeline.approvals``): ``data.toolbooth.approval.approver`` -> ``{"allow": bool, "reason"?}``.
-
-Any decision may say ``"cacheable": false`` (e.g. one that depends on the time):
-it is then never answered from the decision cache.
-
-Failing closed, two ways: an engine that cannot evaluate (error, unreachable, too
-slow) raises ``PolicyEvaluationError`` -> ``SERVICE_UNAVAILABLE``, retryable; a
-decision of the wrong shape raises ``MalformedDecisionError`` -> ``INTERNAL_ERROR``,
-not retryable (retrying cannot fix a policy bug).
+The engines themselves (``embedded``, ``opa``), the decision cache (``cache``), hot reload
+(``reload``, ``sources``), the policy set as read from disk (``files``), bundles (``bundle``)
+and opening the configured engine (``factory``) are imported from their modules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from sidecar.policy.decision import (
+    AUDIT_MASK_RULE,
+    CALL_STAGES,
+    MAX_PREVIEW_TTL_SECONDS,
+    RULES,
+    Decision,
+    Stage,
+    parse_audit_masks,
+    parse_decision,
+)
+from sidecar.policy.engine import DelegatingEngine, PolicyEngine
+from sidecar.policy.input import PolicyInput
 
-from sidecar.contract import ErrorCode
-from sidecar.errors import MalformedDecisionError
-
-if TYPE_CHECKING:
-    from sidecar.policy.input import PolicyInput
-
-
-class Stage(StrEnum):
-    """Which question a decision answers. A call's stages are named after their Rego package under
-    ``toolbooth``; ``APPROVER`` (may this principal approve that preview?) is a rule of ``approval``."""
-
-    AVAILABILITY = "availability"
-    AUTHZ = "authz"
-    APPROVAL = "approval"
-    APPROVER = "approver"
-
-
-CALL_STAGES = (Stage.AVAILABILITY, Stage.AUTHZ, Stage.APPROVAL)
-AUDIT_MASK_RULE = "data.toolbooth.audit.mask"
-RULES = {**{stage: f"data.toolbooth.{stage.value}.decision" for stage in CALL_STAGES},
-         Stage.APPROVER: "data.toolbooth.approval.approver"}
-MAX_PREVIEW_TTL_SECONDS = 7 * 24 * 3600
-_FLAGS = {Stage.AVAILABILITY: "allow", Stage.AUTHZ: "allow", Stage.APPROVAL: "required", Stage.APPROVER: "allow"}
-_CODES = (ErrorCode.PERMISSION_DENIED.value, ErrorCode.RESOURCE_NOT_FOUND.value)
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A well-typed decision. ``allow`` answers availability/authz, ``required`` approval.
-
-    ``reason`` may reach the model; ``internal_reason`` only reaches the audit log.
-    """
-
-    allow: bool = False
-    required: bool = False
-    code: ErrorCode | None = None
-    reason: str = ""
-    internal_reason: str = ""
-    approver_roles: tuple[str, ...] = ()
-    preview_ttl_seconds: int | None = None
-    cacheable: bool = True
-
-    def document(self) -> dict[str, Any]:
-        """The decision as JSON data for the audit log (defaults left out)."""
-        fields = {"allow": self.allow, "required": self.required, "code": self.code, "reason": self.reason,
-                  "internal_reason": self.internal_reason, "approver_roles": list(self.approver_roles),
-                  "preview_ttl_seconds": self.preview_ttl_seconds, "cacheable": not self.cacheable}
-        document = {name: value for name, value in fields.items() if value}
-        if not self.cacheable:
-            document["cacheable"] = False
-        return document
-
-
-
-
-
-def parse_decision(stage: Stage, value: Any) -> Decision:
-    """Check a decision document's shape; anything malformed raises ``MalformedDecisionError``."""
-    rule = RULES[stage]
-    if not isinstance(value, dict):
-        shape = "undefined or null" if value is None else f"a {type(value).__name__}, not an object"
-        raise MalformedDecisionError(f"{rule} is {shape}")
-    flag = _FLAGS[stage]
-    _expect(rule, value, flag, bool, "a boolean", required=True)
-    code = _expect(rule, value, "code", str, f"one of {', '.join(_CODES)}")
-    if code is not None and code not in _CODES:
-        raise MalformedDecisionError(f"{rule}.code must be one of {', '.join(_CODES)} or absent, got {code!r}")
-    if code is not None and value[flag]:
-        raise MalformedDecisionError(f"{rule} conflicts: {flag} is true but a deny code {code!r} is set")
-    roles = _expect(rule, value, "approver_roles", list, "a list of role names") or []
-    if not all(isinstance(role, str) and role for role in roles):
-        raise MalformedDecisionError(f"{rule}.approver_roles must be a list of role names, got {roles!r}")
-    ttl = _expect(rule, value, "preview_ttl_seconds", int, "a whole number of seconds")
-    if ttl is not None and not 0 < ttl <= MAX_PREVIEW_TTL_SECONDS:
-        raise MalformedDecisionError(f"{rule}.preview_ttl_seconds must be 1-{MAX_PREVIEW_TTL_SECONDS}, got {ttl}")
-    cacheable = _expect(rule, value, "cacheable", bool, "a boolean")
-    return Decision(**{flag: value[flag]}, code=None if code is None else ErrorCode(code),
-                    reason=_expect(rule, value, "reason", str, "a string") or "",
-                    internal_reason=_expect(rule, value, "internal_reason", str, "a string") or "",
-                    approver_roles=tuple(roles), preview_ttl_seconds=ttl, cacheable=cacheable is not False)
-
-
-def _expect(rule: str, document: dict[str, Any], key: str, kind: type, described: str, *,
-            required: bool = False) -> Any:
-    """``document[key]`` if it has type ``kind`` (``None`` when absent and optional)."""
-    value = document.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise MalformedDecisionError(f"{rule}.{key} must be {described}, got {value!r}")
-    return value
-
-
-class PolicyEngine(Protocol):
-    """Evaluates the three decisions. Implementations must fail closed by raising.
-
-    An engine that holds resources (the OPA engine's HTTP session) also has
-    ``async def aclose()``, which ``close_engine`` calls; engines wrapping
-    another one pass it on. Likewise an engine that can read ``data.toolbooth.audit.mask``
-    has ``async def audit_masks()`` (see ``audit_masks``).
-    """
-
-    @property
-    def revision(self) -> str:
-        """Content hash of the policy set and its data in force."""
-        ...
-
-    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
-        """Evaluate one decision."""
-        ...
-
-    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
-        """Evaluate one decision per input, in order (used by ``ListTools``)."""
-        ...
-
-
-def parse_audit_masks(value: Any) -> dict[str, tuple[str, ...]]:
-    """``data.toolbooth.audit.mask`` checked: tool name -> JSON pointers (undefined: none)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(
-            isinstance(pointers, list) and all(isinstance(p, str) and (p == "" or p.startswith("/")) for p in pointers)
-            for pointers in value.values()):
-        raise MalformedDecisionError(f"{AUDIT_MASK_RULE} must map tool names to lists of JSON pointers "
-                                     "(\"\" or starting with /)")
-    return {tool: tuple(pointers) for tool, pointers in value.items()}
-
-
-async def audit_masks(engine: PolicyEngine) -> dict[str, tuple[str, ...]]:
-    """The JSON pointers the policy masks in each tool's audited arguments; engines without
-    ``audit_masks`` mask none. Raises ``PolicyEvaluationError`` like a decision."""
-    read = getattr(engine, "audit_masks", None)
-    return {} if read is None else await read()  # type: ignore[no-any-return]
-
-
-async def close_engine(engine: PolicyEngine) -> None:
-    """Release what ``engine`` holds; engines without ``aclose`` hold nothing."""
-    aclose = getattr(engine, "aclose", None)
-    if aclose is not None:
-        await aclose()
+__all__ = [
+    "AUDIT_MASK_RULE",
+    "CALL_STAGES",
+    "MAX_PREVIEW_TTL_SECONDS",
+    "RULES",
+    "Decision",
+    "DelegatingEngine",
+    "PolicyEngine",
+    "PolicyInput",
+    "Stage",
+    "parse_audit_masks",
+    "parse_decision",
+]

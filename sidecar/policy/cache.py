@@ -16,27 +16,24 @@ from collections.abc import Callable, Hashable, Sequence
 
 from cachetools import TTLCache
 
-from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks, close_engine
+from sidecar.policy.decision import Decision, Stage
+from sidecar.policy.engine import DelegatingEngine, PolicyEngine
 from sidecar.policy.input import PolicyInput
 
+__all__ = ["CachingEngine"]
 
-class CachingEngine:
-    """``PolicyEngine`` that answers repeated inputs from a TTL cache."""
+
+class CachingEngine(DelegatingEngine):
+    """``PolicyEngine`` that answers repeated inputs from a TTL cache; everything else goes to ``inner``."""
 
     def __init__(self, inner: PolicyEngine, *, max_entries: int, ttl_seconds: float,
                  timer: Callable[[], float] = time.monotonic) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._cache: TTLCache[Hashable, Decision] = TTLCache(maxsize=max_entries, ttl=ttl_seconds, timer=timer)
         self._revision = inner.revision
 
-    @property
-    def revision(self) -> str:
-        return self.inner.revision
-
-    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
-        return await audit_masks(self.inner)
-
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
+        """The cached decision for ``input``, else the wrapped engine's (kept when cacheable)."""
         key = self._key(stage, input)
         if key is not None and (cached := self._cache.get(key)) is not None:
             return cached
@@ -45,6 +42,7 @@ class CachingEngine:
         return decision
 
     async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
+        """Cached decisions where there are some; the wrapped engine answers the rest in one batch."""
         keys = [self._key(stage, item) for item in inputs]
         found = [None if key is None else self._cache.get(key) for key in keys]
         missing = [i for i, decision in enumerate(found) if decision is None]
@@ -53,10 +51,6 @@ class CachingEngine:
             found[i] = decision
             self._keep(keys[i], decision)
         return [decision for decision in found if decision is not None]
-
-    async def aclose(self) -> None:
-        """Release the wrapped engine."""
-        await close_engine(self.inner)
 
     def _key(self, stage: Stage, input: PolicyInput) -> Hashable | None:
         if input.cache_key is None:

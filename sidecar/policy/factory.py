@@ -1,4 +1,7 @@
-"""Opening the configured policy engine — reloadable and cached — and closing it."""
+"""Opening the configured policy engine, reloadable and cached: the policy side of the composition root.
+
+Closing one is ``await engine.aclose()``, whatever it wraps.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +10,17 @@ from pathlib import Path
 
 from sidecar.config import PolicyEngineKind, PolicySettings
 from sidecar.errors import PolicyLoadError
-from sidecar.policy import PolicyEngine, close_engine
 from sidecar.policy.bundle.fetch import BundleFetcher
 from sidecar.policy.bundle.signing import VerificationConfig
 from sidecar.policy.cache import CachingEngine
 from sidecar.policy.devtools.runner import Outcome, run_tests
-from sidecar.policy.embedded import EmbeddedEngine, checked_files
+from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.policy.engine import PolicyEngine
+from sidecar.policy.files import checked_files
 from sidecar.policy.reload import PolicySource, ReloadingEngine
 from sidecar.policy.sources import BundleSource, DirectorySource, FixedSource
 
-__all__ = ["close_engine", "open_engine", "open_reloading", "policy_source", "reload_interval", "with_cache"]
+__all__ = ["open_engine", "open_reloading", "policy_source", "reload_interval", "with_cache"]
 
 
 async def open_engine(settings: PolicySettings) -> PolicyEngine:

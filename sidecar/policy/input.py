@@ -10,13 +10,29 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from sidecar.contract import CallRequest, Principal
-from sidecar.policy import Stage
-from sidecar.tools.definition import ToolDefinition
+from sidecar.contract import CallRequest, Principal, SideEffect
+from sidecar.policy.decision import Stage
+
+__all__ = ["InputParts", "PolicyInput", "ToolFacts", "call_json", "now_utc", "principal_json", "tool_json"]
+
+
+class ToolFacts(Protocol):
+    """What ``input.tool`` tells a policy about a tool (a ``sidecar.tools`` ``ToolDefinition`` has it all)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def side_effect(self) -> SideEffect: ...
+    @property
+    def permissions(self) -> Sequence[str]: ...
+    @property
+    def plugin(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +78,7 @@ def principal_json(principal: Principal) -> str:
     return _dumps(principal.model_dump(mode="json"))
 
 
-def tool_json(defn: ToolDefinition[Any, Any]) -> str:
+def tool_json(defn: ToolFacts) -> str:
     """``input.tool``."""
     return _dumps({
         "name": defn.name,

@@ -38,9 +38,11 @@ from opa_client.errors import DeletePolicyError, RegoParseError, TypeException
 
 from sidecar.config import OpaSettings, OpaTlsSettings
 from sidecar.errors import PolicyEvaluationError, PolicyLoadError
-from sidecar.policy import AUDIT_MASK_RULE, RULES, Decision, Stage, parse_audit_masks, parse_decision
-from sidecar.policy.embedded import DATA_FILE, PolicyFiles
+from sidecar.policy.decision import AUDIT_MASK_RULE, RULES, Decision, Stage, parse_audit_masks, parse_decision
+from sidecar.policy.files import DATA_FILE, PolicyFiles
 from sidecar.policy.input import PolicyInput
+
+__all__ = ["POLICY_ID_PREFIX", "START_TIMEOUT_SECONDS", "OpaEngine", "OpaTransport"]
 
 log = logging.getLogger("toolbooth.policy.opa")
 
@@ -253,10 +255,11 @@ async def _starting(doing: str) -> AsyncIterator[None]:
         raise PolicyLoadError(f"cannot {doing}: {type(exc).__name__}: {exc}") from None
 
 
-def _describe(exc: Exception) -> str:
+def _describe(exc: DeletePolicyError | RegoParseError | TypeException) -> str:
     """An ``opa_client`` error: OPA's code and message, then each compile error at its row:col."""
-    parts = [": ".join(str(part) for part in (getattr(exc, "expression", ""), getattr(exc, "message", "")) if part)]
-    for error in getattr(exc, "errors", []):
+    message = "" if isinstance(exc, TypeException) else exc.message  # a TypeException has no message
+    parts = [": ".join(str(part) for part in (exc.expression, message) if part)]
+    for error in exc.errors if isinstance(exc, RegoParseError) else []:
         location = error.get("location") or {}
         parts.append(f"{location.get('row', '?')}:{location.get('col', '?')}: {error.get('message')}")
     return "; ".join(parts)

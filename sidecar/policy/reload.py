@@ -15,21 +15,26 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Protocol
 
 from sidecar.contract import ReloadStatus
 from sidecar.errors import PolicyLoadError
-from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks, close_engine
-from sidecar.policy.input import PolicyInput
+from sidecar.policy.engine import DelegatingEngine, PolicyEngine
+
+__all__ = ["PolicySource", "ReloadingEngine"]
 
 log = logging.getLogger("toolbooth.policy.reload")
+
 
 class PolicySource(Protocol):
     """Where policies come from: a directory, a bundle file or a bundle URL."""
 
-    description: str
+    @property
+    def description(self) -> str:
+        """What the source is, for logs and the policy status (``directory /etc/policies``)."""
+        ...
 
     async def fingerprint(self) -> str:
         """Changes whenever the content may have changed (cheap: no compilation)."""
@@ -40,11 +45,15 @@ class PolicySource(Protocol):
         ...
 
 
-class ReloadingEngine:
-    """A ``PolicyEngine`` whose policy set can be replaced while it serves."""
+class ReloadingEngine(DelegatingEngine):
+    """A ``PolicyEngine`` whose policy set can be replaced while it serves.
+
+    Decisions, the revision and the audit masks come from ``inner``, the engine in force.
+    """
 
     def __init__(self, source: PolicySource, engine: PolicyEngine, fingerprint: str) -> None:
-        self._source, self._engine, self._seen = source, engine, fingerprint
+        super().__init__(engine)
+        self._source, self._seen = source, fingerprint
         self.status = ReloadStatus(source.description, engine.revision, _now())
         self.on_status: Callable[[ReloadStatus], Awaitable[None]] | None = None
 
@@ -53,19 +62,6 @@ class ReloadingEngine:
         """Load the first policy set; failing here stops start-up."""
         fingerprint = await source.fingerprint()
         return cls(source, await source.load(), fingerprint)
-
-    @property
-    def revision(self) -> str:
-        return self._engine.revision
-
-    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
-        return await self._engine.decide(stage, input)
-
-    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
-        return await self._engine.decide_many(stage, inputs)
-
-    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
-        return await audit_masks(self._engine)
 
     async def reload_if_changed(self) -> ReloadStatus:
         """Look at the source once; load and swap in a changed policy set."""
@@ -79,16 +75,12 @@ class ReloadingEngine:
             log.error("policy reload refused, revision %s keeps serving: %s", self.revision, exc)
             await self._set(replace(self.status, last_attempt_at=_now(), last_error=str(exc)))
             return self.status
-        old, self._engine = self._engine, engine
-        await close_engine(old)
+        old, self.inner = self.inner, engine
+        await old.aclose()
         log.info("policy revision %s loaded from %s", engine.revision, self._source.description)
         now = _now()
         await self._set(ReloadStatus(self._source.description, engine.revision, now, now))
         return self.status
-
-    async def aclose(self) -> None:
-        """Release the engine in force."""
-        await close_engine(self._engine)
 
     async def watch(self, interval: float, stop: asyncio.Event) -> None:
         """Poll until ``stop`` is set; errors reading the source are logged, never fatal."""

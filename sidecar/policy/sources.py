@@ -15,11 +15,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.policy import PolicyEngine
-from sidecar.policy.bundle import load_bundle
 from sidecar.policy.bundle.fetch import BundleFetcher
+from sidecar.policy.bundle.format import load_bundle
 from sidecar.policy.bundle.signing import VerificationConfig
-from sidecar.policy.embedded import EmbeddedEngine, PolicyFiles, check_files
+from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.policy.engine import PolicyEngine
+from sidecar.policy.files import PolicyFiles, check_files
+
+__all__ = ["BundleSource", "DirectorySource", "FixedSource", "Loader"]
 
 _WATCHED = ("*.rego", "*.json")
 
@@ -35,12 +38,15 @@ class DirectorySource:
 
     @property
     def description(self) -> str:
+        """``directory <root>``."""
         return f"directory {self.root}"
 
     async def fingerprint(self) -> str:
+        """Path, size and modification time of every watched file."""
         return await asyncio.to_thread(_stat_fingerprint, self.root)
 
     async def load(self) -> PolicyEngine:
+        """The loader's engine over the directory as it is now."""
         return await self.loader()
 
 
@@ -52,9 +58,11 @@ class FixedSource:
     loader: Loader
 
     async def fingerprint(self) -> str:
+        """Always the same: nothing here changes."""
         return "fixed"
 
     async def load(self) -> PolicyEngine:
+        """The loader's engine."""
         return await self.loader()
 
 
@@ -69,6 +77,7 @@ class BundleSource:
 
     @classmethod
     def from_file(cls, path: Path, verification: VerificationConfig | None) -> BundleSource:
+        """A bundle file, read again only when its size or modification time changes."""
         seen: list[tuple[int, int]] = []
 
         def read_if_changed() -> bytes | None:
@@ -83,23 +92,26 @@ class BundleSource:
 
     @classmethod
     def from_url(cls, fetcher: BundleFetcher, verification: VerificationConfig | None) -> BundleSource:
+        """A bundle URL, polled with conditional GETs."""
         async def read() -> bytes | None:
             return (await fetcher.fetch()).content
 
         return cls(f"bundle {fetcher.url}", read, verification)
 
     async def fingerprint(self) -> str:
+        """The SHA-256 of the bundle's bytes (kept for ``load``)."""
         content = await self.read()
         if content is not None:
             self._content = content
         return hashlib.sha256(self._content).hexdigest()
 
     async def load(self) -> PolicyEngine:
+        """Verify, check and compile the bundle last fingerprinted (off the event loop)."""
         return EmbeddedEngine(await asyncio.to_thread(self._checked, self._content))
 
     def _checked(self, content: bytes) -> PolicyFiles:
         bundle = load_bundle(content, self.verification, name=self.description.removeprefix("bundle "))
-        return check_files(PolicyFiles.of_bundle(bundle))
+        return check_files(bundle.policy_files())
 
 
 def _stat_fingerprint(root: Path) -> str:

@@ -17,8 +17,7 @@ from sidecar.client import AsyncClient
 from sidecar.config import Limits, Settings
 from sidecar.contract import ErrorCode, Preview, PreviewState, Recovery, Status, ToolResult
 from sidecar.pipeline import Pipeline
-from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks, close_engine
-from sidecar.policy.input import PolicyInput
+from sidecar.policy import DelegatingEngine, PolicyEngine
 from sidecar.server import create_server
 from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
@@ -28,12 +27,13 @@ from tests.support.approvals import NOTE, policies
 Tokens = Callable[..., str]
 
 
-class SwappableEngine:
+class SwappableEngine(DelegatingEngine):
     """A policy engine whose policies a test replaces between two calls (a new revision). Closing it
     closes every engine it held, here, on the thread that evaluated them (regorus requires it)."""
 
     def __init__(self, inner: PolicyEngine) -> None:
-        self.held = [inner]
+        self.held: list[PolicyEngine] = []
+        super().__init__(inner)
 
     @property
     def inner(self) -> PolicyEngine:
@@ -45,20 +45,7 @@ class SwappableEngine:
 
     async def aclose(self) -> None:
         for engine in self.held:
-            await close_engine(engine)
-
-    @property
-    def revision(self) -> str:
-        return self.inner.revision
-
-    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
-        return await self.inner.decide(stage, input)
-
-    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
-        return await self.inner.decide_many(stage, inputs)
-
-    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
-        return await audit_masks(self.inner)
+            await engine.aclose()
 
 
 class World:

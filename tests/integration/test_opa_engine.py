@@ -27,9 +27,9 @@ from cryptography.x509.oid import NameOID
 
 from sidecar.config import PolicyEngineKind, PolicySettings, bundled_policy_dir
 from sidecar.errors import PolicyLoadError
-from sidecar.policy import PolicyEngine, Stage, audit_masks
+from sidecar.policy import PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
-from sidecar.policy.factory import close_engine, open_engine, open_reloading
+from sidecar.policy.factory import open_engine, open_reloading
 from sidecar.policy.input import PolicyInput
 from tests.support.fake_opa import FakeOpa
 from tests.support.reloading import rewrite
@@ -72,7 +72,7 @@ async def open_opa() -> AsyncIterator[Open]:
 
     yield open_
     for engine in opened:
-        await close_engine(engine)
+        await engine.aclose()
 
 
 def served_policy_ids(opa: FakeOpa) -> list[str]:
@@ -240,7 +240,7 @@ async def test_a_refused_reload_never_reaches_opa(opa: FakeOpa, tmp_path: Path, 
         status = await reloader.reload_if_changed()
         assert not status.healthy and served_authz(opa) == before
     finally:
-        await close_engine(reloader)
+        await reloader.aclose()
 
 
 def served_authz(opa: FakeOpa) -> str:
@@ -253,5 +253,5 @@ async def test_audit_masks_are_read_from_opa(open_opa: Open, opa: FakeOpa, tmp_p
     data = json.loads((path / "data.json").read_text())
     data["toolbooth"]["audit"] = {"mask": {"send_email": ["/body"]}}
     (path / "data.json").write_text(json.dumps(data))
-    assert await audit_masks(await open_opa(opa.url, path)) == {"send_email": ("/body",)}
-    assert await audit_masks(await open_opa(opa.url)) == {}
+    assert await (await open_opa(opa.url, path)).audit_masks() == {"send_email": ("/body",)}
+    assert await (await open_opa(opa.url)).audit_masks() == {}

@@ -28,7 +28,7 @@ from sidecar.contract import CallRequest, ErrorCode, Principal, Status
 from sidecar.errors import PolicyEvaluationError, PolicyLoadError
 from sidecar.policy import CALL_STAGES, PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
-from sidecar.policy.factory import close_engine, open_engine
+from sidecar.policy.factory import open_engine
 from sidecar.policy.input import InputParts, PolicyInput, call_json, principal_json, tool_json
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools
@@ -67,7 +67,7 @@ async def open_policy(engine_kind: PolicyEngineKind, opa: FakeOpa) -> AsyncItera
 
     yield open_
     for engine in opened:
-        await close_engine(engine)
+        await engine.aclose()
 
 
 def settings(kind: PolicyEngineKind, opa: FakeOpa, path: Path | None = None, **opa_settings: Any) -> PolicySettings:
@@ -234,5 +234,5 @@ async def test_both_engines_decide_the_same(opa: FakeOpa) -> None:
             assert await remote.decide_many(stage, inputs) == expected, stage
             assert len(set(expected)) > 1, f"the {stage} corpus must get different decisions"
     finally:
-        await close_engine(remote)
+        await remote.aclose()
     assert remote.revision == embedded.revision

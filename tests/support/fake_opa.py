@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlsplit
 
 import regorus
 
-from sidecar.policy.embedded import clean_regorus_error
+from sidecar.policy.files import clean_regorus_error
 
 Answer = tuple[int, bytes]
 

@@ -18,7 +18,8 @@ from sidecar.policy import CALL_STAGES, Decision
 from sidecar.policy.bundle import Manifest, build_bundle, load_bundle
 from sidecar.policy.bundle import archive as archive_module
 from sidecar.policy.bundle.archive import read_archive, write_archive
-from sidecar.policy.embedded import EmbeddedEngine, PolicyFiles, check_files, checked_files
+from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.policy.files import check_files, checked_files
 from sidecar.policy.input import PolicyInput
 
 POLICY_DIR = bundled_policy_dir()
@@ -78,7 +79,7 @@ async def test_a_built_bundle_decides_as_its_directory() -> None:
 
 async def test_a_bundle_loads_off_the_event_loop() -> None:
     archive = build_bundle(POLICY_DIR)
-    files = await asyncio.to_thread(lambda: check_files(PolicyFiles.of_bundle(load_bundle(archive))))
+    files = await asyncio.to_thread(lambda: check_files(load_bundle(archive).policy_files()))
     assert await decisions(EmbeddedEngine(files)) == await decisions(EmbeddedEngine.load(POLICY_DIR))
 
 

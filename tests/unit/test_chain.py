@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.bootstrap import assemble, dry_run_chain
+from sidecar.bootstrap import assemble
 from sidecar.config import Limits, bundled_policy_dir
 from sidecar.contract import CallRequest, ErrorCode, ErrorInfo, Status, ToolResult
 from sidecar.errors import CallRefused
 from sidecar.pipeline import results
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Chain, Next
+from sidecar.pipeline.decisions import Decider
+from sidecar.pipeline.order import DecidingStages
 from sidecar.pipeline.stages.approval import ApprovalStage
 from sidecar.pipeline.stages.audit import AuditStage
 from sidecar.pipeline.stages.authorize import AuthorizeStage
@@ -81,8 +83,7 @@ async def test_a_real_call_meets_the_stages_in_the_designed_order(tmp_path: Path
     try:
         assert [type(stage) for stage in pipeline.chain.stages] == [
             AuditStage, ResolveStage, ValidateStage, AuthorizeStage, ApprovalStage, IdempotencyStage, DispatchStage]
-        dry = dry_run_chain(Registry.from_tools(tools.ALL), engine, Limits(), End())
-        assert [type(stage) for stage in dry.stages] == [ResolveStage, ValidateStage, AuthorizeStage, ApprovalStage,
-                                                         End]
+        deciding = DecidingStages.build(Registry.from_tools(tools.ALL), Decider(engine), Limits())
+        assert [type(stage) for stage in deciding] == [ResolveStage, ValidateStage, AuthorizeStage, ApprovalStage]
     finally:
         await pipeline.aclose()

@@ -16,10 +16,10 @@ from sidecar.bootstrap import assemble, open_pipeline
 from sidecar.config import Limits, bundled_policy_dir, parse_settings
 from sidecar.contract import CallRequest, Status
 from sidecar.errors import ConfigError, PolicyLoadError
+from sidecar.pipeline.dry_run import Verdict, dry_run
 from sidecar.plugin import SideEffect, ToolContext, tool
-from sidecar.policy import Decision, Stage, audit_masks, parse_audit_masks
+from sidecar.policy import Decision, DelegatingEngine, PolicyEngine, Stage, parse_audit_masks
 from sidecar.policy.cache import CachingEngine
-from sidecar.policy.devtools.dry_run import Verdict, dry_run
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
 from sidecar.state.sqlite import SqliteStore
@@ -51,11 +51,12 @@ async def login(args: Login, ctx: ToolContext) -> Login:
     return args
 
 
-class RecordingEngine:
+class RecordingEngine(DelegatingEngine):
     """Passes decisions through and keeps every input document."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.seen, self.revision = inner, [], inner.revision
+    def __init__(self, inner: PolicyEngine) -> None:
+        super().__init__(inner)
+        self.seen: list[Any] = []
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         self.seen.append(input.document())
@@ -182,7 +183,7 @@ async def run_login(tmp_path: Path, policy: Any) -> tuple[Status, str | None]:
 async def test_the_policy_masks_more_pointers(tmp_path: Path) -> None:
     engine = policies_masking(tmp_path, {"login": ["/subject", "/recipients/0/email", "/absent"], "other": ["/x"]})
     cached = CachingEngine(engine, max_entries=10, ttl_seconds=5)
-    assert await audit_masks(cached) == {"login": ("/subject", "/recipients/0/email", "/absent"), "other": ("/x",)}
+    assert await cached.audit_masks() == {"login": ("/subject", "/recipients/0/email", "/absent"), "other": ("/x",)}
     status, recorded = await run_login(tmp_path, cached)
     masker = Masker(KEY)
     assert status is Status.SUCCESS and json.loads(recorded or "") == {

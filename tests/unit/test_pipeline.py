@@ -17,7 +17,7 @@ from sidecar.config import Limits, bundled_policy_dir
 from sidecar.contract import CallRequest, ErrorCode, Recovery, Status, ToolResult
 from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
 from sidecar.pipeline import Pipeline
-from sidecar.policy import CALL_STAGES, Decision, Stage
+from sidecar.policy import CALL_STAGES, Decision, DelegatingEngine, PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
 from sidecar.state import KeyScope
@@ -34,14 +34,17 @@ async def call(pipeline: Pipeline, tool: str, args: Any = None, **fields: Any) -
                                                                                   **fields))
 
 
-class FailingEngine:
+class FailingEngine(DelegatingEngine):
     """A policy engine whose chosen stage fails with ``error``."""
 
-    revision = "sha256:failing"
-
-    def __init__(self, inner: Any, failing: Stage, error: Exception | None = None) -> None:
-        self.inner, self.failing = inner, failing
+    def __init__(self, inner: PolicyEngine, failing: Stage, error: Exception | None = None) -> None:
+        super().__init__(inner)
+        self.failing = failing
         self.error = error or PolicyEvaluationError("division by zero in authz.rego:12")
+
+    @property
+    def revision(self) -> str:
+        return "sha256:failing"
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         if stage is self.failing:
@@ -381,12 +384,12 @@ async def test_started_write_finishes_when_caller_goes_away(make_pipeline: Pipel
     assert statuses == ["dispatching", "success", "success"]  # the write, then its replay
 
 
-class RecordingEngine:
+class RecordingEngine(DelegatingEngine):
     """Passes decisions through and keeps every input it was asked about."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.seen = inner, []
-        self.revision = inner.revision
+    def __init__(self, inner: PolicyEngine) -> None:
+        super().__init__(inner)
+        self.seen: list[tuple[Stage, Any]] = []
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         self.seen.append((stage, input.document()))

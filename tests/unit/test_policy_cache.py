@@ -31,6 +31,12 @@ class CountingEngine:
     async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
         return [await self.decide(stage, item) for item in inputs]
 
+    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
+        return {}
+
+    async def aclose(self) -> None:
+        pass
+
 
 class Clock:
     def __init__(self) -> None:

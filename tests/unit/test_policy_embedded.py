@@ -14,7 +14,8 @@ from sidecar.config import bundled_policy_dir
 from sidecar.contract import ErrorCode
 from sidecar.errors import PolicyEvaluationError, PolicyLoadError
 from sidecar.policy import CALL_STAGES, Decision, Stage
-from sidecar.policy.embedded import EmbeddedEngine, checked_files, clean_regorus_error
+from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.policy.files import checked_files, clean_regorus_error
 from sidecar.policy.input import PolicyInput
 
 VALID_BODIES = {

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from sidecar.contract import CallRequest, Principal
-from sidecar.policy import Decision, Stage
+from sidecar.policy import Decision, DelegatingEngine, PolicyEngine, Stage
 from sidecar.policy.input import PolicyInput
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools
@@ -19,11 +19,12 @@ from tests.support import tools
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "policy-input.schema.json").read_text())
 
 
-class RecordingEngine:
+class RecordingEngine(DelegatingEngine):
     """Passes decisions through and keeps every input document."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.revision, self.seen = inner, inner.revision, []
+    def __init__(self, inner: PolicyEngine) -> None:
+        super().__init__(inner)
+        self.seen: list[Any] = []
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         self.seen.append(input.document())

@@ -27,7 +27,8 @@ __all__ = ["ApprovalStage"]
 class ApprovalStage:
     """Passes on a call that needs no approval or carries a valid one."""
 
-    def __init__(self, decider: Decider, approvals: Approvals | None, masker: Masker) -> None:
+    def __init__(self, decider: Decider, approvals: Approvals | None = None, masker: Masker | None = None) -> None:
+        assert (approvals is None) == (masker is None), "approvals need the masker of previews, and only they do"
         self._decider, self._approvals, self._masker = decider, approvals, masker
 
     async def run(self, call: Call, next: Next) -> ToolResult:
@@ -53,5 +54,6 @@ class ApprovalStage:
 
     def _to_approve(self, call: Call) -> CallToApprove:
         """The call to preview or compare, its sensitive values masked."""
+        assert self._masker is not None
         arguments = self._masker.mask(call.validated.data, call.validated.sensitive)
         return CallToApprove(call.principal, call.defn.name, call.defn.version, arguments, call.policy_revision)

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 
 from sidecar.errors import BundleFormatError
 
+__all__ = ["MAX_BUNDLE_BYTES", "MAX_FILES", "MAX_FILE_BYTES", "read_archive", "write_archive"]
+
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024  # compressed or uncompressed, tar headers included
 MAX_FILE_BYTES = 16 * 1024 * 1024
 MAX_FILES = 10_000

@@ -23,6 +23,8 @@ from sidecar.policy.bundle.archive import MAX_BUNDLE_BYTES
 if TYPE_CHECKING:
     from sidecar.config import BundleSettings
 
+__all__ = ["BundleFetcher", "FetchResult"]
+
 
 @dataclass(frozen=True)
 class FetchResult:

@@ -37,6 +37,10 @@ from sidecar.errors import BundleFormatError, BundleSignatureError, ConfigError
 if TYPE_CHECKING:
     from sidecar.config import BundleVerificationSettings
 
+__all__ = ["DEFAULT_HASH", "MANIFEST_FILE", "SIGNATURES_FILE", "SIGNING_ALGORITHMS", "VerificationConfig",
+           "VerificationKey", "file_hash", "opa_normal_json", "reject_constant", "sign_bundle", "signature_header",
+           "verify_bundle"]
+
 SIGNATURES_FILE = ".signatures.json"
 MANIFEST_FILE = ".manifest"
 SIGNING_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512",
@@ -242,10 +246,10 @@ def _listed(payload: dict[str, Any]) -> dict[str, tuple[str, str]]:
         raise BundleSignatureError("the signed payload has no files list")
     listed: dict[str, tuple[str, str]] = {}
     for entry in entries:
-        fields = [entry.get(field) if isinstance(entry, dict) else None for field in ("name", "hash", "algorithm")]
-        if not all(isinstance(field, str) for field in fields):
+        name, digest, algorithm = (entry.get(field) if isinstance(entry, dict) else None
+                                   for field in ("name", "hash", "algorithm"))
+        if not (isinstance(name, str) and isinstance(digest, str) and isinstance(algorithm, str)):
             raise BundleSignatureError(f"malformed files entry in the signed payload: {entry!r}")
-        name, digest, algorithm = fields
         if algorithm not in _HASHES:
             raise BundleSignatureError(f"{name}: unsupported hash algorithm {algorithm!r}")
         if listed.setdefault(name, (digest, algorithm)) != (digest, algorithm):

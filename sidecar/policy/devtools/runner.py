@@ -24,11 +24,12 @@ from typing import Any
 
 import regorus
 
-from sidecar.errors import PolicyLoadError
-from sidecar.policy.embedded import PolicyFiles, clean_regorus_error
+from sidecar.policy.files import TEST_SUFFIX, PolicyFiles, clean_regorus_error
+
+__all__ = ["TEST_PREFIX", "CoverageReport", "FileCoverage", "Outcome", "RegoTestReport", "RegoTestResult",
+           "defined_rules", "run_tests"]
 
 TEST_PREFIX = "test_"
-TEST_FILES = "*_test.rego"
 
 
 class Outcome(StrEnum):
@@ -134,11 +135,9 @@ class _PolicySet:
     @classmethod
     def load(cls, root: Path) -> _PolicySet:
         """Load ``root`` as the sidecar does, plus its tests; ``PolicyLoadError`` names the file."""
-        files = PolicyFiles.read(root)
-        tests = tuple((file.relative_to(root).as_posix(), _read(file)) for file in sorted(root.rglob(TEST_FILES)))
-        modules = files.modules + tests
-        engine = dataclasses.replace(files, modules=modules).build()
-        return cls(root, engine, tuple(_rules(json.loads(engine.get_ast_as_json()), root)), dict(modules))
+        files = PolicyFiles.read(root).with_tests()
+        engine = files.build()
+        return cls(root, engine, tuple(_rules(json.loads(engine.get_ast_as_json()), root)), dict(files.modules))
 
     def tests(self) -> list[_Rule]:
         """The ``test_*`` rules, in file and line order."""
@@ -151,14 +150,7 @@ class _PolicySet:
 
     def policy_files(self) -> list[str]:
         """The non-test files, sorted."""
-        return sorted({r.file for r in self.rules if not Path(r.file).match(TEST_FILES)})
-
-
-def _read(file: Path) -> str:
-    try:
-        return file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyLoadError(f"cannot read {file}: {exc}") from None
+        return sorted({r.file for r in self.rules if not r.file.endswith(TEST_SUFFIX)})
 
 
 def _rules(modules: list[dict[str, Any]], root: Path) -> Iterator[_Rule]:

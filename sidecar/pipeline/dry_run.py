@@ -1,0 +1,133 @@
+"""Policy dry runs (``toolbooth policy eval``): a call's decisions made as the sidecar makes them, nothing executed.
+
+``dry_run`` takes one call through the very stages a real call meets first — resolve +
+availability, validation, authz, approval (``sidecar.pipeline.order``) — so the
+policies get exactly the input they get in the sidecar, and the run stops where the sidecar
+would. Where the call would run, a last stage ends it instead; no preview is opened.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sidecar.config import Limits
+from sidecar.contract import CallRequest, ErrorInfo, Principal, Status, ToolResult
+from sidecar.pipeline import results
+from sidecar.pipeline.call import Call
+from sidecar.pipeline.chain import Chain, Next
+from sidecar.pipeline.decisions import AUDIT_MASKS, Decider
+from sidecar.pipeline.order import DecidingStages
+from sidecar.policy import PolicyEngine, Stage
+from sidecar.policy.input import tool_json
+from sidecar.tools.definition import ToolDefinition
+from sidecar.tools.registry import Registry
+
+__all__ = ["STEPS", "VALIDATION", "DryRun", "Step", "Verdict", "dry_run"]
+
+VALIDATION = "validation"
+STEPS = (Stage.AVAILABILITY.value, VALIDATION, Stage.AUTHZ.value, Stage.APPROVAL.value)
+
+
+class Verdict(StrEnum):
+    """What the sidecar would do with the call."""
+
+    WOULD_RUN = "would_run"
+    UNAVAILABLE = "unavailable"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    DENIED = "denied"
+    APPROVAL_REQUIRED = "approval_required"
+    POLICY_ERROR = "policy_error"
+
+
+_STOPS = {Stage.AVAILABILITY.value: Verdict.UNAVAILABLE, VALIDATION: Verdict.INVALID_ARGUMENTS,
+          Stage.AUTHZ.value: Verdict.DENIED, Stage.APPROVAL.value: Verdict.APPROVAL_REQUIRED}
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step reached: a decision (its document), a validation (its errors, or the validated arguments),
+    or a policy failure."""
+
+    name: str
+    decision: dict[str, Any] | None = None
+    errors: tuple[ErrorInfo, ...] = ()
+    arguments: dict[str, Any] | None = None
+    failure: str = ""
+
+    def document(self) -> dict[str, Any]:
+        """The step as JSON data; a decision shows its flag even when false."""
+        if self.failure:
+            return {"error": self.failure}
+        if self.decision is None:
+            return {"valid": not self.errors, "arguments": self.arguments,
+                    "errors": [error.model_dump(mode="json") for error in self.errors]}
+        flag = "required" if self.name == Stage.APPROVAL else "allow"
+        return {flag: self.decision.get(flag, False), **self.decision}
+
+
+@dataclass(frozen=True, slots=True)
+class DryRun:
+    """A call's steps up to where the sidecar would stop, and its verdict."""
+
+    tool: dict[str, Any]
+    principal: Principal
+    revision: str
+    time: str
+    steps: tuple[Step, ...]
+    verdict: Verdict
+
+    @property
+    def not_reached(self) -> list[str]:
+        """The steps after the one that stopped the call."""
+        return list(STEPS[len(self.steps):])
+
+    def document(self) -> dict[str, Any]:
+        """The dry run as JSON data."""
+        return {"tool": self.tool, "principal": self.principal.model_dump(mode="json"), "revision": self.revision,
+                "time": self.time, "steps": {step.name: step.document() for step in self.steps},
+                "not_reached": self.not_reached, "outcome": self.verdict.value}
+
+
+class _WouldRun:
+    """The last stage of a dry run: where a real call would go on to idempotency and dispatch."""
+
+    async def run(self, call: Call, next: Next) -> ToolResult:
+        return results.result(call, Status.SUCCESS)
+
+
+async def dry_run(engine: PolicyEngine, defn: ToolDefinition[Any, Any], principal: Principal, arguments_json: str,
+                  *, limits: Limits, time: str) -> DryRun:
+    """Availability, validation, authz, approval of one call, by the sidecar's own stages; nothing executes."""
+    chain = Chain([*DecidingStages.build(Registry.from_tools([defn]), Decider(engine), limits), _WouldRun()])
+    call = Call(principal, CallRequest(tool=defn.name, arguments_json=arguments_json), engine.revision, time=time)
+    result = await chain(call)
+    steps = _steps(call, result)
+    verdict = Verdict.WOULD_RUN if result.status is Status.SUCCESS else _verdict(steps[-1])
+    return DryRun(json.loads(tool_json(defn)), principal, engine.revision, time, steps, verdict)
+
+
+def _steps(call: Call, result: ToolResult) -> tuple[Step, ...]:
+    """The steps ``call`` reached, from what the stages recorded on it."""
+    steps: list[Step] = []
+    for name in STEPS:
+        if name == VALIDATION:
+            if call.tool is None:
+                break
+            if call.arguments is None:
+                failed = call.trail.get(AUDIT_MASKS)
+                steps.append(Step(name, failure=failed["error"]) if failed else Step(name, errors=result.errors))
+                break
+            steps.append(Step(name, arguments=call.arguments.data))
+            continue
+        document = call.trail.get(name)
+        if document is None:
+            break
+        steps.append(Step(name, failure=document["error"]) if "error" in document else Step(name, decision=document))
+    return tuple(steps)
+
+
+def _verdict(last: Step) -> Verdict:
+    return Verdict.POLICY_ERROR if last.failure else _STOPS[last.name]

@@ -1,0 +1,55 @@
+"""The order of a call's stages, written once.
+
+``DecidingStages`` are the stages that decide whether a call may run (DESIGN.md, stages 2-5:
+resolve + availability, validate, authorize, approval). A real call (``call_chain``) meets them
+between audit, which sees every result, and idempotency + dispatch, which run it; ``toolbooth
+policy eval`` (``sidecar.pipeline.dry_run``) runs them alone, with no approvals service, so that
+no preview is opened and nothing is stored or executed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sidecar.config import Limits
+from sidecar.pipeline.approvals import Approvals
+from sidecar.pipeline.chain import CallStage, Chain
+from sidecar.pipeline.decisions import Decider
+from sidecar.pipeline.stages.approval import ApprovalStage
+from sidecar.pipeline.stages.audit import Auditor, AuditStage
+from sidecar.pipeline.stages.authorize import AuthorizeStage
+from sidecar.pipeline.stages.dispatch import DispatchStage
+from sidecar.pipeline.stages.idempotency import IdempotencyStage
+from sidecar.pipeline.stages.resolve import ResolveStage
+from sidecar.pipeline.stages.validate import ValidateStage
+from sidecar.tools.masking import Masker
+from sidecar.tools.registry import Registry
+
+__all__ = ["DecidingStages", "call_chain"]
+
+
+@dataclass(frozen=True, slots=True)
+class DecidingStages:
+    """Stages 2-5, in order when iterated."""
+
+    resolve: ResolveStage
+    validate: ValidateStage
+    authorize: AuthorizeStage
+    approval: ApprovalStage
+
+    @classmethod
+    def build(cls, registry: Registry, decider: Decider, limits: Limits, approvals: Approvals | None = None,
+              masker: Masker | None = None) -> DecidingStages:
+        """The deciding stages over ``registry``; without ``approvals`` no preview is ever opened."""
+        return cls(ResolveStage(registry, decider), ValidateStage(limits, decider), AuthorizeStage(decider),
+                   ApprovalStage(decider, approvals, masker))
+
+    def __iter__(self) -> Iterator[CallStage]:
+        return iter((self.resolve, self.validate, self.authorize, self.approval))
+
+
+def call_chain(auditor: Auditor, deciding: DecidingStages, idempotency: IdempotencyStage,
+               dispatch: DispatchStage) -> Chain:
+    """The chain of a real call: audit, the deciding stages, idempotency, dispatch."""
+    return Chain([AuditStage(auditor), *deciding, idempotency, dispatch])

@@ -1,0 +1,82 @@
+"""The policy seam: the ``PolicyEngine`` protocol every engine implements, and ``DelegatingEngine``.
+
+An engine answers decisions (``decide``, ``decide_many``), names the policy revision in force,
+reads ``data.toolbooth.audit.mask`` (``audit_masks``) and releases what it holds (``aclose``).
+Every engine implements all five, so callers call them directly.
+
+Failing closed: an engine that cannot evaluate (error, unreachable, too slow) raises
+``PolicyEvaluationError`` -> ``SERVICE_UNAVAILABLE``, retryable; a decision of the wrong
+shape raises ``MalformedDecisionError`` -> ``INTERNAL_ERROR``, not retryable.
+
+``DelegatingEngine`` is the base of engines that wrap another one (the decision cache, hot
+reload, test doubles), in the style of interceptor chains: each of its methods passes the call
+on to ``inner``, so a wrapper overrides only what it changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from sidecar.policy.decision import Decision, Stage
+from sidecar.policy.input import PolicyInput
+
+__all__ = ["DelegatingEngine", "PolicyEngine"]
+
+
+class PolicyEngine(Protocol):
+    """Evaluates the decisions of one policy set. Implementations must fail closed by raising."""
+
+    @property
+    def revision(self) -> str:
+        """Content hash of the policy set and its data in force."""
+        ...
+
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
+        """Evaluate one decision."""
+        ...
+
+    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
+        """Evaluate one decision per input, in order (used by ``ListTools``)."""
+        ...
+
+    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
+        """The JSON pointers the policy masks in each tool's audited arguments
+        (``data.toolbooth.audit.mask``, checked); raises like a decision."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the engine holds (an HTTP session, a compiled engine); nothing for some."""
+        ...
+
+
+class DelegatingEngine:
+    """A ``PolicyEngine`` passing every call on to ``inner``; subclasses override what they change.
+
+    ``inner`` is a plain attribute, so a wrapper may replace the engine it passes calls to
+    (hot reload swaps in a new policy set that way).
+    """
+
+    def __init__(self, inner: PolicyEngine) -> None:
+        self.inner = inner
+
+    @property
+    def revision(self) -> str:
+        """The wrapped engine's revision."""
+        return self.inner.revision
+
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
+        """The wrapped engine's decision."""
+        return await self.inner.decide(stage, input)
+
+    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
+        """The wrapped engine's decisions, in order."""
+        return await self.inner.decide_many(stage, inputs)
+
+    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
+        """The wrapped engine's audit masks."""
+        return await self.inner.audit_masks()
+
+    async def aclose(self) -> None:
+        """Release the wrapped engine."""
+        await self.inner.aclose()
