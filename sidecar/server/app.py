@@ -28,10 +28,11 @@ from sidecar.contract import Principal, ReloadStatus
 from sidecar.policy.reload import ReloadingEngine
 from sidecar.server import interceptors
 from sidecar.server.approval_service import SERVICE_NAME as APPROVAL_SERVICE_NAME
-from sidecar.server.approval_service import ApprovalGateway, ApprovalServicer
+from sidecar.server.approval_service import ApprovalServicer
 from sidecar.server.auth import Authenticator
-from sidecar.server.policy_service import RELOAD_HEALTH_NAME, PolicyServicer, StatusProvider
+from sidecar.server.policy_service import RELOAD_HEALTH_NAME, PolicyServicer
 from sidecar.server.policy_service import SERVICE_NAME as POLICY_SERVICE_NAME
+from sidecar.server.roles import ApprovalDesk, ApprovalGateway, Operators, PolicyStatusView, StatusProvider
 from sidecar.server.tool_service import SERVICE_NAME, ToolGateway, ToolServicer
 
 if TYPE_CHECKING:
@@ -90,17 +91,12 @@ async def create_server(settings: Settings, gateway: ToolGateway, *, policy: Sta
                              options=_channel_options(settings.limits))
     pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway), server)
     names = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
-    operators = set(settings.auth.operator_roles)
-
-    def is_operator(who: Principal) -> bool:
-        return dev or bool(operators & set(who.roles))
-
+    operators = Operators(settings.auth)
     if approvals is not None:
-        pb_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(approvals, is_operator), server)
+        pb_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(ApprovalDesk(approvals, operators)), server)
         names.append(APPROVAL_SERVICE_NAME)
     if policy is not None:
-        servicer = PolicyServicer(policy, is_operator)
-        pb_grpc.add_PolicyServiceServicer_to_server(servicer, server)
+        pb_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(PolicyStatusView(policy, operators)), server)
         names.append(POLICY_SERVICE_NAME)
     health_servicer = await _add_health(server)
     if settings.server.reflection or (settings.server.reflection is None and dev):
