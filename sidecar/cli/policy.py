@@ -72,8 +72,8 @@ __all__ = [
 ]
 
 Result = TypeVar("Result")
-RULE = "-" * 80
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+_RULE = "-" * 80
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 def add_commands(commands: Subparsers) -> None:
@@ -197,7 +197,7 @@ def format_tests(report: RegoTestReport, *, verbose: bool, coverage: bool, thres
             lines += [f"      {line}" for line in test.message.splitlines()]
     if not report.tests:
         lines.append(f"no test_* rules found under {report.root}")
-    lines.append(RULE)
+    lines.append(_RULE)
     total = len(report.tests)
     lines += [f"{o.name}: {report.count(o)}/{total}" for o in Outcome if o is Outcome.PASS or report.count(o)]
     if coverage:
@@ -363,7 +363,7 @@ def read_principal(path: Path) -> Principal:
 def utc_time(value: str) -> str:
     """An ``--time`` value: RFC 3339 in UTC, to the second, as the sidecar writes ``input.context.time``."""
     try:
-        dt.datetime.strptime(value, TIME_FORMAT)
+        dt.datetime.strptime(value, _TIME_FORMAT)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a UTC time like 2026-11-30T15:00:00Z, got {value!r}") from None
     return value

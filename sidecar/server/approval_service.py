@@ -21,7 +21,7 @@ __all__ = ["SERVICE_NAME", "ApprovalServicer"]
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ApprovalService"].full_name
 
-Context = grpc.aio.ServicerContext[Any, Any]
+_Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class ApprovalServicer(pb_grpc.ApprovalServiceServicer):
@@ -30,14 +30,14 @@ class ApprovalServicer(pb_grpc.ApprovalServiceServicer):
     def __init__(self, desk: ApprovalDesk) -> None:
         self._desk = desk
 
-    async def ApproveOperation(self, request: pb.ApproveOperationRequest, context: Context) -> pb.ApprovalResult:
+    async def ApproveOperation(self, request: pb.ApproveOperationRequest, context: _Context) -> pb.ApprovalResult:
         result = await self._desk.approve(current_principal(), request.preview_id, request.preview_hash,
                                           request.comment or None)
         return convert.approval_to_pb(result)
 
-    async def DenyOperation(self, request: pb.DenyOperationRequest, context: Context) -> pb.ApprovalResult:
+    async def DenyOperation(self, request: pb.DenyOperationRequest, context: _Context) -> pb.ApprovalResult:
         return convert.approval_to_pb(await self._desk.deny(current_principal(), request.preview_id, request.reason))
 
-    async def ListPreviews(self, request: pb.ListPreviewsRequest, context: Context) -> pb.ListPreviewsResponse:
+    async def ListPreviews(self, request: pb.ListPreviewsRequest, context: _Context) -> pb.ListPreviewsResponse:
         previews = await self._desk.pending(current_principal(), limit=request.limit)
         return pb.ListPreviewsResponse(previews=[convert.preview_to_pb(p) for p in previews])

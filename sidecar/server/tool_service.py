@@ -19,13 +19,13 @@ from sidecar.contract import CallRequest, Operation, Principal, ToolListing, Too
 from sidecar.errors import InvalidRequestError
 from sidecar.server.interceptors import current_principal
 
-__all__ = ["SERVICE_NAME", "ToolGateway", "ToolServicer"]
+__all__ = ["OPERATION_KEY_REQUIRED", "SERVICE_NAME", "TOOL_REQUIRED", "ToolGateway", "ToolServicer"]
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolService"].full_name
 TOOL_REQUIRED = "tool is required"
 OPERATION_KEY_REQUIRED = "tool and idempotency_key, or request_id, are required"
 
-Context = grpc.aio.ServicerContext[Any, Any]
+_Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class ToolGateway(Protocol):
@@ -47,18 +47,18 @@ class ToolServicer(pb_grpc.ToolServiceServicer):
     def __init__(self, gateway: ToolGateway) -> None:
         self._gateway = gateway
 
-    async def ListTools(self, request: pb.ListToolsRequest, context: Context) -> pb.ListToolsResponse:
+    async def ListTools(self, request: pb.ListToolsRequest, context: _Context) -> pb.ListToolsResponse:
         listing = await self._gateway.list_tools(current_principal(), conversation_id=request.conversation_id or None)
         return convert.listing_to_pb(listing)
 
-    async def ExecuteTool(self, request: pb.ExecuteToolRequest, context: Context) -> pb.ToolResult:
+    async def ExecuteTool(self, request: pb.ExecuteToolRequest, context: _Context) -> pb.ToolResult:
         if not request.tool:
             raise InvalidRequestError(TOOL_REQUIRED)
         call = convert.call_request_from_pb(request)
         result = await self._gateway.execute(current_principal(), call, caller_deadline=_caller_deadline(context))
         return convert.result_to_pb(result)
 
-    async def GetOperation(self, request: pb.GetOperationRequest, context: Context) -> pb.Operation:
+    async def GetOperation(self, request: pb.GetOperationRequest, context: _Context) -> pb.Operation:
         principal = current_principal()
         if request.request_id:
             found = await self._gateway.get_operation(principal, request_id=request.request_id)
@@ -69,7 +69,7 @@ class ToolServicer(pb_grpc.ToolServiceServicer):
         return convert.operation_to_pb(found)
 
 
-def _caller_deadline(context: Context) -> float | None:
+def _caller_deadline(context: _Context) -> float | None:
     """The caller's gRPC deadline as an absolute ``time.monotonic()`` value."""
     remaining = context.time_remaining()
     return None if remaining is None else time.monotonic() + remaining

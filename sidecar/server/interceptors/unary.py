@@ -32,8 +32,8 @@ Request = TypeVar("Request")
 Response = TypeVar("Response")
 T = TypeVar("T")
 Proceed = Callable[[], Awaitable[T]]
-Context = grpc.aio.ServicerContext[Any, Any]
-Continuation = Callable[[grpc.HandlerCallDetails], Awaitable["grpc.RpcMethodHandler[Request, Response] | None"]]
+_Context = grpc.aio.ServicerContext[Any, Any]
+_Continuation = Callable[[grpc.HandlerCallDetails], Awaitable["grpc.RpcMethodHandler[Request, Response] | None"]]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Rpc:
 
     method: str
     metadata: Sequence[tuple[str, str | bytes]]
-    context: Context
+    context: _Context
 
 
 def is_toolbooth_method(method: str) -> bool:
@@ -58,7 +58,7 @@ class UnaryInterceptor(grpc.aio.ServerInterceptor, abc.ABC):
         """Serve ``rpc``: usually ``return await proceed()``, with something before, after or around it."""
 
     async def intercept_service(
-        self, continuation: Continuation[Request, Response], handler_call_details: grpc.HandlerCallDetails,
+        self, continuation: _Continuation[Request, Response], handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Request, Response] | None:
         """The handler of the method, its behaviour wrapped in ``around`` for Toolbooth's methods."""
         handler = await continuation(handler_call_details)
@@ -68,10 +68,10 @@ class UnaryInterceptor(grpc.aio.ServerInterceptor, abc.ABC):
         if handler.unary_unary is None:
             raise TypeError(f"{method}: only unary methods can be intercepted")
         # grpc's stubs type behaviours as synchronous; a grpc.aio servicer's methods are coroutines.
-        behavior = cast(Callable[[Request, Context], Awaitable[Response]], handler.unary_unary)
+        behavior = cast(Callable[[Request, _Context], Awaitable[Response]], handler.unary_unary)
         metadata = tuple(handler_call_details.invocation_metadata or ())
 
-        async def wrapped(request: Request, context: Context) -> Response:
+        async def wrapped(request: Request, context: _Context) -> Response:
             return await self.around(Rpc(method, metadata, context), lambda: behavior(request, context))
 
         return grpc.unary_unary_rpc_method_handler(wrapped, request_deserializer=handler.request_deserializer,
