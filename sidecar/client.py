@@ -25,7 +25,7 @@ from sidecar.contract import ApprovalResult, CallRequest, Operation, Preview, Re
 __all__ = ["AsyncClient", "Client", "ClientError"]
 
 Response = TypeVar("Response")
-Arguments = Mapping[str, Any] | str
+_Arguments = Mapping[str, Any] | str
 
 
 class ClientError(Exception):
@@ -71,7 +71,7 @@ class AsyncClient(_Base):
     async def execute(
         self,
         tool: str,
-        arguments: Arguments = "{}",
+        arguments: _Arguments = "{}",
         *,
         idempotency_key: str | None = None,
         approval_id: str | None = None,
@@ -146,7 +146,7 @@ class Client(_Base):
     def execute(
         self,
         tool: str,
-        arguments: Arguments = "{}",
+        arguments: _Arguments = "{}",
         *,
         idempotency_key: str | None = None,
         approval_id: str | None = None,
@@ -199,7 +199,7 @@ class Client(_Base):
 
 def _execute_request(
     tool: str,
-    arguments: Arguments,
+    arguments: _Arguments,
     idempotency_key: str | None,
     approval_id: str | None,
     conversation_id: str | None,

@@ -11,6 +11,7 @@
      │         ├── BundleFormatError     not a bundle this sidecar can load
      │         └── BundleSignatureError  signature verification refused it
      ├── AuthenticationError         the caller is not authenticated (constant message)    -> gRPC UNAUTHENTICATED
+     ├── InvalidRequestError         a request breaks the API contract (constant message)  -> gRPC INVALID_ARGUMENT
      ├── DependencyError             a dependency failed mid-call: fail closed, nothing runs
      │    ├── StoreUnavailableError      the store cannot be read or written               -> SERVICE_UNAVAILABLE
      │    └── PolicyEvaluationError      a policy could not be evaluated                   -> SERVICE_UNAVAILABLE
@@ -38,6 +39,7 @@ __all__ = [
     "CallRefused",
     "ConfigError",
     "DependencyError",
+    "InvalidRequestError",
     "MalformedDecisionError",
     "PluginLoadError",
     "PolicyEvaluationError",
@@ -82,6 +84,13 @@ class BundleSignatureError(BundleError):
 
 class AuthenticationError(ToolboothError):
     """The caller is not authenticated; the message is constant and safe to return."""
+
+
+class InvalidRequestError(ToolboothError):
+    """A request breaks the API contract (e.g. a required field is empty); the message is constant and safe to send.
+
+    Raised by the servicers before any domain code runs; a malformed call is not a ``ToolResult``.
+    """
 
 
 class DependencyError(ToolboothError):

@@ -31,6 +31,36 @@ from sidecar.contract import (
     ToolResult,
 )
 
+__all__ = [
+    "ERROR_CODE",
+    "OPERATION_STATE",
+    "PREVIEW_STATE",
+    "RECOVERY",
+    "SIDE_EFFECT",
+    "STATUS",
+    "EnumMap",
+    "approval_from_pb",
+    "approval_to_pb",
+    "call_request_from_pb",
+    "call_request_to_pb",
+    "descriptor_from_pb",
+    "descriptor_to_pb",
+    "error_from_pb",
+    "error_to_pb",
+    "listing_from_pb",
+    "listing_to_pb",
+    "meta_from_pb",
+    "meta_to_pb",
+    "operation_from_pb",
+    "operation_to_pb",
+    "preview_from_pb",
+    "preview_to_pb",
+    "result_from_pb",
+    "result_to_pb",
+    "status_from_pb",
+    "status_to_pb",
+]
+
 E = TypeVar("E", bound=Enum)
 P = TypeVar("P", bound=int)
 

@@ -1,7 +1,11 @@
-"""The ``toolbooth`` command, one module per command group; ``main`` is its entry point."""
+"""The ``toolbooth`` command, one module per command group; ``main`` is its entry point.
+
+``root`` builds the parser from the groups (``serve``, ``tools``, ``config``, ``policy`` with
+``bundle``, ``audit``, ``approvals``, ``operations``) and dispatches; ``common`` holds what they share.
+"""
 
 from __future__ import annotations
 
-from sidecar.cli.app import main
+from sidecar.cli.root import main
 
 __all__ = ["main"]

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TypeAlias
 
-from sidecar.cli.app import EXIT_OK, EXIT_TOOL_ERROR, CommandError, client_flags, dump_json, with_client
+from sidecar.cli.common import EXIT_OK, EXIT_TOOL_ERROR, CommandError, Subparsers, client_flags, dump_json, with_client
 from sidecar.contract import ApprovalResult, Preview
 
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+__all__ = ["add_commands", "cmd_approve", "cmd_deny", "cmd_previews_list", "describe"]
 
 
 def add_commands(commands: Subparsers) -> None:

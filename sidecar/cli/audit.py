@@ -1,6 +1,6 @@
 """``toolbooth audit verify | tail | export``: the configured store's audit log, read directly.
 
-These commands open the store of ``--config`` (``sidecar.state.factory.open_store``), not a
+These commands open the store of ``--config`` (``sidecar.cli.common.with_store``), not a
 running sidecar, so they work while it is stopped too. Records print as JSON lines: ``id``,
 the event's fields, ``prev_hash`` and ``hash``.
 
@@ -15,20 +15,15 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import asdict
-from pathlib import Path
-from typing import TypeAlias, TypeVar
 
-from sidecar.cli.app import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError
-from sidecar.config import load_settings
-from sidecar.errors import StoreUnavailableError
+from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError, Subparsers, config_flag, with_store
 from sidecar.state import AuditRecord, Store
 from sidecar.state.chain import ChainReport, verify_store
-from sidecar.state.factory import open_store
 
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-T = TypeVar("T")
+__all__ = ["FOLLOW_INTERVAL_SECONDS", "PAGE", "add_commands", "cmd_export", "cmd_tail", "cmd_verify", "record_json"]
+
 PAGE = 1000
 FOLLOW_INTERVAL_SECONDS = 1.0
 
@@ -48,7 +43,7 @@ def add_commands(commands: Subparsers) -> None:
                         help="only events at or after this ISO 8601 time (UTC if no offset is given)")
     export.set_defaults(handler=cmd_export)
     for parser in (verify, tail, export):
-        parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config file (default: none)")
+        config_flag(parser)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -118,22 +113,6 @@ def _describe(report: ChainReport) -> str:
         return f"audit chain intact: {report.checked} event(s){last}{old}"
     return (f"audit chain BROKEN at event id {report.broken.id}: {report.broken.problem}\n"
             f"the {report.checked} event(s) before it are intact{old}")
-
-
-def with_store(config: Path | None, use: Callable[[Store], Awaitable[T]]) -> T:
-    """Open the configured store, run ``use`` on it, close it; an unreadable store is exit 1."""
-
-    async def run() -> T:
-        store = await open_store(load_settings(config).store)
-        try:
-            return await use(store)
-        finally:
-            await store.aclose()
-
-    try:
-        return asyncio.run(run())
-    except StoreUnavailableError as exc:
-        raise CommandError(str(exc), EXIT_FAILURE) from None
 
 
 def _utc_time(text: str) -> str:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
-from sidecar.cli.app import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError, dump_json
+from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError, Subparsers, dump_json
 from sidecar.errors import BundleError, PolicyLoadError
 from sidecar.policy.bundle import Bundle, build_bundle, load_bundle
 from sidecar.policy.bundle.signing import (
@@ -28,7 +28,9 @@ from sidecar.policy.bundle.signing import (
     signature_header,
 )
 
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+__all__ = ["DEFAULT_ALGORITHM", "add_bundle_commands", "cmd_build", "cmd_inspect", "cmd_verify",
+           "format_inspection", "inspect_document", "read_key"]
+
 DEFAULT_ALGORITHM = "RS256"
 
 

@@ -12,16 +12,14 @@ import argparse
 import datetime as dt
 import json
 import time
-from pathlib import Path
-from typing import TypeAlias
 
-from sidecar.cli.app import EXIT_FAILURE, EXIT_OK, CommandError
-from sidecar.cli.audit import with_store
+from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, CommandError, Subparsers, config_flag, with_store
 from sidecar.contract import ErrorCode, ErrorInfo, ResultMeta, Status, ToolResult
 from sidecar.state import KeyScope, Store
 from sidecar.state.idempotency import OperationRecord, RecordState
 
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+__all__ = ["RESOLVED_FAILED_MESSAGE", "add_commands", "cmd_list", "cmd_resolve", "record_json", "resolved_result"]
+
 RESOLVED_FAILED_MESSAGE = "resolved as failed by an operator"
 
 
@@ -45,7 +43,7 @@ def add_commands(commands: Subparsers) -> None:
     resolve.add_argument("--note", default="", metavar="N", help="why, for whoever reads the result")
     resolve.set_defaults(handler=cmd_resolve)
     for parser in (listing, resolve):
-        parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config file (default: none)")
+        config_flag(parser)
 
 
 def cmd_list(args: argparse.Namespace) -> int:

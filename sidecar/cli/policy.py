@@ -1,6 +1,6 @@
 """``toolbooth policy test | check | eval``: the security team's commands (``docs/policies.md``).
 
-A thin shell like ``sidecar.cli``: ``sidecar.policy.devtools.runner`` runs the Rego tests and
+A thin shell like the rest of ``sidecar.cli``: ``sidecar.policy.devtools.runner`` runs the Rego tests and
 ``sidecar.policy.devtools.dry_run`` evaluates decisions; this module parses flags, prints text
 or JSON (``--output``) and turns the outcome into an exit code. Every command reads the policy directory
 given to it, else ``policy.path`` of ``--config`` (by default the bundled policies).
@@ -23,23 +23,24 @@ import datetime as dt
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from sidecar.cli.app import (
+from sidecar.cli.bundle import add_bundle_commands
+from sidecar.cli.common import (
     EXIT_APPROVAL_REQUIRED,
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_TOOL_ERROR,
     EXIT_USAGE,
     CommandError,
+    Subparsers,
     client_flags,
     dump_json,
     read_arguments,
     with_client,
 )
-from sidecar.cli.bundle import add_bundle_commands
 from sidecar.config import Settings, load_settings
 from sidecar.contract import Principal
 from sidecar.errors import PluginLoadError, PolicyLoadError
@@ -52,10 +53,28 @@ from sidecar.policy.input import now_utc
 from sidecar.tools.definition import ToolDefinition
 from sidecar.tools.registry import Registry
 
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+__all__ = [
+    "add_commands",
+    "check_document",
+    "cmd_check",
+    "cmd_eval",
+    "cmd_status",
+    "cmd_test",
+    "format_check",
+    "format_coverage",
+    "format_dry_run",
+    "format_status",
+    "format_tests",
+    "installed_tool",
+    "policy_dir",
+    "read_principal",
+    "tests_document",
+    "utc_time",
+]
+
 Result = TypeVar("Result")
-RULE = "-" * 80
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+_RULE = "-" * 80
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 def add_commands(commands: Subparsers) -> None:
@@ -127,6 +146,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def format_status(document: dict[str, Any]) -> str:
+    """The status document for a person: revision, source, load time and, while refused, why."""
     lines = [f"revision    {document['revision']}", f"source      {document['source']}",
              f"loaded at   {document['loaded_at']}"]
     if document["last_error"]:
@@ -178,7 +198,7 @@ def format_tests(report: RegoTestReport, *, verbose: bool, coverage: bool, thres
             lines += [f"      {line}" for line in test.message.splitlines()]
     if not report.tests:
         lines.append(f"no test_* rules found under {report.root}")
-    lines.append(RULE)
+    lines.append(_RULE)
     total = len(report.tests)
     lines += [f"{o.name}: {report.count(o)}/{total}" for o in Outcome if o is Outcome.PASS or report.count(o)]
     if coverage:
@@ -344,7 +364,7 @@ def read_principal(path: Path) -> Principal:
 def utc_time(value: str) -> str:
     """An ``--time`` value: RFC 3339 in UTC, to the second, as the sidecar writes ``input.context.time``."""
     try:
-        dt.datetime.strptime(value, TIME_FORMAT)
+        dt.datetime.strptime(value, _TIME_FORMAT)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a UTC time like 2026-11-30T15:00:00Z, got {value!r}") from None
     return value

@@ -22,24 +22,26 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.config import UNIX_PREFIX, AuthMode, Limits, Settings
 from sidecar.contract import Principal, ReloadStatus
 from sidecar.policy.reload import ReloadingEngine
+from sidecar.server import interceptors
 from sidecar.server.approval_service import SERVICE_NAME as APPROVAL_SERVICE_NAME
-from sidecar.server.approval_service import ApprovalGateway, ApprovalServicer
+from sidecar.server.approval_service import ApprovalServicer
 from sidecar.server.auth import Authenticator
-from sidecar.server.policy_service import RELOAD_HEALTH_NAME, PolicyServicer, StatusProvider
+from sidecar.server.policy_service import RELOAD_HEALTH_NAME, PolicyServicer
 from sidecar.server.policy_service import SERVICE_NAME as POLICY_SERVICE_NAME
-from sidecar.server.service import ToolGateway, ToolServicer
+from sidecar.server.roles import ApprovalDesk, ApprovalGateway, Operators, PolicyStatusView, StatusProvider
+from sidecar.server.tool_service import SERVICE_NAME, ToolGateway, ToolServicer
 
 if TYPE_CHECKING:
     from sidecar.tools.registry import Registry
 
+__all__ = ["SERVICE_NAME", "Sidecar", "create_server", "serve"]
+
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolService"].full_name
 _HEALTH_SERVICES = ("", SERVICE_NAME)
 
 
@@ -81,24 +83,20 @@ async def create_server(settings: Settings, gateway: ToolGateway, *, policy: Sta
     """Build the server with every service and bind each ``settings.server.listen`` address.
 
     With ``policy`` (the reloading engine) the ``PolicyService`` answers status requests; with
-    ``approvals`` (the pipeline's) the ``ApprovalService`` serves approvers.
+    ``approvals`` (the pipeline's) the ``ApprovalService`` serves approvers. Every call of these
+    services is authenticated, and its exceptions mapped to statuses, by ``sidecar.server.interceptors``.
     """
     dev = settings.auth.effective_mode is AuthMode.DEV
-    authenticator = Authenticator(settings.auth)
-    server = grpc.aio.server(options=_channel_options(settings.limits))
-    pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway, authenticator), server)
+    server = grpc.aio.server(interceptors=interceptors.chain(Authenticator(settings.auth)),
+                             options=_channel_options(settings.limits))
+    pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway), server)
     names = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
-    operators = set(settings.auth.operator_roles)
-
-    def is_operator(who: Principal) -> bool:
-        return dev or bool(operators & set(who.roles))
-
+    operators = Operators(settings.auth)
     if approvals is not None:
-        pb_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(approvals, authenticator, is_operator), server)
+        pb_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(ApprovalDesk(approvals, operators)), server)
         names.append(APPROVAL_SERVICE_NAME)
     if policy is not None:
-        servicer = PolicyServicer(policy, authenticator, is_operator)
-        pb_grpc.add_PolicyServiceServicer_to_server(servicer, server)
+        pb_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(PolicyStatusView(policy, operators)), server)
         names.append(POLICY_SERVICE_NAME)
     health_servicer = await _add_health(server)
     if settings.server.reflection or (settings.server.reflection is None and dev):

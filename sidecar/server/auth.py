@@ -19,6 +19,8 @@ from sidecar.config import AuthMode, AuthSettings, JwtSettings
 from sidecar.contract import Principal
 from sidecar.errors import AuthenticationError, ConfigError
 
+__all__ = ["Authenticator", "Metadata"]
+
 log = logging.getLogger(__name__)
 
 Metadata = Sequence[tuple[str, str | bytes]]
@@ -33,7 +35,6 @@ _MESSAGES: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
     (jwt.InvalidIssuerError, "invalid token issuer"),
     (jwt.PyJWTError, "invalid token"),
 )
-
 
 
 class Authenticator:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cli import app as cli
+from sidecar.cli import main
 from sidecar.state import AuditEvent
 from sidecar.state.postgres import PostgresStore
 from tests.support.postgres import PostgresServer
@@ -38,11 +38,11 @@ def test_verify_and_export_on_postgres(postgres: PostgresServer, postgres_dsn: s
     config = tmp_path / "toolbooth.yaml"
     config.write_text(json.dumps({"store": {"postgres_dsn": postgres_dsn}}))
     write_from_two_stores(postgres_dsn)
-    assert cli.main(["audit", "verify", "--config", str(config)]) == 0
+    assert main(["audit", "verify", "--config", str(config)]) == 0
     assert capsys.readouterr().out.startswith("audit chain intact: 20 event(s), last hash sha256:")
-    assert cli.main(["audit", "export", "--config", str(config)]) == 0
+    assert main(["audit", "export", "--config", str(config)]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 20
     [(third,)] = postgres.execute("SELECT id FROM audit ORDER BY id OFFSET 2 LIMIT 1", dsn=postgres_dsn)
     postgres.execute("UPDATE audit SET principal_id = 'someone-else' WHERE id = %s", (third,), dsn=postgres_dsn)
-    assert cli.main(["audit", "verify", "--config", str(config)]) == 1
+    assert main(["audit", "verify", "--config", str(config)]) == 1
     assert capsys.readouterr().out.startswith(f"audit chain BROKEN at event id {third}: the event's fields")

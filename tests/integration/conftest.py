@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from sidecar.config import Settings, parse_settings
 from sidecar.server import Sidecar, create_server
-from sidecar.server.service import ToolGateway
+from sidecar.server.tool_service import ToolGateway
 
 ISSUER, AUDIENCE = "https://issuer.example", "toolbooth"
 

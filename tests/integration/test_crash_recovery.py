@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cli import app as cli
+from sidecar.cli import main
 from sidecar.client import AsyncClient
 from sidecar.contract import ErrorCode, OperationState, Recovery, Status, ToolResult
 from tests.support.sidecar_process import SidecarProcess, appended
@@ -84,7 +84,7 @@ async def test_a_write_interrupted_by_a_crash_is_unknown_until_resolved(start, t
     resolve = ["operations", "resolve", "charge-1", "--tool", "append_then_wait", "--principal", "dev",
                "--tenant", "dev", "--completed", "--note", "the card was charged",
                "--config", str(tmp_path / "second.json")]
-    code = await asyncio.to_thread(cli.main, resolve)  # asyncio.run of its own, in a thread
+    code = await asyncio.to_thread(main, resolve)  # asyncio.run of its own, in a thread
     assert code == 0, capsys.readouterr()
     replay = await call(second)
     assert replay.status is Status.SUCCESS and replay.meta.idempotency_replayed

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.cli import app as cli
+from sidecar.cli import main
 from sidecar.client import AsyncClient
 from sidecar.config import bundled_policy_dir
 from tests.support.reloading import rewrite, until_status
@@ -69,13 +69,13 @@ async def test_failing_policy_tests_refuse_a_change(serving: Any, policies: Path
 
 async def test_policy_status_command(serving: Any, policies: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = await serving()
-    assert await asyncio.to_thread(cli.main, ["policy", "status", "--target", target]) == 0
+    assert await asyncio.to_thread(main, ["policy", "status", "--target", target]) == 0
     healthy = capsys.readouterr().out
     assert healthy.startswith("revision    sha256:") and f"source      directory {policies}" in healthy
 
     rewrite(policies / "authz.rego", "package toolbooth.authz\n\ndecision := {")
     async with AsyncClient(target, timeout=5) as client:
         await until_status(client, lambda status: not status.healthy)
-    assert await asyncio.to_thread(cli.main, ["policy", "status", "--target", target, "--output", "json"]) == 1
+    assert await asyncio.to_thread(main, ["policy", "status", "--target", target, "--output", "json"]) == 1
     document = json.loads(capsys.readouterr().out)
     assert document["revision"] in healthy and "authz.rego" in document["last_error"]

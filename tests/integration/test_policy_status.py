@@ -17,7 +17,8 @@ from sidecar.config import PolicySettings, Settings, bundled_policy_dir
 from sidecar.policy.factory import policy_source
 from sidecar.policy.reload import ReloadingEngine
 from sidecar.server import create_server
-from sidecar.server.policy_service import REFUSED_WITHOUT_DETAILS, RELOAD_HEALTH_NAME
+from sidecar.server.policy_service import RELOAD_HEALTH_NAME
+from sidecar.server.roles import REFUSED_WITHOUT_DETAILS
 from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.support import tools

@@ -70,7 +70,7 @@ TOOLS = [append_line, append_line_approved, append_then_wait]
 
 def main(argv: Sequence[str]) -> None:
     """The child process: serve the settings of file ``argv[0]`` with ``TOOLS`` until SIGTERM."""
-    from sidecar.cli.app import setup_logging
+    from sidecar.cli.common import setup_logging
     from sidecar.config import load_settings
     from sidecar.server import serve
     from sidecar.state import common

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.cli import app as cli
+from sidecar.cli import main
 from sidecar.state import AuditEvent
 from sidecar.state.sqlite import SqliteStore
 
@@ -53,7 +53,7 @@ def tamper(db: Path, query: str) -> None:
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
+    code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cli import app as cli
+from sidecar.cli.common import default_target, fail, read_arguments
+from sidecar.cli.root import build_parser, main
+from sidecar.cli.serve import cmd_serve, serve_settings
+from sidecar.cli.tools import exit_code, format_table
 from sidecar.config import load_settings
 from sidecar.contract import SideEffect, Status, ToolDescriptor, ToolListing
 from sidecar.errors import ConfigError
@@ -37,15 +40,15 @@ def _config(tmp_path: Path, text: str) -> Path:
 
 def test_serve_collects_repeated_listen_flags() -> None:
     argv = ["serve", "--config", "c.yaml", "--listen", "unix:///a", "--listen", "[::1]:1"]
-    args = cli.build_parser().parse_args(argv)
-    assert args.handler is cli.cmd_serve
+    args = build_parser().parse_args(argv)
+    assert args.handler is cmd_serve
     assert args.config == Path("c.yaml")
     assert args.listen == ["unix:///a", "[::1]:1"]
 
 
 def test_call_defaults_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOOLBOOTH_TOKEN", "from-env")
-    parser = cli.build_parser()
+    parser = build_parser()
     args = parser.parse_args(["call", "calculate"])
     assert (args.tool, args.arguments, args.token, args.target, args.timeout) == ("calculate", "{}", "from-env",
                                                                                  None, None)
@@ -56,7 +59,7 @@ def test_call_defaults_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_tools_list_output_choices() -> None:
-    parser = cli.build_parser()
+    parser = build_parser()
     assert parser.parse_args(["tools", "list"]).output == "table"
     assert parser.parse_args(["tools", "list", "--output", "json"]).output == "json"
 
@@ -64,12 +67,12 @@ def test_tools_list_output_choices() -> None:
 @pytest.mark.parametrize("argv", [[], ["tools"], ["config"], ["call"], ["tools", "list", "--output", "yaml"],
                                   ["call", "calculate", "--timeout", "soon"], ["frobnicate"]])
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(argv) == 2
+    assert main(argv) == 2
     assert "usage: toolbooth" in capsys.readouterr().err
 
 
 def test_help_exits_0_and_documents_call_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["call", "--help"]) == 0
+    assert main(["call", "--help"]) == 0
     out = capsys.readouterr().out
     assert "3  status error" in out and "4  status approval_required" in out
 
@@ -79,57 +82,57 @@ def test_help_exits_0_and_documents_call_exit_codes(capsys: pytest.CaptureFixtur
 
 def test_listen_flags_replace_server_listen(tmp_path: Path) -> None:
     config = _config(tmp_path, "server:\n  listen: ['127.0.0.1:5000']\n  shutdown_grace_seconds: 3\n")
-    settings = cli.serve_settings(config, ["unix:///tmp/x.sock", "127.0.0.1:0"])
+    settings = serve_settings(config, ["unix:///tmp/x.sock", "127.0.0.1:0"])
     assert settings.server.listen == ("unix:///tmp/x.sock", "127.0.0.1:0")
     assert settings.server.shutdown_grace_seconds == 3
-    assert cli.serve_settings(config, None).server.listen == ("127.0.0.1:5000",)
+    assert serve_settings(config, None).server.listen == ("127.0.0.1:5000",)
 
 
 def test_listen_flag_is_validated_like_the_config_key() -> None:
     with pytest.raises(ConfigError, match=r"server\.listen"):
-        cli.serve_settings(None, ["relative.sock"])
+        serve_settings(None, ["relative.sock"])
 
 
 def test_policies_flag_picks_directory_bundle_file_or_url(tmp_path: Path) -> None:
     keys = {"keys": {"k1": {"algorithm": "HS256", "key": "secret"}}}
     config = _config(tmp_path, "policy:\n  bundle:\n    url: http://127.0.0.1:1/b.tar.gz\n    polling_seconds: 9\n"
                                f"    verification: {json.dumps(keys)}\n")
-    directory = cli.serve_settings(config, policies=str(tmp_path))
+    directory = serve_settings(config, policies=str(tmp_path))
     assert directory.policy.path == tmp_path and directory.policy.bundle is None
-    bundle = cli.serve_settings(config, policies=str(tmp_path / "b.tar.gz")).policy.bundle
+    bundle = serve_settings(config, policies=str(tmp_path / "b.tar.gz")).policy.bundle
     assert bundle is not None and bundle.file == tmp_path / "b.tar.gz" and bundle.url is None
     assert bundle.verification is not None and bundle.polling_seconds == 9
-    url = cli.serve_settings(None, policies="https://example.test/b.tar.gz").policy.bundle
+    url = serve_settings(None, policies="https://example.test/b.tar.gz").policy.bundle
     assert url is not None and url.url == "https://example.test/b.tar.gz" and url.verification is None
 
 
 def test_policies_flag_is_validated_like_the_config() -> None:
     with pytest.raises(ConfigError, match=r"policy\.bundle\.url"):
-        cli.serve_settings(None, policies="http://")
+        serve_settings(None, policies="http://")
 
 
 def test_serve_with_bad_config_exits_2_before_starting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = _config(tmp_path, "server:\n  listne: ['127.0.0.1:0']\n")
-    assert cli.main(["serve", "--config", str(config)]) == 2
+    assert main(["serve", "--config", str(config)]) == 2
     captured = capsys.readouterr()
     assert captured.err == "toolbooth: error: config error at server.listne: unknown key\n"
     assert captured.out == ""
 
 
 def test_default_target_is_where_serve_listens_by_default() -> None:
-    target = cli.default_target()
+    target = default_target()
     assert target == load_settings(None).server.listen[0]
     assert target.startswith("unix:///") and target.endswith("/toolbooth.sock")
 
 
 def test_default_target_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOOLBOOTH_TARGET", "127.0.0.1:7000")
-    assert cli.default_target() == "127.0.0.1:7000"
+    assert default_target() == "127.0.0.1:7000"
 
 
 def test_default_target_follows_the_listen_override_in_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOOLBOOTH_SERVER__LISTEN", "['unix:///srv/tb.sock']")
-    assert cli.default_target() == "unix:///srv/tb.sock"
+    assert default_target() == "unix:///srv/tb.sock"
 
 
 # --- config validate ----------------------------------------------------------------------------------------
@@ -138,7 +141,7 @@ def test_default_target_follows_the_listen_override_in_env(monkeypatch: pytest.M
 def test_config_validate_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = _config(tmp_path, f"server:\n  listen: ['unix://{tmp_path}/tb.sock', '127.0.0.1:5001']\n"
                                f"store:\n  sqlite_path: {tmp_path}/tb.db\n")
-    assert cli.main(["config", "validate", "--config", str(config)]) == 0
+    assert main(["config", "validate", "--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("config OK\n")
     assert f"unix://{tmp_path}/tb.sock, 127.0.0.1:5001" in out
@@ -155,7 +158,7 @@ def test_config_validate_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 ])
 def test_config_validate_bad(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str) -> None:
     config = _config(tmp_path, text)
-    assert cli.main(["config", "validate", "--config", str(config)]) == 2
+    assert main(["config", "validate", "--config", str(config)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith(expected)
@@ -163,21 +166,21 @@ def test_config_validate_bad(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 
 def test_config_validate_reports_every_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = _config(tmp_path, "limits:\n  max_argument_bytes: 0\n  max_argument_depth: 0\n")
-    assert cli.main(["config", "validate", "--config", str(config)]) == 2
+    assert main(["config", "validate", "--config", str(config)]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(":")[2].strip() for line in lines] == ["config error at limits.max_argument_bytes",
                                                                "config error at limits.max_argument_depth"]
 
 
 def test_config_validate_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["config", "validate", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert main(["config", "validate", "--config", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
 
 
 def test_config_validate_sees_env_overrides(monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("TOOLBOOTH_LIMITS__MAX_RESULT_BYTES", "-1")
-    assert cli.main(["config", "validate"]) == 2
+    assert main(["config", "validate"]) == 2
     assert "limits.max_result_bytes" in capsys.readouterr().err
 
 
@@ -185,22 +188,22 @@ def test_config_validate_sees_env_overrides(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_args_inline_text_is_passed_unparsed() -> None:
-    assert cli.read_arguments('{"operation": "add"') == '{"operation": "add"'
+    assert read_arguments('{"operation": "add"') == '{"operation": "add"'
 
 
 def test_args_from_file(tmp_path: Path) -> None:
     path = tmp_path / "args.json"
     path.write_text('{"operation": "add", "operands": [2, 3]}\n')
-    assert cli.read_arguments(f"@{path}") == '{"operation": "add", "operands": [2, 3]}\n'
+    assert read_arguments(f"@{path}") == '{"operation": "add", "operands": [2, 3]}\n'
 
 
 def test_args_from_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO('{"a": 1}'))
-    assert cli.read_arguments("-") == '{"a": 1}'
+    assert read_arguments("-") == '{"a": 1}'
 
 
 def test_unreadable_args_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["call", "calculate", "--args", f"@{tmp_path}/missing.json"]) == 2
+    assert main(["call", "calculate", "--args", f"@{tmp_path}/missing.json"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     missing = tmp_path / "missing.json"
@@ -210,11 +213,11 @@ def test_unreadable_args_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
 @pytest.mark.parametrize(("status", "code"), [(Status.SUCCESS, 0), (Status.PARTIAL_SUCCESS, 0), (Status.ERROR, 3),
                                               (Status.APPROVAL_REQUIRED, 4)])
 def test_exit_code_per_status(status: Status, code: int) -> None:
-    assert cli.exit_code(status) == code
+    assert exit_code(status) == code
 
 
 def test_every_status_has_an_exit_code() -> None:
-    assert {cli.exit_code(status) for status in Status} <= {0, 3, 4}
+    assert {exit_code(status) for status in Status} <= {0, 3, 4}
 
 
 # --- output -------------------------------------------------------------------------------------------------
@@ -228,7 +231,7 @@ def test_tools_table() -> None:
     listing = ToolListing(tools=(descriptor("calculate", SideEffect.NONE, False, 500),
                                  descriptor("send_email", SideEffect.EXTERNAL_IRREVERSIBLE, True, 30000)),
                           policy_revision="r1")
-    assert cli.format_table(listing).splitlines() == [
+    assert format_table(listing).splitlines() == [
         "NAME        VERSION  SIDE EFFECT            KEY REQUIRED  TIMEOUT",
         "calculate   1.2.0    none                   no            0.5s",
         "send_email  1.2.0    external_irreversible  yes           30s",
@@ -236,5 +239,5 @@ def test_tools_table() -> None:
 
 
 def test_fail_prefixes_every_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.fail("first\nsecond", 7) == 7
+    assert fail("first\nsecond", 7) == 7
     assert capsys.readouterr().err == "toolbooth: error: first\ntoolbooth: error: second\n"

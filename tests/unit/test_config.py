@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cli import app as cli
+from sidecar.cli import main
 from sidecar.config import AuthMode, load_settings, parse_settings
 from sidecar.errors import ConfigError
 
@@ -186,7 +186,7 @@ def test_the_dsn_password_is_never_shown(dsn: str, tmp_path: Path, capsys: pytes
         shown = str(exc)
     assert "s3cret" not in shown and "postgres" in shown
     config = write(tmp_path, f"store:\n  postgres_dsn: \"{dsn}\"\n")
-    cli.main(["config", "validate", "--config", str(config)])
+    main(["config", "validate", "--config", str(config)])
     output = capsys.readouterr()
     assert "s3cret" not in output.out + output.err and "postgres" in output.out + output.err
 

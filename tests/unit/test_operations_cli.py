@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cli import app as cli
+from sidecar.cli import main
 from sidecar.contract import ErrorCode, Status, ToolResult
 from sidecar.state import Claim, ClaimState, KeyScope
 from sidecar.state.common import DEADLINE_GRACE_SECONDS
@@ -41,7 +41,7 @@ def config(db: Path, store_config: Callable[[Path], Path]) -> Path:
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
+    code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.cli import app as cli
+from sidecar.cli import main
 from sidecar.config import bundled_policy_dir
 from sidecar.tools.registry import Registry
 from tests.support import tools
@@ -53,7 +53,7 @@ def policies(tmp_path: Path) -> Path:
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> Run:
-    code = cli.main([str(arg) for arg in argv])
+    code = main([str(arg) for arg in argv])
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -1,0 +1,164 @@
+"""What every ``toolbooth`` command group shares: exit codes, ``CommandError``, flags, output, clients, stores.
+
+Exit codes: 0 success; 1 start-up failure, gRPC error or unreadable store; 2 usage error or a
+configuration that does not load; 3 the result is an error or a refusal; 4 the call needs approval.
+A command fails by raising ``CommandError`` with its exit code; ``sidecar.cli.root.main`` prints it.
+
+Imports nothing from the other ``sidecar.cli`` modules, so every group can use it without a cycle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+from sidecar.config import ENV_TARGET, ENV_TOKEN, load_settings
+from sidecar.errors import StoreUnavailableError
+
+if TYPE_CHECKING:
+    from sidecar.client import Client, ClientError
+    from sidecar.state import Store
+
+__all__ = [
+    "EXIT_APPROVAL_REQUIRED",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_TOOL_ERROR",
+    "EXIT_USAGE",
+    "LOG_FORMAT",
+    "CommandError",
+    "Handler",
+    "Subparsers",
+    "client_flags",
+    "config_flag",
+    "default_target",
+    "dump_json",
+    "fail",
+    "read_arguments",
+    "setup_logging",
+    "with_client",
+    "with_store",
+]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_TOOL_ERROR = 3
+EXIT_APPROVAL_REQUIRED = 4
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Reply = TypeVar("Reply")
+
+
+class CommandError(Exception):
+    """A command failed; ``main`` prints the message and returns ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# --- flags ------------------------------------------------------------------------------------------------
+
+
+def config_flag(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE``: the YAML config file of the command."""
+    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config file (default: none)")
+
+
+def client_flags(parser: argparse.ArgumentParser) -> None:
+    """``--target`` and ``--token``: where the running sidecar is and who calls it."""
+    parser.add_argument("--target", metavar="ADDR",
+                        help=f"sidecar address (default: ${ENV_TARGET}, else the default server.listen)")
+    parser.add_argument("--token", default=os.environ.get(ENV_TOKEN), metavar="TOKEN",
+                        help=f"bearer token (default: ${ENV_TOKEN})")
+
+
+def read_arguments(value: str) -> str:
+    """The ``--args`` text: inline, ``@FILE`` or ``-`` (stdin). Not parsed: the sidecar validates it."""
+    if value == "-":
+        return sys.stdin.read()
+    if value.startswith("@"):
+        path = Path(value[1:])
+        try:
+            return path.read_text()
+        except OSError as exc:
+            raise CommandError(f"cannot read --args file {path}: {exc.strerror}", EXIT_USAGE) from None
+    return value
+
+
+# --- output -----------------------------------------------------------------------------------------------
+
+
+def dump_json(data: Any) -> str:
+    """Pretty JSON, 2-space indent, non-ASCII kept readable."""
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
+def fail(message: str, code: int) -> int:
+    """Print ``toolbooth: error: ...`` (one line per message line) to stderr; return ``code``."""
+    for line in message.splitlines() or [""]:
+        print(f"toolbooth: error: {line}", file=sys.stderr)
+    return code
+
+
+def setup_logging(level: str) -> None:
+    """Log to stderr with time, level, logger and message."""
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
+
+
+# --- a running sidecar, or the store directly ---------------------------------------------------------------
+
+
+def default_target() -> str:
+    """``$TOOLBOOTH_TARGET``, else the first address ``toolbooth serve`` listens on by default."""
+    return os.environ.get(ENV_TARGET) or load_settings(None).server.listen[0]
+
+
+def with_client(args: argparse.Namespace, request: Callable[[Client], Reply]) -> Reply:
+    """Run ``request`` with a client for ``args.target``; a ``ClientError`` becomes exit code 1."""
+    from sidecar.client import Client, ClientError  # gRPC loads only for commands that talk to a sidecar
+
+    target: str = args.target or default_target()
+    try:
+        with Client(target, token=args.token) as client:
+            return request(client)
+    except ClientError as exc:
+        raise CommandError(_client_failure(exc, target, explicit=args.target is not None), EXIT_FAILURE) from None
+
+
+def _client_failure(exc: ClientError, target: str, *, explicit: bool) -> str:
+    """``CODE: details``, plus how to start the sidecar when its socket does not exist."""
+    message = f"{exc.code.name}: {exc.details}"
+    socket = Path(target.removeprefix("unix://")) if target.startswith("unix://") else None
+    if socket is not None and not socket.exists():
+        start = "toolbooth serve" + (f" --listen {target}" if explicit else "")
+        message += f"\nno socket at {socket}: is the sidecar running? start it with `{start}`"
+    return message
+
+
+def with_store(config: Path | None, use: Callable[[Store], Awaitable[Reply]]) -> Reply:
+    """Open the store of ``config``, run ``use`` on it, close it; an unreadable store is exit 1."""
+    from sidecar.state.factory import open_store  # the store drivers load only for commands that read one
+
+    async def run() -> Reply:
+        store = await open_store(load_settings(config).store)
+        try:
+            return await use(store)
+        finally:
+            await store.aclose()
+
+    try:
+        return asyncio.run(run())
+    except StoreUnavailableError as exc:
+        raise CommandError(str(exc), EXIT_FAILURE) from None

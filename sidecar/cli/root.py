@@ -1,0 +1,46 @@
+"""The ``toolbooth`` command: the parser built from every command group, and ``main``, which dispatches.
+
+A thin shell over ``sidecar.config``, ``sidecar.server.serve``, ``sidecar.client.Client`` and the
+policy, bundle and store tools: each group module (``serve``, ``tools``, ``config``, ``policy``,
+``audit``, ``approvals``, ``operations``) adds its commands and handlers; ``main`` parses, runs the
+chosen handler and turns the outcome into an exit code (``sidecar.cli.common`` lists them).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from sidecar.cli import approvals, audit, config, operations, policy, serve, tools
+from sidecar.cli.common import EXIT_USAGE, CommandError, Handler, fail
+from sidecar.errors import ConfigError
+
+__all__ = ["GROUPS", "build_parser", "main"]
+
+# In the order ``toolbooth --help`` lists them.
+GROUPS = (serve, tools, config, policy, audit, approvals, operations)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``toolbooth`` command; return its exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except CommandError as exc:
+        return fail(str(exc), exc.exit_code)
+    except ConfigError as exc:
+        return fail(str(exc), EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command."""
+    parser = argparse.ArgumentParser(prog="toolbooth", description="Policy-as-code sidecar for AI-agent tool calls.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in GROUPS:
+        group.add_commands(commands)
+    return parser

@@ -1,0 +1,91 @@
+"""``toolbooth tools list`` and ``toolbooth call``: an agent's two requests, from the command line.
+
+``call`` sends the ``--args`` text unparsed, because the sidecar is the validator; its exit code
+follows the result's status (see ``CALL_EPILOG``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from sidecar.cli.common import (
+    EXIT_APPROVAL_REQUIRED,
+    EXIT_OK,
+    EXIT_TOOL_ERROR,
+    Subparsers,
+    client_flags,
+    dump_json,
+    read_arguments,
+    with_client,
+)
+from sidecar.contract import Status, ToolListing
+
+__all__ = ["CALL_EPILOG", "add_commands", "cmd_call", "cmd_tools_list", "exit_code", "format_table"]
+
+_STATUS_EXIT: dict[Status, int] = {
+    Status.SUCCESS: EXIT_OK,
+    Status.PARTIAL_SUCCESS: EXIT_OK,
+    Status.ERROR: EXIT_TOOL_ERROR,
+    Status.APPROVAL_REQUIRED: EXIT_APPROVAL_REQUIRED,
+}
+
+CALL_EPILOG = """\
+The result is printed as JSON. Exit codes:
+  0  status success or partial_success
+  1  the request failed (gRPC error, e.g. the sidecar is not running)
+  2  usage error (e.g. an unreadable --args file)
+  3  status error (see error.code, error.recovery)
+  4  status approval_required (an approver must approve the preview first)
+"""
+
+
+def add_commands(commands: Subparsers) -> None:
+    """Add ``tools list`` and ``call`` to the ``toolbooth`` parser."""
+    tools = commands.add_parser("tools", help="discover tools")
+    actions = tools.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="list the tools this caller may use")
+    client_flags(listing)
+    listing.add_argument("--output", choices=("table", "json"), default="table", help="default: table")
+    listing.set_defaults(handler=cmd_tools_list)
+    call = commands.add_parser("call", help="execute one tool call", epilog=CALL_EPILOG,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    call.add_argument("tool", metavar="TOOL")
+    call.add_argument("--args", dest="arguments", default="{}", metavar="JSON",
+                      help="arguments as a JSON object, @FILE to read a file, - to read stdin (default: {})")
+    call.add_argument("--idempotency-key", metavar="KEY", help="required by tools with side effects")
+    call.add_argument("--conversation-id", metavar="ID")
+    call.add_argument("--approval-id", metavar="ID", help="the preview_id of an approved preview of this exact call")
+    client_flags(call)
+    call.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline of the call")
+    call.set_defaults(handler=cmd_call)
+
+
+def cmd_tools_list(args: argparse.Namespace) -> int:
+    """``toolbooth tools list``: print the tools this caller may use."""
+    listing = with_client(args, lambda client: client.list_tools())
+    print(dump_json(listing.model_dump(mode="json")) if args.output == "json" else format_table(listing))
+    return EXIT_OK
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    """``toolbooth call``: execute one call and print its typed result."""
+    arguments = read_arguments(args.arguments)
+    result = with_client(args, lambda client: client.execute(
+        args.tool, arguments, idempotency_key=args.idempotency_key, approval_id=args.approval_id,
+        conversation_id=args.conversation_id, timeout=args.timeout))
+    print(dump_json(result.model_dump(mode="json")))
+    return exit_code(result.status)
+
+
+def exit_code(status: Status) -> int:
+    """The exit code of ``toolbooth call`` for a result with ``status``."""
+    return _STATUS_EXIT[status]
+
+
+def format_table(listing: ToolListing) -> str:
+    """The tools as an aligned text table."""
+    rows = [("NAME", "VERSION", "SIDE EFFECT", "KEY REQUIRED", "TIMEOUT")]
+    rows += [(t.name, t.version, t.side_effect.value, "yes" if t.requires_idempotency_key else "no",
+              f"{t.timeout_ms / 1000:g}s") for t in listing.tools]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)

@@ -1,0 +1,60 @@
+"""``StatusInterceptor``: the one place an exception becomes a gRPC status.
+
+=========================  ==================  ==========================================
+exception                  status              details sent
+=========================  ==================  ==========================================
+``AuthenticationError``    UNAUTHENTICATED     its constant message (e.g. "token expired")
+``InvalidRequestError``    INVALID_ARGUMENT    its constant message (e.g. "tool is required")
+``DependencyError``        UNAVAILABLE         "service unavailable"
+anything else (a bug)      INTERNAL            "internal error"; the traceback goes to the log
+=========================  ==================  ==========================================
+
+Denials, invalid arguments and failed tools are results, not exceptions, so they never get here.
+It is the outermost interceptor: whatever the inner ones (authentication) raise is mapped too.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TypeVar
+
+import grpc
+
+from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
+from sidecar.server.interceptors.unary import Proceed, Rpc, UnaryInterceptor
+
+__all__ = ["INTERNAL_DETAILS", "UNAVAILABLE_DETAILS", "StatusInterceptor", "status_of"]
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+UNAVAILABLE_DETAILS = "service unavailable"
+INTERNAL_DETAILS = "internal error"
+
+
+def status_of(exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status and details the caller gets for ``exc``; only constant messages are ever sent."""
+    if isinstance(exc, AuthenticationError):
+        return grpc.StatusCode.UNAUTHENTICATED, str(exc)
+    if isinstance(exc, InvalidRequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, DependencyError):
+        return grpc.StatusCode.UNAVAILABLE, UNAVAILABLE_DETAILS
+    return grpc.StatusCode.INTERNAL, INTERNAL_DETAILS
+
+
+class StatusInterceptor(UnaryInterceptor):
+    """Ends a call that raised with the status ``status_of`` gives; logs what was not expected."""
+
+    async def around(self, rpc: Rpc, proceed: Proceed[T]) -> T:
+        """Serve ``rpc``; an exception ends it with its status instead of gRPC's UNKNOWN and its text."""
+        try:
+            return await proceed()
+        except grpc.aio.AbortError:
+            raise  # the call already has its status
+        except Exception as exc:
+            code, details = status_of(exc)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("unexpected error while serving %s", rpc.method)
+            await rpc.context.abort(code, details)

@@ -1,0 +1,96 @@
+"""What a caller may see and do by role: operators see every pending preview and why a policy change was refused.
+
+The servicers stay thin by calling these instead of the pipeline's objects directly: ``create_server``
+wraps the reloading engine in a ``PolicyStatusView`` and the pipeline's approvals in an ``ApprovalDesk``,
+both deciding with the same ``Operators`` (``auth.operator_roles``; everyone in dev mode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Protocol
+
+from sidecar.config import AuthMode, AuthSettings
+from sidecar.contract import ApprovalResult, Preview, Principal, ReloadStatus
+
+__all__ = [
+    "DEFAULT_LIST_LIMIT",
+    "MAX_LIST_LIMIT",
+    "REFUSED_WITHOUT_DETAILS",
+    "ApprovalDesk",
+    "ApprovalGateway",
+    "Operators",
+    "PolicyStatusView",
+    "StatusProvider",
+]
+
+DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT = 100, 1000
+REFUSED_WITHOUT_DETAILS = "a policy change was refused; the reason is in the sidecar's log"
+
+
+class Operators:
+    """Who is an operator: in dev mode everyone, else a principal with one of ``auth.operator_roles``."""
+
+    def __init__(self, auth: AuthSettings) -> None:
+        self._everyone = auth.effective_mode is AuthMode.DEV
+        self._roles = frozenset(auth.operator_roles)
+
+    def includes(self, principal: Principal) -> bool:
+        """Whether ``principal`` is an operator."""
+        return self._everyone or not self._roles.isdisjoint(principal.roles)
+
+
+class StatusProvider(Protocol):
+    """The reloading engine's status (``sidecar.policy.reload.ReloadingEngine``)."""
+
+    @property
+    def status(self) -> ReloadStatus: ...
+
+
+class PolicyStatusView:
+    """The policy status for a caller: why a change was refused (policy source excerpts, test names)
+    only for operators, everyone else learns that it was."""
+
+    def __init__(self, provider: StatusProvider, operators: Operators) -> None:
+        self._provider, self._operators = provider, operators
+
+    def status_for(self, principal: Principal) -> ReloadStatus:
+        """The status as ``principal`` may see it."""
+        status = self._provider.status
+        if status.last_error is not None and not self._operators.includes(principal):
+            return replace(status, last_error=REFUSED_WITHOUT_DETAILS)
+        return status
+
+
+class ApprovalGateway(Protocol):
+    """The pipeline's approvals (``sidecar.pipeline.approvals.Approvals``)."""
+
+    async def approve(self, approver: Principal, preview_id: str, hash_seen: str,
+                      comment: str | None) -> ApprovalResult: ...
+
+    async def deny(self, approver: Principal, preview_id: str, reason: str) -> ApprovalResult: ...
+
+    async def pending(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]: ...
+
+
+class ApprovalDesk:
+    """The approvals as a caller uses them: operators list every pending preview, others those they may
+    approve (the approval policy decides); a list holds ``DEFAULT_LIST_LIMIT`` unless asked, at most
+    ``MAX_LIST_LIMIT``."""
+
+    def __init__(self, approvals: ApprovalGateway, operators: Operators) -> None:
+        self._approvals, self._operators = approvals, operators
+
+    async def approve(self, approver: Principal, preview_id: str, hash_seen: str,
+                      comment: str | None) -> ApprovalResult:
+        """Approve the preview whose hash the approver saw."""
+        return await self._approvals.approve(approver, preview_id, hash_seen, comment)
+
+    async def deny(self, approver: Principal, preview_id: str, reason: str) -> ApprovalResult:
+        """Deny a pending preview."""
+        return await self._approvals.deny(approver, preview_id, reason)
+
+    async def pending(self, principal: Principal, limit: int = 0) -> list[Preview]:
+        """The pending previews ``principal`` may see, newest first; ``limit`` 0 means the default."""
+        return await self._approvals.pending(principal, all_of_them=self._operators.includes(principal),
+                                             limit=min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT))

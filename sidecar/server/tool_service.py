@@ -1,0 +1,75 @@
+"""The thin ``ToolService`` servicer: proto in, a ``ToolGateway`` (the pipeline) call, proto out.
+
+Every decision lives behind the gateway; authentication and the mapping of exceptions to gRPC
+statuses live in ``sidecar.server.interceptors``. The only errors raised here are
+``InvalidRequestError`` for a request without its required fields; everything else is a result.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import grpc
+
+from sidecar.api import convert
+from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
+from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
+from sidecar.contract import CallRequest, Operation, Principal, ToolListing, ToolResult
+from sidecar.errors import InvalidRequestError
+from sidecar.server.interceptors import current_principal
+
+__all__ = ["OPERATION_KEY_REQUIRED", "SERVICE_NAME", "TOOL_REQUIRED", "ToolGateway", "ToolServicer"]
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolService"].full_name
+TOOL_REQUIRED = "tool is required"
+OPERATION_KEY_REQUIRED = "tool and idempotency_key, or request_id, are required"
+
+_Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class ToolGateway(Protocol):
+    """What the servicer needs from the pipeline."""
+
+    async def list_tools(self, principal: Principal, *, conversation_id: str | None = None) -> ToolListing: ...
+
+    async def execute(
+        self, principal: Principal, request: CallRequest, *, caller_deadline: float | None = None
+    ) -> ToolResult: ...
+
+    async def get_operation(self, principal: Principal, *, tool: str | None = None, key: str | None = None,
+                            request_id: str | None = None) -> Operation: ...
+
+
+class ToolServicer(pb_grpc.ToolServiceServicer):
+    """Maps ``ToolService`` RPCs onto a ``ToolGateway``."""
+
+    def __init__(self, gateway: ToolGateway) -> None:
+        self._gateway = gateway
+
+    async def ListTools(self, request: pb.ListToolsRequest, context: _Context) -> pb.ListToolsResponse:
+        listing = await self._gateway.list_tools(current_principal(), conversation_id=request.conversation_id or None)
+        return convert.listing_to_pb(listing)
+
+    async def ExecuteTool(self, request: pb.ExecuteToolRequest, context: _Context) -> pb.ToolResult:
+        if not request.tool:
+            raise InvalidRequestError(TOOL_REQUIRED)
+        call = convert.call_request_from_pb(request)
+        result = await self._gateway.execute(current_principal(), call, caller_deadline=_caller_deadline(context))
+        return convert.result_to_pb(result)
+
+    async def GetOperation(self, request: pb.GetOperationRequest, context: _Context) -> pb.Operation:
+        principal = current_principal()
+        if request.request_id:
+            found = await self._gateway.get_operation(principal, request_id=request.request_id)
+        elif request.tool and request.idempotency_key:
+            found = await self._gateway.get_operation(principal, tool=request.tool, key=request.idempotency_key)
+        else:
+            raise InvalidRequestError(OPERATION_KEY_REQUIRED)
+        return convert.operation_to_pb(found)
+
+
+def _caller_deadline(context: _Context) -> float | None:
+    """The caller's gRPC deadline as an absolute ``time.monotonic()`` value."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
