@@ -1,0 +1,76 @@
+"""The one configuration model: a YAML file plus ``TOOLBOOTH_*`` environment overrides.
+
+Validated at start; every error names the key that is wrong, e.g.
+``config error at limits.max_argument_bytes: Input should be greater than 0``.
+Environment variables override file values: ``TOOLBOOTH_STORE__SQLITE_PATH=/x.db``
+sets ``store.sqlite_path`` (sections and keys joined by a double underscore; values
+are parsed as YAML, so ``[a, b]`` is a list and ``true`` a boolean).
+"""
+
+from __future__ import annotations
+
+from sidecar.config.auth import AuthMode, AuthSettings, JwtSettings
+from sidecar.config.base import (
+    CLIENT_VARIABLES,
+    ENV_PREFIX,
+    ENV_TARGET,
+    ENV_TOKEN,
+    UNIX_PREFIX,
+    bundled_policy_dir,
+    default_socket_path,
+    default_state_dir,
+    is_loopback,
+)
+from sidecar.config.policy import (
+    BundleKeySettings,
+    BundleSettings,
+    BundleVerificationSettings,
+    DecisionCacheSettings,
+    OpaSettings,
+    OpaTlsSettings,
+    PolicyEngineKind,
+    PolicySettings,
+)
+from sidecar.config.settings import (
+    MIN_MASK_KEY_BYTES,
+    AuditSettings,
+    Limits,
+    PluginSettings,
+    ServerSettings,
+    Settings,
+    StoreSettings,
+    load_settings,
+    parse_settings,
+)
+
+__all__ = [
+    "CLIENT_VARIABLES",
+    "ENV_PREFIX",
+    "ENV_TARGET",
+    "ENV_TOKEN",
+    "MIN_MASK_KEY_BYTES",
+    "UNIX_PREFIX",
+    "AuditSettings",
+    "AuthMode",
+    "AuthSettings",
+    "BundleKeySettings",
+    "BundleSettings",
+    "BundleVerificationSettings",
+    "DecisionCacheSettings",
+    "JwtSettings",
+    "Limits",
+    "OpaSettings",
+    "OpaTlsSettings",
+    "PluginSettings",
+    "PolicyEngineKind",
+    "PolicySettings",
+    "ServerSettings",
+    "Settings",
+    "StoreSettings",
+    "bundled_policy_dir",
+    "default_socket_path",
+    "default_state_dir",
+    "is_loopback",
+    "load_settings",
+    "parse_settings",
+]

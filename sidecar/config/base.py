@@ -1,0 +1,82 @@
+"""What every part of the configuration shares: the section base class, keys given inline or as files,
+the default paths, listen-address helpers and the environment variables."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from sidecar.errors import ConfigError
+
+__all__ = ["CLIENT_VARIABLES", "ENV_PREFIX", "ENV_TARGET", "ENV_TOKEN", "UNIX_PREFIX", "KeySource", "Section",
+           "bundled_policy_dir", "default_socket_path", "default_state_dir", "is_loopback"]
+
+ENV_PREFIX = "TOOLBOOTH_"
+# Read by the command-line client, not settings of the sidecar.
+ENV_TARGET, ENV_TOKEN = "TOOLBOOTH_TARGET", "TOOLBOOTH_TOKEN"
+CLIENT_VARIABLES = frozenset({ENV_TARGET, ENV_TOKEN})
+UNIX_PREFIX = "unix://"
+_LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+
+
+
+def default_socket_path() -> Path:
+    """Default Unix socket: under ``$XDG_RUNTIME_DIR`` or a per-user directory in /tmp."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/toolbooth-{os.getuid()}"
+    return Path(runtime) / "toolbooth" / "toolbooth.sock"
+
+
+def default_state_dir() -> Path:
+    """Default directory for the SQLite store."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "toolbooth"
+
+
+def bundled_policy_dir() -> Path:
+    """The default policies: bundled in the wheel, or ``policies/`` of a source checkout."""
+    here = Path(__file__).resolve().parent.parent
+    bundled = here / "_bundled_policies" / "toolbooth"
+    return bundled if bundled.is_dir() else here.parent / "policies" / "toolbooth"
+
+
+class Section(BaseModel):
+    """A part of the configuration: unknown keys are errors, values never change once loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KeySource(Section):
+    """A key given inline (``key``) or as a file (``key_file``): exactly one of them."""
+
+    key: str | None = None
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_key(self) -> KeySource:
+        if (self.key is None) == (self.key_file is None):
+            raise ValueError("exactly one of 'key' or 'key_file' must be set")
+        return self
+
+    def read_key(self, where: str) -> str:
+        """The key's text; ``ConfigError`` at ``where.key_file`` when the file cannot be read."""
+        if self.key is not None:
+            return self.key
+        assert self.key_file is not None
+        try:
+            return self.key_file.read_text()
+        except OSError as exc:
+            raise ConfigError(f"config error at {where}.key_file: cannot read {self.key_file}: {exc}") from exc
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name, an IPv4 or a bracketed IPv6 address) is the loopback interface."""
+    host = host.removeprefix("[").removesuffix("]")
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

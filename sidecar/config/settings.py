@@ -1,0 +1,212 @@
+"""The whole configuration (``Settings``) and its other sections, loaded from YAML and ``TOOLBOOTH_*`` variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
+
+from sidecar.config.auth import AuthMode, AuthSettings
+from sidecar.config.base import (
+    CLIENT_VARIABLES,
+    ENV_PREFIX,
+    UNIX_PREFIX,
+    Section,
+    default_socket_path,
+    default_state_dir,
+    is_loopback,
+)
+from sidecar.config.policy import PolicySettings
+from sidecar.errors import ConfigError
+from sidecar.state.dsn import dsn_parts, redact_dsn
+
+__all__ = ["MIN_MASK_KEY_BYTES", "AuditSettings", "Limits", "PluginSettings", "ServerSettings", "Settings",
+           "StoreSettings", "load_settings", "parse_settings"]
+
+MIN_MASK_KEY_BYTES = 16
+
+
+class StoreSettings(Section):
+    """A SQLite file by default; a PostgreSQL database, shared by many replicas, when ``postgres_dsn`` is set."""
+
+    sqlite_path: Path = Field(default_factory=lambda: default_state_dir() / "toolbooth.db")
+    busy_timeout_ms: int = Field(default=5000, gt=0)  # lock wait: SQLite's busy timeout, PostgreSQL's lock_timeout
+    postgres_dsn: SecretStr | None = Field(default=None, min_length=1)
+    pool_min_size: int = Field(default=1, ge=0)
+    pool_max_size: int = Field(default=10, gt=0)
+    connect_timeout_seconds: float = Field(default=5.0, gt=0)  # also the wait for a free pooled connection
+    idempotency_retention_hours: float = Field(default=24.0, gt=0)  # finished records are deleted after this
+
+    @field_validator("postgres_dsn")
+    @classmethod
+    def _valid_dsn(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            dsn_parts(value.get_secret_value())
+        return value
+
+    @field_validator("pool_max_size")
+    @classmethod
+    def _max_not_below_min(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("pool_min_size")
+        if low is not None and value < low:
+            raise ValueError(f"must be at least pool_min_size ({low})")
+        return value
+
+    def describe(self) -> str:
+        """The store in one line, for people: never with the database password."""
+        if self.postgres_dsn is None:
+            return f"sqlite {self.sqlite_path}"
+        dsn = redact_dsn(self.postgres_dsn.get_secret_value())
+        return f"postgres {dsn} (pool {self.pool_min_size}-{self.pool_max_size})"
+
+
+class AuditSettings(Section):
+    """The HMAC key masking sensitive values in the audit log: inline, in a file, or (neither set) a
+    random key the store generates once and keeps (``docs/operations.md``)."""
+
+    mask_key: SecretStr | None = None
+    mask_key_file: Path | None = None
+
+    @field_validator("mask_key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().encode()) < MIN_MASK_KEY_BYTES:
+            raise ValueError(f"must be at least {MIN_MASK_KEY_BYTES} bytes")
+        return value
+
+    @model_validator(mode="after")
+    def _one_key(self) -> AuditSettings:
+        if self.mask_key is not None and self.mask_key_file is not None:
+            raise ValueError("set at most one of 'mask_key' or 'mask_key_file'")
+        return self
+
+    def read_mask_key(self) -> bytes | None:
+        """The configured key, ``None`` if none is; ``ConfigError`` if its file cannot be read or is too short."""
+        if self.mask_key is not None:
+            return self.mask_key.get_secret_value().encode()
+        if self.mask_key_file is None:
+            return None
+        try:
+            key = self.mask_key_file.read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"config error at audit.mask_key_file: cannot read {self.mask_key_file}: {exc}") from exc
+        if len(key) < MIN_MASK_KEY_BYTES:
+            raise ConfigError(f"config error at audit.mask_key_file: {self.mask_key_file} holds fewer than "
+                              f"{MIN_MASK_KEY_BYTES} bytes")
+        return key
+
+
+class Limits(Section):
+    max_argument_bytes: int = Field(default=64 * 1024, gt=0)
+    max_argument_depth: int = Field(default=16, gt=0)
+    max_result_bytes: int = Field(default=256 * 1024, gt=0)
+    max_message_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    sync_handler_threads: int = Field(default=8, gt=0)
+
+
+class PluginSettings(Section):
+    """``allow``: entry-point names or distribution names that may load (``None``: all)."""
+
+    allow: tuple[str, ...] | None = None
+
+
+class ServerSettings(Section):
+    listen: tuple[str, ...] = Field(default_factory=lambda: (f"unix://{default_socket_path()}",), min_length=1)
+    reflection: bool | None = None
+    shutdown_grace_seconds: float = Field(default=10.0, ge=0)
+
+    @field_validator("listen")
+    @classmethod
+    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for address in value:
+            if address.startswith(UNIX_PREFIX):
+                if not address.removeprefix(UNIX_PREFIX).startswith("/"):
+                    raise ValueError(f"{address!r}: a unix socket path must be absolute (unix:///path)")
+            elif address.rpartition(":")[0] == "" or not address.rpartition(":")[2].isdigit():
+                raise ValueError(f"{address!r}: expected unix:///path or HOST:PORT")
+        return value
+
+
+class Settings(Section):
+    """The whole configuration."""
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
+    limits: Limits = Field(default_factory=Limits)
+    plugins: PluginSettings = Field(default_factory=PluginSettings)
+    log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+
+    @model_validator(mode="after")
+    def _dev_mode_stays_local(self) -> Settings:
+        """Dev mode trusts every caller, so it may only listen where no one else can reach."""
+        if self.auth.effective_mode is AuthMode.DEV:
+            for address in self.server.listen:
+                if not address.startswith(UNIX_PREFIX) and not is_loopback(address.rpartition(":")[0]):
+                    raise ValueError(
+                        f"server.listen: {address!r} is not a loopback address; auth mode 'dev' trusts a static "
+                        "principal, so it only listens on 127.0.0.1, ::1, localhost or a unix socket "
+                        "(configure auth.jwt to listen elsewhere)")
+        return self
+
+
+def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Read ``path`` (optional), apply environment overrides and validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_yaml(path)
+    _apply_env(raw, os.environ if env is None else env)
+    return parse_settings(raw)
+
+
+def parse_settings(raw: Mapping[str, Any]) -> Settings:
+    """Validate a mapping, turning pydantic errors into ``ConfigError`` naming each key."""
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(err) for err in exc.errors())) from None
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown key"
+    return f"config error at {key}: {message}"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"config error: cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config error: {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config error: {path} must contain a mapping at the top level")
+    return data
+
+
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    for name, text in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name.startswith(f"{ENV_PREFIX}TEST_") or name in CLIENT_VARIABLES:
+            continue
+        keys = name.removeprefix(ENV_PREFIX).lower().split("__")
+        node = raw
+        for key in keys[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"config error at {'.'.join(keys)}: {key!r} is not a section (from {name})")
+            node = child
+        try:
+            node[keys[-1]] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ConfigError(f"config error at {'.'.join(keys)}: cannot parse {name}={text!r}") from None
