@@ -17,9 +17,8 @@ from typing import TypeAlias
 
 from sidecar.cli.app import EXIT_FAILURE, EXIT_OK, CommandError
 from sidecar.cli.audit import with_store
-from sidecar.contract import ErrorCode, ErrorInfo, ResultMeta, Status, ToolResult
-from sidecar.state import KeyScope, Store
-from sidecar.state.idempotency import OperationRecord, RecordState
+from sidecar.contract import ErrorCode, ErrorInfo, OperationState, ResultMeta, Status, ToolResult
+from sidecar.state import KeyScope, OperationRecord, Store
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 RESOLVED_FAILED_MESSAGE = "resolved as failed by an operator"
@@ -51,7 +50,7 @@ def add_commands(commands: Subparsers) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     """``toolbooth operations list [--unknown]``."""
     for record in with_store(args.config, lambda store: store.pending_operations()):
-        if not args.unknown or record.state is RecordState.UNKNOWN:
+        if not args.unknown or record.state is OperationState.UNKNOWN:
             print(record_json(record))
     return EXIT_OK
 
@@ -65,7 +64,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         record = await store.operation(scope)
         if record is None:
             raise CommandError(f"no keyed call {_name(scope)}", EXIT_FAILURE)
-        if record.state is RecordState.COMPLETED:
+        if record.result_json is not None:  # completed or failed
             raise CommandError(f"the keyed call {_name(scope)} already has a result; nothing to resolve",
                                EXIT_FAILURE)
         if not await store.resolve_operation(scope, result.model_dump_json(), now=time.time()):

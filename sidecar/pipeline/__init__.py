@@ -28,6 +28,7 @@ from sidecar.contract import (
     ErrorCode,
     ErrorInfo,
     Operation,
+    OperationState,
     Preview,
     Principal,
     ResultMeta,
@@ -41,9 +42,8 @@ from sidecar.pipeline.operations import find_operation
 from sidecar.policy import Decision, PolicyEngine, Stage, audit_masks
 from sidecar.policy.factory import close_engine, open_reloading, with_cache
 from sidecar.policy.input import InputParts, call_json, now_utc, principal_json, tool_json
-from sidecar.state import AuditEvent, ClaimState, KeyScope, Store
+from sidecar.state import AuditEvent, Expiry, KeyScope, Store
 from sidecar.state.factory import open_store
-from sidecar.state.idempotency import Expiry
 from sidecar.tools.definition import NAME_PATTERN, ToolContext, ToolDefinition
 from sidecar.tools.dispatch import Dispatcher
 from sidecar.tools.masking import Masker, reveal
@@ -262,25 +262,25 @@ class Pipeline:
         deadline_at = time.time() + (call.deadline - time.monotonic())
         claim = await self._store(self.store.claim(call.scope, self._request_hash(call), call.request_id,
                                                    deadline_at=deadline_at))
-        if claim.state is ClaimState.CLAIMED:
+        if claim.record is None:
             self._expiry.poke()
             return None
         call.scope = None  # not ours: never complete or release it
-        if claim.state is ClaimState.REPLAY:
-            assert claim.result_json is not None
-            stored = ToolResult.model_validate_json(claim.result_json)
-            meta = stored.meta.model_copy(update={"request_id": call.request_id, "idempotency_replayed": True})
-            return stored.model_copy(update={"meta": meta})
-        if claim.state is ClaimState.IN_PROGRESS:
+        if claim.reused:
+            raise _Stop(ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_REUSED, "this idempotency key was used for a "
+                                     "different request", field="idempotency_key"))
+        if claim.record.state is OperationState.IN_PROGRESS:
             raise _Stop(ErrorInfo.of(ErrorCode.OPERATION_IN_PROGRESS, "a call with this idempotency key is still "
                                      "running", field="idempotency_key"))
-        if claim.state is ClaimState.UNKNOWN:
+        if claim.record.state is OperationState.UNKNOWN:
             raise _Stop(ErrorInfo.of(ErrorCode.OPERATION_IN_PROGRESS, "the outcome of the call with this "
                                      "idempotency key is unknown (its sidecar stopped while it ran); it is not run "
                                      "again until an operator resolves it (toolbooth operations resolve)",
                                      field="idempotency_key"))
-        raise _Stop(ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_REUSED, "this idempotency key was used for a "
-                                 "different request", field="idempotency_key"))
+        assert claim.record.result_json is not None  # completed or failed: replay the stored result
+        stored = ToolResult.model_validate_json(claim.record.result_json)
+        meta = stored.meta.model_copy(update={"request_id": call.request_id, "idempotency_replayed": True})
+        return stored.model_copy(update={"meta": meta})
 
     async def _audit_before_dispatch(self, call: _Call) -> None:
         try:
