@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Dialect", "Driver", "Params", "Row", "Statements", "Transaction"]
+__all__ = ["Dialect", "Driver", "Params", "Row", "StatementRunner", "Transaction"]
 
 Row = tuple[Any, ...]
 Params = Sequence[Any]
@@ -37,7 +37,7 @@ class Dialect:
         return statement.replace("?", self.placeholder)
 
 
-class Statements(Protocol):
+class StatementRunner(Protocol):
     """Running one statement."""
 
     async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
@@ -49,7 +49,7 @@ class Statements(Protocol):
         ...
 
 
-class Transaction(Statements, Protocol):
+class Transaction(StatementRunner, Protocol):
     """Statements inside one transaction, on one connection."""
 
     async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
@@ -61,18 +61,18 @@ class Transaction(Statements, Protocol):
         ...
 
 
-class Driver(Statements, Protocol):
-    """A database: single statements, each committed on its own, and locked transactions."""
+class Driver(StatementRunner, Protocol):
+    """A database: single statements (each committed on its own), sessions and locked transactions."""
 
     @property
     def dialect(self) -> Dialect:
         """How this backend spells what differs."""
         ...
 
-    def session(self) -> AbstractAsyncContextManager[Statements]:
-        """Statements on one connection, no other statement of this driver between them. Writers elsewhere
-        may interleave where the backend allows it cheaply (PostgreSQL: autocommit statements); where it does
-        not (SQLite), the session is a transaction that holds the write lock."""
+    def session(self) -> AbstractAsyncContextManager[StatementRunner]:
+        """Statements on one connection, no other statement of this driver between them. On PostgreSQL they
+        are autocommit statements: other sidecars' writes may come between them. On SQLite the session is a
+        ``BEGIN IMMEDIATE`` transaction: nothing comes between them."""
         ...
 
     def transaction(self, *, lock: int) -> AbstractAsyncContextManager[Transaction]:

@@ -19,7 +19,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from sidecar.errors import StoreUnavailableError
-from sidecar.state.driver import Dialect, Params, Row, Statements, Transaction
+from sidecar.state.driver import Dialect, Params, Row, StatementRunner, Transaction
 
 __all__ = ["POSTGRES", "PostgresDriver", "reason"]
 
@@ -81,7 +81,7 @@ class PostgresDriver:
         async with self._session() as session:
             return await session.execute(sql, params)
 
-    def session(self) -> AbstractAsyncContextManager[Statements]:
+    def session(self) -> AbstractAsyncContextManager[StatementRunner]:
         """Autocommit statements on one connection; other sidecars' writes may come between them."""
         return self._session()
 

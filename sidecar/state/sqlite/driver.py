@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sidecar.errors import StoreUnavailableError
-from sidecar.state.driver import Dialect, Params, Row, Statements, Transaction
+from sidecar.state.driver import Dialect, Params, Row, StatementRunner, Transaction
 
 __all__ = ["SQLITE", "SqliteDriver", "connect", "script_statements"]
 
@@ -134,7 +134,7 @@ class SqliteDriver:
         async with self._lock:
             return await self._worker.execute(sql, params)
 
-    def session(self) -> AbstractAsyncContextManager[Statements]:
+    def session(self) -> AbstractAsyncContextManager[StatementRunner]:
         """A ``BEGIN IMMEDIATE`` transaction: no writer, in any process, comes between its statements."""
         return self.transaction(lock=0)
 
