@@ -22,9 +22,8 @@ from sidecar.pipeline.stages.idempotency import IdempotencyStage
 from sidecar.policy import PolicyEngine
 from sidecar.policy.factory import open_reloading, with_cache
 from sidecar.policy.reload import ReloadingEngine
-from sidecar.state import Store
+from sidecar.state import Expiry, Store
 from sidecar.state.factory import open_store
-from sidecar.state.idempotency import Expiry
 from sidecar.tools.dispatch import Dispatcher
 from sidecar.tools.masking import Masker
 from sidecar.tools.registry import Registry

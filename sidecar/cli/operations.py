@@ -14,9 +14,8 @@ import json
 import time
 
 from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, CommandError, Subparsers, config_flag, with_store
-from sidecar.contract import ErrorCode, ErrorInfo, ResultMeta, Status, ToolResult
-from sidecar.state import KeyScope, Store
-from sidecar.state.idempotency import OperationRecord, RecordState
+from sidecar.contract import ErrorCode, ErrorInfo, OperationState, ResultMeta, Status, ToolResult
+from sidecar.state import KeyScope, OperationRecord, Store
 
 __all__ = ["RESOLVED_FAILED_MESSAGE", "add_commands", "cmd_list", "cmd_resolve", "record_json", "resolved_result"]
 
@@ -49,7 +48,7 @@ def add_commands(commands: Subparsers) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     """``toolbooth operations list [--unknown]``."""
     for record in with_store(args.config, lambda store: store.pending_operations()):
-        if not args.unknown or record.state is RecordState.UNKNOWN:
+        if not args.unknown or record.state is OperationState.UNKNOWN:
             print(record_json(record))
     return EXIT_OK
 
@@ -63,7 +62,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         record = await store.operation(scope)
         if record is None:
             raise CommandError(f"no keyed call {_name(scope)}", EXIT_FAILURE)
-        if record.state is RecordState.COMPLETED:
+        if record.result_json is not None:  # completed or failed
             raise CommandError(f"the keyed call {_name(scope)} already has a result; nothing to resolve",
                                EXIT_FAILURE)
         if not await store.resolve_operation(scope, result.model_dump_json(), now=time.time()):

@@ -20,9 +20,9 @@ from sidecar.config.base import (
     default_state_dir,
     is_loopback,
 )
+from sidecar.config.dsn import dsn_parts, redact_dsn
 from sidecar.config.policy import PolicySettings
 from sidecar.errors import ConfigError
-from sidecar.state.dsn import dsn_parts, redact_dsn
 
 __all__ = ["MIN_MASK_KEY_BYTES", "AuditSettings", "Limits", "PluginSettings", "ServerSettings", "Settings",
            "StoreSettings", "load_settings", "parse_settings"]

@@ -24,8 +24,7 @@ from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview, Prev
 from sidecar.errors import DependencyError, refusal
 from sidecar.policy import Decision, PolicyEngine, Stage
 from sidecar.policy.input import PolicyInput, now_utc
-from sidecar.state import AuditEvent, Store
-from sidecar.state.previews import PreviewRecord
+from sidecar.state import AuditEvent, PreviewRecord, Store
 
 __all__ = [
     "DEFAULT_APPROVER_ROLES",

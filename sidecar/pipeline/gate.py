@@ -21,8 +21,7 @@ from sidecar.pipeline.operations import find_operation
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
 from sidecar.pipeline.stages.resolve import ResolveStage
 from sidecar.policy import PolicyEngine
-from sidecar.state import Store
-from sidecar.state.idempotency import Expiry
+from sidecar.state import Expiry, Store
 from sidecar.tools.dispatch import Dispatcher
 from sidecar.tools.registry import Registry
 

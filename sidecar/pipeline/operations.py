@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from sidecar.contract import Operation, OperationState, Principal, Status, ToolResult
-from sidecar.state import KeyScope, Store
-from sidecar.state.idempotency import OperationRecord, RecordState
+from sidecar.contract import Operation, OperationState, Principal, ToolResult
+from sidecar.state import KeyScope, OperationRecord, Store
 
 __all__ = ["find_operation", "operation_of"]
 
@@ -24,11 +23,6 @@ def operation_of(record: OperationRecord | None) -> Operation:
     """The public view of ``record``: its state and, once finished, its stored result."""
     if record is None:
         return Operation(state=OperationState.NOT_FOUND)
-    if record.state is RecordState.IN_PROGRESS:
-        return Operation(state=OperationState.IN_PROGRESS)
-    if record.state is RecordState.UNKNOWN:
-        return Operation(state=OperationState.UNKNOWN)
-    assert record.result_json is not None
-    result = ToolResult.model_validate_json(record.result_json)
-    state = OperationState.COMPLETED if result.status is Status.SUCCESS else OperationState.FAILED
-    return Operation(state=state, result=result)
+    if record.result_json is None:  # in progress or unknown
+        return Operation(state=record.state)
+    return Operation(state=record.state, result=ToolResult.model_validate_json(record.result_json))

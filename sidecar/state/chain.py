@@ -14,12 +14,23 @@ from __future__ import annotations
 from dataclasses import astuple, dataclass, fields
 
 from sidecar.canonical import sha256_hex
-from sidecar.state import AuditEvent, AuditRecord, Store
+from sidecar.state.driver import Row
+from sidecar.state.records import AuditEvent, AuditRecord
+from sidecar.state.store import Store
+
+__all__ = [
+    "EVENT_COLUMNS",
+    "GENESIS_HASH",
+    "ChainBreak",
+    "ChainReport",
+    "ChainVerifier",
+    "chained",
+    "event_hash",
+    "verify_store",
+]
 
 GENESIS_HASH = "sha256:" + "0" * 64
 EVENT_COLUMNS = tuple(f.name for f in fields(AuditEvent))
-
-Row = tuple[object, ...]
 
 
 def event_hash(row: Row, prev_hash: str) -> str:
@@ -67,6 +78,7 @@ class ChainVerifier:
         return ChainBreak(record.id, problem)
 
     def report(self, broken: ChainBreak | None) -> ChainReport:
+        """What was found, ``broken`` being the first bad link if any."""
         return ChainReport(self.checked, self.unchained, self.last_hash, broken)
 
     def _problem(self, record: AuditRecord) -> str | None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from sidecar.config import StoreSettings
-from sidecar.state import Store
 from sidecar.state.sqlite import SqliteStore
+from sidecar.state.store import Store
+
+__all__ = ["open_store"]
 
 
 async def open_store(settings: StoreSettings) -> Store:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from sidecar.state.dsn import redact_dsn
+from sidecar.config.dsn import redact_dsn
 from tests.support.postgres import ADMIN_DSN, PostgresServer
 
 

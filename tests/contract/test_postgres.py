@@ -13,13 +13,13 @@ import pytest
 
 from sidecar import bootstrap
 from sidecar.config import bundled_policy_dir, parse_settings
-from sidecar.contract import CallRequest, ErrorCode, Status
+from sidecar.contract import CallRequest, ErrorCode, OperationState, Status
 from sidecar.errors import StoreUnavailableError
 from sidecar.pipeline import Pipeline
 from sidecar.policy.embedded import EmbeddedEngine
-from sidecar.state import ClaimState, KeyScope
-from sidecar.state.postgres import PostgresStore
-from sidecar.state.postgres_migrations import migrate, migrations
+from sidecar.state import KeyScope
+from sidecar.state.migrate import migrate, migrations
+from sidecar.state.postgres import PostgresDriver, PostgresStore
 from sidecar.tools.registry import Registry
 from tests.conftest import ADMIN, DEVELOPER
 from tests.support import tools
@@ -39,7 +39,7 @@ async def store(postgres_dsn: str) -> AsyncIterator[PostgresStore]:
 
 
 def test_migrations_are_numbered_from_one() -> None:
-    known = migrations()
+    known = migrations("postgres")
     assert [m.version for m in known] == list(range(1, len(known) + 1))
     assert known[0].name == "0001_idempotency_and_audit"
 
@@ -47,13 +47,13 @@ def test_migrations_are_numbered_from_one() -> None:
 async def test_concurrent_migrations_apply_each_version_once(postgres: PostgresServer, postgres_dsn: str) -> None:
     connections = [await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) for _ in range(6)]
     try:
-        versions = await asyncio.gather(*(migrate(conn) for conn in connections))
+        versions = await asyncio.gather(*(migrate(PostgresDriver(conn, "test")) for conn in connections))
     finally:
         for conn in connections:
             await conn.close()
-    assert versions == [len(migrations())] * 6
+    assert versions == [len(migrations("postgres"))] * 6
     rows = postgres.execute("SELECT version, name FROM toolbooth_schema ORDER BY version", dsn=postgres_dsn)
-    assert rows == [(m.version, m.name) for m in migrations()]
+    assert rows == [(m.version, m.name) for m in migrations("postgres")]
 
 
 async def test_reopening_keeps_the_data(postgres_dsn: str) -> None:
@@ -62,7 +62,8 @@ async def test_reopening_keeps_the_data(postgres_dsn: str) -> None:
     await first.aclose()
     second = await PostgresStore.open(postgres_dsn)
     try:
-        assert (await second.claim(SCOPE, "hash-a", "r2")).state is ClaimState.IN_PROGRESS
+        claim = await second.claim(SCOPE, "hash-a", "r2")
+        assert claim.record is not None and not claim.reused and claim.record.state is OperationState.IN_PROGRESS
     finally:
         await second.aclose()
 
@@ -70,7 +71,7 @@ async def test_reopening_keeps_the_data(postgres_dsn: str) -> None:
 async def test_a_newer_schema_is_refused(postgres: PostgresServer, store: PostgresStore, postgres_dsn: str) -> None:
     # ``store`` migrated the schema; now a newer sidecar seems to have migrated it further
     postgres.execute("INSERT INTO toolbooth_schema (version, name) VALUES (999, '0999_future')", dsn=postgres_dsn)
-    newest = len(migrations())
+    newest = len(migrations("postgres"))
     with pytest.raises(StoreUnavailableError, match=f"schema is at version 999, newer than this sidecar's {newest};"):
         await PostgresStore.open(postgres_dsn)
 
@@ -97,7 +98,8 @@ async def test_killed_connection_is_unavailable_then_replaced(postgres: Postgres
     with pytest.raises(StoreUnavailableError, match="PostgreSQL store at postgresql://postgres@") as info:
         await store.complete(SCOPE, "{}")
     assert PASSWORD not in str(info.value) and PASSWORD not in caplog.text
-    assert (await store.claim(SCOPE, "hash-a", "r2")).state is ClaimState.IN_PROGRESS  # a new connection
+    claim = await store.claim(SCOPE, "hash-a", "r2")  # on a new connection
+    assert claim.record is not None and claim.record.state is OperationState.IN_PROGRESS
 
 
 async def test_read_only_server_is_unavailable(store: PostgresStore, postgres_dsn: str) -> None:
@@ -120,7 +122,7 @@ async def test_pool_timeout_is_unavailable(postgres_dsn: str) -> None:
             with pytest.raises(StoreUnavailableError, match="PoolTimeout"):
                 await store.release(SCOPE)
             other.rollback()
-        assert (await busy).state is ClaimState.CLAIMED
+        assert (await busy).claimed
     finally:
         await store.aclose()
 

@@ -8,7 +8,7 @@ import time
 from collections import Counter
 
 from sidecar.contract import PreviewState
-from sidecar.state.previews import PreviewRecord
+from sidecar.state import PreviewRecord
 from tests.contract import test_store_contract as contract
 from tests.contract.test_store_contract import AnyStore, Stores
 

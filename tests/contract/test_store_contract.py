@@ -19,17 +19,30 @@ from typing import Any
 import psycopg
 import pytest
 
+from sidecar.contract import OperationState
 from sidecar.errors import StoreUnavailableError
-from sidecar.state import AuditEvent, Claim, ClaimState, KeyScope
-from sidecar.state.chain import GENESIS_HASH, verify_store
-from sidecar.state.common import DEADLINE_GRACE_SECONDS
-from sidecar.state.idempotency import RecordState
+from sidecar.state import DEADLINE_GRACE_SECONDS, AuditEvent, Claim, KeyScope
 from sidecar.state.postgres import PostgresStore
 from sidecar.state.sqlite import SqliteStore
 from tests.support.postgres import closed_port_dsn
 
 AnyStore = SqliteStore | PostgresStore
 SCOPE = KeyScope("acme", "dev-1", "create_note", "key-1")
+IN_PROGRESS, UNKNOWN, REUSED = ("in_progress", None), ("unknown", None), ("reused", None)
+SUCCESS = '{"status": "success", "data": {"count": 1}}'  # stored results: their status decides the state
+ERROR = '{"status": "error", "data": {"resolved": 1}}'
+
+
+def found(claim: Claim) -> tuple[str, str | None]:
+    """What a claim found: ``claimed``, ``reused``, or the holding record's state and stored result."""
+    if claim.claimed:
+        return ("claimed", None)
+    assert claim.record is not None
+    return ("reused", None) if claim.reused else (claim.record.state.value, claim.record.result_json)
+
+
+def replayed(result_json: str, state: OperationState = OperationState.COMPLETED) -> tuple[str, str | None]:
+    return (state.value, result_json)
 
 
 class SqliteBackend:
@@ -78,7 +91,7 @@ class PostgresBackend:
     def execute(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run ``query`` on a connection of its own, as someone with database access."""
         with psycopg.connect(self.dsn, autocommit=True) as other:
-            cursor = other.execute(query, params)  # type: ignore[arg-type]
+            cursor = other.execute(query, params)
             return cursor.fetchall() if cursor.description else []
 
     @contextmanager
@@ -143,30 +156,43 @@ def event(n: int, **fields: Any) -> AuditEvent:
 
 
 async def test_claim_in_progress_reused_replay(store: AnyStore) -> None:
-    assert await store.claim(SCOPE, "hash-a", "r1") == Claim(ClaimState.CLAIMED)
-    assert await store.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.IN_PROGRESS)
-    assert await store.claim(SCOPE, "hash-b", "r3") == Claim(ClaimState.REUSED)
-    await store.complete(SCOPE, '{"count": 1}')
-    assert await store.claim(SCOPE, "hash-a", "r4") == Claim(ClaimState.REPLAY, '{"count": 1}')
-    assert await store.claim(SCOPE, "hash-b", "r5") == Claim(ClaimState.REUSED)
+    assert await store.claim(SCOPE, "hash-a", "r1") == Claim()
+    assert found(await store.claim(SCOPE, "hash-a", "r2")) == IN_PROGRESS
+    reused = await store.claim(SCOPE, "hash-b", "r3")
+    assert found(reused) == REUSED and reused.record is not None and reused.record.request_id == "r1"
+    assert reused.record.state is OperationState.IN_PROGRESS and reused.record.scope == SCOPE
+    await store.complete(SCOPE, SUCCESS)
+    assert found(await store.claim(SCOPE, "hash-a", "r4")) == replayed(SUCCESS)
+    assert found(await store.claim(SCOPE, "hash-b", "r5")) == REUSED
+
+
+async def test_a_stored_result_is_completed_on_success_else_failed(store: AnyStore) -> None:
+    results = {"success": SUCCESS, "error": ERROR, "partial": '{"status": "partial_success"}',
+               "approval": '{"status": "approval_required"}', "no-status": '{"count": 1}', "not-json": "[1"}
+    for key, result in results.items():
+        await store.claim(replace(SCOPE, key=key), "hash-a", f"r-{key}")
+        await store.complete(replace(SCOPE, key=key), result)
+    states = {key: (await store.claim(replace(SCOPE, key=key), "hash-a", "r")).record for key in results}
+    assert {key: record.state if record else None for key, record in states.items()} == {
+        "success": OperationState.COMPLETED, **{key: OperationState.FAILED for key in list(results)[1:]}}
 
 
 async def test_in_progress_past_its_deadline_is_unknown(stores: Stores, store: AnyStore) -> None:
     lapsed = time.time() - DEADLINE_GRACE_SECONDS - 1
     await store.claim(SCOPE, "hash-a", "r1", deadline_at=lapsed)
     second = await stores.open()  # the sidecar restarted after the first one died
-    assert await second.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.UNKNOWN)
-    assert await second.claim(SCOPE, "hash-b", "r3") == Claim(ClaimState.REUSED)
-    await store.complete(SCOPE, '{"resolved": true}')
-    assert await second.claim(SCOPE, "hash-a", "r4") == Claim(ClaimState.REPLAY, '{"resolved": true}')
+    assert found(await second.claim(SCOPE, "hash-a", "r2")) == UNKNOWN
+    assert found(await second.claim(SCOPE, "hash-b", "r3")) == REUSED
+    await store.complete(SCOPE, ERROR)
+    assert found(await second.claim(SCOPE, "hash-a", "r4")) == replayed(ERROR, OperationState.FAILED)
 
 
 async def test_in_progress_within_deadline_and_grace_is_in_progress(store: AnyStore) -> None:
     other = replace(SCOPE, key="key-2")
     await store.claim(SCOPE, "hash-a", "r1", deadline_at=time.time() + 60)
     await store.claim(other, "hash-a", "r2", deadline_at=time.time() - DEADLINE_GRACE_SECONDS + 30)
-    assert await store.claim(SCOPE, "hash-a", "r3") == Claim(ClaimState.IN_PROGRESS)
-    assert await store.claim(other, "hash-a", "r4") == Claim(ClaimState.IN_PROGRESS)
+    assert found(await store.claim(SCOPE, "hash-a", "r3")) == IN_PROGRESS
+    assert found(await store.claim(other, "hash-a", "r4")) == IN_PROGRESS
 
 
 async def test_operations_by_key_and_by_request(store: AnyStore) -> None:
@@ -174,33 +200,33 @@ async def test_operations_by_key_and_by_request(store: AnyStore) -> None:
     await store.claim(SCOPE, "hash-a", "r1", deadline_at=time.time() + 60)
     await store.claim(other, "hash-a", "r2", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
     first = await store.operation(SCOPE)
-    assert first is not None and first.state is RecordState.IN_PROGRESS and first.request_id == "r1"
+    assert first is not None and first.state is OperationState.IN_PROGRESS and first.request_id == "r1"
     assert abs(first.created_at - time.time()) < 60 and first.scope == SCOPE
     lost = await store.operation_of_request("acme", "dev-1", "r2")
-    assert lost is not None and lost.state is RecordState.UNKNOWN and lost.scope == other
+    assert lost is not None and lost.state is OperationState.UNKNOWN and lost.scope == other
     assert await store.operation_of_request("acme", "dev-2", "r2") is None
     assert await store.operation(replace(SCOPE, key="none")) is None
     assert [op.request_id for op in await store.pending_operations()] == ["r1", "r2"]
-    await store.complete(SCOPE, '{"ok": 1}')
+    await store.complete(SCOPE, SUCCESS)
     done = await store.operation(SCOPE)
-    assert done is not None and done.state is RecordState.COMPLETED and done.result_json == '{"ok": 1}'
+    assert done is not None and done.state is OperationState.COMPLETED and done.result_json == SUCCESS
     assert [op.request_id for op in await store.pending_operations()] == ["r2"]
 
 
 async def test_resolve_settles_only_records_without_a_result(store: AnyStore) -> None:
     await store.claim(SCOPE, "hash-a", "r1", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
-    assert await store.resolve_operation(SCOPE, '{"resolved": 1}', now=time.time())
-    assert not await store.resolve_operation(SCOPE, '{"resolved": 2}', now=time.time())
+    assert await store.resolve_operation(SCOPE, ERROR, now=time.time())
+    assert not await store.resolve_operation(SCOPE, SUCCESS, now=time.time())
     assert not await store.resolve_operation(replace(SCOPE, key="none"), "{}", now=time.time())
-    assert await store.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.REPLAY, '{"resolved": 1}')
+    assert found(await store.claim(SCOPE, "hash-a", "r2")) == replayed(ERROR, OperationState.FAILED)
 
 
 async def test_a_late_outcome_never_replaces_an_operators_resolution(store: AnyStore) -> None:
     await store.claim(SCOPE, "hash-a", "r1", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
-    assert await store.resolve_operation(SCOPE, '{"resolved": 1}', now=time.time())
-    await store.complete(SCOPE, '{"late": 1}')  # the crashed call's sidecar comes back after all
+    assert await store.resolve_operation(SCOPE, ERROR, now=time.time())
+    await store.complete(SCOPE, SUCCESS)  # the crashed call's sidecar comes back after all
     await store.release(SCOPE)
-    assert await store.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.REPLAY, '{"resolved": 1}')
+    assert found(await store.claim(SCOPE, "hash-a", "r2")) == replayed(ERROR, OperationState.FAILED)
 
 
 async def test_expiry_deletes_only_old_completed_records(store: AnyStore) -> None:
@@ -226,10 +252,10 @@ async def test_an_old_sqlite_file_gains_the_deadline_column(tmp_path: Path) -> N
                     "0, NULL)")
     store = await SqliteStore.open(path)
     try:
-        assert await store.claim(SCOPE, "hash-a", "r1") == Claim(ClaimState.IN_PROGRESS)  # no deadline: never unknown
+        assert found(await store.claim(SCOPE, "hash-a", "r1")) == IN_PROGRESS  # no deadline: never unknown
         other = replace(SCOPE, key="key-2")
         await store.claim(other, "hash-a", "r2", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
-        assert await store.claim(other, "hash-a", "r3") == Claim(ClaimState.UNKNOWN)
+        assert found(await store.claim(other, "hash-a", "r3")) == UNKNOWN
     finally:
         await store.aclose()
 
@@ -237,8 +263,8 @@ async def test_an_old_sqlite_file_gains_the_deadline_column(tmp_path: Path) -> N
 async def test_release_frees_the_key(store: AnyStore) -> None:
     await store.claim(SCOPE, "hash-a", "r1")
     await store.release(SCOPE)
-    assert await store.claim(SCOPE, "hash-b", "r2") == Claim(ClaimState.CLAIMED)
-    assert await store.claim(SCOPE, "hash-b", "r3") == Claim(ClaimState.IN_PROGRESS)
+    assert await store.claim(SCOPE, "hash-b", "r2") == Claim()
+    assert found(await store.claim(SCOPE, "hash-b", "r3")) == IN_PROGRESS
 
 
 @pytest.mark.parametrize("other", [replace(SCOPE, tenant="globex"), replace(SCOPE, principal_id="dev-2"),
@@ -246,38 +272,38 @@ async def test_release_frees_the_key(store: AnyStore) -> None:
                          ids=["tenant", "principal", "tool", "key"])
 async def test_keys_are_scoped(store: AnyStore, other: KeyScope) -> None:
     await store.claim(SCOPE, "hash-a", "r1")
-    assert await store.claim(other, "hash-b", "r2") == Claim(ClaimState.CLAIMED)
+    assert await store.claim(other, "hash-b", "r2") == Claim()
     await store.complete(other, "{}")
-    assert await store.claim(SCOPE, "hash-a", "r3") == Claim(ClaimState.IN_PROGRESS)
+    assert found(await store.claim(SCOPE, "hash-a", "r3")) == IN_PROGRESS
 
 
 async def test_concurrent_claims_have_one_winner(stores: Stores, store: AnyStore) -> None:
     second = await stores.open()  # another sidecar on the same database
     claims = await asyncio.gather(*(s.claim(SCOPE, "hash-a", f"r{i}") for i, s in enumerate([store, second] * 32)))
-    assert Counter(c.state for c in claims) == {ClaimState.CLAIMED: 1, ClaimState.IN_PROGRESS: 63}
+    assert Counter(found(c)[0] for c in claims) == {"claimed": 1, "in_progress": 63}
 
 
 async def test_concurrent_claims_of_many_keys(stores: Stores, store: AnyStore) -> None:
     second = await stores.open()
     scopes = [replace(SCOPE, key=f"key-{n}") for n in range(8)]
     claims = await asyncio.gather(*(s.claim(scope, "hash-a", "r") for scope in scopes for s in (store, second) * 4))
-    won = [c.state is ClaimState.CLAIMED for c in claims]
+    won = [c.claimed for c in claims]
     assert [sum(won[n * 8:(n + 1) * 8]) for n in range(8)] == [1] * 8
 
 
 async def test_completed_key_replays_in_another_store(stores: Stores, store: AnyStore) -> None:
     await store.claim(SCOPE, "hash-a", "r1")
-    await store.complete(SCOPE, '{"id": 7}')
+    await store.complete(SCOPE, SUCCESS)
     second = await stores.open()
-    assert await second.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.REPLAY, '{"id": 7}')
+    assert found(await second.claim(SCOPE, "hash-a", "r2")) == replayed(SUCCESS)
 
 
 async def test_key_released_by_one_store_is_claimed_by_another(stores: Stores, store: AnyStore) -> None:
     second = await stores.open()
     await store.claim(SCOPE, "hash-a", "r1")
-    assert await second.claim(SCOPE, "hash-a", "r2") == Claim(ClaimState.IN_PROGRESS)
+    assert found(await second.claim(SCOPE, "hash-a", "r2")) == IN_PROGRESS
     await store.release(SCOPE)
-    assert await second.claim(SCOPE, "hash-a", "r3") == Claim(ClaimState.CLAIMED)
+    assert await second.claim(SCOPE, "hash-a", "r3") == Claim()
 
 
 async def test_claims_racing_releases_never_share_a_key(stores: Stores, store: AnyStore) -> None:
@@ -286,7 +312,7 @@ async def test_claims_racing_releases_never_share_a_key(stores: Stores, store: A
 
     async def churn(name: str, s: AnyStore) -> None:
         for n in range(40):
-            if (await s.claim(SCOPE, "hash-a", f"{name}-{n}")).state is ClaimState.CLAIMED:
+            if (await s.claim(SCOPE, "hash-a", f"{name}-{n}")).claimed:
                 assert holders == [], f"{name} claimed a key {holders} still held"
                 holders.append(name)
                 await asyncio.sleep(0)
@@ -334,79 +360,6 @@ async def test_aclose_writes_queued_events(stores: Stores) -> None:
     assert await second.audit_events() == [event(1)]
 
 
-# --- audit chain -------------------------------------------------------------------------------
-
-
-async def chain_of(store: AnyStore, count: int) -> list[int]:
-    """Write ``count`` events, recorded and queued; return their ids."""
-    for n in range(count):
-        if n % 2:
-            store.queue_audit(event(n))
-        else:
-            await store.flush_audit()
-            await store.record_audit(event(n))
-    await store.flush_audit()
-    return [record.id for record in await store.audit_records()]
-
-
-async def test_intact_chain_verifies(store: AnyStore) -> None:
-    assert (await verify_store(store)).checked == 0
-    ids = await chain_of(store, 7)
-    records = await store.audit_records()
-    assert records[0].prev_hash == GENESIS_HASH
-    assert [r.prev_hash for r in records[1:]] == [r.hash for r in records[:-1]]
-    report = await verify_store(store, page=3)
-    assert (report.checked, report.broken, report.last_hash) == (len(ids), None, records[-1].hash)
-
-
-async def test_changed_event_breaks_the_chain(stores: Stores, store: AnyStore) -> None:
-    ids = await chain_of(store, 5)
-    stores.backend.execute("UPDATE audit SET status = 'success', error_code = NULL, duration_ms = 1 WHERE id = %s",
-                           (ids[2],))
-    broken = (await verify_store(store)).broken
-    assert broken is not None and broken.id == ids[2] and "changed" in broken.problem
-
-
-async def test_removed_event_breaks_the_chain(stores: Stores, store: AnyStore) -> None:
-    ids = await chain_of(store, 5)
-    stores.backend.execute("DELETE FROM audit WHERE id = %s", (ids[1],))
-    broken = (await verify_store(store)).broken
-    assert broken is not None and broken.id == ids[2] and "removed" in broken.problem
-
-
-async def test_reordered_events_break_the_chain(stores: Stores, store: AnyStore) -> None:
-    ids = await chain_of(store, 5)
-    columns = "request_id, time, input_hash, duration_ms, prev_hash, hash"
-    first, second = (stores.backend.execute(f"SELECT {columns} FROM audit WHERE id = %s", (i,))[0] for i in ids[1:3])
-    for target, values in ((ids[1], second), (ids[2], first)):  # swap the two events' contents
-        stores.backend.execute(f"UPDATE audit SET ({columns}) = (%s, %s, %s, %s, %s, %s) WHERE id = %s",
-                               (*values, target))
-    broken = (await verify_store(store)).broken
-    assert broken is not None and broken.id == ids[1] and "reordered" in broken.problem
-
-
-async def test_concurrent_batches_of_two_stores_form_one_chain(stores: Stores, store: AnyStore) -> None:
-    second = await stores.open()  # another sidecar on the same database
-
-    async def write(s: AnyStore, name: str) -> None:
-        for n in range(40):
-            s.queue_audit(event(n, request_id=f"{name}-{n}"))
-            if n % 8 == 7:
-                await s.record_audit(event(n, request_id=f"{name}-{n}-recorded"))
-            await asyncio.sleep(0)
-        await s.flush_audit()
-
-    await asyncio.gather(write(store, "a"), write(second, "b"))
-    report = await verify_store(store)
-    assert (report.checked, report.broken) == (2 * 45, None)
-
-
-async def test_the_mask_key_is_created_once_and_kept(stores: Stores, store: AnyStore) -> None:
-    assert await store.audit_mask_key(b"first-key-0123456789") == b"first-key-0123456789"
-    second = await stores.open()
-    assert await second.audit_mask_key(b"second-key-0123456789") == b"first-key-0123456789"
-
-
 # --- failures ---------------------------------------------------------------------------------
 
 
@@ -425,6 +378,6 @@ async def test_locked_store_is_unavailable_until_unlocked(stores: Stores, caplog
         store.queue_audit(event(2))
         await store.flush_audit()  # a queued event that cannot be written is logged, not raised
     assert "1 audit event(s) could not be written" in caplog.text
-    assert await store.claim(SCOPE, "hash-a", "r3") == Claim(ClaimState.CLAIMED)
+    assert await store.claim(SCOPE, "hash-a", "r3") == Claim()
     await store.record_audit(event(3))
     assert await store.audit_events() == [event(3)]

@@ -13,8 +13,7 @@ from sidecar.client import AsyncClient, ClientError
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, ErrorInfo, OperationState, ResultMeta, Status, ToolResult
 from sidecar.pipeline import Pipeline
-from sidecar.state import KeyScope
-from sidecar.state.common import DEADLINE_GRACE_SECONDS
+from sidecar.state import DEADLINE_GRACE_SECONDS, KeyScope
 from sidecar.tools.registry import Registry
 from tests.support import tools
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.abc import Query
+from psycopg.abc import QueryNoTemplate
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 ADMIN_DSN = os.environ.get("TOOLBOOTH_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -52,7 +52,8 @@ class PostgresServer:
         extra = {"options": options} if options else {}
         return make_conninfo(self.admin_dsn, dbname=self.dbname, password=PASSWORD, **extra)
 
-    def execute(self, query: Query, params: tuple[Any, ...] = (), *, dsn: str | None = None) -> list[tuple[Any, ...]]:
+    def execute(self, query: QueryNoTemplate, params: tuple[Any, ...] = (), *,
+                dsn: str | None = None) -> list[tuple[Any, ...]]:
         """Run one statement on its own connection (to ``dsn``, else this database) and return its rows."""
         with psycopg.connect(dsn or self.dsn(), autocommit=True) as conn:
             cursor = conn.execute(query, params)

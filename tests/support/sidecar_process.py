@@ -73,11 +73,11 @@ def main(argv: Sequence[str]) -> None:
     from sidecar.cli.common import setup_logging
     from sidecar.config import load_settings
     from sidecar.server import serve
-    from sidecar.state import common
+    from sidecar.state import records
     from sidecar.tools.registry import Registry
 
     if DEADLINE_GRACE_ENV in os.environ:
-        common.DEADLINE_GRACE_SECONDS = float(os.environ[DEADLINE_GRACE_ENV])
+        records.DEADLINE_GRACE_SECONDS = float(os.environ[DEADLINE_GRACE_ENV])
     settings = load_settings(Path(argv[0]))
     setup_logging(settings.log_level)
     asyncio.run(serve(settings, registry=Registry.from_tools(TOOLS)))

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.cli import main
-from sidecar.contract import ErrorCode, Status, ToolResult
-from sidecar.state import Claim, ClaimState, KeyScope
-from sidecar.state.common import DEADLINE_GRACE_SECONDS
+from sidecar.contract import ErrorCode, OperationState, Status, ToolResult
+from sidecar.state import DEADLINE_GRACE_SECONDS, Claim, KeyScope
 from sidecar.state.sqlite import SqliteStore
 
 LOST = KeyScope("acme", "dev-1", "create_note", "lost")
@@ -76,8 +75,9 @@ def test_resolve_stores_a_result_retries_replay(capsys: pytest.CaptureFixture[st
                                                 flag: str, status: Status) -> None:
     code, out, _ = resolve(capsys, config, "lost", flag, "--note", "checked the CRM")
     assert code == 0 and "resolved 'lost'" in out
-    replay = claim_again(db, LOST)
-    assert replay.state is ClaimState.REPLAY and replay.result_json is not None
+    replay = claim_again(db, LOST).record
+    assert replay is not None and replay.result_json is not None
+    assert replay.state is (OperationState.COMPLETED if status is Status.SUCCESS else OperationState.FAILED)
     result = ToolResult.model_validate_json(replay.result_json)
     assert result.status is status and result.data == {"resolved_by_operator": True, "note": "checked the CRM"}
     if status is Status.ERROR:
@@ -90,10 +90,12 @@ def test_resolve_refuses_unknown_and_finished_keys(capsys: pytest.CaptureFixture
     assert code == 1 and "no keyed call 'never'" in err
     code, _, err = resolve(capsys, config, "done", "--failed")
     assert code == 1 and "already has a result; nothing to resolve" in err
-    assert claim_again(db, DONE) == Claim(ClaimState.REPLAY, "{}")
+    done = claim_again(db, DONE)
+    assert done.record is not None and not done.reused and done.record.result_json == "{}"
 
 
 def test_resolve_needs_exactly_one_outcome(capsys: pytest.CaptureFixture[str], config: Path) -> None:
     assert resolve(capsys, config, "lost")[0] == 2
     assert resolve(capsys, config, "lost", "--completed", "--failed")[0] == 2
-    assert claim_again(config.parent / "store.db", LOST).state is ClaimState.UNKNOWN
+    lost = claim_again(config.parent / "store.db", LOST)
+    assert lost.record is not None and not lost.reused and lost.record.state is OperationState.UNKNOWN

@@ -20,8 +20,7 @@ from sidecar.pipeline import Pipeline
 from sidecar.policy import CALL_STAGES, Decision, DelegatingEngine, PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
-from sidecar.state import KeyScope
-from sidecar.state.common import DEADLINE_GRACE_SECONDS
+from sidecar.state import DEADLINE_GRACE_SECONDS, KeyScope
 from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
@@ -257,7 +256,7 @@ async def test_a_keyed_call_records_its_deadline(make_pipeline: PipelineFactory)
 
 async def test_finished_records_past_the_retention_are_deleted(tmp_path: Path, default_engine: Any,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sidecar.state.idempotency.EXPIRY_INTERVAL_SECONDS", 0.0)
+    monkeypatch.setattr("sidecar.state.expiry.EXPIRY_INTERVAL_SECONDS", 0.0)
     store = await SqliteStore.open(tmp_path / "store.db")
     pipeline = assemble(registry=Registry.from_tools(tools.ALL), policy=default_engine, store=store, limits=Limits(),
                         retention_hours=0.5 / 3600)

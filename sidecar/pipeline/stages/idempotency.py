@@ -18,14 +18,13 @@ import asyncio
 import logging
 import time
 
-from sidecar.contract import ErrorCode, ErrorInfo, ToolResult
+from sidecar.contract import ErrorCode, ErrorInfo, OperationState, ToolResult
 from sidecar.errors import CallRefused, StoreUnavailableError, refusal
 from sidecar.pipeline import results
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Next
 from sidecar.pipeline.stages.audit import Auditor
-from sidecar.state import ClaimState, KeyScope, Store
-from sidecar.state.idempotency import Expiry
+from sidecar.state import Claim, Expiry, KeyScope, Store
 
 __all__ = ["MAX_IDEMPOTENCY_KEY_CHARS", "IdempotencyStage"]
 
@@ -71,8 +70,8 @@ class IdempotencyStage:
         except StoreUnavailableError as exc:
             log.error("store unavailable: %s", exc)
             raise CallRefused(refusal(exc, consequence="nothing was executed")) from None
-        if claim.state is not ClaimState.CLAIMED:
-            return _not_ours(call, claim.state, claim.result_json)
+        if not claim.claimed:
+            return _not_ours(call, claim)
         call.key = scope
         self._expiry.poke()
         await self._record_dispatch(call)
@@ -117,17 +116,19 @@ def _scope(call: Call) -> KeyScope:
     return KeyScope(call.principal.tenant, call.principal.id, call.defn.name, key)
 
 
-def _not_ours(call: Call, state: ClaimState, result_json: str | None) -> ToolResult:
+def _not_ours(call: Call, claim: Claim) -> ToolResult:
     """The answer when the key is held by an earlier call: its replayed result, or why not."""
-    if state is ClaimState.REPLAY:
-        assert result_json is not None
-        return results.replayed(call, result_json)
-    if state is ClaimState.IN_PROGRESS:
+    record = claim.record
+    assert record is not None
+    if claim.reused:
+        raise CallRefused(ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_REUSED, "this idempotency key was used for a "
+                                       "different request", field="idempotency_key"))
+    if record.state is OperationState.IN_PROGRESS:
         message = "a call with this idempotency key is still running"
-    elif state is ClaimState.UNKNOWN:
+    elif record.state is OperationState.UNKNOWN:
         message = ("the outcome of the call with this idempotency key is unknown (its sidecar stopped while it "
                    "ran); it is not run again until an operator resolves it (toolbooth operations resolve)")
     else:
-        raise CallRefused(ErrorInfo.of(ErrorCode.IDEMPOTENCY_KEY_REUSED, "this idempotency key was used for a "
-                                       "different request", field="idempotency_key"))
+        assert record.result_json is not None
+        return results.replayed(call, record.result_json)
     raise CallRefused(ErrorInfo.of(ErrorCode.OPERATION_IN_PROGRESS, message, field="idempotency_key"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["DSN_FORMS", "dsn_parts", "redact_dsn"]
+
 DSN_FORMS = "postgresql://USER[:PASSWORD]@HOST[:PORT]/DBNAME or key=value pairs"
 
 

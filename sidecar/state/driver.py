@@ -1,0 +1,86 @@
+"""The small SQL driver a backend supplies, so that the store (``SqlStore``) and the migrator are written once.
+
+A driver runs single statements (each committed on its own), sessions (statements on one connection
+that no other statement of the driver comes between) and transactions that hold a named lock.
+What differs between SQL dialects is data, not code: ``Dialect``. Statements are written with ``?``
+placeholders; ``Dialect.sql`` puts in the driver's own. Every database error leaves a driver as
+``StoreUnavailableError`` (retryable), its message never showing a password.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["Dialect", "Driver", "Params", "Row", "StatementRunner", "Transaction"]
+
+Row = tuple[Any, ...]
+Params = Sequence[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What a backend's SQL spells differently. ``{}`` in a template is its operand."""
+
+    name: str  # the backend, also the folder of its migrations: ``migrations/<name>/NNNN_*.sql``
+    placeholder: str  # of a statement parameter: ``?`` or ``%s``
+    now: str  # an expression: the current time, as timestamp columns store it
+    epoch: str  # template: a timestamp column as epoch seconds
+    timestamp: str  # template: epoch seconds as a timestamp column stores them
+    table_exists: str  # a query with one parameter, a table name: one row, true if the table exists
+    version_table: str  # the DDL of ``toolbooth_schema`` (version, name, applied_at)
+
+    def sql(self, statement: str) -> str:
+        """``statement`` with its ``?`` placeholders in this dialect's style."""
+        return statement.replace("?", self.placeholder)
+
+
+class StatementRunner(Protocol):
+    """Running one statement."""
+
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
+        """The rows ``sql`` returns."""
+        ...
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        """Run ``sql``; the number of rows it inserted, changed or deleted."""
+        ...
+
+
+class Transaction(StatementRunner, Protocol):
+    """Statements inside one transaction, on one connection."""
+
+    async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
+        """Run ``sql`` once per parameter row."""
+        ...
+
+    async def execute_script(self, script: str) -> None:
+        """Run a file of ``;``-terminated statements without parameters (a migration)."""
+        ...
+
+
+class Driver(StatementRunner, Protocol):
+    """A database: single statements (each committed on its own), sessions and locked transactions."""
+
+    @property
+    def dialect(self) -> Dialect:
+        """How this backend spells what differs."""
+        ...
+
+    def session(self) -> AbstractAsyncContextManager[StatementRunner]:
+        """Statements on one connection, no other statement of this driver between them. On PostgreSQL they
+        are autocommit statements: other sidecars' writes may come between them. On SQLite the session is a
+        ``BEGIN IMMEDIATE`` transaction: nothing comes between them."""
+        ...
+
+    def transaction(self, *, lock: int) -> AbstractAsyncContextManager[Transaction]:
+        """A transaction holding the lock named ``lock`` (a signed 64-bit key) until it commits, or rolls back
+        on an exception: whoever else takes that lock, in any process, waits. A backend may lock more
+        (SQLite takes its one write lock), never less."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections and threads."""
+        ...

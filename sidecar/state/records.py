@@ -1,0 +1,147 @@
+"""The records a store keeps: idempotency records (operations) and claims, audit events, previews.
+
+An idempotency record has one state, the public ``OperationState``: ``IN_PROGRESS`` while its call
+runs, ``UNKNOWN`` when still running ``DEADLINE_GRACE_SECONDS`` past its deadline (its sidecar died),
+``COMPLETED`` or ``FAILED`` once it holds a result (success, or anything else).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from sidecar.contract import OperationState, PreviewState, Status
+
+__all__ = [
+    "DEADLINE_GRACE_SECONDS",
+    "AuditEvent",
+    "AuditRecord",
+    "Claim",
+    "KeyScope",
+    "OperationRecord",
+    "PreviewRecord",
+    "is_abandoned",
+    "result_state",
+]
+
+# A keyed call ends (completed or released) by its deadline; one still in progress this long after it
+# belonged to a sidecar that died: its outcome is unknown.
+DEADLINE_GRACE_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class KeyScope:
+    """Idempotency keys are scoped to (principal, tool)."""
+
+    tenant: str
+    principal_id: str
+    tool: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class OperationRecord:
+    """An idempotency record: the call holding a key and, once finished, its stored result."""
+
+    scope: KeyScope
+    request_id: str
+    result_json: str | None
+    deadline_at: float | None  # epoch seconds; ``None``: never unknown
+    created_at: float
+
+    @property
+    def state(self) -> OperationState:
+        """Where the call stands (never ``NOT_FOUND``: that is the absence of a record)."""
+        if self.result_json is not None:
+            return result_state(self.result_json)
+        return OperationState.UNKNOWN if is_abandoned(self.deadline_at) else OperationState.IN_PROGRESS
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What claiming a key found: nothing (this call now owns it), a record of another request, or its own."""
+
+    record: OperationRecord | None = None  # the record already holding the key, if any
+    reused: bool = False  # that record is for a different request (request hash differs)
+
+    @property
+    def claimed(self) -> bool:
+        """Whether the key was free: the caller owns it now and must run the call."""
+        return self.record is None
+
+
+def is_abandoned(deadline_at: float | None) -> bool:
+    """Whether a record in progress is past ``deadline_at`` by more than the grace: its owner died."""
+    return deadline_at is not None and deadline_at + DEADLINE_GRACE_SECONDS < time.time()
+
+
+def result_state(result_json: str) -> OperationState:
+    """``COMPLETED`` if the stored result's status is success, else ``FAILED``."""
+    try:
+        document = json.loads(result_json)
+    except ValueError:
+        return OperationState.FAILED
+    status = document.get("status") if isinstance(document, dict) else None
+    return OperationState.COMPLETED if status == Status.SUCCESS.value else OperationState.FAILED
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """One step of a call as the audit log records it: arguments as a hash and, masked, as JSON."""
+
+    request_id: str
+    time: str
+    principal_id: str
+    tenant: str
+    tool: str
+    tool_version: str
+    input_hash: str
+    decisions_json: str
+    policy_revision: str
+    idempotency_key: str | None
+    call_id: str | None
+    conversation_id: str | None
+    status: str
+    error_code: str | None
+    duration_ms: int
+    arguments_json: str | None = None  # the validated arguments, sensitive values masked (``sidecar.tools.masking``)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """A stored event, linked into its store's chain: ``hash`` covers the event and ``prev_hash``."""
+
+    id: int
+    event: AuditEvent
+    prev_hash: str | None  # both ``None`` only for events written before the chain existed
+    hash: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewRecord:
+    """One stored preview: the exact call an approver is shown. Times are seconds since the epoch;
+    ``decided_by`` is the approver's principal as JSON (id, tenant, roles, permissions), so the
+    approval can be re-checked later.
+
+    It moves ``pending`` -> ``approved`` | ``denied`` (once) and ``approved`` -> ``used`` (once).
+    """
+
+    preview_id: str
+    preview_hash: str
+    tenant: str
+    principal_id: str
+    tool: str
+    tool_version: str
+    call_json: str  # the canonical call the hash covers
+    policy_revision: str
+    reason: str
+    approver_roles: tuple[str, ...]
+    created_at: float
+    expires_at: float
+    state: PreviewState = PreviewState.PENDING
+    decided_by: str | None = None
+    decided_at: float | None = None
+    comment: str | None = None  # the approver's comment, or the reason for a denial
+    used_at: float | None = None
+    used_key: str | None = None  # the idempotency key of the call that used the approval, if it had one

@@ -1,0 +1,161 @@
+"""``SqlStore``: the one ``Store`` implementation, over any ``Driver``.
+
+A claim is ``INSERT ... ON CONFLICT DO NOTHING``: the primary key decides which of any number of
+concurrent claimers, in any process sharing the database, owns a key; the others then read the row
+that won, in the same driver session (on SQLite one ``BEGIN IMMEDIATE`` transaction; on PostgreSQL
+the row may be released before it is read, and the claim starts over, at most ``CLAIM_ATTEMPTS``
+times). Completions, releases and resolutions touch only a record still without a result, so an
+operator's resolution is never overwritten or deleted. Each preview move is one conditional
+``UPDATE``: of any number of concurrent callers, one wins. Queued audit events are written in
+batches (``AuditBatcher``), one transaction per batch; each append holds ``AUDIT_LOCK``, reads the
+last hash and links the batch to it (``chain.chained``), so every store sharing the database
+appends to one linear chain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple
+
+from sidecar.contract import PreviewState
+from sidecar.errors import StoreUnavailableError
+from sidecar.state.audit import AuditBatcher
+from sidecar.state.chain import chained
+from sidecar.state.driver import Driver, Row
+from sidecar.state.records import AuditEvent, AuditRecord, Claim, KeyScope, OperationRecord, PreviewRecord
+from sidecar.state.rows import audit_record, audit_row, operation_record, preview_record, preview_row
+from sidecar.state.statements import StoreStatements
+
+__all__ = ["AUDIT_LOCK", "CLAIM_ATTEMPTS", "SqlStore"]
+
+# The lock serializing audit appends: "tb-audit" in ASCII (a PostgreSQL advisory lock key).
+AUDIT_LOCK = int.from_bytes(b"tb-audit", "big")
+# The row an INSERT conflicted with can be released before the SELECT reads it; then the claim starts over.
+# Each new start means another claim won meanwhile; a key churned this often fails as unavailable (retryable).
+CLAIM_ATTEMPTS = 10
+
+
+class SqlStore:
+    """The ``Store`` over ``driver``, whose schema its migrations brought to the latest version."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self._sql = StoreStatements.of(driver.dialect)
+        self._audit = AuditBatcher(self._append_audit)
+
+    # --- idempotency and operations ---------------------------------------------------------
+
+    async def claim(self, scope: KeyScope, request_hash: str, request_id: str, *,
+                    deadline_at: float | None = None) -> Claim:
+        """Atomically claim ``scope`` for ``request_hash`` or report the record that holds it."""
+        key = astuple(scope)
+        async with self.driver.session() as session:
+            for _ in range(CLAIM_ATTEMPTS):
+                if await session.execute(self._sql.claim, (*key, request_hash, request_id, deadline_at)) == 1:
+                    return Claim()
+                rows = await session.fetch(self._sql.holder, key)
+                if rows:
+                    held_for, *record = rows[0]
+                    return Claim(operation_record(tuple(record)), reused=held_for != request_hash)
+        raise StoreUnavailableError(f"idempotency key {scope.key!r} was released {CLAIM_ATTEMPTS} times "
+                                    "while being claimed")
+
+    async def complete(self, scope: KeyScope, result_json: str) -> None:
+        """Store the final result of a claimed key (never over a result already stored)."""
+        await self.driver.execute(self._sql.complete, (result_json, *astuple(scope)))
+
+    async def release(self, scope: KeyScope) -> None:
+        """Forget a claimed key whose call certainly had no effect (never one with a result)."""
+        await self.driver.execute(self._sql.release, astuple(scope))
+
+    async def operation(self, scope: KeyScope) -> OperationRecord | None:
+        """The record holding ``scope``, if any."""
+        rows = await self.driver.fetch(self._sql.by_key, astuple(scope))
+        return operation_record(rows[0]) if rows else None
+
+    async def operation_of_request(self, tenant: str, principal_id: str, request_id: str) -> OperationRecord | None:
+        """The record the call ``request_id`` of this principal claimed, if any."""
+        rows = await self.driver.fetch(self._sql.by_request, (tenant, principal_id, request_id))
+        return operation_record(rows[0]) if rows else None
+
+    async def pending_operations(self, *, limit: int = 1000) -> list[OperationRecord]:
+        """Records without a result (in progress or unknown), oldest first."""
+        return [operation_record(row) for row in await self.driver.fetch(self._sql.pending, (limit,))]
+
+    async def resolve_operation(self, scope: KeyScope, result_json: str, *, now: float) -> bool:
+        """Store ``result_json`` for a record still without a result; ``False`` if there is none such."""
+        return await self.driver.execute(self._sql.resolve, (result_json, now, *astuple(scope))) == 1
+
+    async def expire_operations(self, completed_before: float) -> int:
+        """Delete the records completed before ``completed_before`` (never one without a result); how many."""
+        return await self.driver.execute(self._sql.expire, (completed_before,))
+
+    # --- previews ---------------------------------------------------------------------------
+
+    async def save_preview(self, preview: PreviewRecord) -> None:
+        """Store a new (pending) preview; durable on return."""
+        await self.driver.execute(self._sql.insert_preview, preview_row(preview))
+
+    async def get_preview(self, preview_id: str) -> PreviewRecord | None:
+        """The preview with this id, if any."""
+        rows = await self.driver.fetch(self._sql.get_preview, (preview_id,))
+        return preview_record(rows[0]) if rows else None
+
+    async def list_previews(self, state: PreviewState, *, limit: int = 100) -> list[PreviewRecord]:
+        """Previews in ``state``, newest first, at most ``limit``."""
+        return [preview_record(row) for row in await self.driver.fetch(self._sql.list_previews, (state.value, limit))]
+
+    async def decide_preview(self, preview_id: str, state: PreviewState, *, decided_by: str, comment: str | None,
+                             now: float) -> bool:
+        """Atomically move a pending preview to ``state``; ``False`` if it was not pending."""
+        params = (state.value, decided_by, comment, now, preview_id)
+        return await self.driver.execute(self._sql.decide_preview, params) == 1
+
+    async def consume_approval(self, preview_id: str, *, now: float, key: str | None = None) -> bool:
+        """Atomically mark an approved preview used; ``False`` if it was not approved (or already used)."""
+        return await self.driver.execute(self._sql.consume_approval, (now, key, preview_id)) == 1
+
+    # --- audit ------------------------------------------------------------------------------
+
+    async def record_audit(self, event: AuditEvent) -> None:
+        """Append ``event`` to the audit log; durable on return."""
+        await self._append_audit([audit_row(event)])
+
+    def queue_audit(self, event: AuditEvent) -> None:
+        """Like ``record_audit``, but written soon in a batch (in order); write failures are logged."""
+        self._audit.put(event)
+
+    async def flush_audit(self) -> None:
+        """Wait until every queued audit event is written."""
+        await self._audit.flush()
+
+    async def audit_records(self, *, after_id: int = 0, limit: int | None = None,
+                            newest_first: bool = False) -> list[AuditRecord]:
+        """Stored events with an id above ``after_id``, oldest first (or newest first), at most ``limit``."""
+        if limit is None:
+            sql = self._sql.audit_all_after_newest if newest_first else self._sql.audit_all_after
+            rows = await self.driver.fetch(sql, (after_id,))
+        else:
+            sql = self._sql.audit_after_newest if newest_first else self._sql.audit_after
+            rows = await self.driver.fetch(sql, (after_id, limit))
+        return [audit_record(row) for row in rows]
+
+    async def audit_events(self) -> list[AuditEvent]:
+        """Every audit event (queued ones included), oldest first."""
+        await self.flush_audit()
+        return [record.event for record in await self.audit_records()]
+
+    async def audit_mask_key(self, candidate: bytes) -> bytes:
+        """The store's key for masking audited values; ``candidate`` becomes it if it has none yet."""
+        await self.driver.execute(self._sql.set_mask_key, (candidate.hex(),))
+        [(key,)] = await self.driver.fetch(self._sql.mask_key)
+        return bytes.fromhex(key)
+
+    async def aclose(self) -> None:
+        """Write queued audit events, then release the driver's connections and threads."""
+        await self.flush_audit()
+        await self.driver.aclose()
+
+    async def _append_audit(self, rows: list[Row]) -> None:
+        async with self.driver.transaction(lock=AUDIT_LOCK) as tx:
+            last = await tx.fetch(self._sql.last_audit_hash)
+            await tx.execute_many(self._sql.insert_audit, chained(last[0][0] if last else None, rows))

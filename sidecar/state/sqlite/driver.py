@@ -1,0 +1,157 @@
+"""The SQLite driver: one connection owned by one worker thread, WAL journal.
+
+Every statement runs on a single-thread executor, so this process's statements are serialized;
+a transaction (and a session) is ``BEGIN IMMEDIATE`` (the database's one write lock, whatever lock it
+is asked for), so it is atomic across processes sharing the file, and the driver's other statements
+wait until it ends. ``synchronous=FULL``: a commit is on disk on return, even if the machine then loses power.
+Waits for another process's lock are bounded by the busy timeout; then the statement fails as
+``StoreUnavailableError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from sidecar.errors import StoreUnavailableError
+from sidecar.state.driver import Dialect, Params, Row, StatementRunner, Transaction
+
+__all__ = ["SQLITE", "SqliteDriver", "connect", "script_statements"]
+
+T = TypeVar("T")
+
+SQLITE = Dialect(
+    name="sqlite",
+    placeholder="?",
+    now="toolbooth_now()",  # Python's clock (``time.time``), registered on each connection: microseconds
+    epoch="{}",  # timestamps are stored as epoch seconds (REAL)
+    timestamp="{}",
+    table_exists="SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?",
+    version_table="CREATE TABLE toolbooth_schema (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+                  "applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+)
+
+
+def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
+    """A connection to ``path`` (created with its folder if missing) in autocommit mode, WAL, ``synchronous=FULL``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        db.create_function("toolbooth_now", 0, time.time)
+        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = FULL")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def script_statements(script: str) -> list[str]:
+    """The ``;``-terminated statements of ``script`` (comments kept with the statement after them)."""
+    statements, pending = [], ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            statements.append(pending.strip())
+            pending = ""
+    if any(line.strip() and not line.strip().startswith("--") for line in pending.splitlines()):
+        raise ValueError(f"an SQL statement is not terminated by ';': {pending.strip()!r}")
+    return statements
+
+
+class _Worker:
+    """The connection and the one thread that uses it; a ``Transaction`` while the driver's lock is held."""
+
+    def __init__(self, db: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
+        self.db, self._executor = db, executor
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        except sqlite3.Error as exc:
+            raise StoreUnavailableError(f"SQLite store error: {exc}") from exc
+
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
+        return await self.run(lambda: self.db.execute(sql, params).fetchall())
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        return await self.run(lambda: self.db.execute(sql, params).rowcount)
+
+    async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
+        await self.run(lambda: self.db.executemany(sql, rows))
+
+    async def execute_script(self, script: str) -> None:
+        def run_all() -> None:
+            for statement in script_statements(script):
+                self.db.execute(statement)
+
+        await self.run(run_all)
+
+    def rollback(self) -> None:
+        with contextlib.suppress(sqlite3.Error):  # the error that led here is the one to report
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+class SqliteDriver:
+    """A SQLite database file, for one process's store."""
+
+    dialect = SQLITE
+
+    def __init__(self, worker: _Worker) -> None:
+        self._worker = worker
+        self._lock = asyncio.Lock()  # held by a transaction, and by each statement outside one
+
+    @classmethod
+    async def open(cls, path: Path, *, busy_timeout_ms: int = 5000) -> SqliteDriver:
+        """Open (creating if needed) the database at ``path``."""
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolbooth-sqlite")
+        try:
+            db = await asyncio.get_running_loop().run_in_executor(executor, connect, path, busy_timeout_ms)
+        except (sqlite3.Error, OSError) as exc:
+            executor.shutdown(wait=False)
+            raise StoreUnavailableError(f"cannot open SQLite store at {path}: {exc}") from exc
+        return cls(_Worker(db, executor))
+
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
+        """The rows of ``sql``, run on its own."""
+        async with self._lock:
+            return await self._worker.fetch(sql, params)
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        """Run ``sql`` on its own (committed on return); the number of rows it changed."""
+        async with self._lock:
+            return await self._worker.execute(sql, params)
+
+    def session(self) -> AbstractAsyncContextManager[StatementRunner]:
+        """A ``BEGIN IMMEDIATE`` transaction: no writer, in any process, comes between its statements."""
+        return self.transaction(lock=0)
+
+    @asynccontextmanager
+    async def transaction(self, *, lock: int) -> AsyncIterator[Transaction]:
+        """A ``BEGIN IMMEDIATE`` transaction: the write lock covers every ``lock``."""
+        async with self._lock:
+            await self._worker.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._worker
+                await self._worker.execute("COMMIT")
+            except BaseException:
+                await self._worker.run(self._worker.rollback)
+                raise
+
+    async def aclose(self) -> None:
+        """Close the connection and stop the thread."""
+        async with self._lock:
+            await self._worker.run(self._worker.db.close)
+        self._worker.shutdown()

@@ -1,0 +1,83 @@
+"""Every statement ``SqlStore`` runs, written once and spelled for one ``Dialect``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from sidecar.state.driver import Dialect
+from sidecar.state.rows import CHAINED_COLUMNS, OPERATION_COLUMNS, PREVIEW_COLUMNS
+
+__all__ = ["StoreStatements"]
+
+_KEY = "tenant = ? AND principal_id = ? AND tool = ? AND key = ?"
+
+
+def _values(count: int) -> str:
+    return ", ".join(["?"] * count)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatements:
+    """The store's SQL in one dialect. Claims, completions and releases name the key (``KeyScope`` order)."""
+
+    claim: str  # insert a record unless the key is held; changes 1 row if it was free
+    holder: str  # the request hash, then ``OPERATION_COLUMNS``, of the record holding a key
+    complete: str  # only a record still without a result: an operator's resolution is never overwritten
+    release: str  # likewise: a record with a result is never deleted by a release
+    by_key: str
+    by_request: str
+    pending: str
+    resolve: str
+    expire: str
+    insert_preview: str
+    get_preview: str
+    list_previews: str
+    decide_preview: str  # pending -> approved | denied, once
+    consume_approval: str  # approved -> used, once
+    insert_audit: str
+    last_audit_hash: str
+    audit_after: str  # records after an id, oldest first, at most a limit; ``_newest``: newest first
+    audit_after_newest: str
+    audit_all_after: str  # the same without a limit
+    audit_all_after_newest: str
+    set_mask_key: str
+    mask_key: str
+
+    @classmethod
+    def of(cls, d: Dialect) -> StoreStatements:
+        """The statements spelled for ``d``."""
+        columns = f"{', '.join(OPERATION_COLUMNS[:-1])}, {d.epoch.format('created_at')}"
+        operation = f"SELECT {columns} FROM idempotency"
+        previews = ", ".join(PREVIEW_COLUMNS)
+        audit = f"SELECT id, {', '.join(CHAINED_COLUMNS)} FROM audit WHERE id > ?"
+        text = cls(
+            claim="INSERT INTO idempotency (tenant, principal_id, tool, key, request_hash, request_id, deadline_at, "
+                  f"created_at) VALUES (?, ?, ?, ?, ?, ?, ?, {d.now}) ON CONFLICT DO NOTHING",
+            holder=f"SELECT request_hash, {columns} FROM idempotency WHERE {_KEY}",
+            complete=f"UPDATE idempotency SET result_json = ?, completed_at = {d.now} "
+                     f"WHERE {_KEY} AND result_json IS NULL",
+            release=f"DELETE FROM idempotency WHERE {_KEY} AND result_json IS NULL",
+            by_key=f"{operation} WHERE {_KEY}",
+            by_request=f"{operation} WHERE tenant = ? AND principal_id = ? AND request_id = ?",
+            pending=f"{operation} WHERE result_json IS NULL ORDER BY created_at LIMIT ?",
+            resolve=f"UPDATE idempotency SET result_json = ?, completed_at = {d.timestamp.format('?')} "
+                    f"WHERE {_KEY} AND result_json IS NULL",
+            expire="DELETE FROM idempotency WHERE result_json IS NOT NULL "
+                   f"AND completed_at < {d.timestamp.format('?')}",
+            insert_preview=f"INSERT INTO previews ({previews}) VALUES ({_values(len(PREVIEW_COLUMNS))})",
+            get_preview=f"SELECT {previews} FROM previews WHERE preview_id = ?",
+            list_previews=f"SELECT {previews} FROM previews WHERE state = ? ORDER BY created_at DESC LIMIT ?",
+            decide_preview="UPDATE previews SET state = ?, decided_by = ?, comment = ?, decided_at = ? "
+                           "WHERE preview_id = ? AND state = 'pending'",
+            consume_approval="UPDATE previews SET state = 'used', used_at = ?, used_key = ? "
+                             "WHERE preview_id = ? AND state = 'approved'",
+            insert_audit=f"INSERT INTO audit ({', '.join(CHAINED_COLUMNS)}) VALUES ({_values(len(CHAINED_COLUMNS))})",
+            last_audit_hash="SELECT hash FROM audit ORDER BY id DESC LIMIT 1",
+            audit_after=f"{audit} ORDER BY id ASC LIMIT ?",
+            audit_after_newest=f"{audit} ORDER BY id DESC LIMIT ?",
+            audit_all_after=f"{audit} ORDER BY id ASC",
+            audit_all_after_newest=f"{audit} ORDER BY id DESC",
+            set_mask_key="INSERT INTO audit_mask_key (id, key) VALUES (1, ?) ON CONFLICT DO NOTHING",
+            mask_key="SELECT key FROM audit_mask_key",
+        )
+        return cls(**{f.name: d.sql(getattr(text, f.name)) for f in fields(cls)})

@@ -1,0 +1,105 @@
+"""The ``Store`` protocol: what the pipeline and the CLI ask of durable state.
+
+One implementation (``sidecar.state.sql_store.SqlStore``) serves every backend. Its guarantees:
+a claim is atomic across every process sharing the database (of any number of concurrent claimers
+one owns the key); an operator's resolution is never overwritten or deleted by a late outcome; a
+preview moves pending -> approved | denied and approved -> used once each, whoever races; the audit
+log is one linear hash chain (``sidecar.state.chain``) whoever appends.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sidecar.contract import PreviewState
+from sidecar.state.records import AuditEvent, AuditRecord, Claim, KeyScope, OperationRecord, PreviewRecord
+
+__all__ = ["Store"]
+
+
+class Store(Protocol):
+    """Idempotency records (operations), previews with their approvals, and audit events."""
+
+    async def claim(self, scope: KeyScope, request_hash: str, request_id: str, *,
+                    deadline_at: float | None = None) -> Claim:
+        """Atomically claim ``scope`` for ``request_hash`` or report the record that holds it.
+
+        ``deadline_at`` (epoch seconds) bounds the call claiming: a record still in progress
+        ``DEADLINE_GRACE_SECONDS`` after it is ``UNKNOWN``; ``None`` never expires.
+        """
+        ...
+
+    async def complete(self, scope: KeyScope, result_json: str) -> None:
+        """Store the final result of a claimed key (never over a result already stored)."""
+        ...
+
+    async def release(self, scope: KeyScope) -> None:
+        """Forget a claimed key whose call certainly had no effect (never one with a result)."""
+        ...
+
+    async def operation(self, scope: KeyScope) -> OperationRecord | None:
+        """The record holding ``scope``, if any."""
+        ...
+
+    async def operation_of_request(self, tenant: str, principal_id: str, request_id: str) -> OperationRecord | None:
+        """The record the call ``request_id`` of this principal claimed, if any."""
+        ...
+
+    async def pending_operations(self, *, limit: int = 1000) -> list[OperationRecord]:
+        """Records without a result (in progress or unknown), oldest first."""
+        ...
+
+    async def resolve_operation(self, scope: KeyScope, result_json: str, *, now: float) -> bool:
+        """Store ``result_json`` for a record still without a result; ``False`` if there is none such."""
+        ...
+
+    async def expire_operations(self, completed_before: float) -> int:
+        """Delete the records completed before ``completed_before`` (never one without a result); how many."""
+        ...
+
+    async def save_preview(self, preview: PreviewRecord) -> None:
+        """Store a new (pending) preview; durable on return."""
+        ...
+
+    async def get_preview(self, preview_id: str) -> PreviewRecord | None:
+        """The preview with this id, if any."""
+        ...
+
+    async def list_previews(self, state: PreviewState, *, limit: int = 100) -> list[PreviewRecord]:
+        """Previews in ``state``, newest first, at most ``limit``."""
+        ...
+
+    async def decide_preview(self, preview_id: str, state: PreviewState, *, decided_by: str, comment: str | None,
+                             now: float) -> bool:
+        """Atomically move a pending preview to ``state`` (approved or denied); ``False`` if it was not pending."""
+        ...
+
+    async def consume_approval(self, preview_id: str, *, now: float, key: str | None = None) -> bool:
+        """Atomically mark an approved preview used (by the call with idempotency ``key``); ``False`` if it
+        was not approved (or already used)."""
+        ...
+
+    async def record_audit(self, event: AuditEvent) -> None:
+        """Append ``event`` to the audit log; durable on return."""
+        ...
+
+    def queue_audit(self, event: AuditEvent) -> None:
+        """Like ``record_audit``, but written soon in a batch (in order); write failures are logged."""
+        ...
+
+    async def flush_audit(self) -> None:
+        """Wait until every queued audit event is written."""
+        ...
+
+    async def audit_records(self, *, after_id: int = 0, limit: int | None = None,
+                            newest_first: bool = False) -> list[AuditRecord]:
+        """Stored events with an id above ``after_id``, oldest first (or newest first), at most ``limit``."""
+        ...
+
+    async def audit_mask_key(self, candidate: bytes) -> bytes:
+        """The store's key for masking audited values; ``candidate`` becomes it if it has none yet."""
+        ...
+
+    async def aclose(self) -> None:
+        """Write queued audit events, then release connections and threads."""
+        ...

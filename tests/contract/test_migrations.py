@@ -1,0 +1,97 @@
+"""The migrator on every backend (fixtures of ``test_store_contract``): versions recorded in the database,
+applied once, an older schema upgraded keeping its rows, a newer one refused."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+from psycopg import AsyncConnection
+
+from sidecar.contract import OperationState
+from sidecar.errors import StoreUnavailableError
+from sidecar.state.driver import Driver
+from sidecar.state.migrate import migrate, migrations
+from sidecar.state.postgres import PostgresDriver
+from sidecar.state.sqlite import SqliteDriver
+from tests.contract import test_store_contract as contract
+from tests.contract.test_store_contract import SCOPE, SqliteBackend, Stores, event
+
+stores = contract.stores  # the contract suite's fixture: every backend
+
+
+def backend_name(stores: Stores) -> str:
+    return "sqlite" if isinstance(stores.backend, SqliteBackend) else "postgres"
+
+
+@asynccontextmanager
+async def driver_of(stores: Stores) -> AsyncIterator[Driver]:
+    """A bare driver on the backend's database: no migration run."""
+    if isinstance(stores.backend, SqliteBackend):
+        sqlite = await SqliteDriver.open(stores.backend.path)
+        try:
+            yield sqlite
+        finally:
+            await sqlite.aclose()
+    else:
+        async with await AsyncConnection.connect(stores.backend.dsn, autocommit=True) as conn:
+            yield PostgresDriver(conn, "test")
+
+
+def test_both_backends_ship_the_same_versions() -> None:
+    for backend in ("sqlite", "postgres"):
+        known = migrations(backend)
+        assert [m.version for m in known] == list(range(1, len(known) + 1))
+    assert [m.name for m in migrations("sqlite")] == [m.name for m in migrations("postgres")]
+
+
+async def test_opening_records_every_version_once(stores: Stores) -> None:
+    await asyncio.gather(*(stores.open() for _ in range(4)))  # sidecars starting together
+    await stores.open()  # and one more later
+    rows = stores.backend.execute("SELECT version, name FROM toolbooth_schema ORDER BY version")
+    assert rows == [(m.version, m.name) for m in migrations(backend_name(stores))]
+
+
+async def test_an_older_schema_is_upgraded_keeping_its_rows(stores: Stores) -> None:
+    async with driver_of(stores) as driver:
+        assert await migrate(driver, target=1) == 1
+    stores.backend.execute("INSERT INTO idempotency (tenant, principal_id, tool, key, request_hash, request_id, "
+                           "created_at) VALUES (%s, %s, %s, %s, 'hash-a', 'r0', " +
+                           ("0" if backend_name(stores) == "sqlite" else "to_timestamp(0)") + ")",
+                           (SCOPE.tenant, SCOPE.principal_id, SCOPE.tool, SCOPE.key))
+    old = event(1)
+    columns = ("request_id", "time", "principal_id", "tenant", "tool", "tool_version", "input_hash", "decisions_json",
+               "policy_revision", "conversation_id", "status", "duration_ms")
+    stores.backend.execute(f"INSERT INTO audit ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})",
+                           tuple(getattr(old, c) for c in columns))
+    store = await stores.open()
+    record = await store.operation(SCOPE)
+    assert record is not None and record.request_id == "r0" and record.deadline_at is None
+    assert record.state is OperationState.IN_PROGRESS and record.created_at == 0.0
+    assert await store.audit_events() == [old]
+    [(version,)] = stores.backend.execute("SELECT max(version) FROM toolbooth_schema")
+    assert version == len(migrations(backend_name(stores)))
+
+
+async def test_a_newer_schema_is_refused(stores: Stores) -> None:
+    await stores.open()
+    stores.backend.execute("INSERT INTO toolbooth_schema (version, name) VALUES (999, '0999_future')")
+    newest = len(migrations(backend_name(stores)))
+    with pytest.raises(StoreUnavailableError, match=f"schema is at version 999, newer than this sidecar's {newest};"):
+        await stores.open()
+
+
+async def test_a_failing_migration_rolls_back_its_run(stores: Stores, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = migrations(backend_name(stores))
+    broken = [*real[:2], type(real[2])(3, "0003_broken", "CREATE TABLE previews (id integer);\nNOT SQL;\n")]
+    monkeypatch.setattr("sidecar.state.migrate.migrations", lambda backend: broken)
+    async with driver_of(stores) as driver:
+        with pytest.raises(StoreUnavailableError):
+            await migrate(driver)
+    monkeypatch.undo()
+    async with driver_of(stores) as driver:  # nothing of the failed run was kept (no broken previews table)
+        assert await migrate(driver) == len(real)
+    rows = stores.backend.execute("SELECT version, name FROM toolbooth_schema ORDER BY version")
+    assert rows == [(m.version, m.name) for m in real]

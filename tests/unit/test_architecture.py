@@ -1,0 +1,137 @@
+"""The shape of the code, checked: curated ``__all__`` everywhere, no import cycles, small modules.
+
+Imports are read from the source (``ast``), including imports inside functions and under
+``TYPE_CHECKING``, so a cycle cannot hide behind a lazy import. ``from package import name`` counts
+as an import of ``package.name`` when that is a module, else of ``package``; a package's
+``__init__`` is not imported by importing one of its submodules.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import sidecar
+
+ROOT = Path(sidecar.__file__).parent
+GENERATED = ROOT / "api" / "toolbooth"
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        if GENERATED in path.parents:
+            continue
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+PUBLIC = sorted(name for name in MODULES if not any(part.startswith("_") for part in name.split(".")[1:]))
+
+
+def _imports(name: str, path: Path) -> Iterator[str]:
+    """The sidecar modules ``name`` imports, anywhere in its source."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name in MODULES)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                if target in MODULES:
+                    yield target
+                elif base in MODULES:
+                    yield base
+
+
+GRAPH = {name: sorted(set(_imports(name, path)) - {name}) for name, path in MODULES.items()}
+
+
+def _cycle() -> list[str] | None:
+    """One import cycle among sidecar's modules, if there is any."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in GRAPH[module]:
+            if state.get(target) == 1:
+                return [*path[path.index(target):], target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in GRAPH:
+        if module not in state and (found := visit(module)):
+            return found
+    return None
+
+
+def test_no_import_cycles_lazy_or_not() -> None:
+    cycle = _cycle()
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_public_module_has_a_curated_all(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = getattr(module, "__all__", None)
+    assert isinstance(exported, list), f"{name} has no __all__ list"
+    assert len(set(exported)) == len(exported), f"{name}.__all__ lists a name twice"
+    missing = [item for item in exported if not hasattr(module, item)]
+    assert not missing, f"{name}.__all__ names what it does not define: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_is_over_400_lines(name: str) -> None:
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{name} has {lines} lines"
+
+
+# Who may import whom: each package lists the packages above it, which it must never import.
+LAYERS = {
+    "sidecar.tools": ("sidecar.pipeline", "sidecar.policy", "sidecar.state", "sidecar.server", "sidecar.cli"),
+    "sidecar.policy": ("sidecar.pipeline", "sidecar.state", "sidecar.server", "sidecar.cli", "sidecar.client"),
+    "sidecar.state": ("sidecar.pipeline", "sidecar.policy", "sidecar.server", "sidecar.cli", "sidecar.client"),
+    "sidecar.pipeline": ("sidecar.server", "sidecar.cli", "sidecar.client", "sidecar.bootstrap"),
+    "sidecar.server": ("sidecar.cli", "sidecar.client"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_imports_a_layer_above_its_own(name: str) -> None:
+    above = next((banned for package, banned in LAYERS.items() if name == package or name.startswith(package + ".")),
+                 ())
+    wrong = [target for target in GRAPH[name] if any(target == b or target.startswith(b + ".") for b in above)]
+    assert not wrong, f"{name} imports {wrong}"
+
+
+def test_the_client_needs_nothing_from_the_server_side() -> None:
+    reached, todo = set(), ["sidecar.client"]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += GRAPH[module]
+    server_side = sorted(m for m in reached if m.split(".")[1] in {"server", "pipeline", "policy", "state", "cli"})
+    assert not server_side, f"sidecar.client imports {server_side}"
+
+
+def test_the_graph_sees_lazy_imports() -> None:
+    """The cycle check is only as good as the graph: a function-level import is an edge too."""
+    assert "sidecar.bootstrap" in GRAPH["sidecar.server.app"]
