@@ -36,18 +36,24 @@ class Decider:
         except PolicyEvaluationError as exc:
             log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
             call.trail[stage.value] = {"error": str(exc)}
-            raise CallRefused(refusal(exc)) from None
-        call.trail[stage.value] = decision.document()
-        return decision
+            failure = refusal(exc)
+        else:
+            call.trail[stage.value] = decision.document()
+            return decision
+        raise CallRefused(failure)  # outside the handler: the refusal keeps no engine's traceback alive
 
     async def masked(self, call: Call, tool: str) -> tuple[str, ...]:
         """The pointers ``data.toolbooth.audit.mask`` lists for ``tool``, read once per policy revision."""
         revision = self.policy.revision
         if self._masks[0] != revision:
-            try:
-                self._masks = (revision, await self.policy.audit_masks())
-            except PolicyEvaluationError as exc:
-                log.error("audit masks could not be read for request %s: %s", call.request_id, exc)
-                call.trail[AUDIT_MASKS] = {"error": str(exc)}
-                raise CallRefused(refusal(exc)) from None
+            self._masks = (revision, await self._read_masks(call))
         return self._masks[1].get(tool, ())
+
+    async def _read_masks(self, call: Call) -> dict[str, tuple[str, ...]]:
+        try:
+            return await self.policy.audit_masks()
+        except PolicyEvaluationError as exc:
+            log.error("audit masks could not be read for request %s: %s", call.request_id, exc)
+            call.trail[AUDIT_MASKS] = {"error": str(exc)}
+            failure = refusal(exc)
+        raise CallRefused(failure)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import regorus
 
@@ -67,13 +67,21 @@ class EmbeddedEngine:
 
     def _evaluate(self, stage: Stage, input: PolicyInput) -> Decision:
         rule = RULES[stage]
+        value, problem = self._eval_rule(rule, input.json)
+        if problem is not None:
+            raise PolicyEvaluationError(f"{rule}: {problem}")
+        return parse_decision(stage, value)
+
+    def _eval_rule(self, rule: str, input_json: str) -> tuple[Any, str | None]:
+        """The rule's value, or regorus's error as text. No exception leaves this frame, which holds the
+        regorus engine: a traceback kept alive (a log record, a cycle) and freed by another thread would
+        drop the engine there, which regorus forbids."""
         try:
             engine = self._bound_engine()
-            engine.set_input_json(input.json)
-            value = engine.eval_rule(rule)
-        except Exception as exc:
-            raise PolicyEvaluationError(f"{rule}: {clean_regorus_error(exc)}") from exc
-        return parse_decision(stage, value)
+            engine.set_input_json(input_json)
+            return engine.eval_rule(rule), None
+        except Exception as exc:  # noqa: BLE001 - regorus raises plain RuntimeError; any failure fails closed
+            return None, clean_regorus_error(exc)
 
     async def audit_masks(self) -> dict[str, tuple[str, ...]]:
         """``data.toolbooth.audit.mask``, checked (a data key or a rule that does not read the input)."""

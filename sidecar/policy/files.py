@@ -130,10 +130,14 @@ def content_revision(files: Iterable[tuple[str, bytes]]) -> str:
 
 def read_audit_masks(engine: regorus.Engine) -> dict[str, tuple[str, ...]]:
     """``data.toolbooth.audit.mask`` of a compiled engine, checked; ``PolicyEvaluationError`` when it fails."""
+    answer, problem = None, None
     try:
         answer = engine.eval_query(AUDIT_MASK_RULE)
-    except Exception as exc:
-        raise PolicyEvaluationError(f"{AUDIT_MASK_RULE}: {clean_regorus_error(exc)}") from exc
+    except Exception as exc:  # noqa: BLE001 - regorus raises plain RuntimeError
+        problem = clean_regorus_error(exc)
+    del engine  # no traceback from here on may keep it alive: a regorus engine must be dropped by its thread
+    if problem is not None or not isinstance(answer, dict):
+        raise PolicyEvaluationError(f"{AUDIT_MASK_RULE}: {problem or 'no answer'}")
     results = answer.get("result") or []
     return parse_audit_masks(results[0]["expressions"][0]["value"] if results else None)
 

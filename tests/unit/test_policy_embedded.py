@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import regorus
 
 from sidecar.config import bundled_policy_dir
 from sidecar.contract import ErrorCode
@@ -190,6 +191,33 @@ async def test_runtime_error_fails_closed(tmp_path: Path, body: str, message: st
     engine = EmbeddedEngine.load(write_policies(tmp_path, authz=body))
     with pytest.raises(PolicyEvaluationError, match=message):
         await engine.decide(Stage.AUTHZ, PolicyInput.of({**sample_input().document(), "zero": 0}))
+
+
+def _engines_reachable_from(exc: BaseException) -> list[Any]:
+    """The regorus engines in the locals of every frame an exception (and its cause or context) keeps alive."""
+    found, seen, todo = [], set(), [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            found += [value for value in tb.tb_frame.f_locals.values() if isinstance(value, regorus.Engine)]
+            tb = tb.tb_next
+        todo += [chained for chained in (current.__cause__, current.__context__) if chained is not None]
+    return found
+
+
+@pytest.mark.parametrize("stage", [Stage.AUTHZ, Stage.AVAILABILITY])
+async def test_a_failed_decision_keeps_no_regorus_engine_alive(tmp_path: Path, stage: Stage) -> None:
+    """A log record or a reference cycle may keep a failure's traceback alive until another thread frees it;
+    a regorus engine it held would then be dropped on that thread, which regorus forbids."""
+    bodies = {Stage.AUTHZ: 'decision := {"allow": 1 / input.zero > 0}', Stage.AVAILABILITY: 'decision := {"allow": 1}'}
+    engine = EmbeddedEngine.load(write_policies(tmp_path, **{stage.value: bodies[stage]}))
+    with pytest.raises(PolicyEvaluationError) as failure:
+        await engine.decide(stage, PolicyInput.of({**sample_input().document(), "zero": 0}))
+    assert _engines_reachable_from(failure.value) == []
 
 
 async def test_input_that_is_not_json_fails_closed(tmp_path: Path) -> None:
