@@ -11,6 +11,7 @@ with an exported copy to notice that.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import astuple, dataclass, fields
 
 from sidecar.canonical import sha256_hex
@@ -38,15 +39,16 @@ def event_hash(row: Row, prev_hash: str) -> str:
     return sha256_hex({**dict(zip(EVENT_COLUMNS, row, strict=True)), "prev_hash": prev_hash})
 
 
-def chained(last_hash: str | None, rows: list[Row]) -> list[Row]:
-    """``rows`` (events in ``EVENT_COLUMNS`` order) each extended by ``prev_hash`` and ``hash``, linked in order."""
-    linked: list[Row] = []
+def chained(last_hash: str | None, rows: Iterable[Row]) -> Iterator[Row]:
+    """``rows`` (events in ``EVENT_COLUMNS`` order) each extended by ``prev_hash`` and ``hash``, linked in order.
+
+    Lazy: the hashing happens as the rows are consumed (on SQLite, on the store's worker thread).
+    """
     prev = last_hash or GENESIS_HASH
     for row in rows:
         digest = event_hash(row, prev)
-        linked.append((*row, prev, digest))
+        yield (*row, prev, digest)
         prev = digest
-    return linked
 
 
 @dataclass(frozen=True, slots=True)

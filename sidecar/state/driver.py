@@ -9,7 +9,7 @@ placeholders; ``Dialect.sql`` puts in the driver's own. Every database error lea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -52,8 +52,9 @@ class StatementRunner(Protocol):
 class Transaction(StatementRunner, Protocol):
     """Statements inside one transaction, on one connection."""
 
-    async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
-        """Run ``sql`` once per parameter row."""
+    async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:
+        """Run ``sql`` once per parameter row; ``rows`` may be lazy, consumed by the time the transaction
+        commits."""
         ...
 
     async def execute_script(self, script: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 from psycopg import AsyncConnection
@@ -15,7 +16,7 @@ from sidecar.errors import StoreUnavailableError
 from sidecar.state.driver import Driver
 from sidecar.state.migrate import migrate, migrations
 from sidecar.state.postgres import PostgresDriver
-from sidecar.state.sqlite import SqliteDriver
+from sidecar.state.sqlite import SqliteDriver, SqliteStore
 from tests.contract import test_store_contract as contract
 from tests.contract.test_store_contract import SCOPE, SqliteBackend, Stores, event
 
@@ -95,3 +96,16 @@ async def test_a_failing_migration_rolls_back_its_run(stores: Stores, monkeypatc
         assert await migrate(driver) == len(real)
     rows = stores.backend.execute("SELECT version, name FROM toolbooth_schema ORDER BY version")
     assert rows == [(m.version, m.name) for m in real]
+
+
+async def test_many_stores_opening_a_new_sqlite_file_at_once_all_open(tmp_path: Path) -> None:
+    """Switching a new file to WAL needs a moment alone with it, and SQLite refuses at once (no busy wait)
+    while another connection is creating or migrating it: every opener retries within its busy timeout."""
+    for attempt in range(10):
+        path = tmp_path / f"new-{attempt}.db"
+        opened = await asyncio.gather(*(SqliteStore.open(path) for _ in range(8)), return_exceptions=True)
+        failures = [result for result in opened if isinstance(result, BaseException)]
+        for result in opened:
+            if isinstance(result, SqliteStore):
+                await result.aclose()
+        assert not failures, failures

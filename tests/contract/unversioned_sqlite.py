@@ -95,7 +95,7 @@ def insert_events(db: sqlite3.Connection, events: list[AuditEvent]) -> None:
     rows = [tuple(getattr(e, c) for c in names) for e in events]
     if "hash" in have:
         last = db.execute("SELECT hash FROM audit ORDER BY id DESC LIMIT 1").fetchone()
-        rows, names = chained(last[0] if last else None, rows), [*names, "prev_hash", "hash"]
+        rows, names = list(chained(last[0] if last else None, rows)), [*names, "prev_hash", "hash"]
     db.executemany(f"INSERT INTO audit ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", rows)
 
 

@@ -10,7 +10,7 @@ never a password.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -54,7 +54,7 @@ class _Session:
     async def execute(self, sql: str, params: Params = ()) -> int:
         return (await self.conn.execute(sql, params)).rowcount
 
-    async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
+    async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:
         async with self.conn.cursor() as cursor:
             await cursor.executemany(sql, rows)
 

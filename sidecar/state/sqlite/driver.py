@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -46,12 +46,28 @@ def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
     try:
         db.create_function("toolbooth_now", 0, time.time)
         db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        db.execute("PRAGMA journal_mode = WAL")
+        _use_wal(db, busy_timeout_ms / 1000)
         db.execute("PRAGMA synchronous = FULL")
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _use_wal(db: sqlite3.Connection, timeout: float) -> None:
+    """Put the file in WAL mode (a property of the file, kept once set). Switching needs a moment alone with
+    the file, and SQLite answers "database is locked" at once, without its busy handler, while another
+    process is creating or migrating it: so try again until ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01)
 
 
 def script_statements(script: str) -> list[str]:
@@ -68,7 +84,7 @@ def script_statements(script: str) -> list[str]:
 
 
 class _Worker:
-    """The connection and the one thread that uses it; a ``Transaction`` while the driver's lock is held."""
+    """The connection and the one thread that uses it."""
 
     def __init__(self, db: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
         self.db, self._executor = db, executor
@@ -85,16 +101,6 @@ class _Worker:
     async def execute(self, sql: str, params: Params = ()) -> int:
         return await self.run(lambda: self.db.execute(sql, params).rowcount)
 
-    async def execute_many(self, sql: str, rows: Sequence[Params]) -> None:
-        await self.run(lambda: self.db.executemany(sql, rows))
-
-    async def execute_script(self, script: str) -> None:
-        def run_all() -> None:
-            for statement in script_statements(script):
-                self.db.execute(statement)
-
-        await self.run(run_all)
-
     def rollback(self) -> None:
         with contextlib.suppress(sqlite3.Error):  # the error that led here is the one to report
             if self.db.in_transaction:
@@ -102,6 +108,47 @@ class _Worker:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+class _Transaction:
+    """One ``BEGIN IMMEDIATE`` transaction, sent to the worker thread in as few trips as its results allow.
+
+    Each trip through the executor costs the event loop more than a statement does, so ``BEGIN`` travels
+    with the first statement whose result is needed, and writes whose result is not (``execute_many``,
+    ``execute_script``) with the next such statement or with ``COMMIT``: an audit append is two trips,
+    not four, and its rows (a lazy iterable: the chain's hashing) are built on the worker thread, off
+    the event loop. A deferred write that fails, fails the commit, and the transaction rolls back.
+    """
+
+    def __init__(self, worker: _Worker) -> None:
+        self._worker = worker
+        self._pending: list[Callable[[sqlite3.Connection], object]] = [lambda db: db.execute("BEGIN IMMEDIATE")]
+
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
+        return await self._after_pending(lambda db: db.execute(sql, params).fetchall())
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        return await self._after_pending(lambda db: db.execute(sql, params).rowcount)
+
+    async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:
+        self._pending.append(lambda db: db.executemany(sql, rows))
+
+    async def execute_script(self, script: str) -> None:
+        statements = script_statements(script)
+        self._pending.append(lambda db: [db.execute(statement) for statement in statements])
+
+    async def commit(self) -> None:
+        await self._after_pending(lambda db: db.execute("COMMIT"))
+
+    async def _after_pending(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        pending, self._pending, db = self._pending, [], self._worker.db
+
+        def run() -> T:
+            for step in pending:
+                step(db)
+            return fn(db)
+
+        return await self._worker.run(run)
 
 
 class SqliteDriver:
@@ -142,10 +189,10 @@ class SqliteDriver:
     async def transaction(self, *, lock: int) -> AsyncIterator[Transaction]:
         """A ``BEGIN IMMEDIATE`` transaction: the write lock covers every ``lock``."""
         async with self._lock:
-            await self._worker.execute("BEGIN IMMEDIATE")
+            transaction = _Transaction(self._worker)
             try:
-                yield self._worker
-                await self._worker.execute("COMMIT")
+                yield transaction
+                await transaction.commit()
             except BaseException:
                 await self._worker.run(self._worker.rollback)
                 raise
