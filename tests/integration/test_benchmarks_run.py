@@ -1,0 +1,25 @@
+"""The benchmarks still run on today's code (a smoke run with tiny counts; nothing here is timed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("command", [
+    ["benchmarks/bench_policy.py", "--rounds", "20", "--json"],
+    ["benchmarks/bench_execute.py", "--calls", "40", "--warmup", "5", "--concurrency", "2", "--repeat", "1", "--json"],
+], ids=["bench_policy", "bench_execute"])
+def test_a_benchmark_runs_to_its_report(command: list[str]) -> None:
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report, "an empty report"
