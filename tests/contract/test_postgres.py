@@ -118,7 +118,9 @@ async def test_pool_timeout_is_unavailable(postgres_dsn: str) -> None:
         with psycopg.connect(postgres_dsn) as other:
             other.execute("LOCK TABLE idempotency IN ACCESS EXCLUSIVE MODE")
             busy = asyncio.create_task(store.claim(SCOPE, "hash-a", "r1"))  # holds the only connection
-            await asyncio.sleep(0.05)
+            async with asyncio.timeout(5):  # until the claim waits on the lock, on the pool's one connection
+                while not other.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0]:  # type: ignore[index]
+                    await asyncio.sleep(0.01)
             with pytest.raises(StoreUnavailableError, match="PoolTimeout"):
                 await store.release(SCOPE)
             other.rollback()

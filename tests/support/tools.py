@@ -42,6 +42,30 @@ class Counter:
             self.value += 1
             return self.value
 
+    async def reached(self, value: int, *, timeout: float = 5.0) -> None:
+        """Wait until the counter is at least ``value``; ``TimeoutError`` after ``timeout`` seconds."""
+        async with asyncio.timeout(timeout):
+            while self.value < value:
+                await asyncio.sleep(0.001)
+
+
+class Gate:
+    """Holds handlers until a test opens it (a thread-safe flag, so sync handlers can wait on it too)."""
+
+    def __init__(self) -> None:
+        self._open = threading.Event()
+
+    def open(self) -> None:
+        self._open.set()
+
+    def close(self) -> None:
+        self._open.clear()
+
+    async def passed(self) -> None:
+        """Return once the gate is open (the handler's own deadline bounds the wait)."""
+        while not self._open.is_set():
+            await asyncio.sleep(0.001)
+
 
 @tool(name="echo", version="1.0.0", side_effect=SideEffect.NONE, timeout=2)
 async def echo(args: Text, ctx: ToolContext) -> Echoed:
@@ -73,12 +97,13 @@ async def not_found(args: Text, ctx: ToolContext) -> Echoed:
     raise ToolError(ErrorCode.RESOURCE_NOT_FOUND, f"no document named {args.text!r}", field="text")
 
 
-SLOW_CANCELLED = Counter()
+SLOW_STARTED, SLOW_CANCELLED = Counter(), Counter()
 
 
 @tool(name="slow", version="1.0.0", side_effect=SideEffect.NONE, timeout=0.2)
 async def slow(args: Count, ctx: ToolContext) -> Count:
-    """Sleep ``count`` milliseconds (timeout 200 ms); count cancellations."""
+    """Sleep ``count`` milliseconds (timeout 200 ms); count starts and cancellations."""
+    SLOW_STARTED.bump()
     try:
         await asyncio.sleep(args.count / 1000)
     except asyncio.CancelledError:
@@ -128,6 +153,17 @@ async def create_note(args: Text, ctx: ToolContext) -> Count:
     number = CREATED.bump()
     await asyncio.sleep(0.05)
     return Count(count=number)
+
+
+HELD_STARTED, HELD_DONE, HOLD = Counter(), Counter(), Gate()
+
+
+@tool(name="held_note", version="1.0.0", side_effect=SideEffect.INTERNAL_REVERSIBLE, timeout=5)
+async def held_note(args: Text, ctx: ToolContext) -> Count:
+    """A write tool that runs until the test opens ``HOLD``: a test sees the call in flight for sure."""
+    HELD_STARTED.bump()
+    await HOLD.passed()
+    return Count(count=HELD_DONE.bump())
 
 
 class Note(BaseModel):

@@ -264,9 +264,11 @@ async def test_finished_records_past_the_retention_are_deleted(tmp_path: Path, d
         await call(pipeline, "create_note", {"text": "x"}, idempotency_key="old")
         await asyncio.sleep(0.6)
         await call(pipeline, "create_note", {"text": "x"}, idempotency_key="new")  # starts the cleanup
-        await asyncio.sleep(0.1)
-        keys = [KeyScope(DEVELOPER.tenant, DEVELOPER.id, "create_note", k) for k in ("old", "new")]
-        assert [await store.operation(scope) is not None for scope in keys] == [False, True]
+        old, new = (KeyScope(DEVELOPER.tenant, DEVELOPER.id, "create_note", k) for k in ("old", "new"))
+        async with asyncio.timeout(5):
+            while await store.operation(old) is not None:
+                await asyncio.sleep(0.005)
+        assert await store.operation(new) is not None
     finally:
         await pipeline.aclose()
 
@@ -336,11 +338,14 @@ async def test_every_call_is_audited_with_decisions(make_pipeline: PipelineFacto
 
 
 async def test_write_tool_is_audited_before_dispatch(make_pipeline: PipelineFactory) -> None:
-    pipeline = await make_pipeline()
-    task = asyncio.create_task(call(pipeline, "create_note", {"text": "x"}, idempotency_key="audit-first"))
-    await asyncio.sleep(0.02)  # the handler sleeps 50 ms
+    pipeline = await make_pipeline(registry=Registry.from_tools([*tools.ALL, tools.held_note]))
+    tools.HOLD.close()
+    started = tools.HELD_STARTED.value
+    task = asyncio.create_task(call(pipeline, "held_note", {"text": "x"}, idempotency_key="audit-first"))
+    await tools.HELD_STARTED.reached(started + 1)  # the handler runs, held
     during = await pipeline.store.audit_events()  # type: ignore[attr-defined]
     assert [e.status for e in during] == ["dispatching"]
+    tools.HOLD.open()
     result = await task
     after = await pipeline.store.audit_events()  # type: ignore[attr-defined]
     assert [(e.request_id, e.status) for e in after] == [(result.meta.request_id, "dispatching"),
@@ -356,9 +361,9 @@ async def test_deadline_cancels_async_handler(make_pipeline: PipelineFactory) ->
 
 async def test_caller_cancellation_reaches_read_handler(make_pipeline: PipelineFactory) -> None:
     pipeline = await make_pipeline()
-    before = tools.SLOW_CANCELLED.value
+    before, started = tools.SLOW_CANCELLED.value, tools.SLOW_STARTED.value
     task = asyncio.create_task(call(pipeline, "slow", {"count": 150}))
-    await asyncio.sleep(0.03)
+    await tools.SLOW_STARTED.reached(started + 1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -368,17 +373,19 @@ async def test_caller_cancellation_reaches_read_handler(make_pipeline: PipelineF
 
 
 async def test_started_write_finishes_when_caller_goes_away(make_pipeline: PipelineFactory) -> None:
-    pipeline = await make_pipeline()
-    before = tools.CREATED.value
-    task = asyncio.create_task(call(pipeline, "create_note", {"text": "x"}, idempotency_key="gone"))
-    await asyncio.sleep(0.02)
+    pipeline = await make_pipeline(registry=Registry.from_tools([*tools.ALL, tools.held_note]))
+    tools.HOLD.close()
+    started, done = tools.HELD_STARTED.value, tools.HELD_DONE.value
+    task = asyncio.create_task(call(pipeline, "held_note", {"text": "x"}, idempotency_key="gone"))
+    await tools.HELD_STARTED.reached(started + 1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.1)  # the handler takes 50 ms
-    replay = await call(pipeline, "create_note", {"text": "x"}, idempotency_key="gone")
-    assert replay.meta.idempotency_replayed and replay.data == {"count": before + 1}
-    assert tools.CREATED.value == before + 1
+    tools.HOLD.open()  # the write goes on without its caller, and is recorded
+    await settled(pipeline, "held_note", "gone")
+    replay = await call(pipeline, "held_note", {"text": "x"}, idempotency_key="gone")
+    assert replay.meta.idempotency_replayed and replay.data == {"count": done + 1}
+    assert tools.HELD_STARTED.value == started + 1
     statuses = [e.status for e in await pipeline.store.audit_events()]  # type: ignore[attr-defined]
     assert statuses == ["dispatching", "success", "success"]  # the write, then its replay
 
@@ -427,14 +434,23 @@ async def test_a_handlers_own_timeout_error_is_not_the_deadline(make_pipeline: P
     assert result.error.message == "the tool failed unexpectedly" and result.meta.attempt == 1
 
 
-class SlowClaims:
-    """A store whose claims take a while, as with a busy database."""
+async def settled(pipeline: Pipeline, tool: str, key: str, *, timeout: float = 5.0) -> None:
+    """Wait until the call holding ``key`` has stored its result."""
+    scope = KeyScope(DEVELOPER.tenant, DEVELOPER.id, tool, key)
+    async with asyncio.timeout(timeout):
+        while (record := await pipeline.store.operation(scope)) is None or record.result_json is None:
+            await asyncio.sleep(0.002)
 
-    def __init__(self, inner: Any, delay: float) -> None:
-        self.inner, self.delay = inner, delay
+
+class SlowClaims:
+    """A store whose claims wait until the test opens ``gate``, as with a busy database."""
+
+    def __init__(self, inner: Any, gate: tools.Gate) -> None:
+        self.inner, self.gate, self.claiming = inner, gate, tools.Counter()
 
     async def claim(self, *args: Any, **kwargs: Any) -> Any:
-        await asyncio.sleep(self.delay)
+        self.claiming.bump()
+        await self.gate.passed()
         return await self.inner.claim(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -442,14 +458,17 @@ class SlowClaims:
 
 
 async def test_a_caller_gone_during_the_claim_leaves_no_stuck_key(make_pipeline: PipelineFactory) -> None:
-    pipeline = await make_pipeline(wrap_store=lambda store: SlowClaims(store, 0.05))
+    gate = tools.Gate()
+    pipeline = await make_pipeline(wrap_store=lambda store: SlowClaims(store, gate))
+    slow_store: SlowClaims = pipeline.store  # type: ignore[assignment]
     before = tools.CREATED.value
     task = asyncio.create_task(call(pipeline, "create_note", {"text": "x"}, idempotency_key="early-exit"))
-    await asyncio.sleep(0.01)  # still claiming
+    await slow_store.claiming.reached(1)  # still claiming
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.15)  # the claim and the write go on without the caller
+    gate.open()  # the claim and the write go on without the caller
+    await settled(pipeline, "create_note", "early-exit")
     retry = await call(pipeline, "create_note", {"text": "x"}, idempotency_key="early-exit")
     assert retry.status is Status.SUCCESS and retry.meta.idempotency_replayed
     assert tools.CREATED.value == before + 1
@@ -462,7 +481,7 @@ async def test_closing_waits_for_started_writes(default_engine: Any, tmp_path: P
 
     first, before = await pipeline(), tools.CREATED.value
     task = asyncio.create_task(call(first, "create_note", {"text": "x"}, idempotency_key="at-shutdown"))
-    await asyncio.sleep(0.01)  # the handler sleeps 50 ms
+    await tools.CREATED.reached(before + 1)  # the handler runs (for 50 ms)
     await first.aclose()
     assert (await task).status is Status.SUCCESS and tools.CREATED.value == before + 1
     reopened = await pipeline()
