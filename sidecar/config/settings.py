@@ -39,6 +39,8 @@ class StoreSettings(Section):
     pool_min_size: int = Field(default=1, ge=0)
     pool_max_size: int = Field(default=10, gt=0)
     connect_timeout_seconds: float = Field(default=5.0, gt=0)  # also the wait for a free pooled connection
+    # PostgreSQL: a statement without an answer this long fails (its connection severed), on the server too
+    statement_timeout_seconds: float = Field(default=10.0, gt=0)
     idempotency_retention_hours: float = Field(default=24.0, gt=0)  # finished records are deleted after this
 
     @field_validator("postgres_dsn")
@@ -55,6 +57,13 @@ class StoreSettings(Section):
         if low is not None and value < low:
             raise ValueError(f"must be at least pool_min_size ({low})")
         return value
+
+    @model_validator(mode="after")
+    def _statements_outlast_lock_waits(self) -> StoreSettings:
+        if self.statement_timeout_seconds * 1000 <= self.busy_timeout_ms:
+            raise ValueError(f"statement_timeout_seconds ({self.statement_timeout_seconds}) must be longer than "
+                             f"busy_timeout_ms ({self.busy_timeout_ms} ms): a statement may wait that long for a lock")
+        return self
 
     def describe(self) -> str:
         """The store in one line, for people: never with the database password."""

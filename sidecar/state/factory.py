@@ -17,5 +17,6 @@ async def open_store(settings: StoreSettings) -> Store:
         return await PostgresStore.open(settings.postgres_dsn.get_secret_value(), min_size=settings.pool_min_size,
                                         max_size=settings.pool_max_size,
                                         connect_timeout=settings.connect_timeout_seconds,
-                                        lock_timeout_ms=settings.busy_timeout_ms)
+                                        lock_timeout_ms=settings.busy_timeout_ms,
+                                        statement_timeout=settings.statement_timeout_seconds)
     return await SqliteStore.open(settings.sqlite_path, busy_timeout_ms=settings.busy_timeout_ms)

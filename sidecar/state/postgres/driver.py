@@ -6,13 +6,23 @@ transaction-scoped advisory lock it names (``pg_advisory_xact_lock``), so holder
 sharing the database wait for each other. Every psycopg error (server down, pool timeout, read-only,
 lock timeout) becomes ``StoreUnavailableError``; messages show the server as ``redact_dsn`` does,
 never a password.
+
+A server that does not answer a statement within ``answer_timeout`` seconds (a silent network
+partition: no error, no reset, nothing) gets that connection severed (``shutdown`` of its socket), so
+the statement fails at once as ``StoreUnavailableError`` and the pool replaces the connection. Cancelling
+the waiting task instead would make psycopg spend up to ten more seconds trying to cancel the query over
+the same dead network.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
@@ -35,6 +45,7 @@ POSTGRES = Dialect(
 )
 
 Pool = AsyncConnectionPool[AsyncConnection[Any]]
+T = TypeVar("T")
 
 
 def reason(exc: psycopg.Error) -> str:
@@ -43,23 +54,48 @@ def reason(exc: psycopg.Error) -> str:
 
 
 class _Session:
-    """Statements on one connection (a ``Transaction`` while one is open on it)."""
+    """Statements on one connection (a ``Transaction`` while one is open on it), each answered within
+    ``answer_timeout`` seconds or its connection severed."""
 
-    def __init__(self, conn: AsyncConnection[Any]) -> None:
-        self.conn = conn
+    def __init__(self, conn: AsyncConnection[Any], answer_timeout: float | None) -> None:
+        self.conn, self._timeout, self.severed = conn, answer_timeout, False
 
     async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
-        return await (await self.conn.execute(sql, params)).fetchall()
+        return await self._answered(self._fetch(sql, params))
 
     async def execute(self, sql: str, params: Params = ()) -> int:
-        return (await self.conn.execute(sql, params)).rowcount
+        return await self._answered(self._execute(sql, params))
 
     async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:
+        await self._answered(self._execute_many(sql, rows))
+
+    async def execute_script(self, script: str) -> None:
+        await self._answered(self.conn.execute(script))  # without parameters, many statements may go at once
+
+    async def _fetch(self, sql: str, params: Params) -> list[Row]:
+        return await (await self.conn.execute(sql, params)).fetchall()
+
+    async def _execute(self, sql: str, params: Params) -> int:
+        return (await self.conn.execute(sql, params)).rowcount
+
+    async def _execute_many(self, sql: str, rows: Iterable[Params]) -> None:
         async with self.conn.cursor() as cursor:
             await cursor.executemany(sql, rows)
 
-    async def execute_script(self, script: str) -> None:
-        await self.conn.execute(script)  # without parameters, many statements may go at once
+    async def _answered(self, step: Awaitable[T]) -> T:
+        if self._timeout is None:
+            return await step
+        watchdog = asyncio.get_running_loop().call_later(self._timeout, self._sever)
+        try:
+            return await step
+        finally:
+            watchdog.cancel()
+
+    def _sever(self) -> None:
+        self.severed = True
+        with contextlib.suppress(OSError):  # already closed: nothing to sever
+            with socket.socket(fileno=os.dup(self.conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 class PostgresDriver:
@@ -68,8 +104,8 @@ class PostgresDriver:
 
     dialect = POSTGRES
 
-    def __init__(self, source: Pool | AsyncConnection[Any], where: str) -> None:
-        self._source, self._where = source, where
+    def __init__(self, source: Pool | AsyncConnection[Any], where: str, *, answer_timeout: float | None = None) -> None:
+        self._source, self._where, self._timeout = source, where, answer_timeout
 
     async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
         """The rows of ``sql``, run on its own."""
@@ -88,23 +124,37 @@ class PostgresDriver:
     @asynccontextmanager
     async def transaction(self, *, lock: int) -> AsyncIterator[Transaction]:
         """A transaction holding the advisory lock ``lock`` until it ends."""
-        async with self._session() as session, session.conn.transaction():
-            await session.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
-            yield session
+        async with self._session() as session:  # BEGIN and COMMIT are statements too: each answered in time
+            await session.execute("BEGIN")
+            try:
+                await session.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+                yield session
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):  # a connection that failed is discarded anyway
+                    await session.execute("ROLLBACK")
+                raise
+            await session.execute("COMMIT")
 
     async def aclose(self) -> None:
-        """Close the pool (a single connection is its owner's to close)."""
+        """Close the pool (a single connection is its owner's to close), waiting for its background work (e.g. a
+        connection being opened to a server that does not answer) at most ``answer_timeout`` seconds."""
         if isinstance(self._source, AsyncConnectionPool):
-            await self._source.close()
+            await self._source.close(timeout=self._timeout or 5.0)
 
     @asynccontextmanager
     async def _session(self) -> AsyncIterator[_Session]:
         """A connection; psycopg errors (the pool's included) become ``StoreUnavailableError``."""
+        session: _Session | None = None
         try:
             if isinstance(self._source, AsyncConnectionPool):
                 async with self._source.connection() as conn:
-                    yield _Session(conn)
+                    session = _Session(conn, self._timeout)
+                    yield session
             else:
-                yield _Session(self._source)
+                session = _Session(self._source, self._timeout)
+                yield session
         except psycopg.Error as exc:
+            if session is not None and session.severed:
+                raise StoreUnavailableError(f"PostgreSQL store at {self._where}: no answer within {self._timeout} s "
+                                            "(connection severed)") from exc
             raise StoreUnavailableError(f"PostgreSQL store at {self._where}: {reason(exc)}") from exc

@@ -23,25 +23,37 @@ class PostgresStore(SqlStore):
 
     @classmethod
     async def open(cls, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 5.0,
-                   lock_timeout_ms: int = 5000) -> PostgresStore:
-        """Migrate the schema of the database at ``dsn``, then open a pool of connections to it."""
+                   lock_timeout_ms: int = 5000, statement_timeout: float = 10.0) -> PostgresStore:
+        """Migrate the schema of the database at ``dsn``, then open a pool of connections to it. A statement
+        without an answer within ``statement_timeout`` seconds fails (``PostgresDriver``), on the server too."""
         where = redact_dsn(dsn)
-        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": max(1, math.ceil(connect_timeout))}
+        kwargs = _connection_options(connect_timeout, statement_timeout)
         try:
             async with await AsyncConnection.connect(dsn, **kwargs) as conn:
-                await migrate(PostgresDriver(conn, where))
+                await migrate(PostgresDriver(conn, where))  # a long migration is not cut short
             pool = await _open_pool(dsn, kwargs, min_size=min_size, max_size=max_size, timeout=connect_timeout,
-                                    lock_timeout_ms=lock_timeout_ms)
+                                    settings={"lock_timeout": f"{lock_timeout_ms}ms",
+                                              "statement_timeout": f"{round(statement_timeout * 1000)}ms"})
         except psycopg.Error as exc:
             raise StoreUnavailableError(f"cannot open the PostgreSQL store at {where}: {reason(exc)}") from exc
-        return cls(PostgresDriver(pool, where))
+        return cls(PostgresDriver(pool, where, answer_timeout=statement_timeout))
+
+
+def _connection_options(connect_timeout: float, statement_timeout: float) -> dict[str, Any]:
+    """libpq options of every connection: autocommit, a bounded connect, and TCP that notices a dead peer
+    (keepalives on idle connections, ``tcp_user_timeout`` on unacknowledged data; ignored on Unix sockets)."""
+    idle = max(1, math.ceil(statement_timeout / 2))
+    return {"autocommit": True, "connect_timeout": max(1, math.ceil(connect_timeout)), "keepalives": 1,
+            "keepalives_idle": idle, "keepalives_interval": max(1, idle // 3), "keepalives_count": 3,
+            "tcp_user_timeout": round(statement_timeout * 1000)}
 
 
 async def _open_pool(dsn: str, kwargs: dict[str, Any], *, min_size: int, max_size: int, timeout: float,
-                     lock_timeout_ms: int) -> Pool:
-    """A pool with ``min_size`` connections ready; ``timeout`` also bounds the wait for a free connection."""
+                     settings: dict[str, str]) -> Pool:
+    """A pool with ``min_size`` connections ready; ``timeout`` also bounds the wait for a free connection.
+    Each new connection gets ``settings`` (lock and statement timeouts)."""
     pool: Pool = Pool(dsn, kwargs=kwargs, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
-                      name="toolbooth", configure=functools.partial(_configure, lock_timeout_ms=lock_timeout_ms))
+                      name="toolbooth", configure=functools.partial(_configure, settings=settings))
     try:
         await pool.open(wait=True, timeout=timeout)
     except BaseException:
@@ -50,6 +62,7 @@ async def _open_pool(dsn: str, kwargs: dict[str, Any], *, min_size: int, max_siz
     return pool
 
 
-async def _configure(conn: AsyncConnection[Any], *, lock_timeout_ms: int) -> None:
-    """Bound lock waits of each new connection, as SQLite's busy timeout does."""
-    await conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{lock_timeout_ms}ms",))
+async def _configure(conn: AsyncConnection[Any], *, settings: dict[str, str]) -> None:
+    """Bound lock waits (as SQLite's busy timeout does) and statements of each new connection."""
+    for name, value in settings.items():
+        await conn.execute("SELECT set_config(%s, %s, false)", (name, value))

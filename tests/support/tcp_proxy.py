@@ -1,0 +1,63 @@
+"""A TCP proxy on 127.0.0.1 that can go silent, as a network partition does: no error, no reset, nothing.
+
+While ``stalled``, bytes in either direction are held, not forwarded (the peers' kernels still
+acknowledge them, so only a timeout of the application notices). ``resume`` lets them through again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+__all__ = ["StallingProxy"]
+
+
+class StallingProxy:
+    """Forwards each connection accepted on ``port`` to ``upstream``; ``stall``/``resume`` for all of them."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream, self.port = upstream, 0
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def running(cls, upstream: tuple[str, int]) -> AsyncIterator[StallingProxy]:
+        proxy = cls(upstream)
+        proxy._server = await asyncio.start_server(proxy._accept, "127.0.0.1", 0)
+        proxy.port = proxy._server.sockets[0].getsockname()[1]
+        try:
+            yield proxy
+        finally:
+            proxy._server.close()
+            for pipe in proxy._pipes:
+                pipe.cancel()
+            await asyncio.gather(*proxy._pipes, return_exceptions=True)
+            await proxy._server.wait_closed()
+
+    def stall(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(source, sink))
+            self._pipes.add(task)
+            task.add_done_callback(self._pipes.discard)
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while data := await source.read(65536):
+                await self._flowing.wait()
+                sink.write(data)
+                await sink.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            sink.close()
