@@ -20,9 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import regorus
-
 from sidecar.errors import PolicyEvaluationError
+from sidecar.policy._regorus import regorus
 from sidecar.policy.decision import RULES, Decision, Stage, parse_decision
 from sidecar.policy.files import PolicyFiles, check_files, checked_files, clean_regorus_error, read_audit_masks
 from sidecar.policy.input import PolicyInput

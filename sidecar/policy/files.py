@@ -20,9 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import regorus
-
 from sidecar.errors import PolicyEvaluationError, PolicyLoadError
+from sidecar.policy._regorus import regorus
 from sidecar.policy.decision import AUDIT_MASK_RULE, CALL_STAGES, RULES, parse_audit_masks
 
 __all__ = ["DATA_FILE", "TEST_SUFFIX", "PolicyFiles", "check_files", "checked_files", "clean_regorus_error",
@@ -33,7 +32,8 @@ TEST_SUFFIX = "_test.rego"  # policy tests: never loaded to serve, only by the t
 
 
 def clean_regorus_error(exc: BaseException) -> str:
-    """The regorus message, without the Rust backtrace appended when ``RUST_BACKTRACE`` is set."""
+    """The regorus message, without a Rust backtrace appended (none is captured: ``sidecar.policy._regorus``
+    turns library backtraces off, but a process that imported regorus otherwise may still have them)."""
     return str(exc).partition("Stack backtrace:")[0].strip()
 
 

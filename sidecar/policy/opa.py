@@ -17,7 +17,12 @@ transport does), a refused or dropped connection, any status but 200 (OPA's own
 evaluation errors are HTTP 500 ``internal_error``; decisions ask for
 ``strict-builtin-errors``, so a failing built-in function is one too, as in the
 embedded engine) or a body that is not OPA's answer raise ``PolicyEvaluationError``
-naming the rule and the request.
+naming the rule and the request. Redirects are never followed, by any request (a
+decision, an upload, the bundle status): followed, they would send the input to, and
+take the answer from, wherever the redirect points; a 3xx is an error like any other
+non-200 answer. An answer is read up to ``MAX_ANSWER_BYTES`` and may nest objects and
+arrays ``MAX_ANSWER_DEPTH`` deep; a larger or deeper one is an error too (a decision is a
+few hundred bytes, three levels deep).
 """
 
 from __future__ import annotations
@@ -42,21 +47,33 @@ from sidecar.policy.decision import AUDIT_MASK_RULE, RULES, Decision, Stage, par
 from sidecar.policy.files import DATA_FILE, PolicyFiles
 from sidecar.policy.input import PolicyInput
 
-__all__ = ["POLICY_ID_PREFIX", "START_TIMEOUT_SECONDS", "OpaEngine", "OpaTransport"]
+__all__ = ["MAX_ANSWER_BYTES", "MAX_ANSWER_DEPTH", "POLICY_ID_PREFIX", "START_TIMEOUT_SECONDS", "OpaEngine",
+           "OpaTransport"]
 
 log = logging.getLogger("toolbooth.policy.opa")
 
 POLICY_ID_PREFIX = "toolbooth/"
 START_TIMEOUT_SECONDS = 10.0  # each request made at start; decisions have their own timeout
+MAX_ANSWER_BYTES = 1 << 20  # 1 MiB: a decision is a few hundred bytes; audit masks, bundle manifests a few KiB
+MAX_ANSWER_DEPTH = 32  # nested objects and arrays: a decision answer is 3 deep, the bundle status 4 or 5
 _JSON = {"Content-Type": "application/json"}
+
+
+class _Redirected(aiohttp.ClientError):
+    """OPA answered a redirect, which is not followed."""
+
+
 _TRANSPORT_ERRORS = (aiohttp.ClientError, OSError)
+# What a start-up request's answer that is not OPA's makes the client library raise (it reads it unchecked).
+_NOT_OPAS_ANSWER = (ValueError, RecursionError, LookupError, AttributeError, TypeError)
 
 
 class OpaTransport(Protocol):
     """What a decision needs from the HTTP client (the seam unit tests replace)."""
 
     async def evaluate(self, path: str, input_json: str) -> tuple[int, bytes]:
-        """``POST /v1/data/<path>`` with ``input_json`` as the input: status and body."""
+        """``POST /v1/data/<path>`` with ``input_json`` as the input: status and body (at least
+        ``MAX_ANSWER_BYTES + 1`` bytes of it, if it is longer); never follows a redirect."""
         ...
 
     async def close_connection(self) -> None:
@@ -106,7 +123,7 @@ class OpaEngine:
         except TimeoutError as exc:
             raise PolicyEvaluationError(f"{where}: no answer within {self._timeout:g}s") from exc
         except _TRANSPORT_ERRORS as exc:
-            raise PolicyEvaluationError(f"{where}: {type(exc).__name__}: {exc}") from exc
+            raise PolicyEvaluationError(f"{where}: {_problem(exc)}") from exc
         return _result(where, status, body)
 
     async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
@@ -123,17 +140,49 @@ class OpaEngine:
 
 def _result(where: str, status: int, body: bytes) -> Any:
     """The ``result`` of an answer (``None`` when undefined); an error answer raises ``PolicyEvaluationError``."""
-    try:
-        answer = json.loads(body)
-    except ValueError:
-        answer = None
+    answer, problem = _decode(body)
     if status != 200:
         error = answer if isinstance(answer, dict) else {}
         detail = f" {error.get('code')}: {error.get('message')}" if "code" in error else ""
         raise PolicyEvaluationError(f"{where}: OPA answered HTTP {status}{detail}")
+    if problem is not None:
+        raise PolicyEvaluationError(f"{where}: {problem}")
     if not isinstance(answer, dict):
         raise PolicyEvaluationError(f"{where}: the answer is not a JSON object: {body[:80]!r}")
     return answer.get("result")
+
+
+def _decode(body: bytes) -> tuple[Any, str | None]:
+    """The answer's JSON, or what is wrong with it: over ``MAX_ANSWER_BYTES`` or ``MAX_ANSWER_DEPTH``."""
+    if len(body) > MAX_ANSWER_BYTES:
+        return None, f"the answer is over {MAX_ANSWER_BYTES} bytes"
+    too_deep = f"the answer nests objects and arrays over {MAX_ANSWER_DEPTH} deep"
+    try:
+        answer = json.loads(body)
+    except RecursionError:  # deeper than the interpreter's recursion limit: the decoder gives up
+        return None, too_deep
+    except ValueError:
+        return None, None
+    # Each level opens a bracket: with few of them (any real answer), the answer cannot be too deep.
+    if body.count(b"[") + body.count(b"{") > MAX_ANSWER_DEPTH and _deeper_than(answer, MAX_ANSWER_DEPTH):
+        return None, too_deep
+    return answer, None
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests objects and arrays more than ``limit`` deep (level by level: no recursion)."""
+    level, depth = [value], 0
+    while level := [item for item in level if isinstance(item, dict | list)]:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [child for item in level for child in (item.values() if isinstance(item, dict) else item)]
+    return False
+
+
+def _problem(exc: BaseException) -> str:
+    """A transport error as text: a refused redirect says so itself, other errors are named."""
+    return str(exc) if isinstance(exc, _Redirected) else f"{type(exc).__name__}: {exc}"
 
 
 class _Client(AsyncOpaClient):
@@ -160,18 +209,37 @@ class _Client(AsyncOpaClient):
         self._session = aiohttp.ClientSession(headers=self.headers, connector=self._connector,
                                               timeout=aiohttp.ClientTimeout(total=self.timeout))
 
+    @asynccontextmanager
+    async def _request(self, method: str, url: str, **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The base class's request, never following a redirect: a 3xx answer raises ``_Redirected``."""
+        async with super()._request(method, url, allow_redirects=False, **kwargs) as response:
+            if 300 <= response.status < 400:
+                raise _Redirected(f"OPA answered HTTP {response.status} (to {response.headers.get('Location')!r}), "
+                                  "and redirects are not followed")
+            yield response
+
     async def evaluate(self, path: str, input_json: str) -> tuple[int, bytes]:
-        """``POST /v1/data/<path>``: status and raw body.
+        """``POST /v1/data/<path>``: status and raw body, read up to ``MAX_ANSWER_BYTES + 1`` bytes.
 
         Unlike ``query_rule``, the input text is sent as it is (not decoded and encoded
         again), and an error answer's body, which carries OPA's code and message, is kept.
         A built-in function's error is an evaluation error, as in the embedded engine,
-        not an undefined value (OPA's default).
+        not an undefined value (OPA's default). Of a longer body the rest is never read
+        (the connection is then closed, not reused).
         """
         body = f'{{"input":{input_json}}}'.encode()
         url = f"{self.root_url}/data/{path}?strict-builtin-errors=true"
         async with self._request("POST", url, data=body, headers=_JSON) as response:
-            return response.status, await response.read()
+            return response.status, await _read_at_most(response.content, MAX_ANSWER_BYTES + 1)
+
+
+async def _read_at_most(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """The stream's bytes until its end or ``limit`` bytes, whichever comes first."""
+    chunks, size = [], 0
+    while size < limit and (chunk := await content.read(limit - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _ssl_context(tls: OpaTlsSettings | None) -> ssl.SSLContext:
@@ -249,10 +317,14 @@ async def _starting(doing: str) -> AsyncIterator[None]:
     """Turn what can go wrong talking to OPA at start into ``PolicyLoadError``."""
     try:
         yield
+    except PolicyLoadError:
+        raise
     except DeletePolicyError as exc:
         raise PolicyLoadError(f"cannot {doing}: {_describe(exc)}") from None
     except _TRANSPORT_ERRORS as exc:
-        raise PolicyLoadError(f"cannot {doing}: {type(exc).__name__}: {exc}") from None
+        raise PolicyLoadError(f"cannot {doing}: {_problem(exc)}") from None
+    except _NOT_OPAS_ANSWER as exc:
+        raise PolicyLoadError(f"cannot {doing}: the answer is not OPA's ({type(exc).__name__}: {exc})") from None
 
 
 def _describe(exc: DeletePolicyError | RegoParseError | TypeException) -> str:

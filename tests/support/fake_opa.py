@@ -9,8 +9,9 @@
 Rego is evaluated by regorus on one worker thread that creates, uses and drops every
 regorus engine (they are bound to their thread). With ``upstream`` the server evaluates
 nothing and forwards each request to that (real) OPA instead. Either way ``inject``
-breaks the transport on purpose: added latency, an error status, a dropped connection
-or a fixed body. With ``token``, requests without that bearer token get 401.
+breaks the transport on purpose: added latency, an error status, a dropped connection,
+a fixed body (``deep_json`` and ``huge_json`` build hostile ones) or a redirect. With
+``token``, requests without that bearer token get 401.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import regorus
 from sidecar.policy.files import clean_regorus_error
 
 Answer = tuple[int, bytes]
+ALLOW = b'{"result": {"allow": true}}'  # what a hostile server answers to any decision
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Fault:
     status: int | None = None  # answer with this status and an OPA-style error
     body: bytes | None = None  # answer 200 with exactly these bytes
     close: bool = False  # close the connection without answering
+    redirect: str | None = None  # answer ``status`` (307 if unset) to this base URL + the request's path
     path: str = "/"
 
 
@@ -63,6 +66,19 @@ def error(status: int, code: str, message: str, **extra: Any) -> Answer:
 
 def ok(document: Any) -> Answer:
     return 200, json.dumps(document).encode()
+
+
+def deep_json(depth: int) -> bytes:
+    """An allowing decision whose answer nests ``depth`` deep (arrays in ``nested``): valid JSON, hostile
+    to recursive parsers."""
+    arrays = depth - 2  # the answer and the decision are the first two levels
+    return b'{"result": {"allow": true, "nested": ' + b"[" * arrays + b"]" * arrays + b"}}"
+
+
+def huge_json(size: int) -> bytes:
+    """An allowing decision of ``size`` bytes, padded with a long ``reason``."""
+    head, tail = b'{"result": {"allow": true, "reason": "', b'"}}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
 
 
 class FakeOpa:
@@ -98,14 +114,20 @@ class FakeOpa:
         """Break every later request matching ``fault.path`` that way (``None``: heal)."""
         self._fault = fault or Fault()
 
-    def answer(self, method: str, path: str, authorization: str | None, body: bytes) -> Answer | None:
-        """The answer to one request (``None``: drop the connection)."""
+    def answer(self, method: str, path: str, authorization: str | None,
+               body: bytes) -> tuple[Answer | None, dict[str, str]]:
+        """The answer to one request (``None``: drop the connection) and the extra headers to send with it."""
         self.seen.append(Seen(method, path, authorization, body))
         fault = self._fault if path.startswith(self._fault.path) else Fault()
         if fault.latency and self.stopping.wait(fault.latency):
-            return None  # stopped meanwhile
+            return None, {}  # stopped meanwhile
         if fault.close:
-            return None
+            return None, {}
+        if fault.redirect is not None:
+            return (fault.status or 307, fault.body or ALLOW), {"Location": fault.redirect + path}
+        return self._answer(fault, method, path, authorization, body), {}
+
+    def _answer(self, fault: Fault, method: str, path: str, authorization: str | None, body: bytes) -> Answer:
         if fault.body is not None:
             return 200, fault.body
         if fault.status is not None:
@@ -142,12 +164,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        answer = self.server.fake.answer(self.command, self.path, self.headers.get("Authorization"), body)
+        answer, headers = self.server.fake.answer(self.command, self.path, self.headers.get("Authorization"), body)
         if answer is None:
             self.close_connection = True
             return
         status, payload = answer
         self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
         if status != 204:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))

@@ -14,7 +14,8 @@ from sidecar.contract import ErrorCode
 from sidecar.errors import MalformedDecisionError, PolicyEvaluationError
 from sidecar.policy import Decision, Stage
 from sidecar.policy.input import PolicyInput
-from sidecar.policy.opa import OpaEngine
+from sidecar.policy.opa import MAX_ANSWER_BYTES, MAX_ANSWER_DEPTH, OpaEngine
+from tests.support.fake_opa import deep_json, huge_json
 
 URL = "http://opa.test:8181"
 INPUT = PolicyInput.of({"principal": {"id": "u1"}, "tool": {"name": "echo"}})
@@ -98,6 +99,10 @@ async def test_malformed_decisions_are_malformed(answer: Any, message: str) -> N
                  id="unauthorized"),
     pytest.param(answering(200, b"<html>"), "not a JSON object", id="not-json"),
     pytest.param(answering(200, [1]), "not a JSON object", id="json-array"),
+    pytest.param(answering(200, huge_json(MAX_ANSWER_BYTES + 1)), f"over {MAX_ANSWER_BYTES} bytes", id="too-large"),
+    pytest.param(answering(200, deep_json(MAX_ANSWER_DEPTH + 1)), f"over {MAX_ANSWER_DEPTH} deep", id="too-deep"),
+    pytest.param(answering(200, deep_json(100_000)), f"over {MAX_ANSWER_DEPTH} deep", id="past-recursion-limit"),
+    pytest.param(answering(500, deep_json(100_000)), "HTTP 500$", id="deep-error-answer"),
     pytest.param(raising(aiohttp.ServerDisconnectedError()), "ServerDisconnectedError", id="dropped"),
     pytest.param(raising(ConnectionRefusedError(111, "Connection refused")), "Connection refused", id="refused"),
     pytest.param(raising(aiohttp.ClientPayloadError("truncated")), "truncated", id="truncated"),
@@ -108,6 +113,11 @@ async def test_engine_failures_are_evaluation_errors_naming_the_rule_and_request
     assert type(caught.value) is PolicyEvaluationError  # retryable SERVICE_UNAVAILABLE, not a malformed decision
     where = f"data.toolbooth.authz.decision (POST {URL}/v1/data/toolbooth/authz/decision): "
     assert str(caught.value).startswith(where)
+
+
+async def test_answers_up_to_the_limits_are_decisions() -> None:
+    for body in (deep_json(MAX_ANSWER_DEPTH), huge_json(MAX_ANSWER_BYTES)):
+        assert (await engine(answering(200, body))[0].decide(Stage.AUTHZ, INPUT)).allow is True
 
 
 async def test_a_slow_answer_is_an_evaluation_error_within_the_timeout() -> None:

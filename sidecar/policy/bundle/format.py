@@ -35,9 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import regorus
-
 from sidecar.errors import BundleFetchError, BundleFormatError, BundleSignatureError
+from sidecar.policy._regorus import regorus
 from sidecar.policy.bundle.archive import MAX_BUNDLE_BYTES, read_archive, write_archive
 from sidecar.policy.bundle.signing import (
     MANIFEST_FILE,

@@ -22,8 +22,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import regorus
-
+from sidecar.policy._regorus import regorus
 from sidecar.policy.files import TEST_SUFFIX, PolicyFiles, clean_regorus_error
 
 __all__ = ["TEST_PREFIX", "CoverageReport", "FileCoverage", "Outcome", "RegoTestReport", "RegoTestResult",
