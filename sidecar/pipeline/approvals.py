@@ -1,10 +1,12 @@
 """Approvals bound to the exact call (DESIGN.md, stage 5; ``docs/approvals.md``).
 
 A call the approval policy holds gets a preview: the canonical call (tool, version, validated
-arguments, requesting principal, policy revision), its hash, a random id and an expiry. An
-approver approves that hash (``data.toolbooth.approval.approver`` decides who may); the later
-``ExecuteTool`` with ``approval_id`` runs only if its own canonical call hashes the same, and
-consumes the approval atomically first: one approval, one run.
+arguments, requesting principal, conversation, policy revision), its hash, a random id and an
+expiry. An approver approves that hash (``data.toolbooth.approval.approver`` decides who may); the
+later ``ExecuteTool`` with ``approval_id`` runs only if its own canonical call hashes the same
+(``check``), and consumes the approval atomically right before it runs, once its idempotency key
+is claimed (``consume``): one approval, one run. A call that certainly had no effect gives its
+approval back (``restore``).
 """
 
 from __future__ import annotations
@@ -50,12 +52,15 @@ class CallToApprove:
     version: str
     arguments: dict[str, Any]  # validated, as JSON data
     policy_revision: str
+    conversation_id: str | None = None
 
-    def canonical(self, policy_revision: str | None = None) -> dict[str, Any]:
-        """The canonical call (with another ``policy_revision`` to compare with an older preview)."""
-        return {"tool": self.tool, "version": self.version, "arguments": self.arguments,
-                "principal": {"id": self.principal.id, "tenant": self.principal.tenant},
-                "policy_revision": self.policy_revision if policy_revision is None else policy_revision}
+    def canonical(self, policy_revision: str | None = None, *, bound: bool = True) -> dict[str, Any]:
+        """The canonical call (with another ``policy_revision`` to compare with an older preview; not
+        ``bound`` to its conversation to compare with a preview stored before previews were)."""
+        canonical = {"tool": self.tool, "version": self.version, "arguments": self.arguments,
+                     "principal": {"id": self.principal.id, "tenant": self.principal.tenant},
+                     "policy_revision": self.policy_revision if policy_revision is None else policy_revision}
+        return {**canonical, "conversation_id": self.conversation_id} if bound else canonical
 
 
 def preview_hash(canonical: dict[str, Any]) -> str:
@@ -110,34 +115,61 @@ class Approvals:
             records = [r for r in records if (await self._approver_decision(principal, r)).allow]
         return [to_preview(r) for r in records]
 
-    async def redeem(self, approval_id: str, call: CallToApprove, decision: Decision, *,
-                     key: str | None = None) -> Refusal | None:
-        """Consume the approval ``approval_id`` for ``call`` (``decision``: the approval policy's, now);
-        ``None`` when the call may run. ``key``: the idempotency key that will guard the call, if any; a
-        retry with the key of the call that used the approval goes on, for that key to replay its result.
-        A failing store or policy refuses (fail closed)."""
+    async def check(self, approval_id: str, call: CallToApprove, decision: Decision, *,
+                    key: str | None = None) -> Refusal | None:
+        """Whether the approval ``approval_id`` lets ``call`` go on (``decision``: the approval policy's, now);
+        ``None`` when it may, to its claim and ``consume``. Nothing is consumed here. ``key``: the idempotency
+        key that will guard the call, if any; a retry with the key of the call that used the approval goes
+        on, for that key to replay its result (``consume`` refuses it if the key's record is gone). A
+        failing store or policy refuses (fail closed)."""
         try:
-            return await self._redeem(approval_id, call, decision, key)
+            return await self._check(approval_id, call, decision, key)
         except DependencyError as exc:  # fail closed: refuse, nothing changes
-            return Refusal(_failure(exc, f"redeeming approval {approval_id}"))
+            return Refusal(_failure(exc, f"checking approval {approval_id}"))
 
-    async def _redeem(self, approval_id: str, call: CallToApprove, decision: Decision,
-                      key: str | None) -> Refusal | None:
+    async def consume(self, approval_id: str, *, key: str | None = None) -> Refusal | None:
+        """Mark the checked approval used by the call with idempotency ``key``, atomically: of any number
+        of calls, on any sidecar sharing the store, one gets ``None`` and runs. A failing store refuses."""
+        try:
+            if await self.store.consume_approval(approval_id, now=time.time(), key=key):
+                return None
+            record = await self.store.get_preview(approval_id)
+        except DependencyError as exc:  # fail closed: refuse, nothing changes
+            return Refusal(_failure(exc, f"consuming approval {approval_id}"))
+        if record is not None and key is not None and record.used_key == key:
+            return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval was already used by the call with "
+                                  "this idempotency key, whose stored result has expired; it does not run again"))
+        return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval was already used"))
+
+    async def restore(self, approval_id: str) -> None:
+        """Give back the approval a call consumed and certainly had no effect with (it never ran, or its tool
+        said nothing happened), so that a retry may use it while it is unexpired. A failing store keeps
+        it used: a retry is then refused, never run twice."""
+        try:
+            await self.store.restore_approval(approval_id)
+        except DependencyError as exc:
+            log.error("could not give back approval %s: %s", approval_id, exc)
+
+    async def _check(self, approval_id: str, call: CallToApprove, decision: Decision,
+                     key: str | None) -> Refusal | None:
         record = await self.store.get_preview(approval_id)
         if record is None:
             return Refusal(_error(ErrorCode.RESOURCE_NOT_FOUND, "there is no approval with this id"))
         if refusal := _mismatch(record, call):
             return refusal
         if record.state is PreviewState.USED and key is not None and record.used_key == key:
-            return None  # a retry of the call that used it: its idempotency key replays, never runs it twice
+            return None  # a retry of the call that used it: its idempotency record replays, never runs it twice
         if refusal := _unusable(record):
             return refusal
+        if not _bound(record):
+            fresh = await self.open_preview(call, decision)
+            return Refusal(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, "this approval was granted before approvals "
+                                        "were bound to a conversation; it no longer suffices: " + fresh.reason),
+                           fresh)
         if record.policy_revision != call.policy_revision and not await self._still_counts(record, decision):
             fresh = await self.open_preview(call, decision)
             return Refusal(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, "the policy changed since this approval and "
                                         "it no longer suffices: " + fresh.reason), fresh)
-        if not await self.store.consume_approval(record.preview_id, now=time.time(), key=key):
-            return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval was already used"))
         return None
 
     async def _still_counts(self, record: PreviewRecord, decision: Decision) -> bool:
@@ -201,10 +233,17 @@ def _mismatch(record: PreviewRecord, call: CallToApprove) -> Refusal | None:
     """A refusal unless ``call`` is exactly the previewed call (under the preview's policy revision)."""
     if (record.tenant, record.principal_id) != (call.principal.tenant, call.principal.id):
         return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval is for another principal's call"))
-    if not hmac.compare_digest(preview_hash(call.canonical(record.policy_revision)), record.preview_hash):
-        return Refusal(_error(ErrorCode.INVALID_ARGUMENT, "the call differs from the approved one (tool, version or "
-                              "arguments); send exactly the approved call"))
+    canonical = call.canonical(record.policy_revision, bound=_bound(record))
+    if not hmac.compare_digest(preview_hash(canonical), record.preview_hash):
+        return Refusal(_error(ErrorCode.INVALID_ARGUMENT, "the call differs from the approved one (tool, version, "
+                              "arguments or conversation); send exactly the approved call"))
     return None
+
+
+def _bound(record: PreviewRecord) -> bool:
+    """Whether ``record``'s canonical call names its conversation (previews stored before did not)."""
+    call = json.loads(record.call_json)
+    return isinstance(call, dict) and "conversation_id" in call
 
 
 def _unusable(record: PreviewRecord) -> Refusal | None:

@@ -5,6 +5,10 @@ resolve + availability, validate, authorize, approval). A real call (``call_chai
 between audit, which sees every result, and idempotency + dispatch, which run it; ``toolbooth
 policy eval`` (``sidecar.pipeline.dry_run``) runs them alone, with no approvals service, so that
 no preview is opened and nothing is stored or executed.
+
+The approval stage only checks an approval; it is consumed between idempotency and dispatch
+(``ConsumeApprovalStage``), once the call owns its key: a call whose key is in progress, reused
+for another request or replayed must not spend the approval (``docs/approvals.md``).
 """
 
 from __future__ import annotations
@@ -51,5 +55,5 @@ class DecidingStages:
 
 def call_chain(auditor: Auditor, deciding: DecidingStages, idempotency: IdempotencyStage,
                dispatch: DispatchStage) -> Chain:
-    """The chain of a real call: audit, the deciding stages, idempotency, dispatch."""
-    return Chain([AuditStage(auditor), *deciding, idempotency, dispatch])
+    """The chain of a real call: audit, the deciding stages, idempotency, consuming the approval, dispatch."""
+    return Chain([AuditStage(auditor), *deciding, idempotency, deciding.approval.consuming(), dispatch])

@@ -114,6 +114,10 @@ class SqlStore:
         """Atomically mark an approved preview used; ``False`` if it was not approved (or already used)."""
         return await self.driver.execute(self._sql.consume_approval, (now, key, preview_id)) == 1
 
+    async def restore_approval(self, preview_id: str) -> bool:
+        """Move a used preview back to approved; ``False`` if it was not used."""
+        return await self.driver.execute(self._sql.restore_approval, (preview_id,)) == 1
+
     # --- audit ------------------------------------------------------------------------------
 
     async def record_audit(self, event: AuditEvent) -> None:

@@ -34,6 +34,7 @@ class StoreStatements:
     list_previews: str
     decide_preview: str  # pending -> approved | denied, once
     consume_approval: str  # approved -> used, once
+    restore_approval: str  # used -> approved: given back by the call that used it, when that call had no effect
     insert_audit: str
     last_audit_hash: str
     audit_after: str  # records after an id, oldest first, at most a limit; ``_newest``: newest first
@@ -71,6 +72,8 @@ class StoreStatements:
                            "WHERE preview_id = ? AND state = 'pending'",
             consume_approval="UPDATE previews SET state = 'used', used_at = ?, used_key = ? "
                              "WHERE preview_id = ? AND state = 'approved'",
+            restore_approval="UPDATE previews SET state = 'approved', used_at = NULL, used_key = NULL "
+                             "WHERE preview_id = ? AND state = 'used'",
             insert_audit=f"INSERT INTO audit ({', '.join(CHAINED_COLUMNS)}) VALUES ({_values(len(CHAINED_COLUMNS))})",
             last_audit_hash="SELECT hash FROM audit ORDER BY id DESC LIMIT 1",
             audit_after=f"{audit} ORDER BY id ASC LIMIT ?",

@@ -3,7 +3,8 @@
 One implementation (``sidecar.state.sql_store.SqlStore``) serves every backend. Its guarantees:
 a claim is atomic across every process sharing the database (of any number of concurrent claimers
 one owns the key); an operator's resolution is never overwritten or deleted by a late outcome; a
-preview moves pending -> approved | denied and approved -> used once each, whoever races; the audit
+preview moves pending -> approved | denied and approved -> used once each, whoever races (and used ->
+approved only when the call that used it gives it back, having had no effect); the audit
 log is one linear hash chain (``sidecar.state.chain``) whoever appends.
 """
 
@@ -77,6 +78,11 @@ class Store(Protocol):
     async def consume_approval(self, preview_id: str, *, now: float, key: str | None = None) -> bool:
         """Atomically mark an approved preview used (by the call with idempotency ``key``); ``False`` if it
         was not approved (or already used)."""
+        ...
+
+    async def restore_approval(self, preview_id: str) -> bool:
+        """Atomically move a used preview back to approved, for the call that used it and certainly had no
+        effect (it never ran, or its tool said nothing happened); ``False`` if it was not used."""
         ...
 
     async def record_audit(self, event: AuditEvent) -> None:

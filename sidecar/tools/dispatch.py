@@ -28,7 +28,8 @@ log = logging.getLogger("toolbooth.dispatch")
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What dispatch produced: an output model or an error, and the attempts made."""
+    """What dispatch produced: an output model or an error, and the attempts made (whose handler started:
+    0 when the deadline passed before the first)."""
 
     output: BaseModel | None
     error: ErrorInfo | None
@@ -46,6 +47,9 @@ class Dispatcher:
         attempt = 1
         while True:
             ctx = replace(ctx, attempt=attempt)
+            if ctx.deadline <= time.monotonic():  # this attempt never starts
+                return Outcome(None, ErrorInfo.of(ErrorCode.TIMEOUT, "the call's deadline passed before the tool "
+                                                  "ran", side_effect=defn.side_effect), attempt - 1)
             error = await self._attempt(defn, args, ctx)
             if not isinstance(error, ErrorInfo):
                 return Outcome(error, None, attempt)
@@ -64,9 +68,6 @@ class Dispatcher:
         self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext
     ) -> BaseModel | ErrorInfo:
         remaining = ctx.deadline - time.monotonic()
-        if remaining <= 0:
-            return ErrorInfo.of(ErrorCode.TIMEOUT, "the call's deadline passed before the tool ran",
-                                side_effect=defn.side_effect)
         deadline = asyncio.timeout(remaining)
         try:
             async with deadline:

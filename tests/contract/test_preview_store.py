@@ -46,6 +46,22 @@ async def test_approve_then_consume_once(store: AnyStore) -> None:
     assert used is not None and used.state is PreviewState.USED and (used.used_at, used.used_key) == (200.0, "k-7")
 
 
+async def test_a_used_approval_is_given_back_only_once_and_only_when_used(store: AnyStore) -> None:
+    await store.save_preview(preview())
+    assert not await store.restore_approval("p-1")  # pending: nothing to give back
+    assert await store.decide_preview("p-1", PreviewState.APPROVED, decided_by="b", comment=None, now=1.0)
+    assert not await store.restore_approval("p-1")  # approved, not used
+    assert await store.consume_approval("p-1", now=2.0, key="k-1")
+    assert await store.restore_approval("p-1")
+    assert not await store.restore_approval("p-1")
+    restored = await store.get_preview("p-1")
+    assert restored is not None and (restored.state, restored.used_at, restored.used_key) == (
+        PreviewState.APPROVED, None, None)
+    assert restored.decided_by == "b"  # the approval itself is kept
+    assert await store.consume_approval("p-1", now=3.0, key="k-2")
+    assert not await store.restore_approval("nope")
+
+
 async def test_a_decision_is_final(store: AnyStore) -> None:
     await store.save_preview(preview())
     assert await store.decide_preview("p-1", PreviewState.DENIED, decided_by="b", comment="no", now=1.0)

@@ -23,10 +23,15 @@ CALL = CallToApprove(ALICE, "file_note", "1.0.0", {"title": "t", "body": "b"}, "
 
 def test_canonical_call_names_everything_the_approval_binds() -> None:
     assert CALL.canonical() == {"tool": "file_note", "version": "1.0.0", "arguments": {"title": "t", "body": "b"},
-                                "principal": {"id": "alice", "tenant": "acme"}, "policy_revision": "sha256:rev-1"}
-    assert canonical_json(CALL.canonical()) == ('{"arguments":{"body":"b","title":"t"},"policy_revision":'
-                                                '"sha256:rev-1","principal":{"id":"alice","tenant":"acme"},'
-                                                '"tool":"file_note","version":"1.0.0"}')
+                                "principal": {"id": "alice", "tenant": "acme"}, "policy_revision": "sha256:rev-1",
+                                "conversation_id": None}
+    assert canonical_json(CALL.canonical()) == ('{"arguments":{"body":"b","title":"t"},"conversation_id":null,'
+                                                '"policy_revision":"sha256:rev-1","principal":{"id":"alice",'
+                                                '"tenant":"acme"},"tool":"file_note","version":"1.0.0"}')
+    # the form of previews stored before approvals were bound to a conversation
+    assert canonical_json(CALL.canonical(bound=False)) == ('{"arguments":{"body":"b","title":"t"},"policy_revision":'
+                                                           '"sha256:rev-1","principal":{"id":"alice",'
+                                                           '"tenant":"acme"},"tool":"file_note","version":"1.0.0"}')
 
 
 def test_hash_ignores_key_order_and_roles() -> None:
@@ -44,7 +49,8 @@ def test_hash_ignores_key_order_and_roles() -> None:
     replace(CALL, principal=Principal(id="mallory", tenant="acme")),
     replace(CALL, principal=Principal(id="alice", tenant="globex")),
     replace(CALL, policy_revision="sha256:rev-2"),
-], ids=["tool", "version", "argument", "extra-argument", "principal", "tenant", "revision"])
+    replace(CALL, conversation_id="conv-b"),
+], ids=["tool", "version", "argument", "extra-argument", "principal", "tenant", "revision", "conversation"])
 def test_every_part_of_the_call_changes_the_hash(changed: CallToApprove) -> None:
     assert preview_hash(changed.canonical()) != preview_hash(CALL.canonical())
 
@@ -55,12 +61,18 @@ def test_an_older_revision_can_be_put_back_for_comparison() -> None:
 
 
 class BrokenStore:
-    """Every preview read fails, as a store that is down does."""
+    """Every preview read and move fails, as a store that is down does."""
 
     def __init__(self) -> None:
         self.events: list[object] = []
 
     async def get_preview(self, preview_id: str) -> None:
+        raise StoreUnavailableError("disk I/O error at /secret/path")
+
+    async def consume_approval(self, preview_id: str, *, now: float, key: str | None = None) -> bool:
+        raise StoreUnavailableError("disk I/O error at /secret/path")
+
+    async def restore_approval(self, preview_id: str) -> bool:
         raise StoreUnavailableError("disk I/O error at /secret/path")
 
     def queue_audit(self, event: object) -> None:
@@ -80,9 +92,13 @@ class FailingApprover:
 async def test_a_failing_store_refuses_redeeming_and_deciding() -> None:
     store = BrokenStore()
     approvals = Approvals(store, FailingApprover(PolicyEvaluationError("x")))  # type: ignore[arg-type]
-    refusal = await approvals.redeem("p-1", CALL, Decision(required=True))
+    refusal = await approvals.check("p-1", CALL, Decision(required=True))
     assert refusal is not None and refusal.error.code is ErrorCode.SERVICE_UNAVAILABLE and refusal.error.retryable
     assert "secret" not in refusal.error.message
+    consumed = await approvals.consume("p-1", key="k-1")
+    assert consumed is not None and consumed.error.code is ErrorCode.SERVICE_UNAVAILABLE
+    assert "secret" not in consumed.error.message
+    await approvals.restore("p-1")  # logged; the approval stays as it is (a retry is refused, never run twice)
     result = await approvals.approve(ALICE, "p-1", "sha256:00", None)
     assert not result.ok and result.error is not None and result.error.code is ErrorCode.SERVICE_UNAVAILABLE
     assert len(store.events) == 1  # the attempt is audited

@@ -15,7 +15,7 @@ from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Chain, Next
 from sidecar.pipeline.decisions import Decider
 from sidecar.pipeline.order import DecidingStages
-from sidecar.pipeline.stages.approval import ApprovalStage
+from sidecar.pipeline.stages.approval import ApprovalStage, ConsumeApprovalStage
 from sidecar.pipeline.stages.audit import AuditStage
 from sidecar.pipeline.stages.authorize import AuthorizeStage
 from sidecar.pipeline.stages.dispatch import DispatchStage
@@ -82,7 +82,8 @@ async def test_a_real_call_meets_the_stages_in_the_designed_order(tmp_path: Path
     pipeline = assemble(registry=Registry.from_tools(tools.ALL), policy=engine, store=store, limits=Limits())
     try:
         assert [type(stage) for stage in pipeline.chain.stages] == [
-            AuditStage, ResolveStage, ValidateStage, AuthorizeStage, ApprovalStage, IdempotencyStage, DispatchStage]
+            AuditStage, ResolveStage, ValidateStage, AuthorizeStage, ApprovalStage, IdempotencyStage,
+            ConsumeApprovalStage, DispatchStage]
         deciding = DecidingStages.build(Registry.from_tools(tools.ALL), Decider(engine), Limits())
         assert [type(stage) for stage in deciding] == [ResolveStage, ValidateStage, AuthorizeStage, ApprovalStage]
     finally:

@@ -1,10 +1,15 @@
 """Stage 5, approval: run only approved calls (``docs/approvals.md``).
 
 The approval policy decides whether the call needs a person's approval. With ``approval_id`` the
-approval is redeemed (``Approvals.redeem``: the exact approved call, once); without one, a call that
-needs approval ends with ``APPROVAL_REQUIRED`` and a new preview. Previews and approvals see the
-arguments with their sensitive values masked: the keyed hash binds an approval to them without a
-preview (shown to approvers, stored) ever holding them in clear.
+approval is checked (``Approvals.check``: the exact approved call, in its conversation, approved and
+unexpired); without one, a call that needs approval ends with ``APPROVAL_REQUIRED`` and a new
+preview. Previews and approvals see the arguments with their sensitive values masked: the keyed
+hash binds an approval to them without a preview (shown to approvers, stored) ever holding them in
+clear.
+
+The approval is consumed later, by ``ConsumeApprovalStage``, which runs after the idempotency
+stage has claimed the call's key: a call whose key is in progress, reused or replayed spends no
+approval. A call that certainly had no effect gives its approval back.
 
 Built without ``Approvals`` (``toolbooth policy eval``), the stage opens no preview: a call that
 needs approval ends with ``APPROVAL_REQUIRED`` alone.
@@ -14,14 +19,15 @@ from __future__ import annotations
 
 from sidecar.contract import ErrorCode, ErrorInfo, Status, ToolResult
 from sidecar.errors import CallRefused, StoreUnavailableError, refusal
-from sidecar.pipeline.approvals import Approvals, CallToApprove
+from sidecar.pipeline.approvals import Approvals, CallToApprove, Refusal
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Next
 from sidecar.pipeline.decisions import Decider
+from sidecar.pipeline.stages.idempotency import had_no_effect
 from sidecar.policy import Stage
 from sidecar.tools.masking import Masker
 
-__all__ = ["ApprovalStage"]
+__all__ = ["ApprovalStage", "ConsumeApprovalStage"]
 
 
 class ApprovalStage:
@@ -35,11 +41,10 @@ class ApprovalStage:
         decision = await self._decider.decide(call, Stage.APPROVAL)
         if call.request.approval_id and self._approvals is not None:
             call.trail["approval_id"] = call.request.approval_id
-            key = call.request.idempotency_key if call.defn.requires_idempotency_key else None
-            denied = await self._approvals.redeem(call.request.approval_id, self._to_approve(call), decision, key=key)
+            denied = await self._approvals.check(call.request.approval_id, self._to_approve(call), decision,
+                                                 key=_key(call))
             if denied is not None:
-                status = Status.APPROVAL_REQUIRED if denied.preview is not None else Status.ERROR
-                raise CallRefused(denied.error, status=status, preview=denied.preview)
+                raise _refused(denied)
         elif decision.required:
             preview = None
             if self._approvals is not None:
@@ -52,8 +57,43 @@ class ApprovalStage:
                               preview=preview)
         return await next(call)
 
+    def consuming(self) -> ConsumeApprovalStage:
+        """The stage that consumes the approvals this stage checked (after the key is claimed)."""
+        return ConsumeApprovalStage(self._approvals)
+
     def _to_approve(self, call: Call) -> CallToApprove:
         """The call to preview or compare, its sensitive values masked."""
         assert self._masker is not None
         arguments = self._masker.mask(call.validated.data, call.validated.sensitive)
-        return CallToApprove(call.principal, call.defn.name, call.defn.version, arguments, call.policy_revision)
+        return CallToApprove(call.principal, call.defn.name, call.defn.version, arguments, call.policy_revision,
+                             call.request.conversation_id)
+
+
+class ConsumeApprovalStage:
+    """Right before dispatch, after the key is claimed: uses the checked approval once, atomically (of
+    concurrent calls with other keys one runs); gives it back if the call certainly had no effect."""
+
+    def __init__(self, approvals: Approvals | None) -> None:
+        self._approvals = approvals
+
+    async def run(self, call: Call, next: Next) -> ToolResult:
+        approval_id = call.request.approval_id
+        if not approval_id or self._approvals is None:
+            return await next(call)
+        denied = await self._approvals.consume(approval_id, key=_key(call))
+        if denied is not None:
+            raise _refused(denied)
+        result = await next(call)
+        if had_no_effect(call, result):
+            await self._approvals.restore(approval_id)
+        return result
+
+
+def _key(call: Call) -> str | None:
+    """The idempotency key that guards ``call``, if its tool has one."""
+    return call.request.idempotency_key if call.defn.requires_idempotency_key else None
+
+
+def _refused(denied: Refusal) -> CallRefused:
+    status = Status.APPROVAL_REQUIRED if denied.preview is not None else Status.ERROR
+    return CallRefused(denied.error, status=status, preview=denied.preview)

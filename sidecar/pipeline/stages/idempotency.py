@@ -10,6 +10,11 @@ From its claim on, a keyed call is detached from its caller: it runs to its end,
 is stored and audited, even if the caller goes away. A claimed key is always completed or
 released, never left "in progress". The dispatch is audited durably before the handler runs; if
 that write fails the key is released and nothing runs.
+
+A key is released, not completed, when the call certainly had no effect (``had_no_effect``): its
+handler never started (a later stage refused it, e.g. its approval was already used, or its
+deadline passed while the key was being claimed) or its tool said nothing happened. A retry with
+the key then runs; a stored result would have burned the key with nothing run.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from sidecar.pipeline.chain import Next
 from sidecar.pipeline.stages.audit import Auditor
 from sidecar.state import Claim, Expiry, KeyScope, Store
 
-__all__ = ["MAX_IDEMPOTENCY_KEY_CHARS", "IdempotencyStage"]
+__all__ = ["MAX_IDEMPOTENCY_KEY_CHARS", "IdempotencyStage", "had_no_effect"]
 
 log = logging.getLogger("toolbooth.pipeline")
 MAX_IDEMPOTENCY_KEY_CHARS = 256
@@ -88,9 +93,9 @@ class IdempotencyStage:
             raise CallRefused(refusal(exc, consequence="nothing was executed", part="the audit log")) from None
 
     async def _finish(self, call: Call, result: ToolResult) -> None:
-        """Store the outcome under the key; forget the key if the tool said nothing happened."""
+        """Store the outcome under the key; forget the key if the call certainly had no effect."""
         assert call.key is not None
-        if result.error is not None and result.error.retryable and result.error.code is not ErrorCode.TIMEOUT:
+        if had_no_effect(call, result):
             await self._release(call)
             return
         try:
@@ -104,6 +109,16 @@ class IdempotencyStage:
                 await self._store.release(call.key)
             except StoreUnavailableError as exc:
                 log.error("could not release idempotency key of request %s: %s", call.request_id, exc)
+
+
+def had_no_effect(call: Call, result: ToolResult) -> bool:
+    """Whether ``call`` certainly changed nothing: its handler never started (``call.attempts`` is 0: a
+    later stage refused it, or its deadline passed first), or the tool said nothing happened (a retryable
+    error other than ``TIMEOUT``, which may come after an effect)."""
+    if call.attempts == 0:
+        return True
+    error = result.error
+    return error is not None and error.retryable and error.code is not ErrorCode.TIMEOUT
 
 
 def _scope(call: Call) -> KeyScope:
