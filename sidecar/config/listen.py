@@ -104,7 +104,8 @@ def parse_listen(text: str) -> ListenAddress:
 def socket_path(target: str) -> Path | None:
     """The socket file a client ``target`` names (``unix:PATH``, ``unix:///ABS``), else ``None``."""
     if target.startswith("unix://"):
-        return Path(target.removeprefix("unix://"))
+        path = target.removeprefix("unix://")
+        return Path(path) if path.startswith("/") else None
     if target.startswith("unix:"):
         return Path(target.removeprefix("unix:"))
     return None
