@@ -49,7 +49,7 @@ class _Base:
 
 
 class AsyncClient(_Base):
-    """An asyncio client; ``target`` is ``unix:///path`` or ``host:port``."""
+    """An asyncio client; ``target`` is any gRPC target (``unix:PATH``, ``unix:///ABS``, ``HOST:PORT``, ``dns:``...)."""
 
     def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None) -> None:
         super().__init__(token=token, timeout=timeout)
@@ -124,7 +124,7 @@ class AsyncClient(_Base):
 
 
 class Client(_Base):
-    """A blocking client; ``target`` is ``unix:///path`` or ``host:port``."""
+    """A blocking client; ``target`` is any gRPC target (``unix:PATH``, ``unix:///ABS``, ``HOST:PORT``, ``dns:``...)."""
 
     def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None) -> None:
         super().__init__(token=token, timeout=timeout)

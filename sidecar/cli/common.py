@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from sidecar.config import ENV_TARGET, ENV_TOKEN, load_settings
+from sidecar.config import ENV_TARGET, ENV_TOKEN, load_settings, parse_listen, socket_path
 from sidecar.errors import StoreUnavailableError
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ __all__ = [
     "fail",
     "read_arguments",
     "setup_logging",
+    "valid_json",
     "with_client",
     "with_store",
 ]
@@ -97,6 +98,20 @@ def read_arguments(value: str) -> str:
     return value
 
 
+def valid_json(text: str, flag: str = "--args") -> str:
+    """``text`` unchanged when it is JSON; else a usage error saying where it breaks.
+
+    Only the syntax is checked here: the sidecar still receives the text as it was given and
+    validates everything else (size, depth, the tool's input model).
+    """
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"{flag} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
+                           f"(character {exc.pos})", EXIT_USAGE) from None
+    return text
+
+
 # --- output -----------------------------------------------------------------------------------------------
 
 
@@ -138,13 +153,22 @@ def with_client(args: argparse.Namespace, request: Callable[[Client], Reply]) ->
 
 
 def _client_failure(exc: ClientError, target: str, *, explicit: bool) -> str:
-    """``CODE: details``, plus how to start the sidecar when its socket does not exist."""
+    """``CODE: details``, plus how to start the sidecar when its socket does not exist
+    (``--listen TARGET`` only when ``serve`` accepts that target as it is)."""
     message = f"{exc.code.name}: {exc.details}"
-    socket = Path(target.removeprefix("unix://")) if target.startswith("unix://") else None
+    socket = socket_path(target)
     if socket is not None and not socket.exists():
-        start = "toolbooth serve" + (f" --listen {target}" if explicit else "")
+        start = "toolbooth serve" + (f" --listen {target}" if explicit and _listenable(target) else "")
         message += f"\nno socket at {socket}: is the sidecar running? start it with `{start}`"
     return message
+
+
+def _listenable(target: str) -> bool:
+    try:
+        parse_listen(target)
+    except ValueError:
+        return False
+    return True
 
 
 def with_store(config: Path | None, use: Callable[[Store], Awaitable[Reply]]) -> Reply:

@@ -1,13 +1,19 @@
-"""``toolbooth config validate``: load the config file and ``TOOLBOOTH_*`` variables, summarise them.
+"""``toolbooth config validate``: every check ``toolbooth serve`` makes before it listens, without listening.
 
-A configuration that does not load is a ``ConfigError``, which ``main`` turns into exit code 2.
+The file and ``TOOLBOOTH_*`` variables must load, then ``sidecar.cli.preflight`` checks what they
+name: keys, policies, plugins, store. Exit codes are those ``serve`` would exit with: 0 it would
+start (up to binding its addresses, which is not tried); 2 the configuration, or a file or policy
+it names, is wrong; 1 something it relies on fails (a plugin that does not import, the store or a
+bundle server that cannot be reached).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 
-from sidecar.cli.common import EXIT_OK, Subparsers, config_flag
+from sidecar.cli.common import EXIT_OK, CommandError, Subparsers, config_flag
+from sidecar.cli.preflight import STARTUP_FAILURES, failure_exit, preflight
 from sidecar.config import Settings, load_settings
 
 __all__ = ["add_commands", "cmd_config_validate", "describe_settings"]
@@ -17,16 +23,22 @@ def add_commands(commands: Subparsers) -> None:
     """Add ``config validate`` to the ``toolbooth`` parser."""
     config = commands.add_parser("config", help="check configuration")
     actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
-    validate = actions.add_parser("validate", help="validate the config file and TOOLBOOTH_* variables")
+    validate = actions.add_parser("validate", help="check the config file, TOOLBOOTH_* variables and what they name "
+                                                   "(keys, policies, plugins, store) as serve would")
     config_flag(validate)
     validate.set_defaults(handler=cmd_config_validate)
 
 
 def cmd_config_validate(args: argparse.Namespace) -> int:
-    """``toolbooth config validate``: load the settings and summarise them."""
+    """``toolbooth config validate``: load the settings, run serve's checks, summarise."""
     settings = load_settings(args.config)
+    try:
+        checked = asyncio.run(preflight(settings))
+    except STARTUP_FAILURES as exc:
+        raise CommandError(str(exc), failure_exit(exc)) from None
     print("config OK")
     print(describe_settings(settings))
+    print("\n".join(checked.lines()))
     return EXIT_OK
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from sidecar import __version__
 from sidecar.cli import approvals, audit, config, operations, policy, serve, tools
 from sidecar.cli.common import EXIT_USAGE, CommandError, Handler, fail
 from sidecar.errors import ConfigError
@@ -40,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
     parser = argparse.ArgumentParser(prog="toolbooth", description="Policy-as-code sidecar for AI-agent tool calls.")
+    parser.add_argument("--version", action="version", version=f"toolbooth {__version__}",
+                        help="print the version of the installed toolbooth package and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in GROUPS:
         group.add_commands(commands)

@@ -1,7 +1,11 @@
 """``toolbooth serve``: run the sidecar until SIGTERM/SIGINT.
 
-``--listen`` and ``--policies`` replace what the settings say and are validated like them;
-anything that stops the sidecar from starting is one line on stderr and exit code 1.
+``--listen`` and ``--policies`` replace what the settings say and are validated like them.
+Anything that stops the sidecar from starting is one line on stderr and an exit code
+(``sidecar.cli.preflight.failure_exit``): 2 when the configuration, or a key file, policy
+directory, bundle, allow-list entry it names, is wrong (checked first, before anything opens);
+1 when something it relies on fails (a plugin that does not import, the store, a bundle server,
+an address that cannot be bound).
 """
 
 from __future__ import annotations
@@ -13,19 +17,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, CommandError, Subparsers, config_flag, setup_logging
-from sidecar.config import Settings, load_settings, parse_settings
-from sidecar.errors import ConfigError, PluginLoadError, PolicyLoadError, StoreUnavailableError
+from sidecar.cli.common import EXIT_OK, CommandError, Subparsers, config_flag, setup_logging
+from sidecar.cli.preflight import STARTUP_FAILURES, check_files_named, failure_exit
+from sidecar.config import LISTEN_FORMS, Settings, load_settings, parse_settings
+from sidecar.errors import ConfigError
 
 __all__ = ["add_commands", "cmd_serve", "policy_source_override", "serve_settings"]
 
 log = logging.getLogger(__name__)
 
-# What stops ``serve`` from starting: reported in one line, exit 1. ``ConfigError`` here means settings
-# that parse but cannot run (a non-loopback address in dev mode, an unreadable JWT key); grpc reports a
-# failed bind as a bare ``RuntimeError``.
-_STARTUP_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError, PluginLoadError, PolicyLoadError, StoreUnavailableError, OSError, RuntimeError)
+_URL_SCHEMES = ("http://", "https://")
 
 
 def add_commands(commands: Subparsers) -> None:
@@ -33,7 +34,7 @@ def add_commands(commands: Subparsers) -> None:
     serve = commands.add_parser("serve", help="run the sidecar until SIGTERM/SIGINT")
     config_flag(serve)
     serve.add_argument("--listen", action="append", metavar="ADDRESS",
-                       help="unix:///path or HOST:PORT; repeatable; replaces server.listen")
+                       help=f"{LISTEN_FORMS}; repeatable; replaces server.listen")
     serve.add_argument("--policies", metavar="DIR_OR_BUNDLE",
                        help="a policy directory, a bundle file (.tar.gz) or a bundle URL; replaces the configured one")
     serve.set_defaults(handler=cmd_serve)
@@ -41,15 +42,19 @@ def add_commands(commands: Subparsers) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``toolbooth serve``: run the sidecar until SIGTERM/SIGINT."""
+    if args.policies and not args.policies.startswith(_URL_SCHEMES) and not Path(args.policies).exists():
+        raise ConfigError(f"--policies {args.policies}: no such policy directory or bundle file "
+                          "(or give a bundle URL, http:// or https://)")
     settings = serve_settings(args.config, args.listen, args.policies)
     setup_logging(settings.log_level)
     from sidecar.server import serve  # the server, pipeline and policy engines load only to serve
 
     try:
+        check_files_named(settings)
         asyncio.run(serve(settings))
-    except _STARTUP_ERRORS as exc:
+    except STARTUP_FAILURES as exc:
         log.debug("start-up failed", exc_info=True)
-        raise CommandError(str(exc), EXIT_FAILURE) from None
+        raise CommandError(str(exc), failure_exit(exc)) from None
     except KeyboardInterrupt:
         return 130
     return EXIT_OK
@@ -75,7 +80,7 @@ def policy_source_override(policy: dict[str, Any], source: str) -> dict[str, Any
     A configured bundle keeps its verification keys and polling; only its location changes.
     """
     bundle = {key: value for key, value in policy.get("bundle", {}).items() if key not in ("url", "file")}
-    if source.startswith(("http://", "https://")):
+    if source.startswith(_URL_SCHEMES):
         return {**policy, "bundle": {**bundle, "url": source}}
     if Path(source).is_dir():
         return {**{key: value for key, value in policy.items() if key != "bundle"}, "path": source}

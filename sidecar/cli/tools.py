@@ -1,6 +1,7 @@
 """``toolbooth tools list`` and ``toolbooth call``: an agent's two requests, from the command line.
 
-``call`` sends the ``--args`` text unparsed, because the sidecar is the validator; its exit code
+``call`` sends the ``--args`` text unparsed, because the sidecar is the validator; only text that
+is not JSON at all is refused here, as a usage error saying where it breaks. Its exit code
 follows the result's status (see ``CALL_EPILOG``).
 """
 
@@ -16,6 +17,7 @@ from sidecar.cli.common import (
     client_flags,
     dump_json,
     read_arguments,
+    valid_json,
     with_client,
 )
 from sidecar.contract import Status, ToolListing
@@ -33,7 +35,7 @@ CALL_EPILOG = """\
 The result is printed as JSON. Exit codes:
   0  status success or partial_success
   1  the request failed (gRPC error, e.g. the sidecar is not running)
-  2  usage error (e.g. an unreadable --args file)
+  2  usage error (e.g. an unreadable --args file, or --args that is not JSON)
   3  status error (see error.code, error.recovery)
   4  status approval_required (an approver must approve the preview first)
 """
@@ -69,7 +71,7 @@ def cmd_tools_list(args: argparse.Namespace) -> int:
 
 def cmd_call(args: argparse.Namespace) -> int:
     """``toolbooth call``: execute one call and print its typed result."""
-    arguments = read_arguments(args.arguments)
+    arguments = valid_json(read_arguments(args.arguments))
     result = with_client(args, lambda client: client.execute(
         args.tool, arguments, idempotency_key=args.idempotency_key, approval_id=args.approval_id,
         conversation_id=args.conversation_id, timeout=args.timeout))

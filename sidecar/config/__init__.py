@@ -19,8 +19,8 @@ from sidecar.config.base import (
     bundled_policy_dir,
     default_socket_path,
     default_state_dir,
-    is_loopback,
 )
+from sidecar.config.listen import LISTEN_FORMS, ListenAddress, ListenKind, is_loopback, parse_listen, socket_path
 from sidecar.config.policy import (
     BundleKeySettings,
     BundleSettings,
@@ -48,6 +48,7 @@ __all__ = [
     "ENV_PREFIX",
     "ENV_TARGET",
     "ENV_TOKEN",
+    "LISTEN_FORMS",
     "MIN_MASK_KEY_BYTES",
     "UNIX_PREFIX",
     "AuditSettings",
@@ -59,6 +60,8 @@ __all__ = [
     "DecisionCacheSettings",
     "JwtSettings",
     "Limits",
+    "ListenAddress",
+    "ListenKind",
     "OpaSettings",
     "OpaTlsSettings",
     "PluginSettings",
@@ -72,5 +75,7 @@ __all__ = [
     "default_state_dir",
     "is_loopback",
     "load_settings",
+    "parse_listen",
     "parse_settings",
+    "socket_path",
 ]

@@ -1,9 +1,8 @@
 """What every part of the configuration shares: the section base class, keys given inline or as files,
-the default paths, listen-address helpers and the environment variables."""
+the default paths and the environment variables (listen addresses: ``sidecar.config.listen``)."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from pathlib import Path
 
@@ -12,15 +11,13 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from sidecar.errors import ConfigError
 
 __all__ = ["CLIENT_VARIABLES", "ENV_PREFIX", "ENV_TARGET", "ENV_TOKEN", "UNIX_PREFIX", "KeySource", "Section",
-           "bundled_policy_dir", "default_socket_path", "default_state_dir", "is_loopback"]
+           "bundled_policy_dir", "default_socket_path", "default_state_dir"]
 
 ENV_PREFIX = "TOOLBOOTH_"
 # Read by the command-line client, not settings of the sidecar.
 ENV_TARGET, ENV_TOKEN = "TOOLBOOTH_TARGET", "TOOLBOOTH_TOKEN"
 CLIENT_VARIABLES = frozenset({ENV_TARGET, ENV_TOKEN})
 UNIX_PREFIX = "unix://"
-_LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
-
 
 
 def default_socket_path() -> Path:
@@ -68,15 +65,5 @@ class KeySource(Section):
         try:
             return self.key_file.read_text()
         except OSError as exc:
-            raise ConfigError(f"config error at {where}.key_file: cannot read {self.key_file}: {exc}") from exc
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name, an IPv4 or a bracketed IPv6 address) is the loopback interface."""
-    host = host.removeprefix("[").removesuffix("]")
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+            raise ConfigError(f"config error at {where}.key_file: cannot read {self.key_file}: "
+                              f"{exc.strerror}") from None

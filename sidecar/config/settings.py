@@ -18,16 +18,17 @@ from sidecar.config.base import (
     Section,
     default_socket_path,
     default_state_dir,
-    is_loopback,
 )
 from sidecar.config.dsn import dsn_parts, redact_dsn
+from sidecar.config.listen import parse_listen
 from sidecar.config.policy import PolicySettings
 from sidecar.errors import ConfigError
 
-__all__ = ["MIN_MASK_KEY_BYTES", "AuditSettings", "Limits", "PluginSettings", "ServerSettings", "Settings",
-           "StoreSettings", "load_settings", "parse_settings"]
+__all__ = ["LOG_LEVELS", "MIN_MASK_KEY_BYTES", "AuditSettings", "Limits", "Origins", "PluginSettings",
+           "ServerSettings", "Settings", "StoreSettings", "load_settings", "parse_settings"]
 
 MIN_MASK_KEY_BYTES = 16
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class StoreSettings(Section):
@@ -124,19 +125,23 @@ class PluginSettings(Section):
 
 
 class ServerSettings(Section):
-    listen: tuple[str, ...] = Field(default_factory=lambda: (f"unix://{default_socket_path()}",), min_length=1)
+    """Where the sidecar listens (``sidecar.config.listen`` reads each address), and how it stops."""
+
+    listen: tuple[str, ...] = Field(default_factory=lambda: (f"{UNIX_PREFIX}{default_socket_path()}",), min_length=1)
     reflection: bool | None = None
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
+
+    @field_validator("listen", mode="before")
+    @classmethod
+    def _one_address_is_a_list(cls, value: Any) -> Any:
+        """``listen: "127.0.0.1:5000"`` means the list of that one address."""
+        return [value] if isinstance(value, str) else value
 
     @field_validator("listen")
     @classmethod
     def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for address in value:
-            if address.startswith(UNIX_PREFIX):
-                if not address.removeprefix(UNIX_PREFIX).startswith("/"):
-                    raise ValueError(f"{address!r}: a unix socket path must be absolute (unix:///path)")
-            elif address.rpartition(":")[0] == "" or not address.rpartition(":")[2].isdigit():
-                raise ValueError(f"{address!r}: expected unix:///path or HOST:PORT")
+            parse_listen(address)
         return value
 
 
@@ -150,14 +155,22 @@ class Settings(Section):
     audit: AuditSettings = Field(default_factory=AuditSettings)
     limits: Limits = Field(default_factory=Limits)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
-    log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+    log_level: str = "INFO"
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _known_level(cls, value: Any) -> Any:
+        """Any case (``debug``, ``Debug``); stored upper case, as ``logging`` names them."""
+        if not isinstance(value, str) or value.upper() not in LOG_LEVELS:
+            raise ValueError(f"{value!r} is not a log level; use one of {', '.join(LOG_LEVELS)} (any case)")
+        return value.upper()
 
     @model_validator(mode="after")
     def _dev_mode_stays_local(self) -> Settings:
         """Dev mode trusts every caller, so it may only listen where no one else can reach."""
         if self.auth.effective_mode is AuthMode.DEV:
             for address in self.server.listen:
-                if not address.startswith(UNIX_PREFIX) and not is_loopback(address.rpartition(":")[0]):
+                if not parse_listen(address).is_local:
                     raise ValueError(
                         f"server.listen: {address!r} is not a loopback address; auth mode 'dev' trusts a static "
                         "principal, so it only listens on 127.0.0.1, ::1, localhost or a unix socket "
@@ -165,29 +178,37 @@ class Settings(Section):
         return self
 
 
+# Where a value came from: the key path a ``TOOLBOOTH_*`` variable set, and the variable's name.
+Origins = Mapping[tuple[str, ...], str]
+
+
 def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Read ``path`` (optional), apply environment overrides and validate."""
     raw: dict[str, Any] = {}
     if path is not None:
         raw = _read_yaml(path)
-    _apply_env(raw, os.environ if env is None else env)
-    return parse_settings(raw)
+    origins = _apply_env(raw, os.environ if env is None else env)
+    return parse_settings(raw, origins=origins)
 
 
-def parse_settings(raw: Mapping[str, Any]) -> Settings:
-    """Validate a mapping, turning pydantic errors into ``ConfigError`` naming each key."""
+def parse_settings(raw: Mapping[str, Any], *, origins: Origins | None = None) -> Settings:
+    """Validate a mapping, turning pydantic errors into ``ConfigError`` naming each key
+    (and, for a value from the environment, the variable that set it)."""
     try:
         return Settings.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError("\n".join(_describe(err) for err in exc.errors())) from None
+        raise ConfigError("\n".join(_describe(err, origins or {}) for err in exc.errors())) from None
 
 
-def _describe(err: Mapping[str, Any]) -> str:
-    key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+def _describe(err: Mapping[str, Any], origins: Origins) -> str:
+    loc = tuple(str(part) for part in err["loc"])
+    key = ".".join(loc) or "(top level)"
     message = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = "unknown key"
-    return f"config error at {key}: {message}"
+    names = [name for path, name in origins.items() if loc and (path[:len(loc)] == loc or loc[:len(path)] == path)]
+    source = f" (from {', '.join(names)})" if names else ""
+    return f"config error at {key}{source}: {message}"
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -204,7 +225,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[tuple[str, ...], str]:
+    """Set the values of the ``TOOLBOOTH_*`` variables in ``raw``; return which variable set which key."""
+    origins: dict[tuple[str, ...], str] = {}
     for name, text in sorted(env.items()):
         if not name.startswith(ENV_PREFIX) or name.startswith(f"{ENV_PREFIX}TEST_") or name in CLIENT_VARIABLES:
             continue
@@ -219,3 +242,5 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
             node[keys[-1]] = yaml.safe_load(text)
         except yaml.YAMLError:
             raise ConfigError(f"config error at {'.'.join(keys)}: cannot parse {name}={text!r}") from None
+        origins[tuple(keys)] = name
+    return origins

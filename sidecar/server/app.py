@@ -1,7 +1,9 @@
 """The gRPC server: listeners (Unix socket, TCP), health, reflection, graceful shutdown.
 
 ``create_server`` builds and binds a server without starting it (tests use it with
-port 0 or a temporary socket); ``serve`` runs the sidecar until SIGTERM/SIGINT.
+port 0 or a temporary socket; binding is ``sidecar.server.listeners``); ``serve`` runs the
+sidecar until SIGTERM/SIGINT and logs at start what it serves with: plugins, tools, store,
+policy engine and revision, listeners.
 """
 
 from __future__ import annotations
@@ -10,10 +12,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
-import stat
 import threading
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,19 +23,21 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.config import UNIX_PREFIX, AuthMode, Limits, Settings
+from sidecar.config import AuthMode, Limits, Settings
 from sidecar.contract import Principal, ReloadStatus
 from sidecar.policy.reload import ReloadingEngine
 from sidecar.server import interceptors
 from sidecar.server.approval_service import SERVICE_NAME as APPROVAL_SERVICE_NAME
 from sidecar.server.approval_service import ApprovalServicer
 from sidecar.server.auth import Authenticator
+from sidecar.server.listeners import bind_all, remove_sockets
 from sidecar.server.policy_service import RELOAD_HEALTH_NAME, PolicyServicer
 from sidecar.server.policy_service import SERVICE_NAME as POLICY_SERVICE_NAME
 from sidecar.server.roles import ApprovalDesk, ApprovalGateway, Operators, PolicyStatusView, StatusProvider
 from sidecar.server.tool_service import SERVICE_NAME, ToolGateway, ToolServicer
 
 if TYPE_CHECKING:
+    from sidecar.pipeline.gate import Pipeline
     from sidecar.tools.registry import Registry
 
 __all__ = ["SERVICE_NAME", "Sidecar", "create_server", "serve"]
@@ -75,7 +77,7 @@ class Sidecar:
         """Report NOT_SERVING, let in-flight calls finish within ``grace``, remove the sockets."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
-        _remove_sockets(self.socket_paths)
+        remove_sockets(self.socket_paths)
 
 
 async def create_server(settings: Settings, gateway: ToolGateway, *, policy: StatusProvider | None = None,
@@ -101,7 +103,7 @@ async def create_server(settings: Settings, gateway: ToolGateway, *, policy: Sta
     health_servicer = await _add_health(server)
     if settings.server.reflection or (settings.server.reflection is None and dev):
         reflection.enable_server_reflection(names, server)
-    addresses, sockets = await _bind_all(server, settings.server.listen)
+    addresses, sockets = await bind_all(server, settings.server.listen)
     dev_principal = settings.auth.dev_principal if dev else None
     sidecar = Sidecar(server, health_servicer, addresses, sockets, dev_principal)
     if policy is not None:
@@ -120,8 +122,7 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
         reloader.on_status = sidecar.report_policy
         try:
             await sidecar.start()
-            log.info("toolbooth listening on %s with policy revision %s", ", ".join(sidecar.addresses),
-                     reloader.revision)
+            _log_start(settings, pipeline, reloader, sidecar)
             async with _watching(reloader, reload_interval(settings.policy)):
                 await _wait_for_stop(stop or asyncio.Event())
         finally:
@@ -129,6 +130,17 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
     finally:
         await pipeline.aclose()
     log.info("toolbooth stopped")
+
+
+def _log_start(settings: Settings, pipeline: Pipeline, reloader: ReloadingEngine, sidecar: Sidecar) -> None:
+    """What this sidecar serves with, logged once at start (the store without its password)."""
+    plugins = pipeline.registry.plugins
+    log.info("plugins: %s", "; ".join(map(str, plugins)) if plugins else "none from entry points")
+    log.info("tools: %s", ", ".join(defn.name for defn in pipeline.registry) or "none")
+    log.info("store: %s", settings.store.describe())
+    log.info("policy: engine %s, %s, revision %s", settings.policy.engine.value, reloader.status.source,
+             reloader.revision)
+    log.info("toolbooth listening on %s with policy revision %s", ", ".join(sidecar.addresses), reloader.revision)
 
 
 @contextlib.asynccontextmanager
@@ -162,59 +174,6 @@ async def _add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
         await servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     return servicer
-
-
-async def _bind_all(server: grpc.aio.Server, addresses: Iterable[str]) -> tuple[tuple[str, ...], tuple[Path, ...]]:
-    """Bind every address; on failure release what was bound and re-raise."""
-    bound: list[str] = []
-    sockets: list[Path] = []
-    try:
-        for address in addresses:
-            bound.append(_bind(server, address, sockets))
-    except BaseException:
-        await server.stop(None)
-        _remove_sockets(sockets)
-        raise
-    return tuple(bound), tuple(sockets)
-
-
-def _bind(server: grpc.aio.Server, address: str, sockets: list[Path]) -> str:
-    """Bind one address and return it as bound (the real port for ``HOST:0``)."""
-    if not address.startswith(UNIX_PREFIX):
-        host = address.rpartition(":")[0]
-        return f"{host}:{server.add_insecure_port(address)}"
-    path = Path(address.removeprefix(UNIX_PREFIX))
-    _prepare_socket_path(path)
-    sockets.append(path)
-    server.add_insecure_port(address)
-    return address
-
-
-def _prepare_socket_path(path: Path) -> None:
-    """Create the parent directory (0750) and remove a stale socket; never a live one or another file."""
-    path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    if not path.is_symlink() and not path.exists():
-        return
-    if not stat.S_ISSOCK(path.lstat().st_mode):
-        raise FileExistsError(f"cannot listen on {path}: it exists and is not a socket")
-    if _is_live(path):
-        raise OSError(f"cannot listen on {path}: another process is listening there")
-    path.unlink()
-
-
-def _is_live(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-def _remove_sockets(paths: Iterable[Path]) -> None:
-    for path in paths:
-        path.unlink(missing_ok=True)
 
 
 async def _wait_for_stop(stop: asyncio.Event) -> None:

@@ -8,8 +8,10 @@ An entry point names a ``ToolDefinition`` or a list of them::
 Discovery happens only when ``Registry.from_entry_points`` is called, never at
 import. A plugin that fails to import, an entry point that names something other
 than tools, and two tools with one name stop start-up with ``PluginLoadError``
-naming the entry points and distributions involved. ``Registry.from_tools`` is the
-test seam.
+naming the entry points and distributions involved; an entry of ``plugins.allow`` that
+names no installed plugin is a ``ConfigError`` naming it (a typo would otherwise start a
+sidecar without tools). ``Registry.plugins`` says what was loaded, for the start-up log.
+``Registry.from_tools`` is the test seam.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from sidecar.contract import ToolDescriptor
-from sidecar.errors import PluginLoadError
+from sidecar.errors import ConfigError, PluginLoadError
 from sidecar.tools.definition import ToolDefinition
 
-__all__ = ["GROUP", "Registry", "describe"]
+__all__ = ["GROUP", "PluginInfo", "Registry", "describe"]
 
 GROUP = "toolbooth.tools"
 
@@ -38,11 +40,25 @@ class _Origin:
         return f"entry point {self.entry_point!r} of distribution {self.distribution!r}"
 
 
+@dataclass(frozen=True, slots=True)
+class PluginInfo:
+    """One loaded plugin: its entry point, the distribution that installed it, its version, its tools."""
+
+    entry_point: str
+    distribution: str
+    version: str
+    tools: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.entry_point} ({self.distribution} {self.version}: {', '.join(self.tools)})"
+
+
 class Registry:
     """The tools this sidecar can dispatch to, by name."""
 
-    def __init__(self, tools: dict[str, ToolDefinition[Any, Any]]) -> None:
+    def __init__(self, tools: dict[str, ToolDefinition[Any, Any]], plugins: Iterable[PluginInfo] = ()) -> None:
         self._tools = dict(sorted(tools.items()))
+        self.plugins = tuple(plugins)  # empty for a registry built from_tools
         self._descriptors = {name: describe(defn) for name, defn in self._tools.items()}
 
     @classmethod
@@ -58,19 +74,28 @@ class Registry:
 
     @classmethod
     def from_entry_points(cls, *, group: str = GROUP, allow: Iterable[str] | None = None) -> Registry:
-        """Load every installed plugin (or only those ``allow`` names by entry point or distribution)."""
-        allowed = None if allow is None else set(allow)
+        """Load every installed plugin (or only those ``allow`` names by entry point or distribution).
+
+        An ``allow`` entry that matches no installed plugin is a ``ConfigError`` at ``plugins.allow``.
+        """
+        installed = sorted(entry_points(group=group), key=lambda e: e.name)
+        origins = [(ep, _Origin(ep.name, ep.dist.name if ep.dist else "?")) for ep in installed]
+        if allow is not None:
+            _check_allowed(tuple(allow), [origin for _, origin in origins])
+            allowed = set(allow)
+            origins = [(ep, o) for ep, o in origins if allowed & {o.entry_point, o.distribution}]
         found: dict[str, tuple[ToolDefinition[Any, Any], _Origin]] = {}
-        for ep in sorted(entry_points(group=group), key=lambda e: e.name):
-            origin = _Origin(ep.name, ep.dist.name if ep.dist else "?")
-            if allowed is not None and not allowed & {origin.entry_point, origin.distribution}:
-                continue
-            for defn in _load(ep, origin):
+        plugins: list[PluginInfo] = []
+        for ep, origin in origins:
+            defns = _load(ep, origin)
+            for defn in defns:
                 if defn.name in found:
                     raise PluginLoadError(f"duplicate tool name {defn.name!r}: defined by {found[defn.name][1]} "
                                           f"and by {origin}")
                 found[defn.name] = (defn, origin)
-        return cls({name: defn for name, (defn, _) in found.items()})
+            version = ep.dist.version if ep.dist else "?"
+            plugins.append(PluginInfo(origin.entry_point, origin.distribution, version, tuple(d.name for d in defns)))
+        return cls({name: defn for name, (defn, _) in found.items()}, plugins)
 
     def get(self, name: str) -> ToolDefinition[Any, Any] | None:
         """The tool called ``name``, or ``None``."""
@@ -98,6 +123,17 @@ def describe(defn: ToolDefinition[Any, Any]) -> ToolDescriptor:
         requires_idempotency_key=defn.requires_idempotency_key,
         timeout_ms=round(defn.timeout * 1000),
     )
+
+
+def _check_allowed(allow: tuple[str, ...], installed: list[_Origin]) -> None:
+    """Every ``allow`` entry names an installed entry point or distribution."""
+    names = {name for origin in installed for name in (origin.entry_point, origin.distribution)}
+    unknown = [entry for entry in allow if entry not in names]
+    if unknown:
+        listed = ", ".join(f"{o.entry_point} (distribution {o.distribution})" for o in installed) or "none"
+        raise ConfigError(f"config error at plugins.allow: {', '.join(map(repr, unknown))} "
+                          f"{'matches' if len(unknown) == 1 else 'match'} no installed plugin; "
+                          f"installed {GROUP} entry points: {listed}")
 
 
 def _load(ep: EntryPoint, origin: _Origin) -> list[ToolDefinition[Any, Any]]:

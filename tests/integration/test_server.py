@@ -313,6 +313,6 @@ async def test_a_failed_bind_releases_what_was_already_bound(make_settings, sock
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = f"127.0.0.1:{busy.getsockname()[1]}"
-        with pytest.raises(RuntimeError, match="Failed to bind"):
+        with pytest.raises(OSError, match=f"cannot listen on {taken}: the port is in use"):
             await create_server(make_settings(server={"listen": [f"unix://{socket_path}", taken]}), FakeGateway())
     assert not socket_path.exists()

@@ -1,0 +1,154 @@
+"""What ``toolbooth serve`` checks before it listens, run without listening (``toolbooth config validate``).
+
+``check_files_named`` is cheap and has no side effects: the files the configuration names exist and
+are usable (the JWT key fits one of its algorithms, the mask key file, the bundle verification
+keys, the policy directory or bundle file). ``serve`` runs it first, so such a mistake stops it
+before anything opens. ``preflight`` adds what takes longer, still changing nothing: the plugins
+load under the allow-list, the policies load and compile as ``serve`` loads them (a bundle URL is
+fetched once; an OPA server is not contacted: the files it would be sent are compiled here), and
+the store is reachable (SQLite: the file opens read-only or its directory is writable;
+PostgreSQL: one connection and ``SELECT 1``; neither creates nor migrates anything).
+
+Failures are raised as ``serve`` raises them: ``ConfigError`` and ``PolicyLoadError`` mean the
+configuration or what it names is wrong (exit 2); ``PluginLoadError``, ``BundleFetchError`` and
+``StoreUnavailableError`` mean something it relies on fails (exit 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from sidecar.cli.common import EXIT_FAILURE, EXIT_USAGE
+from sidecar.config import PolicyEngineKind, Settings, StoreSettings
+from sidecar.errors import (
+    BundleFetchError,
+    ConfigError,
+    PluginLoadError,
+    PolicyLoadError,
+    StoreUnavailableError,
+)
+from sidecar.tools.registry import PluginInfo
+
+__all__ = ["STARTUP_FAILURES", "Checked", "check_files_named", "failure_exit", "preflight"]
+
+# What stops ``serve`` (or ``config validate``) before it listens; ``OSError`` also covers a failed bind
+# (``sidecar.server.listeners``), ``RuntimeError`` what gRPC raises without a reason.
+STARTUP_FAILURES: tuple[type[BaseException], ...] = (
+    ConfigError, PluginLoadError, PolicyLoadError, StoreUnavailableError, OSError, RuntimeError)
+
+
+def failure_exit(exc: BaseException) -> int:
+    """2 when the configuration, or a file or policy it names, is wrong; 1 when something it relies on fails."""
+    if isinstance(exc, ConfigError | PolicyLoadError) and not isinstance(exc, BundleFetchError):
+        return EXIT_USAGE
+    return EXIT_FAILURE
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What ``serve`` would start with."""
+
+    plugins: tuple[PluginInfo, ...]
+    tools: tuple[str, ...]
+    policy: str  # its source and revision
+    store: str  # redacted
+
+    def lines(self) -> list[str]:
+        """For people, one line each."""
+        return [f"  plugins:  {'; '.join(map(str, self.plugins)) or 'none'}",
+                f"  tools:    {', '.join(self.tools) or 'none'}",
+                f"  policies: {self.policy}",
+                f"  store:    {self.store}, reachable"]
+
+
+def check_files_named(settings: Settings) -> None:
+    """The key files, policy directory and bundle file the settings name exist and are usable; else ``ConfigError``."""
+    from sidecar.policy.bundle.signing import VerificationConfig
+    from sidecar.server.auth import Authenticator
+
+    Authenticator(settings.auth)  # reads the JWT key and parses it for each allowed algorithm
+    settings.audit.read_mask_key()
+    policy = settings.policy
+    if policy.bundle is not None:
+        if policy.bundle.verification is not None:
+            VerificationConfig.from_settings(policy.bundle.verification)
+        if policy.bundle.file is not None and not policy.bundle.file.is_file():
+            raise ConfigError(f"config error at policy.bundle.file: {policy.bundle.file} is not a file")
+    elif not (policy.engine is PolicyEngineKind.OPA and policy.opa is not None and not policy.opa.upload_policies):
+        if not policy.path.is_dir():
+            raise ConfigError(f"config error at policy.path: {policy.path} is not a directory")
+
+
+async def preflight(settings: Settings) -> Checked:
+    """Every check ``serve`` makes before it listens; what it would start with."""
+    from sidecar.tools.registry import Registry
+
+    check_files_named(settings)
+    registry = await asyncio.to_thread(Registry.from_entry_points, allow=settings.plugins.allow)
+    policy = await _check_policy(settings)
+    await _check_store(settings.store)
+    return Checked(registry.plugins, tuple(defn.name for defn in registry), policy, settings.store.describe())
+
+
+async def _check_policy(settings: Settings) -> str:
+    """Load the policies as ``serve`` does, but never upload them to an OPA server."""
+    from sidecar.policy.factory import open_reloading
+    from sidecar.policy.files import checked_files
+
+    policy = settings.policy
+    if policy.engine is PolicyEngineKind.OPA:
+        assert policy.opa is not None
+        if not policy.opa.upload_policies:
+            return f"opa {policy.opa.url}: policies managed by OPA (not contacted)"
+        files = await asyncio.to_thread(checked_files, policy.path)
+        return f"opa {policy.opa.url} (not contacted): directory {policy.path}, revision {files.revision}"
+    reloader = await open_reloading(policy)
+    try:
+        return f"embedded: {reloader.status.source}, revision {reloader.revision}"
+    finally:
+        await reloader.aclose()
+
+
+async def _check_store(settings: StoreSettings) -> None:
+    if settings.postgres_dsn is not None:
+        await _reach_postgres(settings)
+    else:
+        await asyncio.to_thread(_reach_sqlite, settings.sqlite_path)
+
+
+async def _reach_postgres(settings: StoreSettings) -> None:
+    import psycopg
+
+    from sidecar.config.dsn import redact_dsn
+    from sidecar.state.postgres.driver import reason
+
+    assert settings.postgres_dsn is not None
+    dsn = settings.postgres_dsn.get_secret_value()
+    timeout = max(1, round(settings.connect_timeout_seconds))
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=timeout) as conn:
+            await conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        raise StoreUnavailableError(f"cannot reach the PostgreSQL store at {redact_dsn(dsn)}: {reason(exc)}") from None
+
+
+def _reach_sqlite(path: Path) -> None:
+    """An existing file opens (read-only) as a database; a new one could be created where it is configured."""
+    if path.exists():
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreUnavailableError(f"cannot open SQLite store at {path}: {exc}") from None
+        writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
+        if not writable:
+            raise StoreUnavailableError(f"cannot open SQLite store at {path}: it or its directory is not writable")
+        return
+    existing = next(parent for parent in path.parents if parent.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise StoreUnavailableError(f"cannot create SQLite store at {path}: {existing} is not a writable directory")
