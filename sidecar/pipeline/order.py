@@ -2,7 +2,8 @@
 
 ``DecidingStages`` are the stages that decide whether a call may run (DESIGN.md, stages 2-5:
 resolve + availability, validate, authorize, approval). A real call (``call_chain``) meets them
-between audit, which sees every result, and idempotency + dispatch, which run it; ``toolbooth
+between audit, which sees every result, and the request checks of its string fields, and
+idempotency + dispatch, which run it; ``toolbooth
 policy eval`` (``sidecar.pipeline.dry_run``) runs them alone, with no approvals service, so that
 no preview is opened and nothing is stored or executed.
 """
@@ -21,6 +22,7 @@ from sidecar.pipeline.stages.audit import Auditor, AuditStage
 from sidecar.pipeline.stages.authorize import AuthorizeStage
 from sidecar.pipeline.stages.dispatch import DispatchStage
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
+from sidecar.pipeline.stages.request import RequestStage
 from sidecar.pipeline.stages.resolve import ResolveStage
 from sidecar.pipeline.stages.validate import ValidateStage
 from sidecar.tools.masking import Masker
@@ -51,5 +53,5 @@ class DecidingStages:
 
 def call_chain(auditor: Auditor, deciding: DecidingStages, idempotency: IdempotencyStage,
                dispatch: DispatchStage) -> Chain:
-    """The chain of a real call: audit, the deciding stages, idempotency, dispatch."""
-    return Chain([AuditStage(auditor), *deciding, idempotency, dispatch])
+    """The chain of a real call: audit, the request's fields, the deciding stages, idempotency, dispatch."""
+    return Chain([AuditStage(auditor), RequestStage(), *deciding, idempotency, dispatch])
