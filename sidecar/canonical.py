@@ -39,7 +39,10 @@ MAX_SAFE_INTEGER = 2**53 - 1  # the largest integer JCS (an IEEE 754 double) rep
 
 def canonical_bytes(value: Any) -> bytes:
     """The RFC 8785 canonical JSON of ``value``, UTF-8; ``CanonicalizationError`` if it has none."""
-    return rfc8785.dumps(value)
+    try:
+        return rfc8785.dumps(value)
+    except UnicodeEncodeError as exc:  # a lone surrogate in a key, met while sorting
+        raise CanonicalizationError(f"input contains non-UTF-8 codepoints: {exc.reason}") from None
 
 
 def canonical_json(value: Any) -> str:

@@ -1,0 +1,1 @@
+"""Regression tests for attacks from outside: each reproduces a defect through a real server."""
