@@ -1,19 +1,76 @@
-"""Canonical JSON and hashes: equal requests hash equally whatever their key order."""
+"""Canonical JSON and the hashes over it: RFC 8785 (JCS), so that any language can recompute them.
+
+Every hash Toolbooth computes over JSON (request hashes, preview hashes, the audit chain, the
+audit masks) is over ``canonical_bytes``: the JSON Canonicalization Scheme of RFC 8785 (keys
+sorted by UTF-16 code units, ECMAScript number formatting, UTF-8, no spaces). JCS has no form for
+``NaN``, infinities, integers beyond ±(2^53 - 1) or lone surrogates: those raise
+``CanonicalizationError`` (a ``ValueError``), which is why request validation refuses them first.
+
+Hashes written before JCS were over Python's sorted, compact ``json.dumps`` (``legacy_json``).
+For strings, ``None``, booleans and integers within the safe range, keys all below U+10000 or all
+above it, both give the same bytes — so the audit chain, whose events hold only such values under
+ASCII keys, hashes exactly as before. Request and preview hashes may differ (floats, mixed keys):
+``hash_matches`` accepts either form when comparing with a stored hash.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from typing import Any
 
-__all__ = ["canonical_json", "sha256_hex"]
+import rfc8785
+from rfc8785 import CanonicalizationError
+
+__all__ = [
+    "MAX_SAFE_INTEGER",
+    "CanonicalizationError",
+    "canonical_bytes",
+    "canonical_json",
+    "hash_matches",
+    "legacy_json",
+    "legacy_sha256_hex",
+    "sha256_hex",
+]
+
+MAX_SAFE_INTEGER = 2**53 - 1  # the largest integer JCS (an IEEE 754 double) represents exactly
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """The RFC 8785 canonical JSON of ``value``, UTF-8; ``CanonicalizationError`` if it has none."""
+    try:
+        return rfc8785.dumps(value)
+    except UnicodeEncodeError as exc:  # a lone surrogate in a key, met while sorting
+        raise CanonicalizationError(f"input contains non-UTF-8 codepoints: {exc.reason}") from None
 
 
 def canonical_json(value: Any) -> str:
-    """Compact JSON with sorted keys."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """``canonical_bytes`` as text."""
+    return canonical_bytes(value).decode()
 
 
 def sha256_hex(value: Any) -> str:
     """``sha256:`` + hex digest of the canonical JSON of ``value``."""
-    return "sha256:" + hashlib.sha256(canonical_json(value).encode()).hexdigest()
+    return "sha256:" + hashlib.sha256(canonical_bytes(value)).hexdigest()
+
+
+def legacy_json(value: Any) -> str:
+    """The canonical form used before JCS (sorted keys by code point, Python number formatting)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def legacy_sha256_hex(value: Any) -> str | None:
+    """``sha256:`` over ``legacy_json``, or ``None`` where that form could never have been hashed."""
+    try:
+        return "sha256:" + hashlib.sha256(legacy_json(value).encode()).hexdigest()
+    except (ValueError, TypeError):  # NaN, a lone surrogate (UnicodeEncodeError), an unserializable value
+        return None
+
+
+def hash_matches(value: Any, stored: str) -> bool:
+    """Whether ``stored`` is the hash of ``value``, in the JCS form or the form written before it."""
+    if hmac.compare_digest(sha256_hex(value).encode(), stored.encode()):
+        return True
+    legacy = legacy_sha256_hex(value)
+    return legacy is not None and hmac.compare_digest(legacy.encode(), stored.encode())

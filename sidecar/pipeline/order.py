@@ -2,9 +2,9 @@
 
 ``DecidingStages`` are the stages that decide whether a call may run (DESIGN.md, stages 2-5:
 resolve + availability, validate, authorize, approval). A real call (``call_chain``) meets them
-between audit, which sees every result, and idempotency + dispatch, which run it; ``toolbooth
-policy eval`` (``sidecar.pipeline.dry_run``) runs them alone, with no approvals service, so that
-no preview is opened and nothing is stored or executed.
+after audit, which sees every result, and the check of the request's string fields (``RequestStage``),
+and before idempotency + dispatch, which run it; ``toolbooth policy eval`` (``sidecar.pipeline.dry_run``)
+runs them alone, with no approvals service, so that no preview is opened and nothing is stored or executed.
 
 The approval stage only checks an approval; it is consumed between idempotency and dispatch
 (``ConsumeApprovalStage``), once the call owns its key: a call whose key is in progress, reused
@@ -25,6 +25,7 @@ from sidecar.pipeline.stages.audit import Auditor, AuditStage
 from sidecar.pipeline.stages.authorize import AuthorizeStage
 from sidecar.pipeline.stages.dispatch import DispatchStage
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
+from sidecar.pipeline.stages.request import RequestStage
 from sidecar.pipeline.stages.resolve import ResolveStage
 from sidecar.pipeline.stages.validate import ValidateStage
 from sidecar.tools.masking import Masker
@@ -55,5 +56,7 @@ class DecidingStages:
 
 def call_chain(auditor: Auditor, deciding: DecidingStages, idempotency: IdempotencyStage,
                dispatch: DispatchStage) -> Chain:
-    """The chain of a real call: audit, the deciding stages, idempotency, consuming the approval, dispatch."""
-    return Chain([AuditStage(auditor), *deciding, idempotency, deciding.approval.consuming(), dispatch])
+    """The chain of a real call: audit, the request's fields, the deciding stages, idempotency, consuming the
+    approval, dispatch."""
+    return Chain([AuditStage(auditor), RequestStage(), *deciding, idempotency, deciding.approval.consuming(),
+                  dispatch])

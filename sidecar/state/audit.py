@@ -1,4 +1,9 @@
-"""Batched audit writes: queued events written in order, many per transaction."""
+"""Batched audit writes: queued events written in order, many per transaction.
+
+One bad row must not cost the other calls their events: when a batch fails, its rows are
+written again one at a time, in order, so every row that can be written is; a row that fails
+alone is logged (by request id and status, never its values) and dropped.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from sidecar.errors import StoreUnavailableError
+from sidecar.state.chain import EVENT_COLUMNS
 from sidecar.state.driver import Row
 from sidecar.state.records import AuditEvent
 from sidecar.state.rows import audit_row
@@ -21,7 +26,8 @@ class AuditBatcher:
     """Queued audit rows, written in order by a single drain task, one ``write`` per batch.
 
     The drain lingers ``AUDIT_LINGER_SECONDS`` first, so that under load many calls share
-    one commit. A failed batch is logged, not raised: the calls it records are over.
+    one commit. A failed batch is retried row by row; a failed row is logged, not raised:
+    the calls it records are over.
     """
 
     def __init__(self, write: Callable[[list[Row]], Awaitable[None]]) -> None:
@@ -44,7 +50,28 @@ class AuditBatcher:
         await asyncio.sleep(AUDIT_LINGER_SECONDS)  # let concurrent calls join the batch
         while self._pending:
             rows, self._pending = self._pending, []
-            try:
-                await self._write(rows)
-            except StoreUnavailableError as exc:
-                log.error("%d audit event(s) could not be written: %s", len(rows), exc)
+            failure = await self._failure(rows)
+            if failure is None:
+                continue
+            if len(rows) == 1:
+                _dropped(rows[0], failure)
+                continue
+            log.warning("a batch of %d audit events could not be written (%s); writing them one by one",
+                        len(rows), failure)
+            for row in rows:  # in order: the chain links them as they are written
+                if (alone := await self._failure([row])) is not None:
+                    _dropped(row, alone)
+
+    async def _failure(self, rows: list[Row]) -> Exception | None:
+        """Write ``rows`` in one transaction; the failure, if any, returned (never raised)."""
+        try:
+            await self._write(rows)
+        except Exception as exc:  # noqa: BLE001 - any failure: a store error, or a row the store or chain refuses
+            return exc
+        return None
+
+
+def _dropped(row: Row, failure: Exception) -> None:
+    event = dict(zip(EVENT_COLUMNS, row, strict=False))
+    log.error("1 audit event(s) could not be written, dropped (request %s, status %s): %s",
+              event["request_id"], event["status"], failure)

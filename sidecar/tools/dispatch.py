@@ -2,7 +2,11 @@
 
 Async handlers are awaited and cancelled at the deadline. Sync handlers run in a
 bounded thread pool; at the deadline the caller gets ``TIMEOUT`` at once, but the
-thread itself cannot be interrupted and finishes in the background.
+thread itself cannot be interrupted and finishes in the background. Whatever a handler
+raises (``SystemExit``, ``KeyboardInterrupt``, a ``CancelledError`` of its own, any other
+``BaseException``) ends that call with ``INTERNAL_ERROR``, logged, never the sidecar; only a
+cancellation of the call itself passes through. Sync handlers share the sidecar's process:
+one that hangs or corrupts it is not contained (no process isolation).
 Only ``SideEffect.NONE`` tools may carry a retry policy (checked by ``@tool``).
 """
 
@@ -72,21 +76,37 @@ class Dispatcher:
         try:
             async with deadline:
                 result = await self._invoke(defn, args, ctx)
+            return _checked_output(defn, result, ctx)
         except ToolError as exc:
             return _published(exc, defn)
-        except Exception as exc:  # the handler's own failure (a TimeoutError of its own too): details to the log
-            if isinstance(exc, TimeoutError) and deadline.expired():
+        except TimeoutError as exc:
+            if deadline.expired():
                 return ErrorInfo.of(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within "
                                     f"{remaining * 1000:.0f} ms", side_effect=defn.side_effect)
-            ctx.logger.exception("handler of tool %r raised", defn.name)
-            return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the tool failed unexpectedly")
-        return _checked_output(defn, result, ctx)
+            return _unexpected(exc, defn, ctx)  # a TimeoutError of the handler's own
+        except asyncio.CancelledError as exc:
+            if _cancelling():
+                raise  # the call itself is cancelled (its caller went away, the server stops)
+            return _unexpected(exc, defn, ctx)  # raised by the handler, not by a cancellation of the call
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: never the sidecar's end
+            return _unexpected(exc, defn, ctx)
 
     async def _invoke(self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext) -> Any:
         if defn.is_async:
             return await defn.handler(args, ctx)  # type: ignore[misc]
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(defn.handler, args, ctx))
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _unexpected(exc: BaseException, defn: ToolDefinition[Any, Any], ctx: ToolContext) -> ErrorInfo:
+    """The handler's own failure: its details go to the log, the caller gets ``INTERNAL_ERROR``."""
+    ctx.logger.error("handler of tool %r raised %s", defn.name, type(exc).__name__, exc_info=exc)
+    return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the tool failed unexpectedly")
 
 
 def _should_retry(defn: ToolDefinition[Any, Any], error: ErrorInfo, attempt: int, delay: float,

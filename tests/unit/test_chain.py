@@ -20,6 +20,7 @@ from sidecar.pipeline.stages.audit import AuditStage
 from sidecar.pipeline.stages.authorize import AuthorizeStage
 from sidecar.pipeline.stages.dispatch import DispatchStage
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
+from sidecar.pipeline.stages.request import RequestStage
 from sidecar.pipeline.stages.resolve import ResolveStage
 from sidecar.pipeline.stages.validate import ValidateStage
 from sidecar.policy.embedded import EmbeddedEngine
@@ -82,7 +83,7 @@ async def test_a_real_call_meets_the_stages_in_the_designed_order(tmp_path: Path
     pipeline = assemble(registry=Registry.from_tools(tools.ALL), policy=engine, store=store, limits=Limits())
     try:
         assert [type(stage) for stage in pipeline.chain.stages] == [
-            AuditStage, ResolveStage, ValidateStage, AuthorizeStage, ApprovalStage, IdempotencyStage,
+            AuditStage, RequestStage, ResolveStage, ValidateStage, AuthorizeStage, ApprovalStage, IdempotencyStage,
             ConsumeApprovalStage, DispatchStage]
         deciding = DecidingStages.build(Registry.from_tools(tools.ALL), Decider(engine), Limits())
         assert [type(stage) for stage in deciding] == [ResolveStage, ValidateStage, AuthorizeStage, ApprovalStage]

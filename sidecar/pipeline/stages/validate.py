@@ -15,7 +15,7 @@ from sidecar.pipeline.chain import Next
 from sidecar.pipeline.decisions import Decider
 from sidecar.policy.input import call_json
 from sidecar.tools.masking import reveal
-from sidecar.tools.validation import parse_arguments
+from sidecar.tools.validation import check_canonical, parse_arguments
 
 __all__ = ["ValidateStage"]
 
@@ -31,6 +31,7 @@ class ValidateStage:
         model = parse_arguments(call.request.arguments_json, defn.input_model,
                                 max_bytes=self._limits.max_argument_bytes, max_depth=self._limits.max_argument_depth)
         revealed = reveal(model)
+        check_canonical(revealed.data)  # what the input model made of them must still hash (RFC 8785)
         sensitive = revealed.sensitive | set(await self._decider.masked(call, defn.name))
         call.arguments = Arguments(model, revealed.data, sensitive, call_json(revealed.data, call.request))
         return await next(call)

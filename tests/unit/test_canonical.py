@@ -1,0 +1,82 @@
+"""RFC 8785 hashing: known vectors, refusals, stored hashes from before JCS, and the batcher's row isolation."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import astuple, fields
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.canonical import (
+    CanonicalizationError,
+    canonical_json,
+    hash_matches,
+    legacy_json,
+    legacy_sha256_hex,
+    sha256_hex,
+)
+from sidecar.state.audit import AuditBatcher
+from sidecar.state.chain import GENESIS_HASH, ChainVerifier, event_hash
+from sidecar.state.records import AuditEvent, AuditRecord
+from sidecar.state.rows import audit_row
+
+
+def test_jcs_vectors() -> None:
+    assert canonical_json({"b": 1.0, "a": [1e-7, 1e21, "é\n"]}) == '{"a":[1e-7,1e+21,"é\\n"],"b":1}'
+    assert canonical_json({"\U0001F600": 1, "\uff00": 2}) == '{"\U0001F600":1,"\uff00":2}'  # UTF-16 order
+    assert sha256_hex({}) == "sha256:" + hashlib.sha256(b"{}").hexdigest()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 2**53, "\ud800", {"\udc00": 1}])
+def test_values_without_a_canonical_form_are_refused(value: object) -> None:
+    with pytest.raises(CanonicalizationError):
+        canonical_json(value)
+
+
+def test_a_stored_hash_from_before_jcs_still_matches() -> None:
+    value = {"tool": "t", "version": "1", "arguments": {"amount": 10.0, "ratio": 1e-7}}
+    old = legacy_sha256_hex(value)
+    assert old is not None and old != sha256_hex(value)
+    assert hash_matches(value, old) and hash_matches(value, sha256_hex(value))
+    assert not hash_matches({**value, "tool": "u"}, old)
+
+
+_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
+_events = st.builds(AuditEvent, **{f.name: (st.integers(0, 2**53 - 1) if f.name == "duration_ms" else
+                                             st.one_of(st.none(), _text) if "None" in str(f.type) else _text)
+                                   for f in fields(AuditEvent)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(_events, st.sampled_from([GENESIS_HASH, "sha256:" + "ab" * 32]))
+def test_audit_chain_hashes_are_byte_identical_to_the_old_form(event: AuditEvent, prev: str) -> None:
+    """Every value the chain hashes is a string, None or a safe integer under an ASCII key: the old chain verifies."""
+    columns = {**dict(zip([f.name for f in fields(AuditEvent)], astuple(event), strict=True)), "prev_hash": prev}
+    assert canonical_json(columns) == legacy_json(columns)
+    old_hash = "sha256:" + hashlib.sha256(legacy_json(columns).encode()).hexdigest()
+    assert event_hash(audit_row(event), prev) == old_hash
+    record = AuditRecord(id=1, event=event, prev_hash=GENESIS_HASH,
+                         hash=event_hash(audit_row(event), GENESIS_HASH))
+    assert ChainVerifier().feed(record) is None
+
+
+async def test_a_failing_row_is_retried_alone_and_the_others_are_written(caplog: pytest.LogCaptureFixture) -> None:
+    written: list[str] = []
+
+    async def write(rows: list[tuple[object, ...]]) -> None:
+        if any("\x00" in str(row[0]) for row in rows):
+            raise ValueError("text fields cannot contain NUL")
+        written.extend(str(row[0]) for row in rows)
+
+    batcher = AuditBatcher(write)
+    names = [f"r{n}" for n in range(9)] + ["bad\x00"] + [f"s{n}" for n in range(10)]
+    for name in names:
+        batcher.put(AuditEvent(name, "t", "p", "acme", "echo", "1", "h", "{}", "rev", None, None, None, "success",
+                               None, 1))
+    with caplog.at_level(logging.ERROR, "toolbooth.store"):
+        await batcher.flush()
+    assert written == [name for name in names if "\x00" not in name]
+    assert caplog.text.count("could not be written, dropped") == 1
