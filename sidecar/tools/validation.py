@@ -59,24 +59,41 @@ def check_canonical(data: Any) -> None:
 
 
 def _check_tree(value: object, max_depth: int | None) -> None:
-    """One iterative walk (no recursion limit): depth past ``max_depth``, or the first value JCS cannot hold."""
-    stack: list[tuple[object, int, tuple[str, ...]]] = [(value, 1, ())]
+    """One iterative walk (no recursion limit): depth past ``max_depth``, or the first value JCS cannot hold.
+    The walk keeps no paths; only a tree with a problem is walked again to name its field."""
+    stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
-        node, level, path = stack.pop()
+        node, level = stack.pop()
         if isinstance(node, dict):
             if max_depth is not None and level > max_depth:
                 raise _one(f"arguments are nested deeper than {max_depth} levels")
-            for key, child in node.items():
-                if not valid_unicode(key):
-                    raise _one("a key is not valid Unicode (a lone surrogate)", _field((*path, key)))
-                stack.append((child, level + 1, (*path, key)))
+            if not all(valid_unicode(key) for key in node):
+                _locate(value)
+            stack.extend((child, level + 1) for child in node.values())
         elif isinstance(node, list):
             if max_depth is not None and level > max_depth:
                 raise _one(f"arguments are nested deeper than {max_depth} levels")
-            stack.extend((child, level + 1, (*path, str(index))) for index, child in enumerate(node))
+            stack.extend((child, level + 1) for child in node)
+        elif _problem(node):
+            _locate(value)
+
+
+def _locate(value: object) -> None:
+    """Raise the ``ArgumentError`` of the first value of ``value`` without a canonical form, naming its field."""
+    stack: list[tuple[object, tuple[str, ...]]] = [(value, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            for key, child in node.items():
+                if not valid_unicode(key):
+                    raise _one("a key is not valid Unicode (a lone surrogate)", _field((*path, key)))
+                stack.append((child, (*path, key)))
+        elif isinstance(node, list):
+            stack.extend((child, (*path, str(index))) for index, child in enumerate(node))
         elif problem := _problem(node):
             field = _field(path)
             raise _one(f"{field}: {problem}" if field else problem, field)
+    raise AssertionError("a problem found once is found again")
 
 
 def _problem(node: object) -> str | None:

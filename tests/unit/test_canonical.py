@@ -7,21 +7,42 @@ import logging
 from dataclasses import astuple, fields
 
 import pytest
+import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.canonical import (
     CanonicalizationError,
+    canonical_bytes,
     canonical_json,
     hash_matches,
-    legacy_json,
     legacy_sha256_hex,
     sha256_hex,
+    sorted_json,
 )
 from sidecar.state.audit import AuditBatcher
 from sidecar.state.chain import GENESIS_HASH, ChainVerifier, event_hash
 from sidecar.state.records import AuditEvent, AuditRecord
 from sidecar.state.rows import audit_row
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4),
+    max_leaves=20)
+
+
+@given(JSON)
+@settings(max_examples=400, deadline=None)
+def test_the_fast_path_writes_exactly_what_rfc8785_writes(value: object) -> None:
+    try:
+        expected: bytes | type[Exception] = rfc8785.dumps(value)
+    except (CanonicalizationError, UnicodeEncodeError):
+        expected = CanonicalizationError
+    if expected is CanonicalizationError:
+        with pytest.raises(CanonicalizationError):
+            canonical_bytes(value)
+    else:
+        assert canonical_bytes(value) == expected
 
 
 def test_jcs_vectors() -> None:
@@ -55,8 +76,8 @@ _events = st.builds(AuditEvent, **{f.name: (st.integers(0, 2**53 - 1) if f.name 
 def test_audit_chain_hashes_are_byte_identical_to_the_old_form(event: AuditEvent, prev: str) -> None:
     """Every value the chain hashes is a string, None or a safe integer under an ASCII key: the old chain verifies."""
     columns = {**dict(zip([f.name for f in fields(AuditEvent)], astuple(event), strict=True)), "prev_hash": prev}
-    assert canonical_json(columns) == legacy_json(columns)
-    old_hash = "sha256:" + hashlib.sha256(legacy_json(columns).encode()).hexdigest()
+    assert canonical_json(columns) == sorted_json(columns)
+    old_hash = "sha256:" + hashlib.sha256(sorted_json(columns).encode()).hexdigest()
     assert event_hash(audit_row(event), prev) == old_hash
     record = AuditRecord(id=1, event=event, prev_hash=GENESIS_HASH,
                          hash=event_hash(audit_row(event), GENESIS_HASH))

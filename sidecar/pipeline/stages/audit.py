@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import json
 
-from sidecar.canonical import canonical_json
+from sidecar.canonical import sorted_json
 from sidecar.contract import ToolResult
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Next
@@ -30,7 +30,7 @@ class Auditor:
     def event(self, call: Call, status: str, error_code: str | None = None) -> AuditEvent:
         """The event of ``call`` at ``status``: who, which tool and version, hashes, decisions, timing."""
         request = call.request
-        arguments = None if call.arguments is None else canonical_json(
+        arguments = None if call.arguments is None else sorted_json(
             self._masker.mask(call.arguments.data, call.arguments.sensitive))
         return AuditEvent(
             request_id=call.request_id, time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
