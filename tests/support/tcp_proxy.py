@@ -22,6 +22,7 @@ class StallingProxy:
         self._flowing.set()
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -36,6 +37,10 @@ class StallingProxy:
             for pipe in proxy._pipes:
                 pipe.cancel()
             await asyncio.gather(*proxy._pipes, return_exceptions=True)
+            for writer in proxy._writers:  # every socket closed, and seen closed, before the loop ends
+                writer.close()
+                with contextlib.suppress(ConnectionError, OSError):
+                    await writer.wait_closed()
             await proxy._server.wait_closed()
 
     def stall(self) -> None:
@@ -45,7 +50,9 @@ class StallingProxy:
         self._flowing.set()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
         up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        self._writers.append(up_writer)
         for source, sink in ((reader, up_writer), (up_reader, writer)):
             task = asyncio.create_task(self._pipe(source, sink))
             self._pipes.add(task)
