@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.canonical import canonical_json, sha256_hex
+from sidecar.canonical import canonical_json, hash_matches, sha256_hex
 from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview, PreviewState, Principal
 from sidecar.errors import DependencyError, refusal
 from sidecar.policy import Decision, PolicyEngine, Stage
@@ -233,8 +233,12 @@ def _mismatch(record: PreviewRecord, call: CallToApprove) -> Refusal | None:
     """A refusal unless ``call`` is exactly the previewed call (under the preview's policy revision)."""
     if (record.tenant, record.principal_id) != (call.principal.tenant, call.principal.id):
         return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval is for another principal's call"))
-    canonical = call.canonical(record.policy_revision, bound=_bound(record))
-    if not hmac.compare_digest(preview_hash(canonical), record.preview_hash):
+    bound = _bound(record)
+    canonical = call.canonical(record.policy_revision, bound=bound)
+    # A preview stored before previews were bound to a conversation was hashed before RFC 8785 too.
+    matches = hash_matches(canonical, record.preview_hash) if not bound else hmac.compare_digest(
+        preview_hash(canonical), record.preview_hash)
+    if not matches:
         return Refusal(_error(ErrorCode.INVALID_ARGUMENT, "the call differs from the approved one (tool, version, "
                               "arguments or conversation); send exactly the approved call"))
     return None

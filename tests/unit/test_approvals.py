@@ -3,18 +3,20 @@ approver policy fails."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from sidecar.canonical import canonical_json
+from sidecar.canonical import canonical_json, sorted_json
 from sidecar.contract import ErrorCode, PreviewState, Principal
 from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
 from sidecar.pipeline.approvals import Approvals, CallToApprove, preview_hash
 from sidecar.policy import Decision, Stage
 from sidecar.policy.input import PolicyInput
+from sidecar.state import PreviewRecord
 from sidecar.state.sqlite import SqliteStore
 
 ALICE = Principal(id="alice", tenant="acme", roles=("developer",))
@@ -129,3 +131,42 @@ async def test_preview_ids_are_random_hex(tmp_path: Path) -> None:
     finally:
         await store.aclose()
     assert len(ids) == 50 and all(len(i) == 48 and int(i, 16) >= 0 for i in ids)  # hex: never an option's "-"
+
+
+def _stored(call: CallToApprove, preview_hash_: str, call_json: str) -> PreviewRecord:
+    """A preview ``call``'s call used with idempotency key ``k-1``, as a store keeps it."""
+    return PreviewRecord(preview_id="p-1", preview_hash=preview_hash_, tenant="acme", principal_id="alice",
+                         tool=call.tool, tool_version=call.version, call_json=call_json,
+                         policy_revision=call.policy_revision, reason="r", approver_roles=("approver",),
+                         created_at=0.0, expires_at=1.0, state=PreviewState.USED, used_at=0.5, used_key="k-1")
+
+
+async def _check(tmp_path: Path, record: PreviewRecord, call: CallToApprove) -> ErrorCode | None:
+    """What checking ``call`` against the stored ``record`` says, for a retry with the key that used it."""
+    store = await SqliteStore.open(tmp_path / "store.db")
+    try:
+        await store.save_preview(record)
+        refusal = await Approvals(store, None).check("p-1", call, Decision(), key="k-1")  # type: ignore[arg-type]
+    finally:
+        await store.aclose()
+    return None if refusal is None else refusal.error.code
+
+
+async def test_a_preview_hashed_before_rfc8785_still_matches_its_call(tmp_path: Path) -> None:
+    """Previews written before conversations were bound were hashed over Python's JSON: with floats in the
+    arguments the bytes differ from JCS, and the call that used one must still be recognised (to replay it)."""
+    call = replace(CALL, arguments={"amount": 10.0, "ratio": 1e-7})
+    old = call.canonical(bound=False)
+    record = _stored(call, "sha256:" + hashlib.sha256(sorted_json(old).encode()).hexdigest(), sorted_json(old))
+    assert record.preview_hash != preview_hash(old)  # the two forms differ for these arguments
+    assert await _check(tmp_path / "same", record, call) is None
+    changed = replace(call, arguments={"amount": 11.0, "ratio": 1e-7})
+    assert await _check(tmp_path / "changed", record, changed) is ErrorCode.INVALID_ARGUMENT
+
+
+async def test_a_bound_preview_matches_only_its_rfc8785_hash(tmp_path: Path) -> None:
+    call = replace(CALL, arguments={"amount": 10.0})
+    bound = call.canonical()
+    legacy = _stored(call, "sha256:" + hashlib.sha256(sorted_json(bound).encode()).hexdigest(), sorted_json(bound))
+    assert await _check(tmp_path / "legacy", legacy, call) is ErrorCode.INVALID_ARGUMENT
+    assert await _check(tmp_path / "jcs", _stored(call, preview_hash(bound), canonical_json(bound)), call) is None
