@@ -6,7 +6,8 @@ or, with no key configured, ``sha256:`` over the canonical JSON of the event's f
 database can recompute a keyed link; an unkeyed chain only shows accidental damage. A store
 appends under a lock (``chained`` inside its write transaction), so one store's chain is linear
 whoever writes. ``ChainVerifier`` walks stored records in id order and names the first link that
-does not hold: a changed event no longer matches its hash; a removed or reordered one breaks the next ``prev_hash``.
+does not hold: a changed event no longer matches its hash; a removed or reordered one breaks
+the next ``prev_hash``.
 Unkeyed links may precede keyed ones (the key was configured later), never follow them.
 Removing the newest events leaves a shorter valid chain: a signed checkpoint kept outside
 the database (``sidecar.state.checkpoint``) notices that.
