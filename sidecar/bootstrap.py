@@ -2,7 +2,7 @@
 
 ``open_sidecar`` opens what ``toolbooth serve`` runs: the reloadable policy engine (watched for
 changes, asked for its status) and the pipeline over it, cached. ``open_pipeline`` loads plugins
-and policies and opens the store from ``Settings``; ``assemble``
+and policies and opens the store from ``Settings`` (its audit chain keyed with ``audit.chain_key``); ``assemble``
 wires given parts (tests and tools pass their own) into the chain of ``sidecar.pipeline.order``.
 Nothing else constructs the sidecar's collaborators (engine, store, approvals, dispatcher, masker).
 """
@@ -54,6 +54,7 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
         raise
     try:
         mask_key = settings.audit.read_mask_key() or await store.audit_mask_key(secrets.token_bytes(32))
+        store.use_chain_key(settings.audit.read_chain_key())  # HMAC-keyed links; unkeyed SHA-256 without one
     except BaseException:
         await store.aclose()
         await engine.aclose()

@@ -4,7 +4,12 @@ These commands open the store of ``--config`` (``sidecar.cli.common.with_store``
 running sidecar, so they work while it is stopped too. Records print as JSON lines: ``id``,
 the event's fields, ``prev_hash`` and ``hash``.
 
-Exit codes: verify 0 the chain is intact, 1 it is broken or the store cannot be read;
+``verify`` checks keyed links with ``audit.chain_key`` and the chain against the signed checkpoint
+the sidecar writes (``audit.checkpoint_file``); without a chain key it checks the unkeyed chain
+and says on stderr that such a chain can be recomputed and cut at its end unnoticed.
+
+Exit codes: verify 0 the chain is intact (and matches the checkpoint), 1 it is broken, events were
+removed after the checkpoint, the checkpoint's signature fails or the store cannot be read;
 tail and export 0, or 1 when the store cannot be read.
 """
 
@@ -15,12 +20,15 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import sys
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import asdict
 
 from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError, Subparsers, config_flag, with_store
+from sidecar.config import load_settings
 from sidecar.state import AuditRecord, Store
 from sidecar.state.chain import ChainReport, verify_store
+from sidecar.state.checkpoint import Checkpoint, CheckpointError, compare, read_checkpoint
 
 __all__ = ["FOLLOW_INTERVAL_SECONDS", "PAGE", "add_commands", "cmd_export", "cmd_tail", "cmd_verify", "record_json"]
 
@@ -47,10 +55,34 @@ def add_commands(commands: Subparsers) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """``toolbooth audit verify``: walk the chain and report its first broken link."""
-    report = with_store(args.config, lambda store: verify_store(store, page=PAGE))
+    """``toolbooth audit verify``: walk the chain, report its first broken link, compare it with the checkpoint."""
+    settings = load_settings(args.config)
+    key, path = settings.audit.read_chain_key(), settings.audit.checkpoint_path(settings.store)
+    checkpoint: Checkpoint | None = None
+    if key is None:
+        print("audit chain unkeyed: no audit.chain_key is configured, so whoever can write the database can "
+              "recompute the chain, and removing the newest events is not detected", file=sys.stderr)
+    elif path.exists():
+        try:
+            checkpoint = read_checkpoint(path, key)
+        except CheckpointError as exc:
+            print(f"audit checkpoint INVALID: {exc}")
+            return EXIT_FAILURE
+    mark = checkpoint.count if checkpoint else None
+    report = with_store(args.config, lambda store: verify_store(store, page=PAGE, key=key, mark=mark))
     print(_describe(report))
-    return EXIT_OK if report.broken is None else EXIT_FAILURE
+    if report.broken is not None:
+        return EXIT_FAILURE
+    if checkpoint is None:
+        if key is not None:
+            print(f"no audit checkpoint at {path} yet: removing the newest events would not be detected")
+        return EXIT_OK
+    if (problem := compare(report, checkpoint)) is not None:
+        print(problem)
+        return EXIT_FAILURE
+    print(f"checkpoint matches: {checkpoint.count} event(s) up to id {checkpoint.head_id}, "
+          f"written {checkpoint.written_at}")
+    return EXIT_OK
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -108,6 +140,8 @@ def _print_records(records: Iterable[AuditRecord], *, after: int) -> int:
 
 def _describe(report: ChainReport) -> str:
     old = f"; {report.unchained} older event(s) from before the chain are not covered" if report.unchained else ""
+    if report.keyed and report.unkeyed:
+        old += f"; {report.unkeyed} event(s) from before the chain key are hashed without it"
     if report.broken is None:
         last = f", last hash {report.last_hash}" if report.last_hash else ""
         return f"audit chain intact: {report.checked} event(s){last}{old}"

@@ -75,13 +75,24 @@ class StoreSettings(Section):
 
 
 class AuditSettings(Section):
-    """The HMAC key masking sensitive values in the audit log: inline, in a file, or (neither set) a
-    random key the store generates once and keeps (``docs/operations.md``)."""
+    """The audit log's secrets, never kept in the database (``docs/operations.md``).
+
+    ``mask_key``: the HMAC key masking sensitive values, inline or in ``mask_key_file`` (neither: a
+    random key the store generates once and keeps). ``chain_key``: the HMAC key of the hash chain,
+    inline or in ``chain_key_file`` (neither: the chain is unkeyed SHA-256 and no checkpoint is
+    written); every sidecar sharing a store must have the same one. ``checkpoint_file``: where the
+    signed checkpoint goes (default: next to the SQLite file, else in the state directory), written
+    every ``checkpoint_interval_seconds`` (0: only at shutdown) and at shutdown.
+    """
 
     mask_key: SecretStr | None = None
     mask_key_file: Path | None = None
+    chain_key: SecretStr | None = None
+    chain_key_file: Path | None = None
+    checkpoint_file: Path | None = None
+    checkpoint_interval_seconds: float = Field(default=60.0, ge=0)
 
-    @field_validator("mask_key")
+    @field_validator("mask_key", "chain_key")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value().encode()) < MIN_MASK_KEY_BYTES:
@@ -90,24 +101,43 @@ class AuditSettings(Section):
 
     @model_validator(mode="after")
     def _one_key(self) -> AuditSettings:
-        if self.mask_key is not None and self.mask_key_file is not None:
-            raise ValueError("set at most one of 'mask_key' or 'mask_key_file'")
+        for name in ("mask_key", "chain_key"):
+            if getattr(self, name) is not None and getattr(self, f"{name}_file") is not None:
+                raise ValueError(f"set at most one of '{name}' or '{name}_file'")
         return self
 
     def read_mask_key(self) -> bytes | None:
         """The configured key, ``None`` if none is; ``ConfigError`` if its file cannot be read or is too short."""
-        if self.mask_key is not None:
-            return self.mask_key.get_secret_value().encode()
-        if self.mask_key_file is None:
-            return None
-        try:
-            key = self.mask_key_file.read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(f"config error at audit.mask_key_file: cannot read {self.mask_key_file}: {exc}") from exc
-        if len(key) < MIN_MASK_KEY_BYTES:
-            raise ConfigError(f"config error at audit.mask_key_file: {self.mask_key_file} holds fewer than "
-                              f"{MIN_MASK_KEY_BYTES} bytes")
-        return key
+        return _read_key("mask_key_file", self.mask_key, self.mask_key_file)
+
+    def read_chain_key(self) -> bytes | None:
+        """The configured chain key, ``None`` if none is; ``ConfigError`` if its file cannot be read or is
+        too short."""
+        return _read_key("chain_key_file", self.chain_key, self.chain_key_file)
+
+    def checkpoint_path(self, store: StoreSettings) -> Path:
+        """``checkpoint_file``, else ``<sqlite file>.checkpoint`` (SQLite) or ``audit.checkpoint`` in the state
+        directory (PostgreSQL)."""
+        if self.checkpoint_file is not None:
+            return self.checkpoint_file
+        if store.postgres_dsn is None:
+            return store.sqlite_path.with_name(store.sqlite_path.name + ".checkpoint")
+        return default_state_dir() / "audit.checkpoint"
+
+
+def _read_key(name: str, inline: SecretStr | None, file: Path | None) -> bytes | None:
+    """The key given inline or in ``file`` (the setting ``audit.<name>``), ``None`` if neither is."""
+    if inline is not None:
+        return inline.get_secret_value().encode()
+    if file is None:
+        return None
+    try:
+        key = file.read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"config error at audit.{name}: cannot read {file}: {exc}") from exc
+    if len(key) < MIN_MASK_KEY_BYTES:
+        raise ConfigError(f"config error at audit.{name}: {file} holds fewer than {MIN_MASK_KEY_BYTES} bytes")
+    return key
 
 
 class Limits(Section):

@@ -3,7 +3,9 @@
 ``create_server`` builds and binds a server without starting it (tests use it with
 port 0 or a temporary socket; binding is ``sidecar.server.listeners``); ``serve`` runs the
 sidecar until SIGTERM/SIGINT and logs at start what it serves with: plugins, tools, store,
-policy engine and revision, listeners.
+policy engine and revision, listeners. With a chain key (``audit.chain_key``) it writes the signed
+audit checkpoint (``sidecar.state.checkpoint``) at an interval and, once the last calls are
+recorded, at shutdown.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ from sidecar.server.policy_service import RELOAD_HEALTH_NAME, PolicyServicer
 from sidecar.server.policy_service import SERVICE_NAME as POLICY_SERVICE_NAME
 from sidecar.server.roles import ApprovalDesk, ApprovalGateway, Operators, PolicyStatusView, StatusProvider
 from sidecar.server.tool_service import SERVICE_NAME, ToolGateway, ToolServicer
+from sidecar.state.checkpoint import Checkpointer
 
 if TYPE_CHECKING:
     from sidecar.pipeline.gate import Pipeline
+    from sidecar.state import Store
     from sidecar.tools.registry import Registry
 
 __all__ = ["SERVICE_NAME", "Sidecar", "create_server", "serve"]
@@ -117,17 +121,23 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
     from sidecar.policy.factory import reload_interval
 
     reloader, pipeline = await open_sidecar(settings, registry=registry)
+    checkpointer: Checkpointer | None = None
     try:
+        checkpointer = _checkpointer(settings, pipeline.store)
         _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals)
         reloader.on_status = sidecar.report_policy
         try:
             await sidecar.start()
             _log_start(settings, pipeline, reloader, sidecar)
-            async with _watching(reloader, reload_interval(settings.policy)):
+            async with _watching(reloader, reload_interval(settings.policy)), \
+                    _checkpointing(checkpointer, settings.audit.checkpoint_interval_seconds):
                 await _wait_for_stop(stop or asyncio.Event())
         finally:
             await sidecar.stop(settings.server.shutdown_grace_seconds)
     finally:
+        if checkpointer is not None:  # the last calls recorded first, so the checkpoint covers them
+            await pipeline.idempotency.drain()
+            await checkpointer.try_write()
         await pipeline.aclose()
     log.info("toolbooth stopped")
 
@@ -156,6 +166,33 @@ async def _watching(reloader: ReloadingEngine, interval: float) -> AsyncIterator
     finally:
         stop.set()
         await watcher
+
+
+def _checkpointer(settings: Settings, store: Store) -> Checkpointer | None:
+    """The writer of the signed audit checkpoint; ``None`` (said in the log) without a chain key."""
+    key = settings.audit.read_chain_key()
+    if key is None:
+        log.warning("audit chain unkeyed: no audit.chain_key is configured, so whoever can write the database can "
+                    "recompute the chain, and no checkpoint is written")
+        return None
+    path = settings.audit.checkpoint_path(settings.store)
+    log.info("audit chain keyed; checkpoint %s", path)
+    return Checkpointer(store, key, path)
+
+
+@contextlib.asynccontextmanager
+async def _checkpointing(checkpointer: Checkpointer | None, interval: float) -> AsyncIterator[None]:
+    """Write the checkpoint every ``interval`` seconds while the body runs (0 or no checkpointer: never)."""
+    if checkpointer is None or interval <= 0:
+        yield
+        return
+    stop = asyncio.Event()
+    writer = asyncio.create_task(checkpointer.run(interval, stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await writer
 
 
 def _channel_options(limits: Limits) -> list[tuple[str, int]]:

@@ -17,6 +17,7 @@ __all__ = [
     "DEADLINE_GRACE_SECONDS",
     "AuditEvent",
     "AuditRecord",
+    "ChainHead",
     "Claim",
     "KeyScope",
     "OperationRecord",
@@ -116,6 +117,15 @@ class AuditRecord:
     event: AuditEvent
     prev_hash: str | None  # both ``None`` only for events written before the chain existed
     hash: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChainHead:
+    """The newest link of a store's audit chain: its id, its hash and how many links the chain has up to it."""
+
+    id: int
+    hash: str
+    count: int
 
 
 @dataclass(frozen=True, slots=True)

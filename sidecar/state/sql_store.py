@@ -21,7 +21,7 @@ from sidecar.errors import StoreUnavailableError
 from sidecar.state.audit import AuditBatcher
 from sidecar.state.chain import chained
 from sidecar.state.driver import Driver, Row
-from sidecar.state.records import AuditEvent, AuditRecord, Claim, KeyScope, OperationRecord, PreviewRecord
+from sidecar.state.records import AuditEvent, AuditRecord, ChainHead, Claim, KeyScope, OperationRecord, PreviewRecord
 from sidecar.state.rows import audit_record, audit_row, operation_record, preview_record, preview_row
 from sidecar.state.statements import StoreStatements
 
@@ -41,6 +41,7 @@ class SqlStore:
         self.driver = driver
         self._sql = StoreStatements.of(driver.dialect)
         self._audit = AuditBatcher(self._append_audit)
+        self._chain_key: bytes | None = None
 
     # --- idempotency and operations ---------------------------------------------------------
 
@@ -154,6 +155,15 @@ class SqlStore:
         [(key,)] = await self.driver.fetch(self._sql.mask_key)
         return bytes.fromhex(key)
 
+    def use_chain_key(self, key: bytes | None) -> None:
+        """Key the links appended from now on with ``key`` (``None``: unkeyed); the key is never stored."""
+        self._chain_key = key
+
+    async def audit_head(self) -> ChainHead | None:
+        """The newest link of the audit chain and the number of links up to it (one consistent read)."""
+        rows = await self.driver.fetch(self._sql.audit_head)
+        return ChainHead(int(rows[0][0]), str(rows[0][1]), int(rows[0][2])) if rows else None
+
     async def aclose(self) -> None:
         """Write queued audit events, then release the driver's connections and threads."""
         await self.flush_audit()
@@ -162,4 +172,5 @@ class SqlStore:
     async def _append_audit(self, rows: list[Row]) -> None:
         async with self.driver.transaction(lock=AUDIT_LOCK) as tx:
             last = await tx.fetch(self._sql.last_audit_hash)
-            await tx.execute_many(self._sql.insert_audit, chained(last[0][0] if last else None, rows))
+            await tx.execute_many(self._sql.insert_audit, chained(last[0][0] if last else None, rows,
+                                                                 self._chain_key))

@@ -37,6 +37,7 @@ class StoreStatements:
     restore_approval: str  # used -> approved: given back by the call that used it, when that call had no effect
     insert_audit: str
     last_audit_hash: str
+    audit_head: str  # id and hash of the newest link, and the number of links up to it
     audit_after: str  # records after an id, oldest first, at most a limit; ``_newest``: newest first
     audit_after_newest: str
     audit_all_after: str  # the same without a limit
@@ -76,6 +77,8 @@ class StoreStatements:
                              "WHERE preview_id = ? AND state = 'used'",
             insert_audit=f"INSERT INTO audit ({', '.join(CHAINED_COLUMNS)}) VALUES ({_values(len(CHAINED_COLUMNS))})",
             last_audit_hash="SELECT hash FROM audit ORDER BY id DESC LIMIT 1",
+            audit_head="SELECT id, hash, (SELECT COUNT(*) FROM audit c WHERE c.hash IS NOT NULL AND c.id <= a.id) "
+                       "FROM audit a WHERE hash IS NOT NULL ORDER BY id DESC LIMIT 1",
             audit_after=f"{audit} ORDER BY id ASC LIMIT ?",
             audit_after_newest=f"{audit} ORDER BY id DESC LIMIT ?",
             audit_all_after=f"{audit} ORDER BY id ASC",

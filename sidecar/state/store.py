@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from sidecar.contract import PreviewState
-from sidecar.state.records import AuditEvent, AuditRecord, Claim, KeyScope, OperationRecord, PreviewRecord
+from sidecar.state.records import AuditEvent, AuditRecord, ChainHead, Claim, KeyScope, OperationRecord, PreviewRecord
 
 __all__ = ["Store"]
 
@@ -104,6 +104,15 @@ class Store(Protocol):
 
     async def audit_mask_key(self, candidate: bytes) -> bytes:
         """The store's key for masking audited values; ``candidate`` becomes it if it has none yet."""
+        ...
+
+    def use_chain_key(self, key: bytes | None) -> None:
+        """Key the links appended from now on with ``key`` (HMAC; ``None``: unkeyed SHA-256). Set once,
+        before any append, by whoever opened the store; the key is never stored."""
+        ...
+
+    async def audit_head(self) -> ChainHead | None:
+        """The newest link of the audit chain and the number of links up to it; ``None`` for no links."""
         ...
 
     async def aclose(self) -> None:
