@@ -73,6 +73,7 @@ def check_files_named(settings: Settings) -> None:
 
     Authenticator(settings.auth)  # reads the JWT key and parses it for each allowed algorithm
     settings.audit.read_mask_key()
+    settings.audit.read_chain_key()
     policy = settings.policy
     if policy.bundle is not None:
         if policy.bundle.verification is not None:

@@ -134,7 +134,7 @@ def _read_key(name: str, inline: SecretStr | None, file: Path | None) -> bytes |
     try:
         key = file.read_bytes().strip()
     except OSError as exc:
-        raise ConfigError(f"config error at audit.{name}: cannot read {file}: {exc}") from exc
+        raise ConfigError(f"config error at audit.{name}: cannot read {file}: {exc.strerror or exc}") from exc
     if len(key) < MIN_MASK_KEY_BYTES:
         raise ConfigError(f"config error at audit.{name}: {file} holds fewer than {MIN_MASK_KEY_BYTES} bytes")
     return key

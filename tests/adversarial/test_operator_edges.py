@@ -154,6 +154,8 @@ def test_no_listen_hint_for_a_target_serve_would_refuse(capsys: pytest.CaptureFi
     ("policy:\n  path: DIR/no-policies", "config error at policy.path: DIR/no-policies is not a directory"),
     ("policy:\n  bundle: {file: DIR/b.tar.gz}", "config error at policy.bundle.file: DIR/b.tar.gz is not a file"),
     ("audit:\n  mask_key_file: DIR/mask.key", "config error at audit.mask_key_file: cannot read DIR/mask.key"),
+    ("audit:\n  chain_key_file: DIR/chain.key",
+     "config error at audit.chain_key_file: cannot read DIR/chain.key: No such file or directory"),
 ])
 def test_validate_fails_where_serve_fails_and_both_exit_2(line: str, expected: str, short_dir: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
