@@ -1,7 +1,8 @@
 """``toolbooth operations list | resolve``: keyed calls without a result, read from the configured store.
 
-A call whose sidecar died mid-handler is ``unknown``: retries get ``OPERATION_IN_PROGRESS`` and it never
-runs again on its own. An operator finds out what happened, then settles it with ``resolve --completed``
+A call whose handler outlived its deadline, or whose sidecar died mid-handler, is ``unknown``: retries get
+``OPERATION_IN_PROGRESS`` and it never runs again on its own (a sync handler that ends later stores its own
+result). An operator finds out what happened, then settles it with ``resolve --completed``
 or ``--failed``; retries with its key then replay that result. Like ``toolbooth audit``, these commands
 open the store of ``--config`` directly. Exit codes: 0 done, 1 store unreadable or nothing to resolve.
 """
@@ -89,7 +90,8 @@ def record_json(record: OperationRecord) -> str:
     return json.dumps({"tenant": scope.tenant, "principal_id": scope.principal_id, "tool": scope.tool,
                        "key": scope.key, "state": record.state.value, "request_id": record.request_id,
                        "created_at": _utc(record.created_at),
-                       "deadline_at": None if record.deadline_at is None else _utc(record.deadline_at)},
+                       "deadline_at": None if record.deadline_at is None else _utc(record.deadline_at),
+                       "overran_at": None if record.overran_at is None else _utc(record.overran_at)},
                       ensure_ascii=False)
 
 

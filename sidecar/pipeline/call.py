@@ -2,13 +2,15 @@
 
 A stage reads what earlier stages set and sets its own part: resolve sets ``tool`` and
 ``inputs``, validate sets ``arguments``, idempotency sets ``key`` and ``deadline``, dispatch
-sets ``attempts``. ``trail`` is the audit trail: every decision made for the call, by stage.
+sets ``attempts`` (and ``overran``, ``late`` for a handler that outlived the deadline).
+``trail`` is the audit trail: every decision made for the call, by stage.
 The accessors (``defn``, ``validated``) say which stage must have run, so a stage placed
 before the one it depends on fails loudly in tests rather than silently deciding on nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass, field
 from time import monotonic
@@ -17,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sidecar.canonical import sha256_hex
-from sidecar.contract import CallRequest, Principal
+from sidecar.contract import CallRequest, Principal, ToolResult
 from sidecar.policy.input import InputParts, now_utc
 from sidecar.state import KeyScope
 from sidecar.tools.definition import ToolDefinition
@@ -53,6 +55,8 @@ class Call:
     key: KeyScope | None = None  # idempotency: the key this call claimed (``None``: none, or not ours)
     deadline: float | None = None  # idempotency or dispatch: ``time.monotonic()`` by which the handler must end
     attempts: int = 0  # dispatch
+    overran: bool = False  # dispatch: the handler outlived the deadline (``TIMEOUT``): its effect may have happened
+    late: asyncio.Future[ToolResult] | None = None  # dispatch: that handler runs on; its own result when it ends
     detached: bool = False  # idempotency: a started write records its own outcome, even if the caller leaves
     trail: dict[str, Any] = field(default_factory=dict)  # decisions (as documents) and approval ids, by stage
     _request_hash: str | None = None

@@ -1,8 +1,10 @@
 """The records a store keeps: idempotency records (operations) and claims, audit events, previews.
 
 An idempotency record has one state, the public ``OperationState``: ``IN_PROGRESS`` while its call
-runs, ``UNKNOWN`` when still running ``DEADLINE_GRACE_SECONDS`` past its deadline (its sidecar died),
-``COMPLETED`` or ``FAILED`` once it holds a result (success, or anything else).
+runs, ``UNKNOWN`` once its handler outlived its deadline (``overran_at``: it may have had its effect)
+or when still running ``DEADLINE_GRACE_SECONDS`` past its deadline (its sidecar died), ``COMPLETED``
+or ``FAILED`` once it holds a result (success, or anything else: the handler's own, even a late one,
+or an operator's resolution).
 """
 
 from __future__ import annotations
@@ -48,15 +50,18 @@ class OperationRecord:
     scope: KeyScope
     request_id: str
     result_json: str | None
-    deadline_at: float | None  # epoch seconds; ``None``: never unknown
+    deadline_at: float | None  # epoch seconds; ``None``: never abandoned
     created_at: float
+    overran_at: float | None = None  # epoch seconds: when its handler outlived the deadline (unknown since)
 
     @property
     def state(self) -> OperationState:
         """Where the call stands (never ``NOT_FOUND``: that is the absence of a record)."""
         if self.result_json is not None:
             return result_state(self.result_json)
-        return OperationState.UNKNOWN if is_abandoned(self.deadline_at) else OperationState.IN_PROGRESS
+        if self.overran_at is not None or is_abandoned(self.deadline_at):
+            return OperationState.UNKNOWN
+        return OperationState.IN_PROGRESS
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields
+from typing import Any
 
 from sidecar.contract import PreviewState
 from sidecar.state.chain import EVENT_COLUMNS
@@ -23,7 +24,8 @@ __all__ = [
 
 CHAINED_COLUMNS = (*EVENT_COLUMNS, "prev_hash", "hash")
 # ``created_at`` last: a statement reads it as epoch seconds (``Dialect.epoch``).
-OPERATION_COLUMNS = ("tenant", "principal_id", "tool", "key", "request_id", "result_json", "deadline_at", "created_at")
+OPERATION_COLUMNS = ("tenant", "principal_id", "tool", "key", "request_id", "result_json", "deadline_at", "overran_at",
+                     "created_at")
 PREVIEW_COLUMNS = tuple(f.name for f in fields(PreviewRecord))
 
 
@@ -41,9 +43,13 @@ def audit_record(row: Row) -> AuditRecord:
 
 def operation_record(row: Row) -> OperationRecord:
     """A row of ``OPERATION_COLUMNS`` as a record."""
-    tenant, principal_id, tool, key, request_id, result_json, deadline_at, created_at = row
+    tenant, principal_id, tool, key, request_id, result_json, deadline_at, overran_at, created_at = row
     return OperationRecord(KeyScope(str(tenant), str(principal_id), str(tool), str(key)), str(request_id),
-                           result_json, None if deadline_at is None else float(deadline_at), float(created_at))
+                           result_json, _epoch(deadline_at), float(created_at), overran_at=_epoch(overran_at))
+
+
+def _epoch(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def preview_row(preview: PreviewRecord) -> Row:

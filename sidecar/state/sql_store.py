@@ -4,7 +4,7 @@ A claim is ``INSERT ... ON CONFLICT DO NOTHING``: the primary key decides which 
 concurrent claimers, in any process sharing the database, owns a key; the others then read the row
 that won, in the same driver session (on SQLite one ``BEGIN IMMEDIATE`` transaction; on PostgreSQL
 the row may be released before it is read, and the claim starts over, at most ``CLAIM_ATTEMPTS``
-times). Completions, releases and resolutions touch only a record still without a result, so an
+times). Completions, releases, resolutions and overrun marks touch only a record still without a result, so an
 operator's resolution is never overwritten or deleted. Each preview move is one conditional
 ``UPDATE``: of any number of concurrent callers, one wins. Queued audit events are written in
 batches (``AuditBatcher``), one transaction per batch; each append holds ``AUDIT_LOCK``, reads the
@@ -67,6 +67,10 @@ class SqlStore:
     async def release(self, scope: KeyScope) -> None:
         """Forget a claimed key whose call certainly had no effect (never one with a result)."""
         await self.driver.execute(self._sql.release, astuple(scope))
+
+    async def mark_overran(self, scope: KeyScope, *, now: float) -> None:
+        """Mark a claimed key's record unknown: its handler outlived the deadline (never one with a result)."""
+        await self.driver.execute(self._sql.overran, (now, *astuple(scope)))
 
     async def operation(self, scope: KeyScope) -> OperationRecord | None:
         """The record holding ``scope``, if any."""

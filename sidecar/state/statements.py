@@ -24,6 +24,7 @@ class StoreStatements:
     holder: str  # the request hash, then ``OPERATION_COLUMNS``, of the record holding a key
     complete: str  # only a record still without a result: an operator's resolution is never overwritten
     release: str  # likewise: a record with a result is never deleted by a release
+    overran: str  # likewise: marks a record without a result unknown (its handler outlived the deadline)
     by_key: str
     by_request: str
     pending: str
@@ -59,6 +60,7 @@ class StoreStatements:
             complete=f"UPDATE idempotency SET result_json = ?, completed_at = {d.now} "
                      f"WHERE {_KEY} AND result_json IS NULL",
             release=f"DELETE FROM idempotency WHERE {_KEY} AND result_json IS NULL",
+            overran=f"UPDATE idempotency SET overran_at = ? WHERE {_KEY} AND result_json IS NULL",
             by_key=f"{operation} WHERE {_KEY}",
             by_request=f"{operation} WHERE tenant = ? AND principal_id = ? AND request_id = ?",
             pending=f"{operation} WHERE result_json IS NULL ORDER BY created_at LIMIT ?",

@@ -38,6 +38,11 @@ class Store(Protocol):
         """Forget a claimed key whose call certainly had no effect (never one with a result)."""
         ...
 
+    async def mark_overran(self, scope: KeyScope, *, now: float) -> None:
+        """Mark a claimed key's record ``UNKNOWN`` from ``now`` on: its handler outlived the deadline and may
+        have had its effect (never one with a result). Its handler's late result or an operator's settles it."""
+        ...
+
     async def operation(self, scope: KeyScope) -> OperationRecord | None:
         """The record holding ``scope``, if any."""
         ...

@@ -2,7 +2,10 @@
 
 Async handlers are awaited and cancelled at the deadline. Sync handlers run in a
 bounded thread pool; at the deadline the caller gets ``TIMEOUT`` at once, but the
-thread itself cannot be interrupted and finishes in the background. Whatever a handler
+thread itself cannot be interrupted and finishes in the background: for a tool with side
+effects, ``Outcome.late`` then gives its real outcome when it ends (one still queued in
+the pool is cancelled instead: it never ran). A handler that outlived the deadline
+(``Outcome.overran``) may have had its effect. Whatever a handler
 raises (``SystemExit``, ``KeyboardInterrupt``, a ``CancelledError`` of its own, any other
 ``BaseException``) ends that call with ``INTERNAL_ERROR``, logged, never the sidecar; only a
 cancellation of the call itself passes through. Sync handlers share the sidecar's process:
@@ -16,7 +19,8 @@ import asyncio
 import functools
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,11 +37,28 @@ log = logging.getLogger("toolbooth.dispatch")
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What dispatch produced: an output model or an error, and the attempts made (whose handler started:
-    0 when the deadline passed before the first)."""
+    0 when the deadline passed before the first). ``overran``: the last attempt's handler outlived the
+    deadline (``TIMEOUT``), so its effect may or may not have happened; ``late``: that handler, a sync
+    one of a tool with side effects, still runs, and this future gives its own outcome when it ends."""
 
     output: BaseModel | None
     error: ErrorInfo | None
     attempts: int
+    overran: bool = False
+    late: asyncio.Future[Outcome] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Overrun:
+    """An attempt whose handler outlived the deadline: the caller's ``TIMEOUT``, and the handler still
+    running (a sync one), if any."""
+
+    error: ErrorInfo
+    running: asyncio.Future[Any] | None
+
+
+class _NotStarted:
+    """An attempt whose sync handler was still queued at the deadline: cancelled, it never ran."""
 
 
 class Dispatcher:
@@ -52,14 +73,18 @@ class Dispatcher:
         while True:
             ctx = replace(ctx, attempt=attempt)
             if ctx.deadline <= time.monotonic():  # this attempt never starts
-                return Outcome(None, ErrorInfo.of(ErrorCode.TIMEOUT, "the call's deadline passed before the tool "
-                                                  "ran", side_effect=defn.side_effect), attempt - 1)
-            error = await self._attempt(defn, args, ctx)
+                return _not_run(attempt - 1)
+            attempted = await self._attempt(defn, args, ctx)
+            if isinstance(attempted, _NotStarted):
+                return _not_run(attempt - 1)
+            overrun, error = (attempted, attempted.error) if isinstance(attempted, _Overrun) else (None, attempted)
             if not isinstance(error, ErrorInfo):
                 return Outcome(error, None, attempt)
             delay = defn.retry.backoff(attempt)
             if not _should_retry(defn, error, attempt, delay, ctx):
-                return Outcome(None, error, attempt)
+                if overrun is None:
+                    return Outcome(None, error, attempt)
+                return Outcome(None, error, attempt, overran=True, late=_late(overrun, defn, ctx, attempt))
             ctx.logger.info("retrying after %s (attempt %d)", error.code, attempt)
             await asyncio.sleep(delay)
             attempt += 1
@@ -70,32 +95,67 @@ class Dispatcher:
 
     async def _attempt(
         self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext
-    ) -> BaseModel | ErrorInfo:
+    ) -> BaseModel | ErrorInfo | _Overrun | _NotStarted:
         remaining = ctx.deadline - time.monotonic()
         deadline = asyncio.timeout(remaining)
+        job: Future[Any] | None = None
+        running: asyncio.Future[Any] | None = None
         try:
             async with deadline:
-                result = await self._invoke(defn, args, ctx)
-            return _checked_output(defn, result, ctx)
-        except ToolError as exc:
-            return _published(exc, defn)
-        except TimeoutError as exc:
-            if deadline.expired():
-                return ErrorInfo.of(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within "
-                                    f"{remaining * 1000:.0f} ms", side_effect=defn.side_effect)
-            return _unexpected(exc, defn, ctx)  # a TimeoutError of the handler's own
-        except asyncio.CancelledError as exc:
-            if _cancelling():
-                raise  # the call itself is cancelled (its caller went away, the server stops)
-            return _unexpected(exc, defn, ctx)  # raised by the handler, not by a cancellation of the call
-        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: never the sidecar's end
+                if defn.is_async:
+                    pending: Awaitable[Any] = defn.handler(args, ctx)  # type: ignore[assignment]
+                else:
+                    job = self._pool.submit(functools.partial(defn.handler, args, ctx))
+                    running = asyncio.wrap_future(job)
+                    pending = asyncio.shield(running)  # at the deadline the thread runs on: ``running`` stays
+                return await _settled(pending, defn, ctx)
+        except TimeoutError:  # the deadline's: a handler's own TimeoutError is ``_settled``'s
+            if job is not None and job.cancel():
+                return _NotStarted()
+            return _Overrun(ErrorInfo.of(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within "
+                                         f"{remaining * 1000:.0f} ms", side_effect=defn.side_effect), running)
+        except asyncio.CancelledError:  # the call itself is cancelled (its caller went away, the server stops)
+            if job is not None:
+                job.cancel()  # one still queued never starts
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the pool refused the handler (it is shut down)
             return _unexpected(exc, defn, ctx)
 
-    async def _invoke(self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext) -> Any:
-        if defn.is_async:
-            return await defn.handler(args, ctx)  # type: ignore[misc]
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(defn.handler, args, ctx))
+
+async def _settled(pending: Awaitable[Any], defn: ToolDefinition[Any, Any], ctx: ToolContext) -> BaseModel | ErrorInfo:
+    """The handler's output, checked, or its failure as an error; only a cancellation of the call passes."""
+    try:
+        result = await pending
+    except ToolError as exc:
+        return _published(exc, defn)
+    except asyncio.CancelledError as exc:
+        if _cancelling():
+            raise  # the call itself is cancelled, or its deadline passed
+        return _unexpected(exc, defn, ctx)  # raised by the handler, not by a cancellation of the call
+    except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: never the sidecar's end
+        return _unexpected(exc, defn, ctx)
+    return _checked_output(defn, result, ctx)
+
+
+def _not_run(attempts: int) -> Outcome:
+    """The deadline passed before the handler started: nothing ran, so a retry is safe for any tool."""
+    return Outcome(None, ErrorInfo.of(ErrorCode.TIMEOUT, "the call's deadline passed before the tool ran"), attempts)
+
+
+def _late(overrun: _Overrun, defn: ToolDefinition[Any, Any], ctx: ToolContext,
+          attempt: int) -> asyncio.Future[Outcome] | None:
+    """The outcome of a sync handler of a tool with side effects that runs on after the deadline."""
+    if overrun.running is None or not defn.requires_idempotency_key:
+        return None
+    running = overrun.running
+
+    async def outcome() -> Outcome:
+        settled = await _settled(running, defn, ctx)
+        if isinstance(settled, ErrorInfo):
+            return Outcome(None, settled, attempt)
+        return Outcome(settled, None, attempt)
+
+    return asyncio.ensure_future(outcome())
 
 
 def _cancelling() -> bool:

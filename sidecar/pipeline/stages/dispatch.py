@@ -2,10 +2,13 @@
 
 The deadline is the tool's timeout or the caller's deadline, whichever comes first; retries,
 cancellation and the thread pool for sync handlers are ``sidecar.tools.dispatch.Dispatcher``'s.
+A handler that outlived the deadline sets ``call.overran``; one that runs on (a sync write's
+thread) sets ``call.late``, its own result once it ends, for the idempotency stage to store.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 
@@ -15,7 +18,7 @@ from sidecar.pipeline import results
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Next
 from sidecar.tools.definition import ToolContext
-from sidecar.tools.dispatch import Dispatcher
+from sidecar.tools.dispatch import Dispatcher, Outcome
 
 __all__ = ["DispatchStage"]
 
@@ -28,7 +31,15 @@ class DispatchStage:
 
     async def run(self, call: Call, next: Next) -> ToolResult:
         outcome = await self._dispatcher.run(call.defn, call.validated.model, _context(call))
-        call.attempts = outcome.attempts
+        call.attempts, call.overran = outcome.attempts, outcome.overran
+        if outcome.late is not None:
+            call.late = asyncio.ensure_future(self._late(call, outcome.late))
+        return self._result(call, outcome)
+
+    async def _late(self, call: Call, late: asyncio.Future[Outcome]) -> ToolResult:
+        return self._result(call, await late)
+
+    def _result(self, call: Call, outcome: Outcome) -> ToolResult:
         if outcome.error is not None:
             return results.error(call, outcome.error)
         assert outcome.output is not None

@@ -2,14 +2,19 @@
 
 Such a call must carry an ``idempotency_key``. Claiming it finds one of: nothing (this call owns
 the key and runs), the same request finished (its stored result is replayed), still running
-(``OPERATION_IN_PROGRESS``), of unknown outcome because its sidecar stopped mid-call (also
-``OPERATION_IN_PROGRESS``: never run again until an operator resolves it), or a different request
-(``IDEMPOTENCY_KEY_REUSED``).
+(``OPERATION_IN_PROGRESS``), of unknown outcome because its handler outlived its deadline or its
+sidecar stopped mid-call (also ``OPERATION_IN_PROGRESS``: never run again; settled by its handler's
+late result or by an operator), or a different request (``IDEMPOTENCY_KEY_REUSED``).
 
 From its claim on, a keyed call is detached from its caller: it runs to its end, and its outcome
 is stored and audited, even if the caller goes away. A claimed key is always completed or
 released, never left "in progress". The dispatch is audited durably before the handler runs; if
 that write fails the key is released and nothing runs.
+
+A handler that outlived the deadline (``call.overran``: the caller got ``TIMEOUT``) may have had its
+effect: its ``TIMEOUT`` is not stored, its record is marked unknown. A sync handler's thread runs on
+(``call.late``); when it ends, its own result is stored under the key (unless an operator resolved it
+first) and audited, so retries replay it. An async handler was cancelled: an operator settles it.
 
 A key is released, not completed, when the call certainly had no effect (``had_no_effect``): its
 handler never started (a later stage refused it, e.g. its approval was already used, or its
@@ -43,6 +48,7 @@ class IdempotencyStage:
     def __init__(self, store: Store, auditor: Auditor, expiry: Expiry) -> None:
         self._store, self._auditor, self._expiry = store, auditor, expiry
         self._detached: set[asyncio.Task[ToolResult]] = set()
+        self._late: set[asyncio.Task[None]] = set()  # handlers running on past their deadline
 
     async def run(self, call: Call, next: Next) -> ToolResult:
         if not call.defn.requires_idempotency_key:
@@ -59,6 +65,12 @@ class IdempotencyStage:
         if self._detached:
             log.info("waiting for %d started write(s) to finish", len(self._detached))
             await asyncio.gather(*self._detached, return_exceptions=True)
+        if self._late:  # not bounded: their keys stay unknown, for an operator to resolve
+            log.warning("%d write(s) that outlived their deadline still run; their outcome stays unknown",
+                        len(self._late))
+            for task in self._late:
+                task.cancel()
+            await asyncio.gather(*self._late, return_exceptions=True)
 
     async def _detached_call(self, call: Call, scope: KeyScope, next: Next) -> ToolResult:
         try:
@@ -93,7 +105,30 @@ class IdempotencyStage:
             raise CallRefused(refusal(exc, consequence="nothing was executed", part="the audit log")) from None
 
     async def _finish(self, call: Call, result: ToolResult) -> None:
-        """Store the outcome under the key; forget the key if the call certainly had no effect."""
+        """Store the outcome under the key; forget the key if the call certainly had no effect; mark it
+        unknown if the handler outlived the deadline, and store the handler's own result when it ends."""
+        assert call.key is not None
+        if not call.overran:
+            await self._settle(call, result)
+            return
+        try:
+            await self._store.mark_overran(call.key, now=time.time())
+        except StoreUnavailableError as exc:  # it turns unknown anyway, past its deadline plus the grace
+            log.error("could not mark the key of request %s unknown: %s", call.request_id, exc)
+        if call.late is not None:
+            task = asyncio.create_task(self._settle_late(call, call.late))
+            self._late.add(task)
+            task.add_done_callback(self._late.discard)
+
+    async def _settle_late(self, call: Call, late: asyncio.Future[ToolResult]) -> None:
+        """Store and audit the result of a handler that ended after its deadline."""
+        result = await late
+        log.warning("request %s: tool %r ended after its deadline (%s); its result settles its key",
+                    call.request_id, call.defn.name, result.status.value)
+        await self._settle(call, result)
+        self._auditor.outcome(call, result)
+
+    async def _settle(self, call: Call, result: ToolResult) -> None:
         assert call.key is not None
         if had_no_effect(call, result):
             await self._release(call)
@@ -141,8 +176,9 @@ def _not_ours(call: Call, claim: Claim) -> ToolResult:
     if record.state is OperationState.IN_PROGRESS:
         message = "a call with this idempotency key is still running"
     elif record.state is OperationState.UNKNOWN:
-        message = ("the outcome of the call with this idempotency key is unknown (its sidecar stopped while it "
-                   "ran); it is not run again until an operator resolves it (toolbooth operations resolve)")
+        message = ("the outcome of the call with this idempotency key is unknown (its handler outlived its deadline, "
+                   "or its sidecar stopped while it ran); it is not run again: its handler's own result, once it "
+                   "ends, or an operator (toolbooth operations resolve) settles it")
     else:
         assert record.result_json is not None
         return results.replayed(call, record.result_json)
