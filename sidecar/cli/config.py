@@ -43,10 +43,8 @@ def cmd_config_validate(args: argparse.Namespace) -> int:
 
 
 def describe_settings(settings: Settings) -> str:
-    """A short summary of the settings that matter when deploying."""
+    """Where it would listen and how it authenticates (the checks add plugins, tools, policy and store)."""
     return "\n".join([
-        f"  listen:  {', '.join(settings.server.listen)}",
-        f"  auth:    {settings.auth.effective_mode.value}",
-        f"  policy:  {settings.policy.engine} {settings.policy.path}",
-        f"  store:   {settings.store.describe()}",
+        f"  listen:   {', '.join(settings.server.listen)}",
+        f"  auth:     {settings.auth.effective_mode.value}",
     ])

@@ -62,7 +62,7 @@ class Checked:
         """For people, one line each."""
         return [f"  plugins:  {'; '.join(map(str, self.plugins)) or 'none'}",
                 f"  tools:    {', '.join(self.tools) or 'none'}",
-                f"  policies: {self.policy}",
+                f"  policy:   {self.policy}",
                 f"  store:    {self.store}, reachable"]
 
 

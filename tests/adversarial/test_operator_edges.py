@@ -186,7 +186,7 @@ def test_validate_ok_names_what_serve_would_start_with(tmp_path: Path, capsys: p
     out = capsys.readouterr().out
     assert "  plugins:  calculator (toolbooth-calculator 1.0.0: calculate)\n" in out
     assert "  tools:    calculate\n" in out
-    assert "  policies: embedded: directory " in out and ", revision sha256:" in out
+    assert "  policy:   embedded: directory " in out and ", revision sha256:" in out
     assert f"  store:    sqlite {tmp_path}/tb.db, reachable\n" in out
     assert not (tmp_path / "tb.db").exists()  # validate creates nothing
 

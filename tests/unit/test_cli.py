@@ -145,9 +145,9 @@ def test_config_validate_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     assert out.startswith("config OK\n")
     assert f"unix://{tmp_path}/tb.sock, 127.0.0.1:5001" in out
-    assert "auth:    dev" in out
+    assert "auth:     dev" in out
     assert f"{tmp_path}/tb.db" in out
-    assert "policy:  embedded " in out
+    assert "policy:   embedded: directory " in out
 
 
 @pytest.mark.parametrize(("text", "expected"), [
