@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,16 @@ async def make_pipeline(tmp_path: Path) -> AsyncIterator[PipelineFactory]:
     yield make
     for pipeline in made:
         await pipeline.aclose()
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No TOOLBOOTH_* variables from the caller; default paths inside ``tmp_path``."""
+    for name in list(os.environ):
+        if name.startswith("TOOLBOOTH_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
 
 
 @pytest.fixture

@@ -15,10 +15,10 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -129,8 +129,9 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
         try:
             await sidecar.start()
             _log_start(settings, pipeline, reloader, sidecar)
-            async with _watching(reloader, reload_interval(settings.policy)), \
-                    _checkpointing(checkpointer, settings.audit.checkpoint_interval_seconds):
+            checkpoints = checkpointer.run if checkpointer else None
+            async with _in_background(reloader.watch, reload_interval(settings.policy)), \
+                    _in_background(checkpoints, settings.audit.checkpoint_interval_seconds):
                 await _wait_for_stop(stop or asyncio.Event())
         finally:
             await sidecar.stop(settings.server.shutdown_grace_seconds)
@@ -154,18 +155,20 @@ def _log_start(settings: Settings, pipeline: Pipeline, reloader: ReloadingEngine
 
 
 @contextlib.asynccontextmanager
-async def _watching(reloader: ReloadingEngine, interval: float) -> AsyncIterator[None]:
-    """Hot reload while the body runs (``interval`` 0: never)."""
-    if interval <= 0:
+async def _in_background(work: Callable[[float, asyncio.Event], Coroutine[Any, Any, None]] | None,
+                         interval: float) -> AsyncIterator[None]:
+    """Run ``work(interval, stop)`` (hot reload, audit checkpoints) while the body runs, then stop it and wait
+    for it to end; ``work`` ``None`` or ``interval`` 0: nothing runs."""
+    if work is None or interval <= 0:
         yield
         return
     stop = asyncio.Event()
-    watcher = asyncio.create_task(reloader.watch(interval, stop))
+    task = asyncio.create_task(work(interval, stop))
     try:
         yield
     finally:
         stop.set()
-        await watcher
+        await task
 
 
 def _checkpointer(settings: Settings, store: Store) -> Checkpointer | None:
@@ -178,21 +181,6 @@ def _checkpointer(settings: Settings, store: Store) -> Checkpointer | None:
     path = settings.audit.checkpoint_path(settings.store)
     log.info("audit chain keyed; checkpoint %s", path)
     return Checkpointer(store, key, path)
-
-
-@contextlib.asynccontextmanager
-async def _checkpointing(checkpointer: Checkpointer | None, interval: float) -> AsyncIterator[None]:
-    """Write the checkpoint every ``interval`` seconds while the body runs (0 or no checkpointer: never)."""
-    if checkpointer is None or interval <= 0:
-        yield
-        return
-    stop = asyncio.Event()
-    writer = asyncio.create_task(checkpointer.run(interval, stop))
-    try:
-        yield
-    finally:
-        stop.set()
-        await writer
 
 
 def _channel_options(limits: Limits) -> list[tuple[str, int]]:

@@ -32,13 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No TOOLBOOTH_* variables from the caller; default paths inside ``tmp_path``."""
-    for name in list(os.environ):
-        if name.startswith("TOOLBOOTH_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+def _clean(clean_env: None) -> None:
+    """Every test here runs without the caller's TOOLBOOTH_* variables (``clean_env``)."""
 
 
 @pytest.fixture

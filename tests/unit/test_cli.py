@@ -18,15 +18,8 @@ from sidecar.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No TOOLBOOTH_* variables from the caller; default paths inside ``tmp_path``."""
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("TOOLBOOTH_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+def _clean(clean_env: None) -> None:
+    """Every test here runs without the caller's TOOLBOOTH_* variables (``clean_env``)."""
 
 
 def _config(tmp_path: Path, text: str) -> Path:
