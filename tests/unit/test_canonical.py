@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import random
+import struct
 from dataclasses import astuple, fields
 
 import pytest
@@ -32,7 +35,7 @@ JSON = st.recursive(
 
 
 @given(JSON)
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=2000, deadline=None)
 def test_the_fast_path_writes_exactly_what_rfc8785_writes(value: object) -> None:
     try:
         expected: bytes | type[Exception] = rfc8785.dumps(value)
@@ -43,6 +46,23 @@ def test_the_fast_path_writes_exactly_what_rfc8785_writes(value: object) -> None
             canonical_bytes(value)
     else:
         assert canonical_bytes(value) == expected
+
+
+BOUNDARY_FLOATS = [1e-4, 9.999999999999999e-05, 1e16, 9999999999999998.0, 2.0**53, 2.0**53 + 2, -0.0, 0.5, 1e-7,
+                   123.456, 5e-324, 1.7976931348623157e308, 0.1 + 0.2, 1e15 + 0.5, 1e21, 1e20]
+
+
+@pytest.mark.parametrize("number", BOUNDARY_FLOATS)
+def test_floats_at_the_edges_of_the_fast_path_are_written_as_jcs_writes_them(number: float) -> None:
+    assert canonical_bytes({"x": [number, -number]}) == rfc8785.dumps({"x": [number, -number]})
+
+
+def test_random_doubles_are_written_as_jcs_writes_them() -> None:
+    rng = random.Random(8785)
+    for _ in range(20_000):
+        number = struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0]
+        if math.isfinite(number):
+            assert canonical_bytes([number]) == rfc8785.dumps([number]), repr(number)
 
 
 def test_jcs_vectors() -> None:
