@@ -39,6 +39,7 @@ from tests.contract.conftest import postgres, postgres_dsn
 from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_key, socket_path
 from tests.support import tools
 from tests.support.approvals import NOTE, policies
+from tests.support.stores import LateClaims
 from tests.support.tools import Count, Note
 
 __all__ = ["jwt_auth", "make_settings", "make_token", "postgres", "postgres_dsn", "rsa_key", "socket_path"]
@@ -66,35 +67,6 @@ async def held_note(args: Note, ctx: ToolContext) -> Count:
     return Count(count=tools.CREATED.bump())
 
 
-class SlowClaims:
-    """The store, but a claim of a key in ``slow`` first waits until the claimed call's deadline passed
-    (as a claim queued behind a busy database does); ``settled`` is set once such a key is completed or
-    released."""
-
-    def __init__(self, inner: Store, slow: set[str]) -> None:
-        self.inner, self.slow, self.settled = inner, slow, asyncio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def claim(self, scope: KeyScope, request_hash: str, request_id: str, *,
-                    deadline_at: float | None = None) -> Any:
-        if scope.key in self.slow:
-            self.slow.discard(scope.key)
-            assert deadline_at is not None
-            while time.time() <= deadline_at:  # wait for the event: the deadline passing
-                await asyncio.sleep(max(0.0, deadline_at - time.time()) + 0.01)
-        return await self.inner.claim(scope, request_hash, request_id, deadline_at=deadline_at)
-
-    async def complete(self, scope: KeyScope, result_json: str) -> None:
-        await self.inner.complete(scope, result_json)
-        self.settled.set()
-
-    async def release(self, scope: KeyScope) -> None:
-        await self.inner.release(scope)
-        self.settled.set()
-
-
 @dataclass
 class World:
     """One JWT sidecar on TCP over a store; alice calls, bob approves."""
@@ -102,7 +74,7 @@ class World:
     target: str
     tokens: Callable[..., str]
     pipeline: Pipeline
-    store: Any  # the store the pipeline uses (``SlowClaims`` around the real one, here)
+    store: Any  # the store the pipeline uses (``LateClaims`` around the real one, here)
     clients: list[AsyncClient] = field(default_factory=list)
 
     def client(self, sub: str, roles: list[str]) -> AsyncClient:
@@ -135,7 +107,7 @@ async def world(request: pytest.FixtureRequest, tmp_path: Path, make_settings: C
         inner = await PostgresStore.open(request.getfixturevalue("postgres_dsn"))
     else:
         inner = await SqliteStore.open(tmp_path / "store.db")
-    store = SlowClaims(inner, set())
+    store = LateClaims(inner)
     engine = policies(tmp_path / "policies", tools=["file_note", "held_note"])
     registry = Registry.from_tools([*tools.ALL, held_note])
     pipeline = assemble(registry=registry, policy=engine, store=store, limits=Limits())  # type: ignore[arg-type]
@@ -183,7 +155,7 @@ async def test_a_used_approval_never_runs_again_once_its_key_record_is_purged(wo
 
 async def test_a_key_whose_claim_outlived_the_deadline_is_free_for_a_retry(world: World) -> None:
     before = tools.CREATED.value
-    world.store.slow.add("k-late")
+    world.store.late.add("k-late")
     with pytest.raises(ClientError) as late:
         await world.agent.execute("create_note", {"text": "x"}, idempotency_key="k-late", timeout=0.3)
     assert late.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
@@ -196,7 +168,7 @@ async def test_a_key_whose_claim_outlived_the_deadline_is_free_for_a_retry(world
 
 async def test_an_approval_whose_call_outlived_its_deadline_is_given_back(world: World) -> None:
     preview, before = await world.approved(), tools.CREATED.value
-    world.store.slow.add("k-late")
+    world.store.late.add("k-late")
     with pytest.raises(ClientError):
         await world.agent.execute("file_note", NOTE, idempotency_key="k-late", approval_id=preview.preview_id,
                                   timeout=0.3)

@@ -9,10 +9,10 @@ chain recomputed unkeyed, the newest events deleted, a checkpoint altered. The u
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from sidecar.state.chain import EVENT_COLUMNS, GENESIS_HASH, KEYED_PREFIX, event
 from sidecar.tools.registry import Registry
 from tests.integration.conftest import make_settings, socket_path
 from tests.support import tools
+from tests.support.waiting import until
 
 __all__ = ["make_settings", "socket_path"]
 
@@ -52,6 +53,20 @@ def config(tmp_path: Path, db: Path) -> Path:
 Served = Callable[..., Awaitable[None]]
 
 
+@contextlib.asynccontextmanager
+async def serving(settings: Settings, socket_path: Path) -> AsyncIterator[AsyncClient]:
+    """``serve`` with the test tools until the block ends (then it stops, writing the checkpoint); a client."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(settings, registry=Registry.from_tools(tools.ALL), stop=stop))
+    try:
+        await until(lambda: socket_path.exists() or task.done(), what="the sidecar's socket")
+        async with AsyncClient(f"unix://{socket_path}", timeout=5) as client:
+            yield client
+    finally:
+        stop.set()
+        await task
+
+
 @pytest.fixture
 def served(make_settings: Callable[..., Settings], socket_path: Path) -> Served:
     """``await served(**audit)``: run ``serve``, make ``CALLS`` calls through the socket, stop it (it writes the
@@ -60,25 +75,11 @@ def served(make_settings: Callable[..., Settings], socket_path: Path) -> Served:
     async def run(**audit: Any) -> None:
         settings = make_settings(server={"listen": [f"unix://{socket_path}"]},
                                  audit={"chain_key": KEY, "checkpoint_interval_seconds": 0, **audit})
-        stop = asyncio.Event()
-        task = asyncio.create_task(serve(settings, registry=Registry.from_tools(tools.ALL), stop=stop))
-        try:
-            await until(lambda: socket_path.exists() or task.done())
-            async with AsyncClient(f"unix://{socket_path}", timeout=5) as client:
-                for n in range(CALLS):
-                    assert (await client.execute("echo", {"text": f"call {n}"})).data is not None
-        finally:
-            stop.set()
-            await task
+        async with serving(settings, socket_path) as client:
+            for n in range(CALLS):
+                assert (await client.execute("echo", {"text": f"call {n}"})).data is not None
 
     return run
-
-
-async def until(condition: Callable[[], bool], *, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 async def verify(config: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -180,17 +181,11 @@ async def test_the_checkpoint_is_written_at_the_interval(make_settings: Callable
     settings = make_settings(server={"listen": [f"unix://{socket_path}"]},
                              audit={"chain_key": KEY, "checkpoint_interval_seconds": 0.05})
     checkpoint = db.with_name(db.name + ".checkpoint")
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(settings, registry=Registry.from_tools(tools.ALL), stop=stop))
-    try:
-        await until(lambda: socket_path.exists() or task.done())
-        async with AsyncClient(f"unix://{socket_path}", timeout=5) as client:
-            await client.execute("echo", {"text": "x"})
-            await until(lambda: checkpoint.exists() and json.loads(checkpoint.read_text())["count"] == 1)
-            assert (await verify(config, capsys))[0] == 0  # while the sidecar runs
-    finally:
-        stop.set()
-        await task
+    async with serving(settings, socket_path) as client:
+        await client.execute("echo", {"text": "x"})
+        await until(lambda: checkpoint.exists() and json.loads(checkpoint.read_text())["count"] == 1,
+                    what="the interval's checkpoint")
+        assert (await verify(config, capsys))[0] == 0  # while the sidecar runs
     assert json.loads(checkpoint.read_text())["count"] == 1
     assert checkpoint.stat().st_mode & 0o777 == 0o600
 
@@ -199,15 +194,8 @@ async def test_without_a_chain_key_the_chain_is_unkeyed_and_says_so(
         make_settings: Callable[..., Settings], socket_path: Path, db: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     settings = make_settings(server={"listen": [f"unix://{socket_path}"]})
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(settings, registry=Registry.from_tools(tools.ALL), stop=stop))
-    try:
-        await until(lambda: socket_path.exists() or task.done())
-        async with AsyncClient(f"unix://{socket_path}", timeout=5) as client:
-            await client.execute("echo", {"text": "x"})
-    finally:
-        stop.set()
-        await task
+    async with serving(settings, socket_path) as client:
+        await client.execute("echo", {"text": "x"})
     assert not db.with_name(db.name + ".checkpoint").exists()
     plain = tmp_path / "plain.yaml"
     plain.write_text(yaml.safe_dump({"store": {"sqlite_path": str(db)}}))

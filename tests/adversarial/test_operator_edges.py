@@ -25,6 +25,7 @@ from sidecar.errors import ConfigError
 from sidecar.server import serve
 from tests.integration.conftest import StartSidecar
 from tests.integration.test_server import FakeGateway
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -221,10 +222,9 @@ async def test_the_start_up_log_names_plugins_tools_store_policy_and_listeners(
     with caplog.at_level(logging.INFO, logger="sidecar.server.app"):
         task = asyncio.create_task(serve(settings, stop=stop))
         try:
-            async with asyncio.timeout(20):
-                while not any("listening on" in r.getMessage() for r in caplog.records):
-                    assert not task.done(), task.exception()
-                    await asyncio.sleep(0.02)
+            await until(lambda: task.done() or any("listening on" in r.getMessage() for r in caplog.records),
+                        timeout=20, what="the start-up log")
+            assert not task.done(), task.exception()
         finally:
             stop.set()
             await task

@@ -32,6 +32,7 @@ from sidecar.tools.registry import Registry
 from tests.integration.test_policy_engines import AUTHZ_PATH, TIMEOUT, nothing_listening
 from tests.support import tools
 from tests.support.fake_opa import ALLOW, FakeOpa, Fault, deep_json, huge_json
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -88,12 +89,14 @@ async def audited(db: Path, key: str) -> AuditRecord:
     """The audit record of the call with idempotency ``key``, once the sidecar has written it."""
     store = await SqliteStore.open(db)
     try:
-        async with asyncio.timeout(5):
-            while not (found := [r for r in await store.audit_records() if r.event.idempotency_key == key]):
-                await asyncio.sleep(0.02)
+        async def written() -> list[AuditRecord]:
+            return [r for r in await store.audit_records() if r.event.idempotency_key == key]
+
+        await until(written, timeout=5, what=f"the audit record of {key}")
+        [record, *_] = await written()
     finally:
         await store.aclose()
-    return found[0]
+    return record
 
 
 @pytest.mark.parametrize("name", list(CASES))

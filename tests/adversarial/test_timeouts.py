@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,9 @@ from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.contract.conftest import postgres, postgres_dsn
 from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_key, socket_path
+from tests.support.stores import LateClaims
 from tests.support.tools import Count, Text
+from tests.support.waiting import until
 
 __all__ = ["jwt_auth", "make_settings", "make_token", "postgres", "postgres_dsn", "rsa_key", "socket_path"]
 
@@ -101,9 +102,10 @@ class World:
         return (await self.agent.get_operation(tool, key)).state
 
     async def reaches(self, tool: str, key: str, state: OperationState) -> None:
-        async with asyncio.timeout(WAIT):
-            while await self.state(tool, key) is not state:
-                await asyncio.sleep(0.01)
+        async def there() -> bool:
+            return await self.state(tool, key) is state
+
+        await until(there, timeout=WAIT, what=f"{tool} {key} {state}")
 
 
 @contextlib.asynccontextmanager
@@ -178,22 +180,28 @@ async def test_a_sync_write_that_outlives_its_deadline_is_unknown_until_it_ends(
     assert events == [("dispatching", None), ("error", "TIMEOUT"), ("success", None)]
 
 
+async def resolve(config: Path, tool: str, key: str, *outcome: str) -> int:
+    """``toolbooth operations resolve`` of alice's ``key`` (in a thread: the command runs its own event loop)."""
+    return await asyncio.to_thread(main, ["operations", "resolve", key, "--tool", tool, "--principal", "alice",
+                                          "--tenant", "acme", *outcome, "--config", str(config)])
+
+
 async def test_an_operator_resolves_an_unknown_write_and_its_late_result_does_not_overwrite_it(
         sqlite_world: World, tmp_path: Path, store_config: Callable[[Path], Path],
         capsys: pytest.CaptureFixture[str]) -> None:
     world = sqlite_world
     timed_out(await world.agent.execute("overrun_note", {"text": "b"}, idempotency_key="k-2"))
     assert await world.state("overrun_note", "k-2") is OperationState.UNKNOWN
-    resolve = ["operations", "resolve", "k-2", "--tool", "overrun_note", "--principal", "alice", "--tenant", "acme",
-               "--failed", "--note", "undone by hand", "--config", str(store_config(tmp_path / "store.db"))]
-    code = await asyncio.to_thread(main, resolve)  # asyncio.run of its own, in a thread
-    assert code == 0, capsys.readouterr()
+    config = store_config(tmp_path / "store.db")
+    assert await resolve(config, "overrun_note", "k-2", "--failed", "--note", "undone by hand") == 0, \
+        capsys.readouterr()
     assert await world.state("overrun_note", "k-2") is OperationState.FAILED
 
     world.held.release.set()  # the handler ends after the resolution: its result is audited, not stored
-    async with asyncio.timeout(WAIT):
-        while not any(e.status == "success" for e in await world.store.audit_events()):
-            await asyncio.sleep(0.01)
+    async def late_outcome_audited() -> bool:
+        return any(e.status == "success" for e in await world.store.audit_events())
+
+    await until(late_outcome_audited, timeout=WAIT, what="the late outcome's audit event")
     replay = await world.agent.execute("overrun_note", {"text": "b"}, idempotency_key="k-2")
     assert replay.status is Status.ERROR and replay.meta.idempotency_replayed, replay
     assert replay.data == {"resolved_by_operator": True, "note": "undone by hand"}
@@ -207,36 +215,17 @@ async def test_an_async_write_cancelled_at_its_deadline_is_unknown_not_failed(
     timed_out(await world.agent.execute("cancelled_note", {"text": "c"}, idempotency_key="k-3"))
     assert await world.state("cancelled_note", "k-3") is OperationState.UNKNOWN
     in_progress(await world.agent.execute("cancelled_note", {"text": "c"}, idempotency_key="k-3"))
-    resolve = ["operations", "resolve", "k-3", "--tool", "cancelled_note", "--principal", "alice", "--tenant", "acme",
-               "--completed", "--config", str(store_config(tmp_path / "store.db"))]
-    assert await asyncio.to_thread(main, resolve) == 0, capsys.readouterr()
+    assert await resolve(store_config(tmp_path / "store.db"), "cancelled_note", "k-3", "--completed") == 0, \
+        capsys.readouterr()
     replay = await world.agent.execute("cancelled_note", {"text": "c"}, idempotency_key="k-3")
     assert replay.status is Status.SUCCESS and replay.meta.idempotency_replayed, replay
     assert await world.state("cancelled_note", "k-3") is OperationState.COMPLETED
 
 
-class LateClaims:
-    """The store, but a claim first waits until the claimed call's deadline passed (as a claim queued
-    behind a busy database does)."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def claim(self, scope: Any, request_hash: str, request_id: str, *, deadline_at: float | None = None) -> Any:
-        assert deadline_at is not None
-        while time.time() <= deadline_at:  # wait for the event: the deadline passing
-            await asyncio.sleep(max(0.0, deadline_at - time.time()) + 0.01)
-        self.__dict__["claim"] = self.inner.claim  # only the first claim is late
-        return await self.inner.claim(scope, request_hash, request_id, deadline_at=deadline_at)
-
-
 async def test_a_write_whose_deadline_passed_before_it_ran_is_retryable(
         tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
         make_token: Callable[..., str]) -> None:
-    store: Any = LateClaims(await SqliteStore.open(tmp_path / "store.db"))
+    store: Any = LateClaims(await SqliteStore.open(tmp_path / "store.db"), {"k-4"})
     async with open_world(store, tmp_path, make_settings(auth=jwt_auth), make_token(sub="alice")) as world:
         late = await world.agent.execute("overrun_note", {"text": "d"}, idempotency_key="k-4")
         assert late.error is not None and late.error.code is ErrorCode.TIMEOUT and late.meta.attempt == 0, late

@@ -24,6 +24,7 @@ from sidecar.tools.registry import Registry
 from tests.conftest import ADMIN, DEVELOPER
 from tests.support import tools
 from tests.support.postgres import PASSWORD, PostgresServer, closed_port_dsn, with_options
+from tests.support.waiting import until
 
 SCOPE = KeyScope("acme", "dev-1", "create_note", "key-1")
 
@@ -118,9 +119,9 @@ async def test_pool_timeout_is_unavailable(postgres_dsn: str) -> None:
         with psycopg.connect(postgres_dsn) as other:
             other.execute("LOCK TABLE idempotency IN ACCESS EXCLUSIVE MODE")
             busy = asyncio.create_task(store.claim(SCOPE, "hash-a", "r1"))  # holds the only connection
-            async with asyncio.timeout(5):  # until the claim waits on the lock, on the pool's one connection
-                while not other.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0]:  # type: ignore[index]
-                    await asyncio.sleep(0.01)
+            waiting = "SELECT count(*) > 0 FROM pg_locks WHERE NOT granted"
+            await until(lambda: bool(other.execute(waiting).fetchone()[0]),  # type: ignore[index]
+                        timeout=5, what="the claim waiting on the lock, on the pool's one connection")
             with pytest.raises(StoreUnavailableError, match="PoolTimeout"):
                 await store.release(SCOPE)
             other.rollback()

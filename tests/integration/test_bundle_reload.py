@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ from sidecar.policy.bundle import build_bundle
 from tests.support.bundle_server import PATH, bundle_server
 from tests.support.reloading import rewrite, until_status
 from tests.support.signing_keys import key_pair
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.integration
 KEY, OTHER_KEY = key_pair("HS256", 0), key_pair("HS256", 1)
@@ -82,9 +82,8 @@ async def test_a_bundle_url_is_polled_with_etags(serving: Any, tmp_path: Path) -
         server.content = bundle(tmp_path, "r1")
         client = await serving({"url": server.url + PATH, "polling_seconds": 0.05})
         assert (await client.policy_status()).revision == "r1"
-        async with asyncio.timeout(5):  # unchanged: the next polls send its ETag and are answered 304
-            while not any(etag == server.etag for etag, _ in server.seen):
-                await asyncio.sleep(0.01)
+        await until(lambda: any(etag == server.etag for etag, _ in server.seen),  # unchanged: answered 304
+                    timeout=5, what="a poll sending the bundle's ETag")
         server.content = bundle(tmp_path, "r2", hide_echo=True)
         await until_status(client, lambda status: status.revision == "r2")
         assert (await client.execute("echo", {"text": "x"})).error is not None

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sidecar.contract import ErrorCode
 from sidecar.plugin import RetryPolicy, SideEffect, ToolContext, ToolError, tool
+from tests.support.waiting import until
 
 
 class Text(BaseModel):
@@ -43,10 +44,8 @@ class Counter:
             return self.value
 
     async def reached(self, value: int, *, timeout: float = 5.0) -> None:
-        """Wait until the counter is at least ``value``; ``TimeoutError`` after ``timeout`` seconds."""
-        async with asyncio.timeout(timeout):
-            while self.value < value:
-                await asyncio.sleep(0.001)
+        """Wait until the counter is at least ``value`` (``AssertionError`` after ``timeout`` seconds)."""
+        await until(lambda: self.value >= value, timeout=timeout, what=f"the counter reaching {value}")
 
 
 class Gate:
@@ -62,9 +61,8 @@ class Gate:
         self._open.clear()
 
     async def passed(self) -> None:
-        """Return once the gate is open (the handler's own deadline bounds the wait)."""
-        while not self._open.is_set():
-            await asyncio.sleep(0.001)
+        """Return once the gate is open (within the handler's own deadline, at most 60 s)."""
+        await until(self._open.is_set, timeout=60, what="the gate opening")
 
 
 @tool(name="echo", version="1.0.0", side_effect=SideEffect.NONE, timeout=2)

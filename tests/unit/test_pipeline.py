@@ -25,6 +25,7 @@ from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools
+from tests.support.waiting import until
 
 
 async def call(pipeline: Pipeline, tool: str, args: Any = None, **fields: Any) -> ToolResult:
@@ -265,9 +266,10 @@ async def test_finished_records_past_the_retention_are_deleted(tmp_path: Path, d
         await asyncio.sleep(0.6)
         await call(pipeline, "create_note", {"text": "x"}, idempotency_key="new")  # starts the cleanup
         old, new = (KeyScope(DEVELOPER.tenant, DEVELOPER.id, "create_note", k) for k in ("old", "new"))
-        async with asyncio.timeout(5):
-            while await store.operation(old) is not None:
-                await asyncio.sleep(0.005)
+        async def deleted() -> bool:
+            return await store.operation(old) is None
+
+        await until(deleted, timeout=5, what="the old record's deletion")
         assert await store.operation(new) is not None
     finally:
         await pipeline.aclose()
@@ -437,9 +439,12 @@ async def test_a_handlers_own_timeout_error_is_not_the_deadline(make_pipeline: P
 async def settled(pipeline: Pipeline, tool: str, key: str, *, timeout: float = 5.0) -> None:
     """Wait until the call holding ``key`` has stored its result."""
     scope = KeyScope(DEVELOPER.tenant, DEVELOPER.id, tool, key)
-    async with asyncio.timeout(timeout):
-        while (record := await pipeline.store.operation(scope)) is None or record.result_json is None:
-            await asyncio.sleep(0.002)
+
+    async def stored() -> bool:
+        record = await pipeline.store.operation(scope)
+        return record is not None and record.result_json is not None
+
+    await until(stored, timeout=timeout, what=f"the result of {key}")
 
 
 class SlowClaims:

@@ -1,0 +1,39 @@
+"""Store wrappers for tests: the real store, with one behaviour of a busy database added."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sidecar.state import KeyScope, Store
+from tests.support.waiting import past
+
+__all__ = ["LateClaims"]
+
+
+class LateClaims:
+    """The store, but the claim of each key added to ``late`` (once each) first waits until the claimed call's
+    deadline has passed, as a claim queued behind a busy database does. ``settled`` is set once a key is
+    completed or released."""
+
+    def __init__(self, inner: Store, late: set[str] | None = None) -> None:
+        self.inner, self.late, self.settled = inner, set() if late is None else late, asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def claim(self, scope: KeyScope, request_hash: str, request_id: str, *,
+                    deadline_at: float | None = None) -> Any:
+        if scope.key in self.late:
+            self.late.discard(scope.key)
+            assert deadline_at is not None
+            await past(deadline_at)
+        return await self.inner.claim(scope, request_hash, request_id, deadline_at=deadline_at)
+
+    async def complete(self, scope: KeyScope, result_json: str) -> None:
+        await self.inner.complete(scope, result_json)
+        self.settled.set()
+
+    async def release(self, scope: KeyScope) -> None:
+        await self.inner.release(scope)
+        self.settled.set()
