@@ -201,6 +201,7 @@ async def test_write_tool_requires_key(make_pipeline: PipelineFactory) -> None:
     result = await call(await make_pipeline(), "create_note", {"text": "x"})
     assert result.error is not None and result.error.code is ErrorCode.INVALID_ARGUMENT
     assert result.error.field == "idempotency_key"
+    assert result.error.message == "tool 'create_note' has side effects: an idempotency_key is required"
 
 
 async def test_replay_and_reuse(make_pipeline: PipelineFactory) -> None:
@@ -551,6 +552,8 @@ async def test_an_overlong_idempotency_key_is_refused(make_pipeline: PipelineFac
     result = await call(await make_pipeline(), "create_note", {"text": "x"}, idempotency_key="k" * 257)
     assert result.error is not None and result.error.code is ErrorCode.INVALID_ARGUMENT
     assert result.error.field == "idempotency_key" and "1-256 characters" in result.error.message
+    assert result.error.message == ("idempotency_key is 257 bytes: it must be 1-256 characters and at most 256 bytes "
+                                    "of UTF-8, without control characters")
 
 
 async def test_an_output_that_does_not_fit_its_model_is_internal(make_pipeline: PipelineFactory) -> None:

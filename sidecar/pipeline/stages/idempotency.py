@@ -36,10 +36,9 @@ from sidecar.pipeline.chain import Next
 from sidecar.pipeline.stages.audit import Auditor
 from sidecar.state import Claim, Expiry, KeyScope, Store
 
-__all__ = ["MAX_IDEMPOTENCY_KEY_CHARS", "IdempotencyStage", "had_no_effect"]
+__all__ = ["IdempotencyStage", "had_no_effect"]
 
 log = logging.getLogger("toolbooth.pipeline")
-MAX_IDEMPOTENCY_KEY_CHARS = 256
 
 
 class IdempotencyStage:
@@ -157,12 +156,12 @@ def had_no_effect(call: Call, result: ToolResult) -> bool:
 
 
 def _scope(call: Call) -> KeyScope:
-    """The key's scope (principal, tool), or ``INVALID_ARGUMENT`` for a missing or oversized key."""
+    """The key's scope (principal, tool), or ``INVALID_ARGUMENT`` for a missing key (its size and characters
+    were checked by the request stage)."""
     key = call.request.idempotency_key
-    if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+    if not key:
         raise CallRefused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, f"tool {call.defn.name!r} has side effects: an "
-                                       f"idempotency_key of 1-{MAX_IDEMPOTENCY_KEY_CHARS} characters is required",
-                                       field="idempotency_key"))
+                                       "idempotency_key is required", field="idempotency_key"))
     return KeyScope(call.principal.tenant, call.principal.id, call.defn.name, key)
 
 

@@ -71,5 +71,5 @@ def placeholder(value: str) -> str:
 def _error(name: str, limit: int, problem: str) -> ErrorInfo:
     if name == "tool":  # like any name that cannot name a tool (the resolve stage): unavailable
         return ErrorInfo.of(ErrorCode.TOOL_UNAVAILABLE, f"tool {problem}: no tool has such a name", field=name)
-    return ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, f"{name} {problem}: it must be at most {limit} bytes of UTF-8 "
-                        f"(1-{limit} characters), without control characters", field=name)
+    return ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, f"{name} {problem}: it must be 1-{limit} characters and at most "
+                        f"{limit} bytes of UTF-8, without control characters", field=name)
