@@ -14,6 +14,7 @@
      ├── InvalidRequestError         a request breaks the API contract (constant message)  -> gRPC INVALID_ARGUMENT
      ├── DependencyError             a dependency failed mid-call: fail closed, nothing runs
      │    ├── StoreUnavailableError      the store cannot be read or written               -> SERVICE_UNAVAILABLE
+     │    │    └── StoreRefusedError         the store refuses the data itself (not worth retrying)
      │    └── PolicyEvaluationError      a policy could not be evaluated                   -> SERVICE_UNAVAILABLE
      │         └── MalformedDecisionError  a decision of the wrong shape (a policy bug)    -> INTERNAL_ERROR
      └── CallRefused                 a stage ends a call with typed errors (a normal result, not a failure)
@@ -44,6 +45,7 @@ __all__ = [
     "PluginLoadError",
     "PolicyEvaluationError",
     "PolicyLoadError",
+    "StoreRefusedError",
     "StoreUnavailableError",
     "ToolboothError",
     "refusal",
@@ -99,6 +101,11 @@ class DependencyError(ToolboothError):
 
 class StoreUnavailableError(DependencyError, RuntimeError):
     """The store cannot be read or written; nothing may execute."""
+
+
+class StoreRefusedError(StoreUnavailableError):
+    """The store refuses the data of a write itself (e.g. a value its type cannot hold): writing it again
+    fails again, so it is neither retried nor kept for later."""
 
 
 class PolicyEvaluationError(DependencyError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,14 @@ DEVELOPER = Principal(id="dev-1", tenant="acme", roles=("developer",))
 ADMIN = Principal(id="admin-1", tenant="acme", roles=("admin",))
 
 PipelineFactory = Callable[..., Awaitable[Pipeline]]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _state_outside_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test writes the default state directory of whoever runs the suite (sidecars it starts inherit this)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))
+        yield
 
 
 @pytest.fixture

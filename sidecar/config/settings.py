@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,6 +44,8 @@ class StoreSettings(Section):
     # PostgreSQL: a statement without an answer this long fails (its connection severed), on the server too
     statement_timeout_seconds: float = Field(default=10.0, gt=0)
     idempotency_retention_hours: float = Field(default=24.0, gt=0)  # finished records are deleted after this
+    # outcomes and audit events the store cannot take are kept here until it is back (a local file, not the store)
+    journal_file: Path | None = None
 
     @field_validator("postgres_dsn")
     @classmethod
@@ -65,6 +68,22 @@ class StoreSettings(Section):
             raise ValueError(f"statement_timeout_seconds ({self.statement_timeout_seconds}) must be longer than "
                              f"busy_timeout_ms ({self.busy_timeout_ms} ms): a statement may wait that long for a lock")
         return self
+
+    def identity(self) -> str:
+        """Which database this is (the SQLite file; PostgreSQL's user, server and database): the local journal
+        belongs to it."""
+        if self.postgres_dsn is None:
+            return f"sqlite {self.sqlite_path.resolve()}"
+        return redact_dsn(self.postgres_dsn.get_secret_value())
+
+    def journal_path(self) -> Path:
+        """``journal_file``, else ``<sqlite file>.journal`` (SQLite) or ``store-<digest of identity>.journal`` in
+        the state directory (PostgreSQL)."""
+        if self.journal_file is not None:
+            return self.journal_file
+        if self.postgres_dsn is None:
+            return self.sqlite_path.with_name(self.sqlite_path.name + ".journal")
+        return default_state_dir() / f"store-{hashlib.sha256(self.identity().encode()).hexdigest()[:16]}.journal"
 
     def describe(self) -> str:
         """The store in one line, for people: never with the database password."""

@@ -1,8 +1,11 @@
 """Batched audit writes: queued events written in order, many per transaction.
 
-One bad row must not cost the other calls their events: when a batch fails, its rows are
-written again one at a time, in order, so every row that can be written is; a row that fails
-alone is logged (by request id and status, never its values) and dropped.
+``write`` makes a batch lasting (``Lasting.write``: in the store, else kept in the local journal);
+it raises only when the data is refused (``StoreRefusedError``, or anything the chain refuses) or
+when neither the store nor the journal takes it. One bad row must not cost the other calls their
+events: when a batch is refused, its rows are written again one at a time, in order, so every row
+that can be written is; a row refused alone, or a batch nothing can take, is logged (by request id
+and status, never its values) and dropped.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from sidecar.errors import StoreRefusedError, StoreUnavailableError
 from sidecar.state.chain import EVENT_COLUMNS
 from sidecar.state.driver import Row
 from sidecar.state.records import AuditEvent
@@ -26,7 +30,7 @@ class AuditBatcher:
     """Queued audit rows, written in order by a single drain task, one ``write`` per batch.
 
     The drain lingers ``AUDIT_LINGER_SECONDS`` first, so that under load many calls share
-    one commit. A failed batch is retried row by row; a failed row is logged, not raised:
+    one commit. A refused batch is retried row by row; a refused row is logged, not raised:
     the calls it records are over.
     """
 
@@ -53,14 +57,14 @@ class AuditBatcher:
             failure = await self._failure(rows)
             if failure is None:
                 continue
-            if len(rows) == 1:
-                _dropped(rows[0], failure)
+            if len(rows) == 1 or _unwritable(failure):
+                _dropped(rows, failure)
                 continue
             log.warning("a batch of %d audit events could not be written (%s); writing them one by one",
                         len(rows), failure)
             for row in rows:  # in order: the chain links them as they are written
                 if (alone := await self._failure([row])) is not None:
-                    _dropped(row, alone)
+                    _dropped([row], alone)
 
     async def _failure(self, rows: list[Row]) -> Exception | None:
         """Write ``rows`` in one transaction; the failure, if any, returned (never raised)."""
@@ -71,7 +75,13 @@ class AuditBatcher:
         return None
 
 
-def _dropped(row: Row, failure: Exception) -> None:
-    event = dict(zip(EVENT_COLUMNS, row, strict=False))
-    log.error("1 audit event(s) could not be written, dropped (request %s, status %s): %s",
-              event["request_id"], event["status"], failure)
+def _unwritable(failure: Exception) -> bool:
+    """Whether ``failure`` says nothing could take the batch (neither the store nor the local journal),
+    rather than that some row in it is refused."""
+    return isinstance(failure, StoreUnavailableError) and not isinstance(failure, StoreRefusedError)
+
+
+def _dropped(rows: list[Row], failure: Exception) -> None:
+    events = [dict(zip(EVENT_COLUMNS, row, strict=False)) for row in rows]
+    log.error("%d audit event(s) could not be written, dropped (%s): %s", len(rows),
+              ", ".join(f"request {event['request_id']} status {event['status']}" for event in events), failure)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from sidecar.config import StoreSettings
+from sidecar.state.journal import Journal
+from sidecar.state.sql_store import SqlStore
 from sidecar.state.sqlite import SqliteStore
 from sidecar.state.store import Store
 
@@ -10,13 +12,21 @@ __all__ = ["open_store"]
 
 
 async def open_store(settings: StoreSettings) -> Store:
-    """The PostgreSQL store when ``postgres_dsn`` is set, else the SQLite file."""
+    """The PostgreSQL store when ``postgres_dsn`` is set, else the SQLite file; with its local journal."""
+    store: SqlStore
     if settings.postgres_dsn is not None:
         from sidecar.state.postgres import PostgresStore  # imports psycopg: only when configured
 
-        return await PostgresStore.open(settings.postgres_dsn.get_secret_value(), min_size=settings.pool_min_size,
-                                        max_size=settings.pool_max_size,
-                                        connect_timeout=settings.connect_timeout_seconds,
-                                        lock_timeout_ms=settings.busy_timeout_ms,
-                                        statement_timeout=settings.statement_timeout_seconds)
-    return await SqliteStore.open(settings.sqlite_path, busy_timeout_ms=settings.busy_timeout_ms)
+        store = await PostgresStore.open(settings.postgres_dsn.get_secret_value(), min_size=settings.pool_min_size,
+                                         max_size=settings.pool_max_size,
+                                         connect_timeout=settings.connect_timeout_seconds,
+                                         lock_timeout_ms=settings.busy_timeout_ms,
+                                         statement_timeout=settings.statement_timeout_seconds)
+    else:
+        store = await SqliteStore.open(settings.sqlite_path, busy_timeout_ms=settings.busy_timeout_ms)
+    try:
+        await store.keep_in(Journal.open(settings.journal_path(), settings.identity()))
+    except BaseException:
+        await store.aclose()
+        raise
+    return store

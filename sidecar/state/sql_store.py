@@ -9,7 +9,9 @@ operator's resolution is never overwritten or deleted. Each preview move is one 
 ``UPDATE``: of any number of concurrent callers, one wins. Queued audit events are written in
 batches (``AuditBatcher``), one transaction per batch; each append holds ``AUDIT_LOCK``, reads the
 last hash and links the batch to it (``chain.chained``), so every store sharing the database
-appends to one linear chain.
+appends to one linear chain. Outcomes (completions, releases) and audit batches are lasting writes
+(``Lasting``): retried within bounds, else kept in the local journal and applied when the store is back;
+kept outcomes are applied before any key is claimed or read again.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from sidecar.errors import StoreUnavailableError
 from sidecar.state.audit import AuditBatcher
 from sidecar.state.chain import chained
 from sidecar.state.driver import Driver, Row
+from sidecar.state.journal import AuditRows, Completion, Journal, Release, Write
+from sidecar.state.lasting import Lasting, retried
 from sidecar.state.records import AuditEvent, AuditRecord, ChainHead, Claim, KeyScope, OperationRecord, PreviewRecord
 from sidecar.state.rows import audit_record, audit_row, operation_record, preview_record, preview_row
 from sidecar.state.statements import StoreStatements
@@ -40,14 +44,25 @@ class SqlStore:
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
         self._sql = StoreStatements.of(driver.dialect)
-        self._audit = AuditBatcher(self._append_audit)
+        self._lasting = Lasting(self._apply)
+        self._audit = AuditBatcher(lambda rows: self._lasting.write(AuditRows(tuple(rows))))
         self._chain_key: bytes | None = None
+
+    async def keep_in(self, journal: Journal) -> None:
+        """From now on keep the writes the store cannot take in ``journal`` (without one, such a write fails);
+        first apply what an earlier run kept there (what the store cannot take yet, in the background)."""
+        self._lasting.journal = journal
+        try:
+            await self._lasting.catch_up(audit=True)
+        except StoreUnavailableError:
+            self._lasting.replay_soon()
 
     # --- idempotency and operations ---------------------------------------------------------
 
     async def claim(self, scope: KeyScope, request_hash: str, request_id: str, *,
                     deadline_at: float | None = None) -> Claim:
         """Atomically claim ``scope`` for ``request_hash`` or report the record that holds it."""
+        await self._lasting.catch_up()
         key = astuple(scope)
         async with self.driver.session() as session:
             for _ in range(CLAIM_ATTEMPTS):
@@ -60,13 +75,13 @@ class SqlStore:
         raise StoreUnavailableError(f"idempotency key {scope.key!r} was released {CLAIM_ATTEMPTS} times "
                                     "while being claimed")
 
-    async def complete(self, scope: KeyScope, result_json: str) -> None:
-        """Store the final result of a claimed key (never over a result already stored)."""
-        await self.driver.execute(self._sql.complete, (result_json, *astuple(scope)))
+    async def complete(self, scope: KeyScope, result_json: str, *, request_id: str) -> None:
+        """Store the final result of the key ``request_id`` claimed (never over a result already stored)."""
+        await self._lasting.write(Completion(scope, request_id, result_json))
 
-    async def release(self, scope: KeyScope) -> None:
-        """Forget a claimed key whose call certainly had no effect (never one with a result)."""
-        await self.driver.execute(self._sql.release, astuple(scope))
+    async def release(self, scope: KeyScope, *, request_id: str) -> None:
+        """Forget the key ``request_id`` claimed, whose call certainly had no effect (never one with a result)."""
+        await self._lasting.write(Release(scope, request_id))
 
     async def mark_overran(self, scope: KeyScope, *, now: float) -> None:
         """Mark a claimed key's record unknown: its handler outlived the deadline (never one with a result)."""
@@ -74,20 +89,24 @@ class SqlStore:
 
     async def operation(self, scope: KeyScope) -> OperationRecord | None:
         """The record holding ``scope``, if any."""
+        await self._lasting.catch_up()
         rows = await self.driver.fetch(self._sql.by_key, astuple(scope))
         return operation_record(rows[0]) if rows else None
 
     async def operation_of_request(self, tenant: str, principal_id: str, request_id: str) -> OperationRecord | None:
         """The record the call ``request_id`` of this principal claimed, if any."""
+        await self._lasting.catch_up()
         rows = await self.driver.fetch(self._sql.by_request, (tenant, principal_id, request_id))
         return operation_record(rows[0]) if rows else None
 
     async def pending_operations(self, *, limit: int = 1000) -> list[OperationRecord]:
         """Records without a result (in progress or unknown), oldest first."""
+        await self._lasting.catch_up()
         return [operation_record(row) for row in await self.driver.fetch(self._sql.pending, (limit,))]
 
     async def resolve_operation(self, scope: KeyScope, result_json: str, *, now: float) -> bool:
         """Store ``result_json`` for a record still without a result; ``False`` if there is none such."""
+        await self._lasting.catch_up()
         return await self.driver.execute(self._sql.resolve, (result_json, now, *astuple(scope))) == 1
 
     async def expire_operations(self, completed_before: float) -> int:
@@ -126,11 +145,12 @@ class SqlStore:
     # --- audit ------------------------------------------------------------------------------
 
     async def record_audit(self, event: AuditEvent) -> None:
-        """Append ``event`` to the audit log; durable on return."""
-        await self._append_audit([audit_row(event)])
+        """Append ``event`` to the audit log, trying again within bounds; durable in the store on return."""
+        row = audit_row(event)
+        await retried(lambda: self._append_audit([row]))
 
     def queue_audit(self, event: AuditEvent) -> None:
-        """Like ``record_audit``, but written soon in a batch (in order); write failures are logged."""
+        """Like ``record_audit``, but written soon in a batch (in order), or kept in the local journal."""
         self._audit.put(event)
 
     async def flush_audit(self) -> None:
@@ -169,9 +189,20 @@ class SqlStore:
         return ChainHead(int(rows[0][0]), str(rows[0][1]), int(rows[0][2])) if rows else None
 
     async def aclose(self) -> None:
-        """Write queued audit events, then release the driver's connections and threads."""
+        """Write queued audit events and kept writes (what the store cannot take stays kept for the next
+        start), then release the driver's connections and threads."""
         await self.flush_audit()
+        await self._lasting.aclose()
         await self.driver.aclose()
+
+    async def _apply(self, write: Write) -> None:
+        match write:
+            case Completion(scope, request_id, result_json):
+                await self.driver.execute(self._sql.complete, (result_json, *astuple(scope), request_id))
+            case Release(scope, request_id):
+                await self.driver.execute(self._sql.release, (*astuple(scope), request_id))
+            case AuditRows(rows):
+                await self._append_audit(list(rows))
 
     async def _append_audit(self, rows: list[Row]) -> None:
         async with self.driver.transaction(lock=AUDIT_LOCK) as tx:

@@ -22,8 +22,8 @@ class StoreStatements:
 
     claim: str  # insert a record unless the key is held; changes 1 row if it was free
     holder: str  # the request hash, then ``OPERATION_COLUMNS``, of the record holding a key
-    complete: str  # only a record still without a result: an operator's resolution is never overwritten
-    release: str  # likewise: a record with a result is never deleted by a release
+    complete: str  # only the claimer's record still without a result: an operator's resolution is never overwritten
+    release: str  # likewise: a record with a result, or another request's, is never deleted by a release
     overran: str  # likewise: marks a record without a result unknown (its handler outlived the deadline)
     by_key: str
     by_request: str
@@ -58,8 +58,8 @@ class StoreStatements:
                   f"created_at) VALUES (?, ?, ?, ?, ?, ?, ?, {d.now}) ON CONFLICT DO NOTHING",
             holder=f"SELECT request_hash, {columns} FROM idempotency WHERE {_KEY}",
             complete=f"UPDATE idempotency SET result_json = ?, completed_at = {d.now} "
-                     f"WHERE {_KEY} AND result_json IS NULL",
-            release=f"DELETE FROM idempotency WHERE {_KEY} AND result_json IS NULL",
+                     f"WHERE {_KEY} AND result_json IS NULL AND request_id = ?",
+            release=f"DELETE FROM idempotency WHERE {_KEY} AND result_json IS NULL AND request_id = ?",
             overran=f"UPDATE idempotency SET overran_at = ? WHERE {_KEY} AND result_json IS NULL",
             by_key=f"{operation} WHERE {_KEY}",
             by_request=f"{operation} WHERE tenant = ? AND principal_id = ? AND request_id = ?",

@@ -5,7 +5,8 @@ a claim is atomic across every process sharing the database (of any number of co
 one owns the key); an operator's resolution is never overwritten or deleted by a late outcome; a
 preview moves pending -> approved | denied and approved -> used once each, whoever races (and used ->
 approved only when the call that used it gives it back, having had no effect); the audit
-log is one linear hash chain (``sidecar.state.chain``) whoever appends.
+log is one linear hash chain (``sidecar.state.chain``) whoever appends; an outcome or audit event the
+store cannot take is kept in a local journal (``sidecar.state.journal``) and applied when it is back.
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ class Store(Protocol):
         """
         ...
 
-    async def complete(self, scope: KeyScope, result_json: str) -> None:
-        """Store the final result of a claimed key (never over a result already stored)."""
+    async def complete(self, scope: KeyScope, result_json: str, *, request_id: str) -> None:
+        """Store the final result of the key the call ``request_id`` claimed (never over a result already
+        stored, never in another call's record). Durable on return: in the store, or kept in the local journal
+        and applied before the key is claimed or read again."""
         ...
 
-    async def release(self, scope: KeyScope) -> None:
-        """Forget a claimed key whose call certainly had no effect (never one with a result)."""
+    async def release(self, scope: KeyScope, *, request_id: str) -> None:
+        """Forget the key the call ``request_id`` claimed, which certainly had no effect (never a record with a
+        result, never another call's). Durable on return, as ``complete``."""
         ...
 
     async def mark_overran(self, scope: KeyScope, *, now: float) -> None:
@@ -91,11 +95,13 @@ class Store(Protocol):
         ...
 
     async def record_audit(self, event: AuditEvent) -> None:
-        """Append ``event`` to the audit log; durable on return."""
+        """Append ``event`` to the audit log, trying again within bounds; durable in the store on return (never
+        kept in the local journal: a write's dispatch is in the store before its handler runs)."""
         ...
 
     def queue_audit(self, event: AuditEvent) -> None:
-        """Like ``record_audit``, but written soon in a batch (in order); write failures are logged."""
+        """Like ``record_audit``, but written soon in a batch (in order), or kept in the local journal when the
+        store cannot take it; only what neither takes, or the store refuses as data, is logged and dropped."""
         ...
 
     async def flush_audit(self) -> None:
@@ -121,5 +127,6 @@ class Store(Protocol):
         ...
 
     async def aclose(self) -> None:
-        """Write queued audit events, then release connections and threads."""
+        """Write queued audit events and kept writes (what the store cannot take stays in the local journal),
+        then release connections and threads."""
         ...

@@ -94,7 +94,7 @@ async def test_an_unversioned_file_is_upgraded_keeping_every_record(tmp_path: Pa
         # new writes of every kind
         fresh = replace(DONE, key="fresh")
         assert await store.claim(fresh, "hash-a", "r-fresh", deadline_at=time.time() + 60) == Claim()
-        await store.complete(fresh, SUCCESS)
+        await store.complete(fresh, SUCCESS, request_id="r-fresh")
         assert (await store.operation(fresh)).state is OperationState.COMPLETED  # type: ignore[union-attr]
         await store.save_preview(preview("p-new"))
         assert await store.decide_preview("p-new", PreviewState.APPROVED, decided_by="{}", comment=None, now=1.0)

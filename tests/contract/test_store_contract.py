@@ -161,7 +161,7 @@ async def test_claim_in_progress_reused_replay(store: AnyStore) -> None:
     reused = await store.claim(SCOPE, "hash-b", "r3")
     assert found(reused) == REUSED and reused.record is not None and reused.record.request_id == "r1"
     assert reused.record.state is OperationState.IN_PROGRESS and reused.record.scope == SCOPE
-    await store.complete(SCOPE, SUCCESS)
+    await store.complete(SCOPE, SUCCESS, request_id="r1")
     assert found(await store.claim(SCOPE, "hash-a", "r4")) == replayed(SUCCESS)
     assert found(await store.claim(SCOPE, "hash-b", "r5")) == REUSED
 
@@ -171,7 +171,7 @@ async def test_a_stored_result_is_completed_on_success_else_failed(store: AnySto
                "approval": '{"status": "approval_required"}', "no-status": '{"count": 1}', "not-json": "[1"}
     for key, result in results.items():
         await store.claim(replace(SCOPE, key=key), "hash-a", f"r-{key}")
-        await store.complete(replace(SCOPE, key=key), result)
+        await store.complete(replace(SCOPE, key=key), result, request_id=f"r-{key}")
     states = {key: (await store.claim(replace(SCOPE, key=key), "hash-a", "r")).record for key in results}
     assert {key: record.state if record else None for key, record in states.items()} == {
         "success": OperationState.COMPLETED, **{key: OperationState.FAILED for key in list(results)[1:]}}
@@ -183,7 +183,7 @@ async def test_in_progress_past_its_deadline_is_unknown(stores: Stores, store: A
     second = await stores.open()  # the sidecar restarted after the first one died
     assert found(await second.claim(SCOPE, "hash-a", "r2")) == UNKNOWN
     assert found(await second.claim(SCOPE, "hash-b", "r3")) == REUSED
-    await store.complete(SCOPE, ERROR)
+    await store.complete(SCOPE, ERROR, request_id="r1")
     assert found(await second.claim(SCOPE, "hash-a", "r4")) == replayed(ERROR, OperationState.FAILED)
 
 
@@ -207,7 +207,7 @@ async def test_operations_by_key_and_by_request(store: AnyStore) -> None:
     assert await store.operation_of_request("acme", "dev-2", "r2") is None
     assert await store.operation(replace(SCOPE, key="none")) is None
     assert [op.request_id for op in await store.pending_operations()] == ["r1", "r2"]
-    await store.complete(SCOPE, SUCCESS)
+    await store.complete(SCOPE, SUCCESS, request_id="r1")
     done = await store.operation(SCOPE)
     assert done is not None and done.state is OperationState.COMPLETED and done.result_json == SUCCESS
     assert [op.request_id for op in await store.pending_operations()] == ["r2"]
@@ -224,8 +224,8 @@ async def test_resolve_settles_only_records_without_a_result(store: AnyStore) ->
 async def test_a_late_outcome_never_replaces_an_operators_resolution(store: AnyStore) -> None:
     await store.claim(SCOPE, "hash-a", "r1", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
     assert await store.resolve_operation(SCOPE, ERROR, now=time.time())
-    await store.complete(SCOPE, SUCCESS)  # the crashed call's sidecar comes back after all
-    await store.release(SCOPE)
+    await store.complete(SCOPE, SUCCESS, request_id="r1")  # the crashed call's sidecar comes back after all
+    await store.release(SCOPE, request_id="r1")
     assert found(await store.claim(SCOPE, "hash-a", "r2")) == replayed(ERROR, OperationState.FAILED)
 
 
@@ -234,7 +234,7 @@ async def test_expiry_deletes_only_old_completed_records(store: AnyStore) -> Non
     for n, scope in enumerate((old, new, running)):
         await store.claim(scope, "hash-a", f"r{n}", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
     await store.resolve_operation(old, "{}", now=time.time() - 3600)
-    await store.complete(new, "{}")
+    await store.complete(new, "{}", request_id="r1")
     assert await store.expire_operations(time.time() - 60) == 1
     assert await store.operation(old) is None
     assert await store.operation(new) is not None and await store.operation(running) is not None
@@ -262,7 +262,7 @@ async def test_an_old_sqlite_file_gains_the_deadline_column(tmp_path: Path) -> N
 
 async def test_release_frees_the_key(store: AnyStore) -> None:
     await store.claim(SCOPE, "hash-a", "r1")
-    await store.release(SCOPE)
+    await store.release(SCOPE, request_id="r1")
     assert await store.claim(SCOPE, "hash-b", "r2") == Claim()
     assert found(await store.claim(SCOPE, "hash-b", "r3")) == IN_PROGRESS
 
@@ -273,7 +273,7 @@ async def test_release_frees_the_key(store: AnyStore) -> None:
 async def test_keys_are_scoped(store: AnyStore, other: KeyScope) -> None:
     await store.claim(SCOPE, "hash-a", "r1")
     assert await store.claim(other, "hash-b", "r2") == Claim()
-    await store.complete(other, "{}")
+    await store.complete(other, "{}", request_id="r2")
     assert found(await store.claim(SCOPE, "hash-a", "r3")) == IN_PROGRESS
 
 
@@ -293,7 +293,7 @@ async def test_concurrent_claims_of_many_keys(stores: Stores, store: AnyStore) -
 
 async def test_completed_key_replays_in_another_store(stores: Stores, store: AnyStore) -> None:
     await store.claim(SCOPE, "hash-a", "r1")
-    await store.complete(SCOPE, SUCCESS)
+    await store.complete(SCOPE, SUCCESS, request_id="r1")
     second = await stores.open()
     assert found(await second.claim(SCOPE, "hash-a", "r2")) == replayed(SUCCESS)
 
@@ -302,7 +302,7 @@ async def test_key_released_by_one_store_is_claimed_by_another(stores: Stores, s
     second = await stores.open()
     await store.claim(SCOPE, "hash-a", "r1")
     assert found(await second.claim(SCOPE, "hash-a", "r2")) == IN_PROGRESS
-    await store.release(SCOPE)
+    await store.release(SCOPE, request_id="r1")
     assert await second.claim(SCOPE, "hash-a", "r3") == Claim()
 
 
@@ -317,7 +317,7 @@ async def test_claims_racing_releases_never_share_a_key(stores: Stores, store: A
                 holders.append(name)
                 await asyncio.sleep(0)
                 holders.remove(name)
-                await s.release(SCOPE)
+                await s.release(SCOPE, request_id=f"{name}-{n}")
 
     await asyncio.gather(*(churn(f"{n}", s) for n, s in enumerate([store, second] * 3)))
 

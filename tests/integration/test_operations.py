@@ -53,7 +53,7 @@ async def test_in_progress_unknown_and_failed(client: AsyncClient, pipeline: Pip
     error = ErrorInfo.of(ErrorCode.RESOURCE_NOT_FOUND, "no such note")
     stored = ToolResult(status=Status.ERROR, error=error, errors=(error,), meta=ResultMeta(request_id="r3",
                                                                                     tool="create_note"))
-    await pipeline.store.complete(scope("failed"), stored.model_dump_json())
+    await pipeline.store.complete(scope("failed"), stored.model_dump_json(), request_id="r3")
     assert (await client.get_operation("create_note", "running")).state is OperationState.IN_PROGRESS
     assert (await client.get_operation("create_note", "lost")).state is OperationState.UNKNOWN
     failed = await client.get_operation(request_id="r3")

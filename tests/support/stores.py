@@ -30,10 +30,10 @@ class LateClaims:
             await past(deadline_at)
         return await self.inner.claim(scope, request_hash, request_id, deadline_at=deadline_at)
 
-    async def complete(self, scope: KeyScope, result_json: str) -> None:
-        await self.inner.complete(scope, result_json)
+    async def complete(self, scope: KeyScope, result_json: str, *, request_id: str) -> None:
+        await self.inner.complete(scope, result_json, request_id=request_id)
         self.settled.set()
 
-    async def release(self, scope: KeyScope) -> None:
-        await self.inner.release(scope)
+    async def release(self, scope: KeyScope, *, request_id: str) -> None:
+        await self.inner.release(scope, request_id=request_id)
         self.settled.set()

@@ -27,7 +27,7 @@ def db(tmp_path: Path) -> Path:
         await store.claim(LOST, "h", "r-lost", deadline_at=time.time() - DEADLINE_GRACE_SECONDS - 1)
         await store.claim(RUNNING, "h", "r-running", deadline_at=time.time() + 60)
         await store.claim(DONE, "h", "r-done", deadline_at=time.time() + 60)
-        await store.complete(DONE, "{}")
+        await store.complete(DONE, "{}", request_id="r-done")
         await store.aclose()
 
     asyncio.run(fill())

@@ -8,8 +8,11 @@ late result or by an operator), or a different request (``IDEMPOTENCY_KEY_REUSED
 
 From its claim on, a keyed call is detached from its caller: it runs to its end, and its outcome
 is stored and audited, even if the caller goes away. A claimed key is always completed or
-released, never left "in progress". The dispatch is audited durably before the handler runs; if
-that write fails the key is released and nothing runs.
+released, never left "in progress": a store that cannot take the outcome keeps it in its local
+journal and applies it before the key is claimed or read again, so a retry replays the real
+result. Only when the journal cannot take it either does the key turn unknown (past its deadline),
+for an operator to settle: it never runs again. The dispatch is audited durably before the handler
+runs; if that write fails the key is released and nothing runs.
 
 A handler that outlived the deadline (``call.overran``: the caller got ``TIMEOUT``) may have had its
 effect: its ``TIMEOUT`` is not stored, its record is marked unknown. A sync handler's thread runs on
@@ -133,16 +136,18 @@ class IdempotencyStage:
             await self._release(call)
             return
         try:
-            await self._store.complete(call.key, result.model_dump_json())
-        except StoreUnavailableError as exc:
-            log.error("could not store the result of request %s under its key: %s", call.request_id, exc)
+            await self._store.complete(call.key, result.model_dump_json(), request_id=call.request_id)
+        except StoreUnavailableError as exc:  # neither the store nor its local journal took it
+            log.critical("the result of request %s could not be stored under its key, nor kept locally (%s): "
+                         "its key turns unknown, never runs again, and an operator settles it", call.request_id, exc)
 
     async def _release(self, call: Call) -> None:
         if call.key is not None:
             try:
-                await self._store.release(call.key)
-            except StoreUnavailableError as exc:
-                log.error("could not release idempotency key of request %s: %s", call.request_id, exc)
+                await self._store.release(call.key, request_id=call.request_id)
+            except StoreUnavailableError as exc:  # neither the store nor its local journal took it
+                log.error("could not release idempotency key of request %s: %s; it turns unknown", call.request_id,
+                          exc)
 
 
 def had_no_effect(call: Call, result: ToolResult) -> bool:

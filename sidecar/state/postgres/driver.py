@@ -4,7 +4,8 @@ Each single statement runs in autocommit mode on a connection of its own, a sess
 connection; a transaction takes the
 transaction-scoped advisory lock it names (``pg_advisory_xact_lock``), so holders in every process
 sharing the database wait for each other. Every psycopg error (server down, pool timeout, read-only,
-lock timeout) becomes ``StoreUnavailableError``; messages show the server as ``redact_dsn`` does,
+lock timeout) becomes ``StoreUnavailableError`` (``StoreRefusedError`` when the data itself is refused);
+messages show the server as ``redact_dsn`` does,
 never a password.
 
 A server that does not answer a statement within ``answer_timeout`` seconds (a silent network
@@ -28,7 +29,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from sidecar.errors import StoreUnavailableError
+from sidecar.errors import StoreRefusedError, StoreUnavailableError
 from sidecar.state.driver import Dialect, Params, Row, StatementRunner, Transaction
 
 __all__ = ["POSTGRES", "PostgresDriver", "reason"]
@@ -157,4 +158,6 @@ class PostgresDriver:
             if session is not None and session.severed:
                 raise StoreUnavailableError(f"PostgreSQL store at {self._where}: no answer within {self._timeout} s "
                                             "(connection severed)") from exc
+            if isinstance(exc, psycopg.DataError):  # the value itself: a NUL in text, a number out of range
+                raise StoreRefusedError(f"PostgreSQL store at {self._where} refuses the data: {reason(exc)}") from exc
             raise StoreUnavailableError(f"PostgreSQL store at {self._where}: {reason(exc)}") from exc

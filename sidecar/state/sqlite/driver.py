@@ -5,7 +5,7 @@ a transaction (and a session) is ``BEGIN IMMEDIATE`` (the database's one write l
 is asked for), so it is atomic across processes sharing the file, and the driver's other statements
 wait until it ends. ``synchronous=FULL``: a commit is on disk on return, even if the machine then loses power.
 Waits for another process's lock are bounded by the busy timeout; then the statement fails as
-``StoreUnavailableError``.
+``StoreUnavailableError`` (``StoreRefusedError`` when the data itself is refused).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from sidecar.errors import StoreUnavailableError
+from sidecar.errors import StoreRefusedError, StoreUnavailableError
 from sidecar.state.driver import Dialect, Params, Row, StatementRunner, Transaction
 
 __all__ = ["SQLITE", "SqliteDriver", "connect", "script_statements"]
@@ -92,6 +92,8 @@ class _Worker:
     async def run(self, fn: Callable[[], T]) -> T:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        except sqlite3.DataError as exc:  # the value itself (e.g. an integer out of SQLite's range)
+            raise StoreRefusedError(f"SQLite store refuses the data: {exc}") from exc
         except sqlite3.Error as exc:
             raise StoreUnavailableError(f"SQLite store error: {exc}") from exc
 

@@ -1,0 +1,163 @@
+"""The local journal: store writes that must not be lost, kept on local disk until the store takes them.
+
+A call's outcome (its result under its key, or the release of a key whose call had no effect) and audit
+events are written to the store. When such a write still fails after its bounded retries, it is appended
+here, durable on return (a SQLite file of its own, ``synchronous=FULL``, never the store's database), and
+applied to the store later, in order (``sidecar.state.lasting``). An entry is removed only once the store
+has taken it, so a crash between the two applies it again: a completion or release touches only the record
+its own request still holds without a result, so it applies once; audit rows are appended again (the same
+event twice, never a gap in the chain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sidecar.errors import StoreUnavailableError
+from sidecar.state.driver import Row
+from sidecar.state.records import KeyScope
+
+__all__ = ["AuditRows", "Completion", "Journal", "JournalEntry", "Release", "Write"]
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The result of the call ``request_id`` under its key."""
+
+    scope: KeyScope
+    request_id: str
+    result_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The release of the key claimed by the call ``request_id``, which certainly had no effect."""
+
+    scope: KeyScope
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRows:
+    """Audit events (rows of ``EVENT_COLUMNS``), appended to the chain in this order."""
+
+    rows: tuple[Row, ...]
+
+
+Write = Completion | Release | AuditRows
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """A kept write and its place in the journal."""
+
+    ident: int
+    write: Write
+
+
+_SCHEMA = ("CREATE TABLE IF NOT EXISTS pending (id INTEGER PRIMARY KEY AUTOINCREMENT, outcome INTEGER NOT NULL, "
+           "entry TEXT NOT NULL); CREATE TABLE IF NOT EXISTS owner (id INTEGER PRIMARY KEY CHECK (id = 1), "
+           "store TEXT NOT NULL)")
+
+
+class Journal:
+    """The journal file at ``path``: append, read in order, forget. One thread uses its connection."""
+
+    def __init__(self, path: Path, db: sqlite3.Connection, size: int, outcomes: int) -> None:
+        self.path, self._db, self._size, self._outcomes = path, db, size, outcomes
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolbooth-journal")
+
+    @classmethod
+    def open(cls, path: Path, store: str) -> Journal:
+        """Open (creating it and its directory if needed) the journal at ``path`` of the store ``store`` (its
+        identity); ``StoreUnavailableError`` naming the file if it cannot be opened or written, or if it holds
+        writes of another store (they are never applied to this one)."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA synchronous = FULL")
+            db.executescript(_SCHEMA)
+            size, outcomes = db.execute("SELECT COUNT(*), COALESCE(SUM(outcome), 0) FROM pending").fetchone()
+            owner = db.execute("SELECT store FROM owner").fetchone()
+            if owner is not None and owner[0] != store and size:
+                db.close()
+                raise StoreUnavailableError(f"the local journal at {path} holds {size} write(s) of another store "
+                                            f"({owner[0]}), not of {store}: start with that store to apply them, "
+                                            "or set store.journal_file to another file")
+            db.execute("INSERT OR REPLACE INTO owner (id, store) VALUES (1, ?)", (store,))
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreUnavailableError(f"cannot open the local journal at {path}: {exc}") from exc
+        return cls(path, db, int(size), int(outcomes))
+
+    @property
+    def size(self) -> int:
+        """How many writes are kept (known without reading the file)."""
+        return self._size
+
+    @property
+    def outcomes(self) -> int:
+        """How many of them are outcomes (completions and releases), not audit rows."""
+        return self._outcomes
+
+    async def keep(self, write: Write) -> None:
+        """Append ``write``; durable on return (``StoreUnavailableError`` if the file cannot take it)."""
+        entry, outcome = json.dumps(_encoded(write), separators=(",", ":")), _is_outcome(write)
+        await self._run(lambda: self._db.execute("INSERT INTO pending (outcome, entry) VALUES (?, ?)",
+                                                 (outcome, entry)))
+        self._size += 1
+        self._outcomes += outcome
+
+    async def entries(self) -> list[JournalEntry]:
+        """Every kept write, oldest first."""
+        rows = await self._run(lambda: self._db.execute("SELECT id, entry FROM pending ORDER BY id").fetchall())
+        return [JournalEntry(int(ident), _decoded(json.loads(entry))) for ident, entry in rows]
+
+    async def forget(self, entry: JournalEntry) -> None:
+        """Remove ``entry``: the store has taken it."""
+        removed = await self._run(lambda: self._db.execute("DELETE FROM pending WHERE id = ?", (entry.ident,)))
+        self._size -= removed.rowcount
+        self._outcomes -= removed.rowcount * _is_outcome(entry.write)
+
+    def close(self) -> None:
+        """Close the file (what is kept stays for the next start)."""
+        self._thread.shutdown(wait=True)
+        self._db.close()
+
+    async def _run(self, fn: Any) -> Any:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreUnavailableError(f"the local journal at {self.path} cannot be written: {exc}") from exc
+
+
+def _is_outcome(write: Write) -> int:
+    return 0 if isinstance(write, AuditRows) else 1
+
+
+def _encoded(write: Write) -> dict[str, Any]:
+    match write:
+        case Completion(scope, request_id, result_json):
+            return {"kind": "completion", "scope": _scope(scope), "request_id": request_id, "result": result_json}
+        case Release(scope, request_id):
+            return {"kind": "release", "scope": _scope(scope), "request_id": request_id}
+        case AuditRows(rows):
+            return {"kind": "audit", "rows": [list(row) for row in rows]}
+
+
+def _decoded(entry: dict[str, Any]) -> Write:
+    kind = entry["kind"]
+    if kind == "completion":
+        return Completion(KeyScope(*entry["scope"]), entry["request_id"], entry["result"])
+    if kind == "release":
+        return Release(KeyScope(*entry["scope"]), entry["request_id"])
+    return AuditRows(tuple(tuple(row) for row in entry["rows"]))
+
+
+def _scope(scope: KeyScope) -> list[str]:
+    return [scope.tenant, scope.principal_id, scope.tool, scope.key]

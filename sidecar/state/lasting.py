@@ -1,0 +1,144 @@
+"""Writes that must not be lost: retried within bounds, else kept in the local journal and applied later.
+
+``Lasting.write`` makes a write in the store, trying again for at most ``RETRY_SECONDS``. A write the
+store still cannot take is kept in the ``Journal`` (durable on return) and applied, in order, by a
+background task as soon as the store takes writes again, pausing longer between tries up to
+``LONGEST_PAUSE_SECONDS``. While writes are kept, audit rows join them at once (so the chain keeps
+their order, and each batch does not wait for a store known to be failing); outcomes still try the
+store first. ``catch_up`` applies the kept outcomes before anything claims or reads a key, so a retry
+replays the real result and a released key can be claimed again; kept audit rows follow in the
+background. Shutdown tries once more unless the last try failed; what is still kept then is applied
+at the next start. A write the store refuses for its data (``StoreRefusedError``) is neither retried
+nor kept: it would fail again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from sidecar.errors import StoreRefusedError, StoreUnavailableError
+from sidecar.state.journal import AuditRows, Journal, Write
+
+__all__ = ["LONGEST_PAUSE_SECONDS", "RETRY_SECONDS", "Lasting", "retried"]
+
+RETRY_SECONDS = 1.0
+LONGEST_PAUSE_SECONDS = 5.0
+_FIRST_PAUSE_SECONDS = 0.02
+log = logging.getLogger("toolbooth.store")
+
+Apply = Callable[[Write], Awaitable[None]]
+
+
+async def retried(attempt: Callable[[], Awaitable[None]]) -> None:
+    """Run ``attempt`` until it succeeds, trying again after a store failure while ``RETRY_SECONDS`` last."""
+    deadline, pause = time.monotonic() + RETRY_SECONDS, _FIRST_PAUSE_SECONDS
+    while True:
+        try:
+            await attempt()
+            return
+        except StoreRefusedError:
+            raise
+        except StoreUnavailableError:
+            if time.monotonic() + pause > deadline:
+                raise
+        await asyncio.sleep(pause)
+        pause *= 2
+
+
+class Lasting:
+    """Makes writes with ``apply``; keeps those the store cannot take in ``journal`` (``None``: raises instead)."""
+
+    def __init__(self, apply: Apply, journal: Journal | None = None) -> None:
+        self._apply, self.journal = apply, journal
+        self._lock = asyncio.Lock()
+        self._replayer: asyncio.Task[None] | None = None
+        self._failing = False  # the last try to apply kept writes failed
+
+    @property
+    def behind(self) -> bool:
+        """Whether writes are kept that the store has not taken yet."""
+        return self.journal is not None and self.journal.size > 0
+
+    async def write(self, write: Write) -> None:
+        """Make ``write`` in the store, else keep it in the journal; durable on return. Raises
+        ``StoreRefusedError`` for data the store refuses, ``StoreUnavailableError`` if neither takes it."""
+        if isinstance(write, AuditRows) and self.journal is not None and self.behind:
+            await self.journal.keep(write)  # after the kept ones, in order
+            self.replay_soon()
+            return
+        try:
+            await retried(lambda: self._apply(write))
+        except StoreRefusedError:
+            raise
+        except StoreUnavailableError as exc:
+            if self.journal is None:
+                raise
+            await self.journal.keep(write)
+            self._failing = True
+            log.warning("the store cannot take a write (%s); it is kept in the local journal %s and applied "
+                        "when the store is back", exc, self.journal.path)
+            self.replay_soon()
+
+    async def catch_up(self, *, audit: bool = False) -> None:
+        """Apply the kept writes, oldest first: the outcomes, and audit rows too if ``audit``.
+        ``StoreUnavailableError`` if the store still cannot take them (those stay kept)."""
+        if self.journal is None or not (self.journal.size if audit else self.journal.outcomes):
+            return
+        async with self._lock:
+            try:
+                await self._apply_kept(self.journal, audit=audit)
+            except StoreUnavailableError:
+                self._failing = True
+                raise
+            self._failing = False
+
+    async def _apply_kept(self, journal: Journal, *, audit: bool) -> None:
+        for entry in await journal.entries():
+            if isinstance(entry.write, AuditRows) and not audit:
+                continue
+            try:
+                await self._apply(entry.write)
+            except StoreRefusedError as exc:
+                log.error("a write kept in the local journal is refused by the store, dropped: %s", exc)
+            except StoreUnavailableError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a row the chain refuses: dropped, as the store's refusal
+                log.error("a write kept in the local journal cannot be applied, dropped: %s", exc)
+            await journal.forget(entry)
+
+    def replay_soon(self) -> None:
+        """Start the background task applying the kept writes, unless it runs."""
+        if self._replayer is None or self._replayer.done():
+            self._replayer = asyncio.get_running_loop().create_task(self._replay())
+
+    async def aclose(self) -> None:
+        """Stop the background task, try once more to apply what is kept (unless the last try failed: the
+        store is down, and shutdown is not held up by it), and close the journal."""
+        if self._replayer is not None:
+            self._replayer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replayer
+        if self.journal is None:
+            return
+        with contextlib.suppress(StoreUnavailableError):
+            if not self._failing:
+                await self.catch_up(audit=True)
+        if self.behind:
+            log.warning("%d write(s) stay in the local journal %s; they are applied at the next start",
+                        self.journal.size, self.journal.path)
+        self.journal.close()
+
+    async def _replay(self) -> None:
+        pause = _FIRST_PAUSE_SECONDS
+        while self.behind:
+            await asyncio.sleep(pause)
+            try:
+                await self.catch_up(audit=True)
+            except StoreUnavailableError as exc:
+                pause = min(pause * 2, LONGEST_PAUSE_SECONDS)
+                log.debug("the store cannot take the kept writes yet (%s); next try in %.2f s", exc, pause)
+        log.info("every write kept in the local journal is now in the store")
