@@ -7,7 +7,8 @@ before anything opens. ``preflight`` adds what takes longer, still changing noth
 load under the allow-list, the policies load and compile as ``serve`` loads them (a bundle URL is
 fetched once; an OPA server is not contacted: the files it would be sent are compiled here), and
 the store is reachable (SQLite: the file opens read-only or its directory is writable;
-PostgreSQL: one connection and ``SELECT 1``; neither creates nor migrates anything).
+PostgreSQL: one connection and ``SELECT 1``; neither creates nor migrates anything), and so is its
+local journal (a SQLite file too, holding no writes of another store).
 
 Failures are raised as ``serve`` raises them: ``ConfigError`` and ``PolicyLoadError`` mean the
 configuration or what it names is wrong (exit 2); ``PluginLoadError``, ``BundleFetchError`` and
@@ -116,10 +117,15 @@ async def _check_policy(settings: Settings) -> str:
 
 
 async def _check_store(settings: StoreSettings) -> None:
+    from sidecar.state.journal import Journal
+
     if settings.postgres_dsn is not None:
         await _reach_postgres(settings)
     else:
         await asyncio.to_thread(_reach_sqlite, settings.sqlite_path)
+    journal = settings.journal_path()
+    await asyncio.to_thread(_reach_sqlite, journal, "the local journal")
+    await asyncio.to_thread(Journal.check, journal, settings.identity())
 
 
 async def _reach_postgres(settings: StoreSettings) -> None:
@@ -138,18 +144,18 @@ async def _reach_postgres(settings: StoreSettings) -> None:
         raise StoreUnavailableError(f"cannot reach the PostgreSQL store at {redact_dsn(dsn)}: {reason(exc)}") from None
 
 
-def _reach_sqlite(path: Path) -> None:
+def _reach_sqlite(path: Path, what: str = "SQLite store") -> None:
     """An existing file opens (read-only) as a database; a new one could be created where it is configured."""
     if path.exists():
         try:
             with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
                 db.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.Error as exc:
-            raise StoreUnavailableError(f"cannot open SQLite store at {path}: {exc}") from None
+            raise StoreUnavailableError(f"cannot open {what} at {path}: {exc}") from None
         writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
         if not writable:
-            raise StoreUnavailableError(f"cannot open SQLite store at {path}: it or its directory is not writable")
+            raise StoreUnavailableError(f"cannot open {what} at {path}: it or its directory is not writable")
         return
     existing = next(parent for parent in path.parents if parent.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise StoreUnavailableError(f"cannot create SQLite store at {path}: {existing} is not a writable directory")
+        raise StoreUnavailableError(f"cannot create {what} at {path}: {existing} is not a writable directory")

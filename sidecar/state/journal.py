@@ -12,6 +12,7 @@ event twice, never a gap in the chain).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
@@ -84,16 +85,27 @@ class Journal:
             db.execute("PRAGMA synchronous = FULL")
             db.executescript(_SCHEMA)
             size, outcomes = db.execute("SELECT COUNT(*), COALESCE(SUM(outcome), 0) FROM pending").fetchone()
-            owner = db.execute("SELECT store FROM owner").fetchone()
-            if owner is not None and owner[0] != store and size:
+            try:
+                _refuse_another_store(db, path, store)
+            except StoreUnavailableError:
                 db.close()
-                raise StoreUnavailableError(f"the local journal at {path} holds {size} write(s) of another store "
-                                            f"({owner[0]}), not of {store}: start with that store to apply them, "
-                                            "or set store.journal_file to another file")
+                raise
             db.execute("INSERT OR REPLACE INTO owner (id, store) VALUES (1, ?)", (store,))
         except (OSError, sqlite3.Error) as exc:
             raise StoreUnavailableError(f"cannot open the local journal at {path}: {exc}") from exc
         return cls(path, db, int(size), int(outcomes))
+
+    @staticmethod
+    def check(path: Path, store: str) -> None:
+        """If the journal at ``path`` exists, raise what ``open`` would (it cannot be read, or holds writes of
+        another store), reading it only."""
+        if not path.exists():
+            return
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                _refuse_another_store(db, path, store)
+        except sqlite3.Error as exc:
+            raise StoreUnavailableError(f"cannot open the local journal at {path}: {exc}") from exc
 
     @property
     def size(self) -> int:
@@ -134,6 +146,18 @@ class Journal:
             return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
         except (OSError, sqlite3.Error) as exc:
             raise StoreUnavailableError(f"the local journal at {self.path} cannot be written: {exc}") from exc
+
+
+def _refuse_another_store(db: sqlite3.Connection, path: Path, store: str) -> None:
+    """``StoreUnavailableError`` if the journal ``db`` holds writes of a store other than ``store``."""
+    if not db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'owner'").fetchone()[0]:
+        return  # created by nothing: an empty file
+    owner = db.execute("SELECT store FROM owner").fetchone()
+    (size,) = db.execute("SELECT COUNT(*) FROM pending").fetchone()
+    if owner is not None and owner[0] != store and size:
+        raise StoreUnavailableError(f"the local journal at {path} holds {size} write(s) of another store "
+                                    f"({owner[0]}), not of {store}: start with that store to apply them, "
+                                    "or set store.journal_file to another file")
 
 
 def _is_outcome(write: Write) -> int:

@@ -48,6 +48,12 @@ class SqlStore:
         self._audit = AuditBatcher(lambda rows: self._lasting.write(AuditRows(tuple(rows))))
         self._chain_key: bytes | None = None
 
+    @property
+    def kept_writes(self) -> int:
+        """How many writes the local journal holds that the store has not taken yet."""
+        journal = self._lasting.journal
+        return 0 if journal is None else journal.size
+
     async def keep_in(self, journal: Journal) -> None:
         """From now on keep the writes the store cannot take in ``journal`` (without one, such a write fails);
         first apply what an earlier run kept there (what the store cannot take yet, in the background)."""

@@ -1,0 +1,195 @@
+"""The local journal (``sidecar.state.journal``) and lasting writes (``sidecar.state.lasting``)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from sidecar.cli.preflight import preflight
+from sidecar.config import parse_settings
+from sidecar.errors import StoreRefusedError, StoreUnavailableError
+from sidecar.state import AuditEvent, KeyScope, lasting
+from sidecar.state.audit import AuditBatcher
+from sidecar.state.driver import Row
+from sidecar.state.journal import AuditRows, Completion, Journal, Release, Write
+from sidecar.state.lasting import Lasting
+from tests.support.waiting import until
+
+SCOPE = KeyScope("acme", "dev-1", "create_note", "key-1")
+STORE = "sqlite /srv/toolbooth.db"
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lasting, "RETRY_SECONDS", 0.05)
+
+
+class FlakyStore:
+    """Takes writes while ``up``; refuses those naming a text in ``refused`` as data."""
+
+    def __init__(self) -> None:
+        self.up, self.taken, self.refused = True, list[Write](), set[str]()
+
+    async def apply(self, write: Write) -> None:
+        if isinstance(write, Completion) and write.result_json in self.refused:
+            raise StoreRefusedError("refused: the data")
+        if not self.up:
+            raise StoreUnavailableError("store down")
+        self.taken.append(write)
+
+
+def journal(tmp_path: Path, store: str = STORE) -> Journal:
+    return Journal.open(tmp_path / "state" / "kept.journal", store)
+
+
+async def test_kept_writes_survive_reopening_in_order(tmp_path: Path) -> None:
+    kept = journal(tmp_path)
+    writes: list[Write] = [Completion(SCOPE, "r1", '{"status":"success"}'), AuditRows((("r1", 1, None, 2.5),)),
+                           Release(SCOPE, "r2")]
+    for write in writes:
+        await kept.keep(write)
+    assert (kept.size, kept.outcomes) == (3, 2)
+    kept.close()
+    again = journal(tmp_path)
+    assert (again.size, again.outcomes) == (3, 2)
+    entries = await again.entries()
+    assert [entry.write for entry in entries] == writes
+    await again.forget(entries[0])
+    await again.forget(entries[1])
+    assert (again.size, again.outcomes) == (1, 1)
+    again.close()
+
+
+async def test_a_journal_of_another_store_is_refused_while_it_holds_writes(tmp_path: Path) -> None:
+    kept = journal(tmp_path)
+    await kept.keep(Release(SCOPE, "r1"))
+    kept.close()
+    with pytest.raises(StoreUnavailableError) as info:
+        journal(tmp_path, "postgresql://app@db:5432/other")
+    assert str(info.value) == (
+        f"the local journal at {tmp_path / 'state' / 'kept.journal'} holds 1 write(s) of another store ({STORE}), "
+        "not of postgresql://app@db:5432/other: start with that store to apply them, or set store.journal_file "
+        "to another file")
+    with pytest.raises(StoreUnavailableError, match="holds 1 write"):
+        Journal.check(tmp_path / "state" / "kept.journal", "postgresql://app@db:5432/other")
+    emptied = journal(tmp_path)
+    await emptied.forget((await emptied.entries())[0])
+    emptied.close()
+    journal(tmp_path, "postgresql://app@db:5432/other").close()  # empty: it now belongs to the other store
+
+
+def test_a_journal_that_cannot_be_opened_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StoreUnavailableError, match=r"cannot open the local journal at .*file/kept.journal"):
+        Journal.open(tmp_path / "file" / "kept.journal", STORE)
+    (tmp_path / "garbage.journal").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(StoreUnavailableError, match=r"cannot open the local journal at .*garbage.journal: file is "
+                                                    "not a database"):
+        Journal.open(tmp_path / "garbage.journal", STORE)
+
+
+async def test_config_validate_checks_the_journal(tmp_path: Path) -> None:
+    settings = parse_settings({"store": {"sqlite_path": str(tmp_path / "db"),
+                                         "journal_file": str(tmp_path / "garbage.journal")}})
+    (tmp_path / "garbage.journal").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(StoreUnavailableError, match=r"cannot open the local journal at .*garbage.journal"):
+        await preflight(settings)
+
+
+def test_the_default_journal_belongs_to_its_database(tmp_path: Path) -> None:
+    sqlite = parse_settings({"store": {"sqlite_path": str(tmp_path / "t.db")}}).store
+    assert sqlite.journal_path() == tmp_path / "t.db.journal"
+    one, other = (parse_settings({"store": {"postgres_dsn": f"postgresql://app:pw@db:5432/{name}"}}).store
+                  for name in ("one", "other"))
+    assert one.journal_path() != other.journal_path() and one.journal_path().parent == other.journal_path().parent
+    assert one.identity() == "postgresql://app@db:5432/one"  # never the password
+
+
+async def test_a_write_the_store_cannot_take_is_kept_then_applied(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    store, kept = FlakyStore(), journal(tmp_path)
+    writes = Lasting(store.apply, kept)
+    store.up = False
+    await writes.write(Completion(SCOPE, "r1", "{}"))
+    assert kept.size == 1 and writes.behind and "kept in the local journal" in caplog.text
+    with pytest.raises(StoreUnavailableError):
+        await writes.catch_up()
+    store.up = True
+    await until(lambda: not writes.behind, timeout=10, what="the background replay")
+    assert store.taken == [Completion(SCOPE, "r1", "{}")]
+    await writes.aclose()
+
+
+async def test_audit_rows_join_the_kept_writes_in_order(tmp_path: Path) -> None:
+    store, kept = FlakyStore(), journal(tmp_path)
+    writes = Lasting(store.apply, kept)
+    store.up = False
+    first, second = AuditRows((("a",),)), AuditRows((("b",),))
+    await writes.write(first)
+    store.up = True
+    await writes.write(second)  # the store is up, but the first one is still kept: the second follows it
+    assert store.taken == [] and kept.size == 2
+    await writes.catch_up()  # outcomes only: audit rows are applied in the background
+    assert store.taken == []
+    await writes.catch_up(audit=True)
+    assert store.taken == [first, second]
+    await writes.aclose()
+
+
+async def test_refused_data_is_neither_retried_nor_kept(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store, kept = FlakyStore(), journal(tmp_path)
+    writes = Lasting(store.apply, kept)
+    store.refused.add("bad")
+    with pytest.raises(StoreRefusedError):
+        await writes.write(Completion(SCOPE, "r1", "bad"))
+    assert kept.size == 0
+    await kept.keep(Completion(SCOPE, "r2", "bad"))  # kept by an earlier version, say: dropped when applied
+    await kept.keep(Release(SCOPE, "r3"))
+    with caplog.at_level(logging.ERROR):
+        await writes.catch_up()
+    assert store.taken == [Release(SCOPE, "r3")] and kept.size == 0
+    assert "refused by the store, dropped" in caplog.text
+    await writes.aclose()
+
+
+async def test_without_a_journal_a_failing_write_raises() -> None:
+    store = FlakyStore()
+    store.up = False
+    with pytest.raises(StoreUnavailableError, match="store down"):
+        await Lasting(store.apply).write(Release(SCOPE, "r1"))
+
+
+async def test_shutdown_with_the_store_down_is_not_held_up(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    calls = 0
+
+    async def down(write: Write) -> None:
+        nonlocal calls
+        calls += 1
+        raise StoreUnavailableError("store down")
+
+    kept = journal(tmp_path)
+    writes = Lasting(down, kept)
+    await writes.write(Release(SCOPE, "r1"))
+    tried = calls
+    await writes.aclose()  # the last try failed: shutdown does not try again
+    assert calls == tried and "stay in the local journal" in caplog.text
+    assert journal(tmp_path).size == 1  # for the next start
+
+
+async def test_a_batch_nothing_can_take_is_dropped_whole_not_row_by_row(caplog: pytest.LogCaptureFixture) -> None:
+    tries: list[int] = []
+
+    async def unwritable(rows: list[Row]) -> None:
+        tries.append(len(rows))
+        raise StoreUnavailableError("the store and the local journal are both failing")
+
+    batcher = AuditBatcher(unwritable)
+    for n in range(3):
+        batcher.put(AuditEvent(request_id=f"r{n}", time="t", principal_id="p", tenant="t", tool="x",
+                               tool_version="1", input_hash="h", decisions_json="[]", policy_revision="v",
+                               idempotency_key=None, call_id=None, conversation_id=None, status="success",
+                               error_code=None, duration_ms=1, arguments_json=None))
+    await batcher.flush()
+    assert tries == [3] and "3 audit event(s) could not be written, dropped" in caplog.text
