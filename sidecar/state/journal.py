@@ -6,14 +6,18 @@ here, durable on return (a SQLite file of its own, ``synchronous=FULL``, never t
 applied to the store later, in order (``sidecar.state.lasting``). An entry is removed only once the store
 has taken it, so a crash between the two applies it again: a completion or release touches only the record
 its own request still holds without a result, so it applies once; audit rows are appended again (the same
-event twice, never a gap in the chain).
+event twice, never a gap in the chain). One process uses a journal file at a time: another sidecar of the
+same database on the same host uses a spare beside it, and the writes a spare holds when no process uses it
+are moved into the journal of the next sidecar that opens one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
+import os
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -68,32 +72,36 @@ _SCHEMA = ("CREATE TABLE IF NOT EXISTS pending (id INTEGER PRIMARY KEY AUTOINCRE
 
 
 class Journal:
-    """The journal file at ``path``: append, read in order, forget. One thread uses its connection."""
+    """The journal file at ``path``: append, read in order, forget. One thread uses its connection; one
+    process uses the file (an exclusive lock on ``<path>.lock``)."""
 
-    def __init__(self, path: Path, db: sqlite3.Connection, size: int, outcomes: int) -> None:
-        self.path, self._db, self._size, self._outcomes = path, db, size, outcomes
+    def __init__(self, path: Path, db: sqlite3.Connection, lock: int, *, spare: bool) -> None:
+        self.path, self._db, self._lock, self._spare = path, db, lock, spare
+        size, outcomes = db.execute("SELECT COUNT(*), COALESCE(SUM(outcome), 0) FROM pending").fetchone()
+        self._size, self._outcomes = int(size), int(outcomes)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolbooth-journal")
 
     @classmethod
     def open(cls, path: Path, store: str) -> Journal:
         """Open (creating it and its directory if needed) the journal at ``path`` of the store ``store`` (its
-        identity); ``StoreUnavailableError`` naming the file if it cannot be opened or written, or if it holds
-        writes of another store (they are never applied to this one)."""
+        identity). If another process uses it (another sidecar of the same database on this host), the first
+        free of ``<path>.1`` … ``<path>.16`` is used instead; the writes of a spare no process uses are moved
+        into this one, so they are applied too. ``StoreUnavailableError`` naming the file if it cannot be
+        opened or written, or if it holds writes of another store (they are never applied to this one)."""
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA synchronous = FULL")
-            db.executescript(_SCHEMA)
-            size, outcomes = db.execute("SELECT COUNT(*), COALESCE(SUM(outcome), 0) FROM pending").fetchone()
-            try:
-                _refuse_another_store(db, path, store)
-            except StoreUnavailableError:
-                db.close()
-                raise
-            db.execute("INSERT OR REPLACE INTO owner (id, store) VALUES (1, ?)", (store,))
-        except (OSError, sqlite3.Error) as exc:
+            place, lock = _free_place(path)
+        except OSError as exc:
             raise StoreUnavailableError(f"cannot open the local journal at {path}: {exc}") from exc
-        return cls(path, db, int(size), int(outcomes))
+        try:
+            db = _connected(place, store)
+            for other in _places(path):
+                if other != place and other.exists():
+                    _adopt(db, other, store)
+        except BaseException:
+            os.close(lock)
+            raise
+        return cls(place, db, lock, spare=place != path)
 
     @staticmethod
     def check(path: Path, store: str) -> None:
@@ -137,15 +145,93 @@ class Journal:
         self._outcomes -= removed.rowcount * _is_outcome(entry.write)
 
     def close(self) -> None:
-        """Close the file (what is kept stays for the next start)."""
+        """Close the file (what is kept stays for the next start; an empty spare is removed)."""
         self._thread.shutdown(wait=True)
         self._db.close()
+        if self._spare and self._size == 0:
+            self.path.unlink(missing_ok=True)  # while locked: the lock file itself stays, so no two share one
+        os.close(self._lock)
 
     async def _run(self, fn: Any) -> Any:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
         except (OSError, sqlite3.Error) as exc:
             raise StoreUnavailableError(f"the local journal at {self.path} cannot be written: {exc}") from exc
+
+
+SPARES = 16
+
+
+def _places(path: Path) -> list[Path]:
+    return [path, *(path.with_name(f"{path.name}.{n}") for n in range(1, SPARES + 1))]
+
+
+def _locked(place: Path) -> int | None:
+    """The descriptor of an exclusive lock on ``<place>.lock``, ``None`` if another process holds it."""
+    fd = os.open(f"{place}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _free_place(path: Path) -> tuple[Path, int]:
+    for place in _places(path):
+        if (lock := _locked(place)) is not None:
+            return place, lock
+    raise StoreUnavailableError(f"the local journal at {path} and its {SPARES} spares are all in use by other "
+                                "processes")
+
+
+def _connected(place: Path, store: str) -> sqlite3.Connection:
+    """The journal database at ``place``, made if new, checked to belong to ``store``, now marked as its."""
+    try:
+        db = sqlite3.connect(place, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise StoreUnavailableError(f"cannot open the local journal at {place}: {exc}") from exc
+    try:
+        db.execute("PRAGMA synchronous = FULL")
+        db.executescript(_SCHEMA)
+        _refuse_another_store(db, place, store)
+        db.execute("INSERT OR REPLACE INTO owner (id, store) VALUES (1, ?)", (store,))
+    except sqlite3.Error as exc:
+        db.close()
+        raise StoreUnavailableError(f"cannot open the local journal at {place}: {exc}") from exc
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _adopt(db: sqlite3.Connection, other: Path, store: str) -> None:
+    """Move the writes of the spare journal ``other``, unless a process uses it, into ``db`` (one transaction
+    over both files), and remove it."""
+    lock = _locked(other)
+    if lock is None:
+        return
+    try:
+        with contextlib.closing(_connected(other, store)):
+            pass  # it exists with its tables, and belongs to this store
+        db.execute("ATTACH DATABASE ? AS other", (str(other),))
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("INSERT INTO main.pending (outcome, entry) SELECT outcome, entry FROM other.pending "
+                       "ORDER BY id")
+            db.execute("DELETE FROM other.pending")
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        finally:
+            db.execute("DETACH DATABASE other")
+        other.unlink()
+    except sqlite3.Error as exc:
+        raise StoreUnavailableError(f"cannot move the writes of the local journal at {other}: {exc}") from exc
+    finally:
+        os.close(lock)
 
 
 def _refuse_another_store(db: sqlite3.Connection, path: Path, store: str) -> None:

@@ -56,6 +56,7 @@ class Lasting:
         self._apply, self.journal = apply, journal
         self._lock = asyncio.Lock()
         self._replayer: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()  # set by ``aclose``: the replayer ends after the try it is making
         self._failing = False  # the last try to apply kept writes failed
 
     @property
@@ -111,17 +112,16 @@ class Lasting:
             await journal.forget(entry)
 
     def replay_soon(self) -> None:
-        """Start the background task applying the kept writes, unless it runs."""
-        if self._replayer is None or self._replayer.done():
+        """Start the background task applying the kept writes, unless it runs (or the writes are closing)."""
+        if not self._closing.is_set() and (self._replayer is None or self._replayer.done()):
             self._replayer = asyncio.get_running_loop().create_task(self._replay())
 
     async def aclose(self) -> None:
         """Stop the background task, try once more to apply what is kept (unless the last try failed: the
         store is down, and shutdown is not held up by it), and close the journal."""
-        if self._replayer is not None:
-            self._replayer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._replayer
+        self._closing.set()
+        if self._replayer is not None:  # not cancelled: a write it is applying could land, yet stay kept
+            await self._replayer
         if self.journal is None:
             return
         with contextlib.suppress(StoreUnavailableError):
@@ -135,10 +135,17 @@ class Lasting:
     async def _replay(self) -> None:
         pause = _FIRST_PAUSE_SECONDS
         while self.behind:
-            await asyncio.sleep(pause)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), pause)
+            if self._closing.is_set():
+                return
             try:
                 await self.catch_up(audit=True)
             except StoreUnavailableError as exc:
                 pause = min(pause * 2, LONGEST_PAUSE_SECONDS)
                 log.debug("the store cannot take the kept writes yet (%s); next try in %.2f s", exc, pause)
+            except Exception:  # a journal that cannot be read: said loudly, tried again, never a dead task
+                pause = LONGEST_PAUSE_SECONDS
+                log.exception("the kept writes of the local journal %s cannot be applied",
+                              self.journal.path if self.journal else None)
         log.info("every write kept in the local journal is now in the store")

@@ -80,6 +80,27 @@ async def test_a_journal_of_another_store_is_refused_while_it_holds_writes(tmp_p
     journal(tmp_path, "postgresql://app@db:5432/other").close()  # empty: it now belongs to the other store
 
 
+async def test_a_journal_in_use_gets_a_spare_whose_writes_the_next_start_adopts(tmp_path: Path) -> None:
+    first = journal(tmp_path)
+    second = journal(tmp_path)  # another sidecar of the same database on this host
+    assert second.path == first.path.with_name("kept.journal.1")
+    await second.keep(Release(SCOPE, "r-second"))
+    second.close()  # it stops with a write kept
+    empty = journal(tmp_path)
+    assert empty.path == second.path  # the spare again; nobody adopted its write while in use
+    assert empty.size == 1
+    third = journal(tmp_path)
+    assert third.path == first.path.with_name("kept.journal.2")
+    third.close()
+    assert not third.path.exists()  # an empty spare is removed
+    empty.close()
+    first.close()
+    adopting = journal(tmp_path)
+    assert adopting.path == first.path and adopting.size == 1 and not second.path.exists()
+    assert [entry.write for entry in await adopting.entries()] == [Release(SCOPE, "r-second")]
+    adopting.close()
+
+
 def test_a_journal_that_cannot_be_opened_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(StoreUnavailableError, match=r"cannot open the local journal at .*file/kept.journal"):
