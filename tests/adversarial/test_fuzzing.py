@@ -1,7 +1,7 @@
 """A seeded fuzzer of every RPC through a real sidecar, on SQLite and on PostgreSQL (issue 8).
 
 ``TOOLBOOTH_FUZZ_REQUESTS`` requests (default 20000, about 40 s) on SQLite and
-``TOOLBOOTH_FUZZ_REQUESTS_POSTGRES`` (default 4000: 8-10 s on 2 cores under a load of 2.5, within the
+``TOOLBOOTH_FUZZ_REQUESTS_POSTGRES`` (default 4000: 8-16 s measured on 2 shared, loaded cores, within the
 30 s CI affords it) on PostgreSQL, from ``TOOLBOOTH_FUZZ_SEED`` (default 8). About half are
 ``ExecuteTool``, the rest ``GetOperation``, ``ApproveOperation``, ``DenyOperation``, ``ListPreviews``,
 ``ListTools`` and ``GetPolicyStatus``; nine in ten are malformed: a string field with a control
