@@ -91,7 +91,8 @@ class AuthenticationError(ToolboothError):
 class InvalidRequestError(ToolboothError):
     """A request breaks the API contract (e.g. a required field is empty); the message is constant and safe to send.
 
-    Raised by the servicers before any domain code runs; a malformed call is not a ``ToolResult``.
+    Raised by the servicers, and by the pipeline's entries for a malformed string field
+    (``sidecar.pipeline.fields``), before anything reads the request; a malformed call is not a ``ToolResult``.
     """
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from sidecar.canonical import canonical_json, hash_matches, sha256_hex
 from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview, PreviewState, Principal
 from sidecar.errors import DependencyError, refusal
+from sidecar.pipeline.fields import malformed_field
 from sidecar.policy import Decision, PolicyEngine, Stage
 from sidecar.policy.input import PolicyInput, now_utc
 from sidecar.state import AuditEvent, PreviewRecord, Store
@@ -98,11 +99,17 @@ class Approvals:
 
     async def approve(self, approver: Principal, preview_id: str, hash_seen: str,
                       comment: str | None) -> ApprovalResult:
-        """Approve ``preview_id`` if ``approver`` may and ``hash_seen`` is its hash (audited either way)."""
+        """Approve ``preview_id`` if ``approver`` may and ``hash_seen`` is its hash (audited either way, unless a
+        field is malformed: that is refused before anything is read or written)."""
+        if error := malformed_field(preview_id=preview_id, preview_hash=hash_seen, comment=comment):
+            return _refused(error)
         return await self._decide(approver, preview_id, PreviewState.APPROVED, comment, hash_seen)
 
     async def deny(self, approver: Principal, preview_id: str, reason: str) -> ApprovalResult:
-        """Deny ``preview_id`` if ``approver`` may; ``reason`` is required."""
+        """Deny ``preview_id`` if ``approver`` may; ``reason`` is required (a malformed field is refused as in
+        ``approve``)."""
+        if error := malformed_field(preview_id=preview_id, reason=reason):
+            return _refused(error)
         if not reason.strip():
             return _refused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "a denial needs a reason", field="reason"))
         return await self._decide(approver, preview_id, PreviewState.DENIED, reason, None)

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sidecar.canonical import sha256_hex
+from sidecar.canonical import legacy_sha256_hex, sha256_hex
 from sidecar.contract import CallRequest, Principal, ToolResult
 from sidecar.policy.input import InputParts, now_utc
 from sidecar.state import KeyScope
@@ -83,10 +83,18 @@ class Call:
         """Hash of the canonical request: equal for equal arguments in any key order or spacing.
         Before the arguments are valid, the raw text is hashed instead."""
         if self._request_hash is None:
-            arguments: Any = self.request.arguments_json if self.arguments is None else self.arguments.data
-            version = self.tool.version if self.tool else ""
-            self._request_hash = sha256_hex({"tool": self.request.tool, "version": version, "arguments": arguments})
+            self._request_hash = sha256_hex(self._hashed())
         return self._request_hash
+
+    @property
+    def legacy_request_hash(self) -> str | None:
+        """The request hash as sidecars wrote it before RFC 8785 (over Python's sorted JSON), which an
+        idempotency record stored then holds; it differs from ``request_hash`` for some floats, e.g. ``1e-07``."""
+        return legacy_sha256_hex(self._hashed())
+
+    def _hashed(self) -> dict[str, Any]:
+        arguments: Any = self.request.arguments_json if self.arguments is None else self.arguments.data
+        return {"tool": self.request.tool, "version": self.tool.version if self.tool else "", "arguments": arguments}
 
     def handler_deadline(self) -> float:
         """When the handler must end (``time.monotonic()``): the tool's timeout from now, or the caller's

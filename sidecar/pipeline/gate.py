@@ -3,7 +3,9 @@
 It holds no stage logic: ``execute`` makes a ``Call`` and runs it through the chain that
 ``sidecar.bootstrap`` built; ``list_tools`` asks the resolve stage, which owns availability at
 discovery as at execution. Denials and failures of a call are ``ToolResult``s; the only exceptions
-that leave ``list_tools`` and ``get_operation`` are ``DependencyError``s (fail closed).
+that leave ``list_tools`` and ``get_operation`` are ``InvalidRequestError`` for a malformed string
+field (``sidecar.pipeline.fields``: checked before any policy or store is asked) and
+``DependencyError``s (fail closed).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from sidecar.errors import StoreUnavailableError
 from sidecar.pipeline.approvals import Approvals
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Chain
+from sidecar.pipeline.fields import check_fields
 from sidecar.pipeline.operations import find_operation
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
 from sidecar.pipeline.stages.resolve import ResolveStage
@@ -47,6 +50,7 @@ class Pipeline:
 
     async def list_tools(self, principal: Principal, *, conversation_id: str | None = None) -> ToolListing:
         """The tools the availability policy shows ``principal``, decided in one pass."""
+        check_fields(conversation_id=conversation_id)
         return await self.resolve.listing(principal, conversation_id=conversation_id)
 
     async def execute(self, principal: Principal, request: CallRequest, *,
@@ -57,6 +61,7 @@ class Pipeline:
     async def get_operation(self, principal: Principal, *, tool: str | None = None, key: str | None = None,
                             request_id: str | None = None) -> Operation:
         """Where ``principal``'s keyed call stands, by ``request_id`` or by ``tool`` and ``key``."""
+        check_fields(tool=tool, idempotency_key=key, request_id=request_id)
         try:
             return await find_operation(self.store, principal, tool=tool, key=key, request_id=request_id)
         except StoreUnavailableError as exc:

@@ -2,7 +2,8 @@
 
 Every decision lives behind the gateway; authentication and the mapping of exceptions to gRPC
 statuses live in ``sidecar.server.interceptors``. The only errors raised here are
-``InvalidRequestError`` for a request without its required fields; everything else is a result.
+``InvalidRequestError`` for a request without its required fields (the gateway raises it too, for a
+malformed string field of ``ListTools`` and ``GetOperation``); everything else is a result.
 """
 
 from __future__ import annotations
@@ -59,13 +60,11 @@ class ToolServicer(pb_grpc.ToolServiceServicer):
         return convert.result_to_pb(result)
 
     async def GetOperation(self, request: pb.GetOperationRequest, context: _Context) -> pb.Operation:
-        principal = current_principal()
-        if request.request_id:
-            found = await self._gateway.get_operation(principal, request_id=request.request_id)
-        elif request.tool and request.idempotency_key:
-            found = await self._gateway.get_operation(principal, tool=request.tool, key=request.idempotency_key)
-        else:
+        if not (request.request_id or (request.tool and request.idempotency_key)):
             raise InvalidRequestError(OPERATION_KEY_REQUIRED)
+        found = await self._gateway.get_operation(current_principal(), tool=request.tool or None,
+                                                  key=request.idempotency_key or None,
+                                                  request_id=request.request_id or None)
         return convert.operation_to_pb(found)
 
 

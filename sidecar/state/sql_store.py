@@ -66,8 +66,9 @@ class SqlStore:
     # --- idempotency and operations ---------------------------------------------------------
 
     async def claim(self, scope: KeyScope, request_hash: str, request_id: str, *,
-                    deadline_at: float | None = None) -> Claim:
-        """Atomically claim ``scope`` for ``request_hash`` or report the record that holds it."""
+                    deadline_at: float | None = None, legacy_hash: str | None = None) -> Claim:
+        """Atomically claim ``scope`` for ``request_hash`` or report the record that holds it (held for
+        ``request_hash`` or ``legacy_hash``: the same request)."""
         await self._lasting.catch_up()
         key = astuple(scope)
         async with self.driver.session() as session:
@@ -77,7 +78,7 @@ class SqlStore:
                 rows = await session.fetch(self._sql.holder, key)
                 if rows:
                     held_for, *record = rows[0]
-                    return Claim(operation_record(tuple(record)), reused=held_for != request_hash)
+                    return Claim(operation_record(tuple(record)), reused=held_for not in (request_hash, legacy_hash))
         raise StoreUnavailableError(f"idempotency key {scope.key!r} was released {CLAIM_ATTEMPTS} times "
                                     "while being claimed")
 

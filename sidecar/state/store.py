@@ -23,11 +23,13 @@ class Store(Protocol):
     """Idempotency records (operations), previews with their approvals, and audit events."""
 
     async def claim(self, scope: KeyScope, request_hash: str, request_id: str, *,
-                    deadline_at: float | None = None) -> Claim:
+                    deadline_at: float | None = None, legacy_hash: str | None = None) -> Claim:
         """Atomically claim ``scope`` for ``request_hash`` or report the record that holds it.
 
         ``deadline_at`` (epoch seconds) bounds the call claiming: a record still in progress
-        ``DEADLINE_GRACE_SECONDS`` after it is ``UNKNOWN``; ``None`` never expires.
+        ``DEADLINE_GRACE_SECONDS`` after it is ``UNKNOWN``; ``None`` never expires. A record held for
+        ``request_hash`` or for ``legacy_hash`` (the same request, hashed as a sidecar before RFC 8785
+        did) is the same request; any other is ``reused``.
         """
         ...
 

@@ -6,6 +6,8 @@
 - A keyed call whose key is in progress or reused spends no approval: the approval is consumed
   only once the call owns its key.
 - A preview is bound to its conversation; one stored before previews were needs a new approval.
+- A key's record stored before request hashes were RFC 8785 holds the older hash: a retry of that
+  request (floats in its arguments, where the two forms differ) replays it, never IDEMPOTENCY_KEY_REUSED.
 
 Each runs on SQLite and, where the behaviour depends on the store, on PostgreSQL.
 """
@@ -13,6 +15,7 @@ Each runs on SQLite and, where the behaviour depends on the store, on PostgreSQL
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,11 +25,13 @@ from typing import Any
 
 import grpc
 import pytest
+from pydantic import BaseModel
 
 from sidecar.bootstrap import assemble
+from sidecar.canonical import sha256_hex
 from sidecar.client import AsyncClient, ClientError
 from sidecar.config import Limits, Settings
-from sidecar.contract import ErrorCode, Preview, PreviewState, Principal, Status, ToolResult
+from sidecar.contract import ErrorCode, Preview, PreviewState, Principal, ResultMeta, Status, ToolResult
 from sidecar.pipeline import Pipeline
 from sidecar.pipeline.approvals import CallToApprove, preview_hash
 from sidecar.plugin import SideEffect, ToolContext, tool
@@ -64,6 +69,17 @@ async def held_note(args: Note, ctx: ToolContext) -> Count:
     held = HELD[-1]
     held.started.set()
     await held.release.wait()
+    return Count(count=tools.CREATED.bump())
+
+
+class Amounts(BaseModel):
+    amount: float
+    rate: float
+
+
+@tool(name="book_amount", version="1.0.0", side_effect=SideEffect.INTERNAL_REVERSIBLE)
+async def book_amount(args: Amounts, ctx: ToolContext) -> Count:
+    """A write whose arguments are floats."""
     return Count(count=tools.CREATED.bump())
 
 
@@ -109,7 +125,7 @@ async def world(request: pytest.FixtureRequest, tmp_path: Path, make_settings: C
         inner = await SqliteStore.open(tmp_path / "store.db")
     store = LateClaims(inner)
     engine = policies(tmp_path / "policies", tools=["file_note", "held_note"])
-    registry = Registry.from_tools([*tools.ALL, held_note])
+    registry = Registry.from_tools([*tools.ALL, held_note, book_amount])
     pipeline = assemble(registry=registry, policy=engine, store=store, limits=Limits())  # type: ignore[arg-type]
     _, sidecar = await create_server(make_settings(auth=jwt_auth), pipeline, approvals=pipeline.approvals)
     await sidecar.start()
@@ -237,3 +253,29 @@ async def test_a_preview_stored_before_conversations_were_bound_needs_a_new_appr
         assert result.status is Status.APPROVAL_REQUIRED and result.preview is not None, result
         assert json.loads(result.preview.call_json)["conversation_id"] == conversation
     assert tools.CREATED.value == before
+
+
+# --- a key's record stored before RFC 8785 ----------------------------------------------------------------
+
+
+async def test_a_key_record_stored_with_the_hash_before_rfc8785_is_replayed(world: World) -> None:
+    arguments = {"amount": 10.0, "rate": 1e-7}
+    request = {"tool": "book_amount", "version": "1.0.0", "arguments": arguments}
+    # what a sidecar hashed before RFC 8785: Python's sorted, compact JSON ("10.0", "1e-07"; JCS: "10", "1e-7")
+    old_hash = "sha256:" + hashlib.sha256(json.dumps(request, sort_keys=True, separators=(",", ":"),
+                                                     ensure_ascii=False).encode()).hexdigest()
+    assert old_hash != sha256_hex(request)
+    scope = KeyScope("acme", "alice", "book_amount", "k-old")
+    stored = ToolResult(status=Status.SUCCESS, data={"count": -1},
+                        meta=ResultMeta(request_id="r-old", tool="book_amount", tool_version="1.0.0", attempt=1))
+    assert (await world.store.claim(scope, old_hash, "r-old")).claimed  # as that sidecar claimed and completed it
+    await world.store.complete(scope, stored.model_dump_json())
+    before = tools.CREATED.value
+    for _ in range(2):
+        replay = await world.agent.execute("book_amount", arguments, idempotency_key="k-old")
+        assert replay.status is Status.SUCCESS and replay.meta.idempotency_replayed, replay
+        assert replay.data == {"count": -1}
+    other = await world.agent.execute("book_amount", {"amount": 10.5, "rate": 1e-7}, idempotency_key="k-old")
+    refused(other, ErrorCode.IDEMPOTENCY_KEY_REUSED)  # another request is still another request
+    assert tools.CREATED.value == before
+    ran(await world.agent.execute("book_amount", arguments, idempotency_key="k-new"))

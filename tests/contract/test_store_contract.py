@@ -166,6 +166,14 @@ async def test_claim_in_progress_reused_replay(store: AnyStore) -> None:
     assert found(await store.claim(SCOPE, "hash-b", "r5")) == REUSED
 
 
+async def test_a_record_held_for_the_legacy_hash_is_the_same_request(store: AnyStore) -> None:
+    assert await store.claim(SCOPE, "legacy-a", "r1") == Claim()  # as a sidecar before RFC 8785 hashed it
+    await store.complete(SCOPE, SUCCESS)
+    assert found(await store.claim(SCOPE, "jcs-a", "r2", legacy_hash="legacy-a")) == replayed(SUCCESS)
+    assert found(await store.claim(SCOPE, "jcs-b", "r3", legacy_hash="legacy-b")) == REUSED
+    assert found(await store.claim(SCOPE, "jcs-a", "r4")) == REUSED
+
+
 async def test_a_stored_result_is_completed_on_success_else_failed(store: AnyStore) -> None:
     results = {"success": SUCCESS, "error": ERROR, "partial": '{"status": "partial_success"}',
                "approval": '{"status": "approval_required"}', "no-status": '{"count": 1}', "not-json": "[1"}

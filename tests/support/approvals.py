@@ -14,12 +14,17 @@ from sidecar.policy.embedded import EmbeddedEngine
 NOTE = {"title": "launch", "body": "at noon"}
 
 
-def policies(root: Path, *, mask: Sequence[str] = (), **approval: Any) -> EmbeddedEngine:
-    """The default policies with ``file_note`` requiring approval, ``approval`` merged into the data and
-    the audit ``mask`` pointers of ``file_note``."""
+def policy_dir(root: Path, *, mask: Sequence[str] = (), **approval: Any) -> Path:
+    """``root``, holding the default policies with ``file_note`` requiring approval, ``approval`` merged into
+    the data and the audit ``mask`` pointers of ``file_note``."""
     shutil.copytree(bundled_policy_dir(), root)
     data = json.loads((root / "data.json").read_text())
     data["toolbooth"]["approval"].update({"tools": ["file_note"], **approval})
     data["toolbooth"]["audit"] = {"mask": {"file_note": list(mask)}}
     (root / "data.json").write_text(json.dumps(data))
-    return EmbeddedEngine.load(root)
+    return root
+
+
+def policies(root: Path, *, mask: Sequence[str] = (), **approval: Any) -> EmbeddedEngine:
+    """The engine over ``policy_dir(root, mask=mask, **approval)``."""
+    return EmbeddedEngine.load(policy_dir(root, mask=mask, **approval))

@@ -23,12 +23,13 @@ class LateClaims:
         return getattr(self.inner, name)
 
     async def claim(self, scope: KeyScope, request_hash: str, request_id: str, *,
-                    deadline_at: float | None = None) -> Any:
+                    deadline_at: float | None = None, legacy_hash: str | None = None) -> Any:
         if scope.key in self.late:
             self.late.discard(scope.key)
             assert deadline_at is not None
             await past(deadline_at)
-        return await self.inner.claim(scope, request_hash, request_id, deadline_at=deadline_at)
+        return await self.inner.claim(scope, request_hash, request_id, deadline_at=deadline_at,
+                                      legacy_hash=legacy_hash)
 
     async def complete(self, scope: KeyScope, result_json: str, *, request_id: str) -> None:
         await self.inner.complete(scope, result_json, request_id=request_id)

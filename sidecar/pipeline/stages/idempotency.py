@@ -85,7 +85,8 @@ class IdempotencyStage:
     async def _claimed(self, call: Call, scope: KeyScope, next: Next) -> ToolResult:
         deadline_at = time.time() + (call.handler_deadline() - time.monotonic())
         try:
-            claim = await self._store.claim(scope, call.request_hash, call.request_id, deadline_at=deadline_at)
+            claim = await self._store.claim(scope, call.request_hash, call.request_id, deadline_at=deadline_at,
+                                            legacy_hash=call.legacy_request_hash)
         except StoreUnavailableError as exc:
             log.error("store unavailable: %s", exc)
             raise CallRefused(refusal(exc, consequence="nothing was executed")) from None

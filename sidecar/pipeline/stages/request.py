@@ -1,9 +1,9 @@
 """Stage 1, request: every string field of a call is checked before anything reads, decides or stores it.
 
 A field (``tool``, ``idempotency_key``, ``call_id``, ``conversation_id``, ``approval_id``) must be
-valid Unicode, at most ``FIELD_MAX_BYTES`` bytes of UTF-8 and free of control characters (a NUL
-fails a whole PostgreSQL write; a megabyte key would be stored verbatim in every audit event of the
-call). ``arguments_json`` must be valid Unicode (its size and content are the validate stage's).
+valid Unicode, within its bound in bytes of UTF-8 and free of control characters: the rules every
+RPC's fields follow (``sidecar.pipeline.fields``). ``arguments_json`` must be valid Unicode (its
+size and content are the validate stage's).
 A bad field ends the call with ``INVALID_ARGUMENT`` naming it (a bad ``tool``, like any name
 that cannot name a tool, with ``TOOL_UNAVAILABLE``); the call is still audited, with the
 bad value replaced by ``invalid:sha256:<hex>`` of its bytes, so the event is small, storable and
@@ -13,20 +13,17 @@ still tells equal values apart.
 from __future__ import annotations
 
 import hashlib
-import unicodedata
-from types import MappingProxyType
 
 from sidecar.contract import ErrorCode, ErrorInfo, ToolResult
 from sidecar.errors import CallRefused
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Next
+from sidecar.pipeline.fields import field_message, field_problem
 from sidecar.tools.validation import valid_unicode
 
-__all__ = ["FIELD_MAX_BYTES", "INVALID_PREFIX", "RequestStage", "field_problem", "placeholder"]
+__all__ = ["INVALID_PREFIX", "RequestStage", "placeholder"]
 
-FIELD_MAX_BYTES = MappingProxyType({
-    "tool": 128, "idempotency_key": 256, "call_id": 256, "conversation_id": 256, "approval_id": 256,
-})
+_CALL_FIELDS = ("tool", "idempotency_key", "call_id", "conversation_id", "approval_id")
 INVALID_PREFIX = "invalid:"
 
 
@@ -36,10 +33,10 @@ class RequestStage:
     async def run(self, call: Call, next: Next) -> ToolResult:
         request = call.request
         errors, replaced = [], {}
-        for name, limit in FIELD_MAX_BYTES.items():
+        for name in _CALL_FIELDS:
             value = getattr(request, name)
-            if value is not None and (problem := field_problem(value, limit)) is not None:
-                errors.append(_error(name, limit, problem))
+            if value is not None and (problem := field_problem(name, value)) is not None:
+                errors.append(_error(name, problem))
                 replaced[name] = placeholder(value)
         if not valid_unicode(request.arguments_json):
             errors.append(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "arguments are not valid UTF-8"))
@@ -50,26 +47,13 @@ class RequestStage:
         return await next(call)
 
 
-def field_problem(value: str, max_bytes: int) -> str | None:
-    """What is wrong with ``value`` as a request field of at most ``max_bytes`` bytes, or ``None``."""
-    if not valid_unicode(value):
-        return "is not valid Unicode (a lone surrogate)"
-    size = len(value.encode())
-    if size > max_bytes:
-        return f"is {size} bytes"
-    if not value.isprintable() and any(unicodedata.category(char) == "Cc" for char in value):
-        return "contains a control character"
-    return None
-
-
 def placeholder(value: str) -> str:
     """``invalid:sha256:<hex>`` of ``value``'s bytes (lone surrogates included): what is recorded instead."""
     digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
     return f"{INVALID_PREFIX}sha256:{digest}"
 
 
-def _error(name: str, limit: int, problem: str) -> ErrorInfo:
+def _error(name: str, problem: str) -> ErrorInfo:
     if name == "tool":  # like any name that cannot name a tool (the resolve stage): unavailable
         return ErrorInfo.of(ErrorCode.TOOL_UNAVAILABLE, f"tool {problem}: no tool has such a name", field=name)
-    return ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, f"{name} {problem}: it must be 1-{limit} characters and at most "
-                        f"{limit} bytes of UTF-8, without control characters", field=name)
+    return ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, field_message(name, problem), field=name)

@@ -6,6 +6,13 @@ Toolbooth public API: the gated boundary between an AI agent and its tools.
 Denials, failures and approval requests are normal results (ToolResult).
 A gRPC error status is used only for a malformed request (INVALID_ARGUMENT)
 or an unauthenticated caller (UNAUTHENTICATED).
+
+Every string field of a request is checked before anything reads or stores it: valid
+UTF-8, no control characters (free text, a comment or a reason, may hold line breaks
+and tabs), at most 128 bytes (tool), 4096 (comment, reason) or 256 (every other field).
+A malformed field is INVALID_ARGUMENT naming it (ExecuteTool's tool: TOOL_UNAVAILABLE, as
+for any name no tool has): an error in the result where the answer has one (ToolResult,
+ApprovalResult), else the gRPC status.
 """
 
 from collections import abc as _abc
