@@ -269,7 +269,7 @@ async def test_a_key_record_stored_with_the_hash_before_rfc8785_is_replayed(worl
     stored = ToolResult(status=Status.SUCCESS, data={"count": -1},
                         meta=ResultMeta(request_id="r-old", tool="book_amount", tool_version="1.0.0", attempt=1))
     assert (await world.store.claim(scope, old_hash, "r-old")).claimed  # as that sidecar claimed and completed it
-    await world.store.complete(scope, stored.model_dump_json())
+    await world.store.complete(scope, stored.model_dump_json(), request_id="r-old")
     before = tools.CREATED.value
     for _ in range(2):
         replay = await world.agent.execute("book_amount", arguments, idempotency_key="k-old")

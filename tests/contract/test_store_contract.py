@@ -168,7 +168,7 @@ async def test_claim_in_progress_reused_replay(store: AnyStore) -> None:
 
 async def test_a_record_held_for_the_legacy_hash_is_the_same_request(store: AnyStore) -> None:
     assert await store.claim(SCOPE, "legacy-a", "r1") == Claim()  # as a sidecar before RFC 8785 hashed it
-    await store.complete(SCOPE, SUCCESS)
+    await store.complete(SCOPE, SUCCESS, request_id="r1")
     assert found(await store.claim(SCOPE, "jcs-a", "r2", legacy_hash="legacy-a")) == replayed(SUCCESS)
     assert found(await store.claim(SCOPE, "jcs-b", "r3", legacy_hash="legacy-b")) == REUSED
     assert found(await store.claim(SCOPE, "jcs-a", "r4")) == REUSED
