@@ -43,11 +43,6 @@ class WorkerPool:
         self._started: asyncio.Future[None] | None = None
         self._closed = False
 
-    @property
-    def pids(self) -> list[int]:
-        """The worker processes now running."""
-        return sorted(worker.pid for worker in self._workers)
-
     async def start(self) -> None:
         """Start the workers (once); ``PluginLoadError`` if one cannot import its handlers."""
         if self._started is None:
@@ -98,7 +93,7 @@ class WorkerPool:
             assert isinstance(worker, Worker)
             self._idle.put_nowait(worker)
         log.info("plugin %r: %d worker process(es) (pids %s) run its isolated tools %s", self.plugin, self._size,
-                 ", ".join(map(str, self.pids)), ", ".join(self._handlers))
+                 ", ".join(str(worker.pid) for worker in self._workers), ", ".join(self._handlers))
 
     async def _spawn(self) -> Worker:
         worker = await Worker.spawn(self.plugin, self._handlers, on_end=self._ended, timeout=START_TIMEOUT_SECONDS)
@@ -156,11 +151,6 @@ class ProcessPools:
     def get(self, tool: str) -> WorkerPool | None:
         """The pool that runs ``tool``, ``None`` if it is not isolated."""
         return self._by_tool.get(tool)
-
-    @property
-    def pids(self) -> list[int]:
-        """Every worker process now running."""
-        return sorted(pid for pool in self._pools for pid in pool.pids)
 
     async def start(self) -> None:
         """Start every pool's workers; on a failure, stop them all and raise it."""

@@ -70,10 +70,11 @@ class Worker:
                     timeout: float) -> Worker:
         """A new worker that imported ``handlers``; ``PluginLoadError`` if it cannot within ``timeout``."""
         ours, theirs = socket.socketpair()
+        path = json.dumps([entry for entry in sys.path if isinstance(entry, str)])
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", BOOT, str(theirs.fileno()), json.dumps(sys.path),
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                sys.executable, "-c", BOOT, str(theirs.fileno()), path, pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL)
         except BaseException:
             ours.close()
             raise
@@ -81,26 +82,24 @@ class Worker:
             theirs.close()
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         worker = cls(plugin, process, reader, writer, on_end)
+        start = Start(plugin, dict(handlers), logging.getLogger().getEffectiveLevel(), os.getpid())
         try:
-            start = Start(plugin, dict(handlers), logging.getLogger().getEffectiveLevel(), os.getpid())
             async with asyncio.timeout(timeout):
                 answer = await worker._ask(encode(start))
-            if isinstance(answer, StartFailed):
-                raise PluginLoadError(f"a worker process of plugin {plugin!r} cannot import its isolated "
-                                      f"handlers:\n{answer.reason.rstrip()}")
-            if not isinstance(answer, Ready):
-                raise PluginLoadError(f"a worker process of plugin {plugin!r} answered {type(answer).__name__}")
-        except HandlerFailed:
-            await worker.stop(0)
-            raise PluginLoadError(f"a worker process of plugin {plugin!r} ended before it was ready "
-                                  f"({exit_reason(worker._process.returncode)})") from None
-        except TimeoutError:
-            await worker.stop(0)
-            raise PluginLoadError(f"a worker process of plugin {plugin!r} was not ready within {timeout:.0f} s")\
-                from None
-        except BaseException:
+        except BaseException as exc:
             await asyncio.shield(worker.stop(0))
+            if isinstance(exc, HandlerFailed):
+                raise PluginLoadError(f"a worker process of plugin {plugin!r} ended before it was ready "
+                                      f"({exit_reason(worker._process.returncode)})") from None
+            if isinstance(exc, TimeoutError):
+                raise PluginLoadError(f"a worker process of plugin {plugin!r} was not ready within "
+                                      f"{timeout:.0f} s") from None
             raise
+        if not isinstance(answer, Ready):
+            await asyncio.shield(worker.stop(0))
+            reason = answer.reason.rstrip() if isinstance(answer, StartFailed) else repr(answer)
+            raise PluginLoadError(f"a worker process of plugin {plugin!r} cannot import its isolated handlers:\n"
+                                  f"{reason}")
         return worker
 
     async def call(self, tool: str, args: BaseModel, ctx: ToolContext) -> Any:
@@ -128,12 +127,10 @@ class Worker:
             if self._process.returncode is None:
                 if ask:
                     self._writer.close()
-                else:
-                    with contextlib.suppress(ProcessLookupError):
-                        self._process.terminate()
+                elif not self._reading.done():  # else its end closed: it is exiting, or has exited
+                    self._signal(signal.SIGTERM)
                 if not await _ended(self._process, grace):
-                    with contextlib.suppress(ProcessLookupError):
-                        self._process.kill()
+                    self._signal(signal.SIGKILL)
                     if not await _ended(self._process, _REAP_SECONDS):
                         log.error("worker process %d of plugin %r did not end after SIGKILL", self.pid, self.plugin)
             self._writer.close()
@@ -142,6 +139,12 @@ class Worker:
         finally:
             self.alive = False
             self.stopped.set()
+
+    def _signal(self, signum: signal.Signals) -> None:
+        """Send ``signum`` to the process, which has not been reaped (``os.kill``: ``Popen.send_signal`` would
+        reap an exited one itself, and the exit code would be lost to asyncio)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signum)
 
     async def _ask(self, frame: bytes) -> object:
         if not self.alive:
