@@ -77,7 +77,7 @@ class Dispatcher:
     """Invokes handlers with deadlines, retries, a bounded thread pool for sync handlers and the worker
     processes of isolated ones (``pools``)."""
 
-    def __init__(self, *, sync_threads: int, pools: ProcessPools | None = None) -> None:
+    def __init__(self, *, sync_threads: int, pools: ProcessPools) -> None:
         self._threads = ThreadPoolExecutor(max_workers=sync_threads, thread_name_prefix="toolbooth-handler")
         self._pools = pools
 
@@ -105,15 +105,13 @@ class Dispatcher:
 
     async def start(self) -> None:
         """Start the worker processes of the isolated tools; ``PluginLoadError`` if one cannot import them."""
-        if self._pools is not None:
-            await self._pools.start()
+        await self._pools.start()
 
     async def aclose(self) -> None:
         """Stop accepting sync handlers (running threads finish in the background); stop the worker processes
         (within their grace, then killed)."""
         self._threads.shutdown(wait=False, cancel_futures=True)
-        if self._pools is not None:
-            await self._pools.aclose()
+        await self._pools.aclose()
 
     async def _attempt(
         self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext
@@ -123,7 +121,7 @@ class Dispatcher:
         job: Future[Any] | None = None
         running: asyncio.Future[Any] | None = None
         started = True  # False while an isolated call waits for a free worker
-        pool = None if self._pools is None else self._pools.get(defn.name)
+        pool = self._pools.get(defn.name)
         try:
             async with deadline:
                 if pool is not None:
