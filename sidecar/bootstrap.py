@@ -2,16 +2,17 @@
 
 ``open_sidecar`` opens what ``toolbooth serve`` runs: the reloadable policy engine (watched for
 changes, asked for its status) and the pipeline over it, cached. ``open_pipeline`` loads plugins
-and policies and opens the store from ``Settings`` (its audit chain keyed with ``audit.chain_key``); ``assemble``
-wires given parts (tests and tools pass their own) into the chain of ``sidecar.pipeline.order``.
-Nothing else constructs the sidecar's collaborators (engine, store, approvals, dispatcher, masker).
+and policies, opens the store from ``Settings`` (its audit chain keyed with ``audit.chain_key``) and
+starts the worker processes of the isolated tools (``isolation``); ``assemble`` wires given parts
+(tests and tools pass their own) into the chain of ``sidecar.pipeline.order``. Nothing else
+constructs the sidecar's collaborators (engine, store, approvals, dispatcher and its worker pools, masker).
 """
 
 from __future__ import annotations
 
 import secrets
 
-from sidecar.config import Limits, Settings
+from sidecar.config import IsolationSettings, Limits, Settings
 from sidecar.pipeline.approvals import Approvals
 from sidecar.pipeline.decisions import Decider
 from sidecar.pipeline.gate import Pipeline
@@ -25,6 +26,8 @@ from sidecar.policy.reload import ReloadingEngine
 from sidecar.state import Expiry, Store
 from sidecar.state.factory import open_store
 from sidecar.tools.dispatch import Dispatcher
+from sidecar.tools.isolation.plan import isolation_plan
+from sidecar.tools.isolation.pool import ProcessPools
 from sidecar.tools.masking import Masker
 from sidecar.tools.registry import Registry
 
@@ -43,7 +46,8 @@ async def open_sidecar(settings: Settings, *, registry: Registry | None = None) 
 
 async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
                         policy: PolicyEngine | None = None) -> Pipeline:
-    """Load plugins (unless ``registry`` is given) and policies (unless ``policy`` is), open the store."""
+    """Load plugins (unless ``registry`` is given) and policies (unless ``policy`` is), open the store, start
+    the isolated tools' worker processes."""
     if registry is None:
         registry = Registry.from_entry_points(allow=settings.plugins.allow)
     engine = policy or with_cache(await open_reloading(settings.policy), settings.policy)
@@ -55,22 +59,33 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
     try:
         mask_key = settings.audit.read_mask_key() or await store.audit_mask_key(secrets.token_bytes(32))
         store.use_chain_key(settings.audit.read_chain_key())  # HMAC-keyed links; unkeyed SHA-256 without one
+        pipeline = assemble(registry=registry, policy=engine, store=store, limits=settings.limits,
+                            mask_key=mask_key, retention_hours=settings.store.idempotency_retention_hours,
+                            isolation=settings.isolation)
     except BaseException:
         await store.aclose()
         await engine.aclose()
         raise
-    return assemble(registry=registry, policy=engine, store=store, limits=settings.limits, mask_key=mask_key,
-                    retention_hours=settings.store.idempotency_retention_hours)
+    try:
+        await pipeline.dispatcher.start()
+    except BaseException:
+        await pipeline.aclose()
+        raise
+    return pipeline
 
 
 def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits,
-             mask_key: bytes | None = None, retention_hours: float = 24.0) -> Pipeline:
+             mask_key: bytes | None = None, retention_hours: float = 24.0,
+             isolation: IsolationSettings | None = None) -> Pipeline:
     """The pipeline over these parts. ``mask_key`` masks sensitive values in the audit log and previews
     (default: a random key of this pipeline); finished idempotency records older than ``retention_hours``
-    are deleted."""
+    are deleted; the tools ``isolation`` names run in worker processes (``ConfigError`` if it names a tool
+    that cannot), started by ``open_pipeline`` or else at their first call."""
     decider, masker = Decider(policy), Masker(mask_key or secrets.token_bytes(32))
     approvals, auditor = Approvals(store, policy), Auditor(store, masker)
-    dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads)
+    isolation = isolation or IsolationSettings()
+    pools = ProcessPools(isolation_plan(registry, isolation), isolation)
+    dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads, pools=pools)
     expiry = Expiry(store, retention_hours * 3600)
     deciding = DecidingStages.build(registry, decider, limits, approvals, masker)
     idempotency = IdempotencyStage(store, auditor, expiry)

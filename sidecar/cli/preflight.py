@@ -4,7 +4,8 @@
 are usable (the JWT key fits one of its algorithms, the mask key file, the bundle verification
 keys, the policy directory or bundle file). ``serve`` runs it first, so such a mistake stops it
 before anything opens. ``preflight`` adds what takes longer, still changing nothing: the plugins
-load under the allow-list, the policies load and compile as ``serve`` loads them (a bundle URL is
+load under the allow-list, ``isolation`` names loaded sync tools whose handlers import by path (no
+worker process is started), the policies load and compile as ``serve`` loads them (a bundle URL is
 fetched once; an OPA server is not contacted: the files it would be sent are compiled here), and
 the store is reachable (SQLite: the file opens read-only or its directory is writable;
 PostgreSQL: one connection and ``SELECT 1``; neither creates nor migrates anything), and so is its
@@ -56,6 +57,7 @@ class Checked:
 
     plugins: tuple[PluginInfo, ...]
     tools: tuple[str, ...]
+    isolated: str  # the plugins whose worker processes run which tools
     policy: str  # its source and revision
     store: str  # redacted
 
@@ -63,6 +65,7 @@ class Checked:
         """For people, one line each."""
         return [f"  plugins:  {'; '.join(map(str, self.plugins)) or 'none'}",
                 f"  tools:    {', '.join(self.tools) or 'none'}",
+                f"  isolated: {self.isolated}",
                 f"  policy:   {self.policy}",
                 f"  store:    {self.store}, reachable"]
 
@@ -88,13 +91,16 @@ def check_files_named(settings: Settings) -> None:
 
 async def preflight(settings: Settings) -> Checked:
     """Every check ``serve`` makes before it listens; what it would start with."""
+    from sidecar.tools.isolation.plan import isolation_plan
     from sidecar.tools.registry import Registry
 
     check_files_named(settings)
     registry = await asyncio.to_thread(Registry.from_entry_points, allow=settings.plugins.allow)
+    isolated = isolation_plan(registry, settings.isolation)
     policy = await _check_policy(settings)
     await _check_store(settings.store)
-    return Checked(registry.plugins, tuple(defn.name for defn in registry), policy, settings.store.describe())
+    return Checked(registry.plugins, tuple(defn.name for defn in registry), isolated.describe(), policy,
+                   settings.store.describe())
 
 
 async def _check_policy(settings: Settings) -> str:

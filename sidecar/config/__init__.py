@@ -20,6 +20,7 @@ from sidecar.config.base import (
     default_socket_path,
     default_state_dir,
 )
+from sidecar.config.isolation import IsolationSettings
 from sidecar.config.listen import LISTEN_FORMS, ListenAddress, ListenKind, is_loopback, parse_listen, socket_path
 from sidecar.config.policy import (
     BundleKeySettings,
@@ -58,6 +59,7 @@ __all__ = [
     "BundleSettings",
     "BundleVerificationSettings",
     "DecisionCacheSettings",
+    "IsolationSettings",
     "JwtSettings",
     "Limits",
     "ListenAddress",

@@ -21,6 +21,7 @@ from sidecar.config.base import (
     default_state_dir,
 )
 from sidecar.config.dsn import dsn_parts, redact_dsn
+from sidecar.config.isolation import IsolationSettings
 from sidecar.config.listen import parse_listen
 from sidecar.config.policy import PolicySettings
 from sidecar.errors import ConfigError
@@ -204,6 +205,7 @@ class Settings(Section):
     audit: AuditSettings = Field(default_factory=AuditSettings)
     limits: Limits = Field(default_factory=Limits)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
+    isolation: IsolationSettings = Field(default_factory=IsolationSettings)
     log_level: str = "INFO"
 
     @field_validator("log_level", mode="before")

@@ -69,10 +69,10 @@ class Pipeline:
             raise
 
     async def aclose(self) -> None:
-        """Let started writes finish and be recorded, then release the handler pool, the store and the policy
-        engine (each write is bounded by its own deadline)."""
+        """Let started writes finish and be recorded, then release the handler pool and stop the worker
+        processes, close the store and the policy engine (each write is bounded by its own deadline)."""
         await self.idempotency.drain()
-        self.dispatcher.close()
+        await self.dispatcher.aclose()
         await self.expiry.aclose()
         await self.store.aclose()
         await self.policy.aclose()

@@ -8,8 +8,16 @@ the pool is cancelled instead: it never ran). A handler that outlived the deadli
 (``Outcome.overran``) may have had its effect. Whatever a handler
 raises (``SystemExit``, ``KeyboardInterrupt``, a ``CancelledError`` of its own, any other
 ``BaseException``) ends that call with ``INTERNAL_ERROR``, logged, never the sidecar; only a
-cancellation of the call itself passes through. Sync handlers share the sidecar's process:
-one that hangs or corrupts it is not contained (no process isolation).
+cancellation of the call itself passes through.
+
+Isolated sync handlers (``isolation`` in the config: ``sidecar.tools.isolation``) run in a worker
+process of their plugin instead, so their deadline is real: at the deadline (or when the call is
+cancelled) that call's worker is stopped (SIGTERM, SIGKILL after the grace), the caller gets
+``TIMEOUT`` once it is gone, and the worker is replaced; other calls go on. A killed handler had an
+unknown effect: ``overran`` and no ``late`` (for a write, its key stays unknown until an operator
+settles it). A worker that ends mid-call (``os._exit``, a signal, the OOM killer) ends it with
+``INTERNAL_ERROR``, logged. A call still waiting for a free worker at its deadline never started.
+Other sync handlers share the sidecar's process: one that hangs or corrupts it is not contained.
 Only ``SideEffect.NONE`` tools may carry a retry policy (checked by ``@tool``).
 """
 
@@ -28,6 +36,8 @@ from pydantic import BaseModel, ValidationError
 
 from sidecar.contract import ErrorCode, ErrorInfo
 from sidecar.tools.definition import ToolContext, ToolDefinition, ToolError
+from sidecar.tools.isolation.pool import ProcessPools
+from sidecar.tools.isolation.process import HandlerFailed
 
 __all__ = ["Dispatcher", "Outcome"]
 
@@ -39,7 +49,8 @@ class Outcome:
     """What dispatch produced: an output model or an error, and the attempts made (whose handler started:
     0 when the deadline passed before the first). ``overran``: the last attempt's handler outlived the
     deadline (``TIMEOUT``), so its effect may or may not have happened; ``late``: that handler, a sync
-    one of a tool with side effects, still runs, and this future gives its own outcome when it ends."""
+    one of a tool with side effects in the thread pool, still runs, and this future gives its own outcome
+    when it ends (an isolated one was killed: no ``late``, its effect stays unknown)."""
 
     output: BaseModel | None
     error: ErrorInfo | None
@@ -51,21 +62,24 @@ class Outcome:
 @dataclass(frozen=True, slots=True)
 class _Overrun:
     """An attempt whose handler outlived the deadline: the caller's ``TIMEOUT``, and the handler still
-    running (a sync one), if any."""
+    running (a sync one in the thread pool), if any."""
 
     error: ErrorInfo
     running: asyncio.Future[Any] | None
 
 
 class _NotStarted:
-    """An attempt whose sync handler was still queued at the deadline: cancelled, it never ran."""
+    """An attempt whose sync handler was still queued at the deadline (for a thread or a worker process):
+    it never ran."""
 
 
 class Dispatcher:
-    """Invokes handlers with deadlines, retries and a bounded pool for sync handlers."""
+    """Invokes handlers with deadlines, retries, a bounded thread pool for sync handlers and the worker
+    processes of isolated ones (``pools``)."""
 
-    def __init__(self, *, sync_threads: int) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=sync_threads, thread_name_prefix="toolbooth-handler")
+    def __init__(self, *, sync_threads: int, pools: ProcessPools) -> None:
+        self._threads = ThreadPoolExecutor(max_workers=sync_threads, thread_name_prefix="toolbooth-handler")
+        self._pools = pools
 
     async def run(self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext) -> Outcome:
         """Call ``defn``'s handler until success, a final error or the deadline."""
@@ -89,9 +103,15 @@ class Dispatcher:
             await asyncio.sleep(delay)
             attempt += 1
 
-    def close(self) -> None:
-        """Stop accepting sync handlers; running ones finish in the background."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    async def start(self) -> None:
+        """Start the worker processes of the isolated tools; ``PluginLoadError`` if one cannot import them."""
+        await self._pools.start()
+
+    async def aclose(self) -> None:
+        """Stop accepting sync handlers (running threads finish in the background); stop the worker processes
+        (within their grace, then killed)."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        await self._pools.aclose()
 
     async def _attempt(
         self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext
@@ -100,17 +120,24 @@ class Dispatcher:
         deadline = asyncio.timeout(remaining)
         job: Future[Any] | None = None
         running: asyncio.Future[Any] | None = None
+        started = True  # False while an isolated call waits for a free worker
+        pool = self._pools.get(defn.name)
         try:
             async with deadline:
+                if pool is not None:
+                    started = False
+                    async with pool.lease() as worker:  # interrupted: that worker is stopped before it ends
+                        started = True
+                        return await _settled(worker.call(defn.name, args, ctx), defn, ctx)
                 if defn.is_async:
                     pending: Awaitable[Any] = defn.handler(args, ctx)  # type: ignore[assignment]
                 else:
-                    job = self._pool.submit(functools.partial(defn.handler, args, ctx))
+                    job = self._threads.submit(functools.partial(defn.handler, args, ctx))
                     running = asyncio.wrap_future(job)
                     pending = asyncio.shield(running)  # at the deadline the thread runs on: ``running`` stays
                 return await _settled(pending, defn, ctx)
         except TimeoutError:  # the deadline's: a handler's own TimeoutError is ``_settled``'s
-            if job is not None and job.cancel():
+            if not started or (job is not None and job.cancel()):
                 return _NotStarted()
             return _Overrun(ErrorInfo.of(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within "
                                          f"{remaining * 1000:.0f} ms", side_effect=defn.side_effect), running)
@@ -118,7 +145,7 @@ class Dispatcher:
             if job is not None:
                 job.cancel()  # one still queued never starts
             raise
-        except BaseException as exc:  # noqa: BLE001 - the pool refused the handler (it is shut down)
+        except BaseException as exc:  # noqa: BLE001 - the pool refused the handler (shut down, or no workers)
             return _unexpected(exc, defn, ctx)
 
 
@@ -165,7 +192,10 @@ def _cancelling() -> bool:
 
 def _unexpected(exc: BaseException, defn: ToolDefinition[Any, Any], ctx: ToolContext) -> ErrorInfo:
     """The handler's own failure: its details go to the log, the caller gets ``INTERNAL_ERROR``."""
-    ctx.logger.error("handler of tool %r raised %s", defn.name, type(exc).__name__, exc_info=exc)
+    if isinstance(exc, HandlerFailed):  # in a worker process: its traceback is text, or the process ended
+        ctx.logger.error("handler of tool %r failed: %s", defn.name, exc)
+    else:
+        ctx.logger.error("handler of tool %r raised %s", defn.name, type(exc).__name__, exc_info=exc)
     return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the tool failed unexpectedly")
 
 

@@ -6,6 +6,7 @@ The child runs ``main([CONFIG])``: the settings of the YAML/JSON file ``CONFIG``
 never mix), then sleeps 100 ms so that duplicate executions would overlap (``append_then_wait``: 900 ms
 of its 1 s timeout, for a test to kill the process mid-handler). ``$TOOLBOOTH_TEST_DEADLINE_GRACE`` (seconds)
 replaces ``DEADLINE_GRACE_SECONDS`` in the child, so that a test need not wait 5 s for a call to be unknown.
+The sync tools of ``tests.support.isolated`` are served too, for ``isolation`` in ``CONFIG``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import BaseModel
 
 from sidecar.plugin import SideEffect, ToolContext, tool
+from tests.support import isolated
 from tests.support.tools import Text
 
 APPEND_LOG_ENV = "TOOLBOOTH_TEST_APPEND_LOG"  # TOOLBOOTH_TEST_*: never read as a setting
@@ -65,7 +67,7 @@ async def append_then_wait(args: Text, ctx: ToolContext) -> Appended:
     return await _append(args, wait=0.9)
 
 
-TOOLS = [append_line, append_line_approved, append_then_wait]
+TOOLS = [append_line, append_line_approved, append_then_wait, *isolated.SYNC]
 
 
 def main(argv: Sequence[str]) -> None:

@@ -1,7 +1,8 @@
 """Stage 7, dispatch: the last stage; runs the handler within the call's deadline and shapes its result.
 
 The deadline is the tool's timeout or the caller's deadline, whichever comes first; retries,
-cancellation and the thread pool for sync handlers are ``sidecar.tools.dispatch.Dispatcher``'s.
+cancellation, the thread pool for sync handlers and the worker processes of isolated ones are
+``sidecar.tools.dispatch.Dispatcher``'s.
 A handler that outlived the deadline sets ``call.overran``; one that runs on (a sync write's
 thread) sets ``call.late``, its own result once it ends, for the idempotency stage to store.
 """
