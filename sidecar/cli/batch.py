@@ -103,7 +103,7 @@ def read_calls(file: str) -> list[CallRequest]:
         entries = [(f"calls[{i}]", entry) for i, entry in enumerate(whole)] if isinstance(whole, list) \
             else [("line 1", whole)]
     if not entries:
-        raise CommandError(f"{name} holds no calls", EXIT_USAGE)
+        raise CommandError(f"{name}: no calls", EXIT_USAGE)
     return [_call(f"{name}: {where}", entry) for where, entry in entries]
 
 

@@ -11,7 +11,8 @@ has claimed its key is detached from its caller (``call.detached``, the idempote
 cancelled; it finishes, its outcome is stored and audited, and the batch returns its real result. A
 running read is cancelled like a unary call whose caller went away (its handler gets ``CancelledError``;
 a sync handler's thread finishes in the background). The batch itself being cancelled (its caller went
-away) cancels every call the same way.
+away) cancels every call as a unary call is cancelled: a detached write runs on by itself, stored and
+audited, and the batch does not wait for it.
 
 A cancelled call that had entered the chain is audited by the audit stage (status ``cancelled``); one
 that never did is audited here, with the same status, so that every call of a batch has its outcome event.
@@ -74,9 +75,10 @@ async def run_batch(calls: Sequence[Call], run: Next, auditor: Auditor, *, concu
     tasks = [asyncio.create_task(one(index)) for index in range(len(calls))]
     try:
         await asyncio.wait(tasks)
-    except asyncio.CancelledError:
-        _cancel(tasks, calls)
-        await asyncio.wait(tasks)  # a cancelled read ends at once; a detached write runs on by itself
+    except asyncio.CancelledError:  # the caller went away: as for a unary call, a detached write runs on by itself
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)  # each ends at once
         raise
     finally:
         for task, call, went_in in zip(tasks, calls, entered, strict=True):
@@ -86,8 +88,9 @@ async def run_batch(calls: Sequence[Call], run: Next, auditor: Auditor, *, concu
                  for task, call, went_in in zip(tasks, calls, entered, strict=True))
 
 
-def _cancel(tasks: Sequence[asyncio.Task[ToolResult]], calls: Sequence[Call], *, but: int | None = None) -> None:
-    """Cancel every unfinished call but ``but`` that is not detached (a started write always finishes)."""
+def _cancel(tasks: Sequence[asyncio.Task[ToolResult]], calls: Sequence[Call], *, but: int) -> None:
+    """Cancel every unfinished call but ``but`` that is not detached: a started write finishes, and the batch
+    waits for its result."""
     for index, (task, call) in enumerate(zip(tasks, calls, strict=True)):
         if index != but and not task.done() and not call.detached:
             task.cancel()
