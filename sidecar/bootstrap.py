@@ -91,4 +91,5 @@ def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: 
     idempotency = IdempotencyStage(store, auditor, expiry)
     chain = call_chain(auditor, deciding, idempotency, DispatchStage(dispatcher, limits))
     return Pipeline(registry=registry, policy=policy, store=store, limits=limits, approvals=approvals, chain=chain,
-                    resolve=deciding.resolve, idempotency=idempotency, dispatcher=dispatcher, expiry=expiry)
+                    resolve=deciding.resolve, idempotency=idempotency, dispatcher=dispatcher, expiry=expiry,
+                    auditor=auditor)

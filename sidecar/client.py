@@ -6,12 +6,21 @@ not exceptions but ``ToolResult``s with ``status`` and ``error``::
 
     async with AsyncClient("unix:///run/toolbooth/toolbooth.sock", token=jwt) as client:
         result = await client.execute("calculate", {"operation": "add", "operands": [1, 2]})
+        results = await client.execute_batch([call_request("echo", {"text": "a"}),
+                                              call_request("create_note", {"text": "b"}, idempotency_key="k-1")],
+                                             cancel_on_permanent_failure=True)
+        async with contextlib.aclosing(client.execute_stream("index", {"path": "/"})) as events:
+            async for event in events:  # Progress reports, then the ToolResult
+                ...
+
+Leaving a stream early (closing it, as ``aclosing`` does) cancels the call: a read stops, a started
+write finishes and is recorded (``docs/agents.md``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -20,9 +29,19 @@ import grpc
 from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.contract import ApprovalResult, CallRequest, Operation, Preview, ReloadStatus, ToolListing, ToolResult
+from sidecar.contract import (
+    ApprovalResult,
+    CallBatch,
+    CallRequest,
+    Operation,
+    Preview,
+    ReloadStatus,
+    ToolEvent,
+    ToolListing,
+    ToolResult,
+)
 
-__all__ = ["AsyncClient", "Client", "ClientError"]
+__all__ = ["AsyncClient", "Client", "ClientError", "call_request"]
 
 Response = TypeVar("Response")
 _Arguments = Mapping[str, Any] | str
@@ -82,6 +101,37 @@ class AsyncClient(_Base):
         """Run one call; denials and tool failures come back as the result's ``error``."""
         request = _execute_request(tool, arguments, idempotency_key, approval_id, conversation_id, call_id)
         return convert.result_from_pb(await self._call(self._stub.ExecuteTool, request, timeout))
+
+    async def execute_batch(self, calls: Iterable[CallRequest], *, max_concurrency: int = 0,
+                            cancel_on_permanent_failure: bool = False,
+                            timeout: float | None = None) -> list[ToolResult]:
+        """Run the calls of one model reply (``call_request`` builds each); their results in the same order."""
+        request = _batch_request(calls, max_concurrency, cancel_on_permanent_failure)
+        return convert.batch_results_from_pb(await self._call(self._stub.ExecuteToolBatch, request, timeout))
+
+    async def execute_stream(
+        self,
+        tool: str,
+        arguments: _Arguments = "{}",
+        *,
+        idempotency_key: str | None = None,
+        approval_id: str | None = None,
+        conversation_id: str | None = None,
+        call_id: str | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[ToolEvent]:
+        """Run one call and yield its ``Progress`` reports, then its ``ToolResult`` (the last event). Closing the
+        iterator before the result cancels the call."""
+        request = _execute_request(tool, arguments, idempotency_key, approval_id, conversation_id, call_id)
+        stream = self._stub.ExecuteToolStream(request, metadata=self._metadata,
+                                              timeout=self._timeout_or_default(timeout))
+        try:
+            async for event in stream:
+                yield convert.event_from_pb(event)
+        except grpc.RpcError as exc:
+            raise _client_error(exc) from exc
+        finally:
+            stream.cancel()
 
     async def get_operation(self, tool: str | None = None, idempotency_key: str | None = None, *,
                             request_id: str | None = None) -> Operation:
@@ -158,6 +208,36 @@ class Client(_Base):
         request = _execute_request(tool, arguments, idempotency_key, approval_id, conversation_id, call_id)
         return convert.result_from_pb(self._call(self._stub.ExecuteTool, request, timeout))
 
+    def execute_batch(self, calls: Iterable[CallRequest], *, max_concurrency: int = 0,
+                      cancel_on_permanent_failure: bool = False, timeout: float | None = None) -> list[ToolResult]:
+        """Run the calls of one model reply (``call_request`` builds each); their results in the same order."""
+        request = _batch_request(calls, max_concurrency, cancel_on_permanent_failure)
+        return convert.batch_results_from_pb(self._call(self._stub.ExecuteToolBatch, request, timeout))
+
+    def execute_stream(
+        self,
+        tool: str,
+        arguments: _Arguments = "{}",
+        *,
+        idempotency_key: str | None = None,
+        approval_id: str | None = None,
+        conversation_id: str | None = None,
+        call_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[ToolEvent]:
+        """Run one call and yield its ``Progress`` reports, then its ``ToolResult`` (the last event). Closing the
+        iterator before the result cancels the call."""
+        request = _execute_request(tool, arguments, idempotency_key, approval_id, conversation_id, call_id)
+        stream = self._stub.ExecuteToolStream(request, metadata=self._metadata,
+                                              timeout=self._timeout_or_default(timeout))
+        try:
+            for event in stream:
+                yield convert.event_from_pb(event)
+        except grpc.RpcError as exc:
+            raise _client_error(exc) from exc
+        finally:
+            stream.cancel()
+
     def get_operation(self, tool: str | None = None, idempotency_key: str | None = None, *,
                       request_id: str | None = None) -> Operation:
         """Where one of the caller's keyed calls stands: by ``tool`` and ``idempotency_key``, or ``request_id``."""
@@ -197,6 +277,21 @@ class Client(_Base):
             raise _client_error(exc) from exc
 
 
+def call_request(
+    tool: str,
+    arguments: _Arguments = "{}",
+    *,
+    idempotency_key: str | None = None,
+    approval_id: str | None = None,
+    conversation_id: str | None = None,
+    call_id: str | None = None,
+) -> CallRequest:
+    """One call of a batch, given as ``execute`` takes it (``arguments``: a mapping, or its JSON text as is)."""
+    arguments_json = arguments if isinstance(arguments, str) else json.dumps(dict(arguments), separators=(",", ":"))
+    return CallRequest(tool=tool, arguments_json=arguments_json, idempotency_key=idempotency_key,
+                       approval_id=approval_id, conversation_id=conversation_id, call_id=call_id)
+
+
 def _execute_request(
     tool: str,
     arguments: _Arguments,
@@ -205,16 +300,15 @@ def _execute_request(
     conversation_id: str | None,
     call_id: str | None,
 ) -> pb.ExecuteToolRequest:
-    arguments_json = arguments if isinstance(arguments, str) else json.dumps(dict(arguments), separators=(",", ":"))
-    call = CallRequest(
-        tool=tool,
-        arguments_json=arguments_json,
-        idempotency_key=idempotency_key,
-        approval_id=approval_id,
-        conversation_id=conversation_id,
-        call_id=call_id,
-    )
-    return convert.call_request_to_pb(call)
+    return convert.call_request_to_pb(call_request(tool, arguments, idempotency_key=idempotency_key,
+                                                   approval_id=approval_id, conversation_id=conversation_id,
+                                                   call_id=call_id))
+
+
+def _batch_request(calls: Iterable[CallRequest], max_concurrency: int,
+                   cancel_on_permanent_failure: bool) -> pb.ExecuteToolBatchRequest:
+    return convert.batch_to_pb(CallBatch(calls=tuple(calls), max_concurrency=max_concurrency,
+                                         cancel_on_permanent_failure=cancel_on_permanent_failure))
 
 
 def _operation_request(tool: str | None, idempotency_key: str | None, request_id: str | None

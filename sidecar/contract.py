@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
 __all__ = [
+    "MAX_PROGRESS_MESSAGE_CHARS",
     "ApprovalResult",
+    "CallBatch",
     "CallRequest",
     "ErrorCode",
     "ErrorInfo",
@@ -22,16 +24,20 @@ __all__ = [
     "Preview",
     "PreviewState",
     "Principal",
+    "Progress",
     "Recovery",
     "ReloadStatus",
     "ResultMeta",
     "SideEffect",
     "Status",
     "ToolDescriptor",
+    "ToolEvent",
     "ToolListing",
     "ToolResult",
     "guidance",
 ]
+
+MAX_PROGRESS_MESSAGE_CHARS = 1000
 
 
 class SideEffect(StrEnum):
@@ -58,6 +64,7 @@ class ErrorCode(StrEnum):
     TIMEOUT = "TIMEOUT"
     SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE"
     INTERNAL_ERROR = "INTERNAL_ERROR"
+    CANCELLED = "CANCELLED"
 
 
 class Recovery(StrEnum):
@@ -94,6 +101,7 @@ _GUIDANCE: dict[ErrorCode, tuple[bool, Recovery]] = {
     ErrorCode.TIMEOUT: (True, Recovery.RETRY_SAME_REQUEST),
     ErrorCode.SERVICE_UNAVAILABLE: (True, Recovery.RETRY_WITH_BACKOFF),
     ErrorCode.INTERNAL_ERROR: (False, Recovery.DO_NOT_RETRY),
+    ErrorCode.CANCELLED: (True, Recovery.RETRY_SAME_REQUEST),
 }
 
 
@@ -245,6 +253,32 @@ class CallRequest(_Frozen):
     approval_id: str | None = None
     conversation_id: str | None = None
     call_id: str | None = None
+
+
+class CallBatch(_Frozen):
+    """One ``ExecuteToolBatch`` request: the calls of one model reply (``docs/agents.md``).
+
+    ``max_concurrency`` 0 means the sidecar's ``limits.max_batch_concurrency``, which also caps it;
+    with ``cancel_on_permanent_failure`` the first permanent failure cancels the calls still waiting or
+    running, except a call with side effects that has claimed its key: it finishes.
+    """
+
+    calls: tuple[CallRequest, ...]
+    max_concurrency: int = Field(default=0, ge=0)
+    cancel_on_permanent_failure: bool = False
+
+
+class Progress(_Frozen):
+    """Progress a handler reported (``ToolContext.report_progress``); the fields of an MCP progress notification."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    progress: FiniteFloat
+    total: FiniteFloat | None = None
+    message: str | None = Field(default=None, max_length=MAX_PROGRESS_MESSAGE_CHARS)
+
+
+ToolEvent = Progress | ToolResult
+"""One event of a streamed call: ``Progress`` reports, then its ``ToolResult``, the last event."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.contract import (
     ApprovalResult,
+    CallBatch,
     CallRequest,
     ErrorCode,
     ErrorInfo,
@@ -21,12 +22,14 @@ from sidecar.contract import (
     OperationState,
     Preview,
     PreviewState,
+    Progress,
     Recovery,
     ReloadStatus,
     ResultMeta,
     SideEffect,
     Status,
     ToolDescriptor,
+    ToolEvent,
     ToolListing,
     ToolResult,
 )
@@ -41,12 +44,18 @@ __all__ = [
     "EnumMap",
     "approval_from_pb",
     "approval_to_pb",
+    "batch_from_pb",
+    "batch_results_from_pb",
+    "batch_results_to_pb",
+    "batch_to_pb",
     "call_request_from_pb",
     "call_request_to_pb",
     "descriptor_from_pb",
     "descriptor_to_pb",
     "error_from_pb",
     "error_to_pb",
+    "event_from_pb",
+    "event_to_pb",
     "listing_from_pb",
     "listing_to_pb",
     "meta_from_pb",
@@ -55,6 +64,8 @@ __all__ = [
     "operation_to_pb",
     "preview_from_pb",
     "preview_to_pb",
+    "progress_from_pb",
+    "progress_to_pb",
     "result_from_pb",
     "result_to_pb",
     "status_from_pb",
@@ -248,6 +259,58 @@ def call_request_from_pb(message: pb.ExecuteToolRequest) -> CallRequest:
     """An ``ExecuteToolRequest`` as a domain call; empty optional fields become ``None``."""
     optional = {name: getattr(message, name) or None for name in _OPTIONAL_CALL_FIELDS}
     return CallRequest(tool=message.tool, arguments_json=message.arguments_json, **optional)
+
+
+def batch_to_pb(batch: CallBatch) -> pb.ExecuteToolBatchRequest:
+    """A domain batch as an ``ExecuteToolBatchRequest``."""
+    return pb.ExecuteToolBatchRequest(calls=[call_request_to_pb(call) for call in batch.calls],
+                                      max_concurrency=batch.max_concurrency,
+                                      cancel_on_permanent_failure=batch.cancel_on_permanent_failure)
+
+
+def batch_from_pb(message: pb.ExecuteToolBatchRequest) -> CallBatch:
+    """An ``ExecuteToolBatchRequest`` as a domain batch."""
+    return CallBatch(calls=tuple(call_request_from_pb(call) for call in message.calls),
+                     max_concurrency=message.max_concurrency,
+                     cancel_on_permanent_failure=message.cancel_on_permanent_failure)
+
+
+def batch_results_to_pb(results: tuple[ToolResult, ...]) -> pb.ExecuteToolBatchResponse:
+    """A batch's results, in request order, as an ``ExecuteToolBatchResponse``."""
+    return pb.ExecuteToolBatchResponse(results=[result_to_pb(result) for result in results])
+
+
+def batch_results_from_pb(message: pb.ExecuteToolBatchResponse) -> list[ToolResult]:
+    """An ``ExecuteToolBatchResponse`` as the batch's domain results, in request order."""
+    return [result_from_pb(result) for result in message.results]
+
+
+def progress_to_pb(update: Progress) -> pb.ToolProgress:
+    """A progress report as proto; ``None`` message becomes ``""``, ``None`` total stays unset."""
+    return pb.ToolProgress(progress=update.progress, total=update.total, message=update.message or "")
+
+
+def progress_from_pb(message: pb.ToolProgress) -> Progress:
+    """A proto progress report as a domain one."""
+    return Progress(progress=message.progress, total=message.total if message.HasField("total") else None,
+                    message=message.message or None)
+
+
+def event_to_pb(event: ToolEvent) -> pb.ToolEvent:
+    """A streamed call's event (a progress report or the result) as a proto ``ToolEvent``."""
+    if isinstance(event, Progress):
+        return pb.ToolEvent(progress=progress_to_pb(event))
+    return pb.ToolEvent(result=result_to_pb(event))
+
+
+def event_from_pb(message: pb.ToolEvent) -> ToolEvent:
+    """A proto ``ToolEvent`` as a domain event; ``ValueError`` for one that holds neither."""
+    kind = message.WhichOneof("event")
+    if kind == "progress":
+        return progress_from_pb(message.progress)
+    if kind == "result":
+        return result_from_pb(message.result)
+    raise ValueError("a ToolEvent with neither progress nor result")
 
 
 def status_to_pb(status: ReloadStatus) -> pb.PolicyStatus:

@@ -166,6 +166,9 @@ class Limits(Section):
     max_result_bytes: int = Field(default=256 * 1024, gt=0)
     max_message_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     sync_handler_threads: int = Field(default=8, gt=0)
+    max_batch_calls: int = Field(default=64, gt=0)  # calls in one ExecuteToolBatch
+    max_batch_concurrency: int = Field(default=16, gt=0)  # a batch's calls running at once: default and cap
+    progress_events_per_second: float = Field(default=10.0, gt=0)  # a streamed call's progress reports, at most
 
 
 class PluginSettings(Section):

@@ -2,7 +2,8 @@
 
 A stage reads what earlier stages set and sets its own part: resolve sets ``tool`` and
 ``inputs``, validate sets ``arguments``, idempotency sets ``key`` and ``deadline``, dispatch
-sets ``attempts`` (and ``overran``, ``late`` for a handler that outlived the deadline).
+sets ``attempts`` (and ``overran``, ``late`` for a handler that outlived the deadline). ``progress`` is
+where the handler's progress reports go (a streamed call's caller; ``None``: nowhere).
 ``trail`` is the audit trail: every decision made for the call, by stage.
 The accessors (``defn``, ``validated``) say which stage must have run, so a stage placed
 before the one it depends on fails loudly in tests rather than silently deciding on nothing.
@@ -22,7 +23,7 @@ from sidecar.canonical import legacy_sha256_hex, sha256_hex
 from sidecar.contract import CallRequest, Principal, ToolResult
 from sidecar.policy.input import InputParts, now_utc
 from sidecar.state import KeyScope
-from sidecar.tools.definition import ToolDefinition
+from sidecar.tools.definition import ProgressSink, ToolDefinition
 
 __all__ = ["Arguments", "Call"]
 
@@ -46,6 +47,7 @@ class Call:
     request: CallRequest
     policy_revision: str
     caller_deadline: float | None = None  # ``time.monotonic()`` by which the caller stops waiting
+    progress: ProgressSink | None = None  # the transport's: where the handler's progress reports go
     time: str = field(default_factory=now_utc)  # ``input.context.time`` of every decision of the call
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     started: float = field(default_factory=monotonic)

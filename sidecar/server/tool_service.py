@@ -3,12 +3,15 @@
 Every decision lives behind the gateway; authentication and the mapping of exceptions to gRPC
 statuses live in ``sidecar.server.interceptors``. The only errors raised here are
 ``InvalidRequestError`` for a request without its required fields (the gateway raises it too, for a
-malformed string field of ``ListTools`` and ``GetOperation``); everything else is a result.
+malformed string field of ``ListTools`` and ``GetOperation``, and for an empty or too large batch);
+everything else is a result. ``ExecuteToolStream`` writes its events with ``context.write`` (a coroutine,
+not a generator), so the interceptors wrap it as they wrap a unary method.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
@@ -16,7 +19,7 @@ import grpc
 from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.contract import CallRequest, Operation, Principal, ToolListing, ToolResult
+from sidecar.contract import CallBatch, CallRequest, Operation, Principal, Progress, ToolListing, ToolResult
 from sidecar.errors import InvalidRequestError
 from sidecar.server.interceptors import current_principal
 
@@ -36,6 +39,15 @@ class ToolGateway(Protocol):
 
     async def execute(
         self, principal: Principal, request: CallRequest, *, caller_deadline: float | None = None
+    ) -> ToolResult: ...
+
+    async def execute_batch(
+        self, principal: Principal, batch: CallBatch, *, caller_deadline: float | None = None
+    ) -> tuple[ToolResult, ...]: ...
+
+    async def execute_streamed(
+        self, principal: Principal, request: CallRequest, send: Callable[[Progress], Awaitable[None]], *,
+        caller_deadline: float | None = None,
     ) -> ToolResult: ...
 
     async def get_operation(self, principal: Principal, *, tool: str | None = None, key: str | None = None,
@@ -58,6 +70,26 @@ class ToolServicer(pb_grpc.ToolServiceServicer):
         call = convert.call_request_from_pb(request)
         result = await self._gateway.execute(current_principal(), call, caller_deadline=_caller_deadline(context))
         return convert.result_to_pb(result)
+
+    async def ExecuteToolBatch(self, request: pb.ExecuteToolBatchRequest,
+                               context: _Context) -> pb.ExecuteToolBatchResponse:
+        for index, call in enumerate(request.calls):
+            if not call.tool:
+                raise InvalidRequestError(f"calls[{index}]: {TOOL_REQUIRED}")
+        results = await self._gateway.execute_batch(current_principal(), convert.batch_from_pb(request),
+                                                    caller_deadline=_caller_deadline(context))
+        return convert.batch_results_to_pb(results)
+
+    async def ExecuteToolStream(self, request: pb.ExecuteToolRequest, context: _Context) -> None:  # type: ignore[override]
+        if not request.tool:
+            raise InvalidRequestError(TOOL_REQUIRED)
+
+        async def send(update: Progress) -> None:
+            await context.write(convert.event_to_pb(update))
+
+        result = await self._gateway.execute_streamed(current_principal(), convert.call_request_from_pb(request), send,
+                                                      caller_deadline=_caller_deadline(context))
+        await context.write(convert.event_to_pb(result))
 
     async def GetOperation(self, request: pb.GetOperationRequest, context: _Context) -> pb.Operation:
         if not (request.request_id or (request.tool and request.idempotency_key)):

@@ -10,6 +10,11 @@ comes from the input model. A definition is checked when the decorator runs:
 a bad one raises ``ToolDefinitionError`` naming the plugin, the tool and the field.
 Decorating registers nothing globally; a plugin exposes its tools through the
 ``toolbooth.tools`` entry-point group (see ``sidecar.tools.registry``).
+
+A handler reports progress with ``await ctx.report_progress(done, total=..., message=...)`` (a sync
+handler, in its worker thread, with ``ctx.report_progress_sync``); the reports reach a caller that
+streams the call (``ExecuteToolStream``), through the call's ``ProgressSink``. On any other call there
+is no sink and a report does nothing, but its values are checked all the same.
 """
 
 from __future__ import annotations
@@ -21,14 +26,15 @@ import time
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from sidecar.contract import ErrorCode, Principal, SideEffect
+from sidecar.contract import ErrorCode, Principal, Progress, SideEffect
 
 __all__ = [
     "NAME_PATTERN",
+    "ProgressSink",
     "RetryPolicy",
     "ToolContext",
     "ToolDefinition",
@@ -89,6 +95,14 @@ class RetryPolicy:
         return min(self.max_backoff, self.initial_backoff * 2.0 ** (attempt - 1))
 
 
+class ProgressSink(Protocol):
+    """Where a call's progress reports go (a streamed call's caller); set by the sidecar, not by handlers."""
+
+    def report(self, update: Progress) -> None:
+        """Take one report without waiting; called on the event loop or from a sync handler's thread."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ToolContext:
     """What a handler may know about its call. Never holds the caller's token."""
@@ -99,10 +113,24 @@ class ToolContext:
     idempotency_key: str | None
     attempt: int
     logger: logging.LoggerAdapter[logging.Logger]
+    progress_sink: ProgressSink | None = field(default=None, repr=False, compare=False)
 
     def time_remaining(self) -> float:
         """Seconds until the call's deadline (``time.monotonic`` based)."""
         return max(0.0, self.deadline - time.monotonic())
+
+    async def report_progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """Report how far the call is (``progress`` of ``total``, if known), with an optional short ``message``
+        that the caller sees: never put a secret in it. The caller gets the latest report at a bounded rate,
+        and always the last one before the result. Does nothing unless the call is streamed; raises
+        ``ValueError`` for a value that is not a finite number or a message over 1000 characters."""
+        self.report_progress_sync(progress, total, message)
+
+    def report_progress_sync(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """``report_progress`` for sync handlers: callable from their worker thread (thread-safe)."""
+        update = Progress(progress=progress, total=total, message=message)
+        if self.progress_sink is not None:
+            self.progress_sink.report(update)
 
 
 Handler = Callable[[Any, ToolContext], Awaitable[BaseModel] | BaseModel]

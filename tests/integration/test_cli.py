@@ -1,4 +1,5 @@
-"""The ``toolbooth`` command as real processes: ``serve`` on a real Unix socket, ``tools list`` and ``call``.
+"""The ``toolbooth`` command as real processes: ``serve`` on a real Unix socket, ``tools list``, ``call`` and
+``call-batch``.
 
 Needs the calculator plugin installed (``pip install -e plugins/calculator --no-deps``).
 """
@@ -210,6 +211,31 @@ def test_unknown_tool_exits_3(sidecar: Sidecar, env: dict[str, str]) -> None:
     done = toolbooth("call", "no_such_tool", "--target", sidecar.target, env=env)
     assert done.returncode == 3
     assert json.loads(done.stdout)["error"]["code"] == "TOOL_UNAVAILABLE"
+
+
+def test_call_batch_prints_the_results_in_order_and_exits_as_call_for_the_worst(sidecar: Sidecar,
+                                                                              env: dict[str, str],
+                                                                              home: Path) -> None:
+    calls = home / "calls.json"
+    calls.write_text(json.dumps([{"tool": "calculate", "arguments": {"operation": "multiply", "operands": [4, 5]}},
+                                 {"tool": "calculate", "arguments": {"operation": "sqrt"}, "call_id": "c-2"},
+                                 {"tool": "calculate", "arguments": json.loads(ADD_2_3)}]))
+    done = toolbooth("call-batch", str(calls), "--max-concurrency", "2", "--target", sidecar.target, env=env)
+    assert done.returncode == 3, done.stderr
+    results = json.loads(done.stdout)
+    assert [r["status"] for r in results] == ["success", "error", "success"]
+    assert (results[0]["data"]["result"], results[2]["data"]["result"]) == (20.0, 5.0)
+    assert results[1]["error"]["code"] == "INVALID_ARGUMENT"
+    jsonl = f'{{"tool": "calculate", "arguments": {ADD_2_3}}}\n' * 2
+    from_stdin = toolbooth("call-batch", "-", "--cancel-on-permanent-failure", "--target", sidecar.target, env=env,
+                           stdin=jsonl)
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    assert [r["data"]["result"] for r in json.loads(from_stdin.stdout)] == [5.0, 5.0]
+
+
+def test_call_batch_of_no_calls_is_a_usage_error_and_sends_nothing(sidecar: Sidecar, env: dict[str, str]) -> None:
+    done = toolbooth("call-batch", "-", "--target", sidecar.target, env=env, stdin="[]")
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", "toolbooth: error: stdin: no calls\n")
 
 
 # --- without a sidecar --------------------------------------------------------------------------------------

@@ -12,15 +12,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.client import AsyncClient, ClientError
+from sidecar.client import AsyncClient, ClientError, call_request
 from sidecar.config import Settings
 from sidecar.contract import (
     ApprovalResult,
+    CallBatch,
     CallRequest,
     Operation,
     OperationState,
     Preview,
     Principal,
+    Progress,
     ReloadStatus,
     ResultMeta,
     Status,
@@ -51,6 +53,18 @@ class Fakes:
 
     async def execute(self, principal: Principal, request: CallRequest, *,
                       caller_deadline: float | None = None) -> ToolResult:
+        self._reached(principal)
+        return ToolResult(status=Status.SUCCESS, meta=ResultMeta(request_id="r-1", tool=request.tool))
+
+    async def execute_batch(self, principal: Principal, batch: CallBatch, *,
+                            caller_deadline: float | None = None) -> tuple[ToolResult, ...]:
+        self._reached(principal)
+        return tuple(ToolResult(status=Status.SUCCESS, meta=ResultMeta(request_id="r-1", tool=call.tool))
+                     for call in batch.calls)
+
+    async def execute_streamed(self, principal: Principal, request: CallRequest, send: Any, *,
+                               caller_deadline: float | None = None) -> ToolResult:
+        await send(Progress(progress=1))  # a stream that fails fails after its first event
         self._reached(principal)
         return ToolResult(status=Status.SUCCESS, meta=ResultMeta(request_id="r-1", tool=request.tool))
 
@@ -97,11 +111,17 @@ async def serve_fakes() -> Any:
 CALLS: list[tuple[str, Callable[[AsyncClient], Any]]] = [
     ("ListTools", lambda client: client.list_tools()),
     ("ExecuteTool", lambda client: client.execute("echo")),
+    ("ExecuteToolBatch", lambda client: client.execute_batch([call_request("echo")])),
+    ("ExecuteToolStream", lambda client: _events(client.execute_stream("echo"))),
     ("GetOperation", lambda client: client.get_operation("echo", "k-1")),
     ("ApproveOperation", lambda client: client.approve("p-1", "h-1")),
     ("DenyOperation", lambda client: client.deny("p-1", reason="no")),
     ("ListPreviews", lambda client: client.previews()),
 ]
+
+
+async def _events(stream: Any) -> list[Any]:
+    return [event async for event in stream]
 
 
 @pytest.mark.parametrize(("method", "call"), [*CALLS, ("GetPolicyStatus", lambda client: client.policy_status())])

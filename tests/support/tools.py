@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -193,6 +194,88 @@ async def delete_records(args: Text, ctx: ToolContext) -> Text:
     """Needs a permission the default developer principal lacks."""
     return args
 
+
+class Tickets:
+    """Lets held handlers go one by one: a handler waits in ``take(name)`` until the test ``release``s that name;
+    ``started``, ``running``, ``cancelled`` and ``most`` (the most running at once) say what the handlers did.
+    Thread-safe, like ``Counter``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._released: set[str] = set()
+        self.started: list[str] = []
+        self.cancelled: list[str] = []
+        self.running = self.most = 0
+
+    def release(self, *names: str) -> None:
+        with self._lock:
+            self._released.update(names)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._released.clear()
+            self.started.clear()
+            self.cancelled.clear()
+            self.running = self.most = 0
+
+    async def take(self, name: str) -> None:
+        """Wait (as a running handler) until ``name`` is released; a cancellation is noted, then passed on."""
+        with self._lock:
+            self.started.append(name)
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            await until(lambda: name in self._released, timeout=60, what=f"the release of {name!r}")
+        except asyncio.CancelledError:
+            self.cancelled.append(name)
+            raise
+        finally:
+            with self._lock:
+                self.running -= 1
+
+    async def seen(self, condition: Callable[[Tickets], bool], what: str) -> None:
+        """Wait until ``condition(self)`` holds."""
+        await until(lambda: condition(self), timeout=10, what=what)
+
+
+class Turn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    fail: bool = False
+
+
+TICKETS = Tickets()
+
+
+@tool(name="turn", version="1.0.0", side_effect=SideEffect.NONE, timeout=10)
+async def turn(args: Turn, ctx: ToolContext) -> Text:
+    """A read that reports it started, runs until the test releases its ``name`` (``TICKETS``), then returns the
+    name or, with ``fail``, fails permanently (``RESOURCE_NOT_FOUND``)."""
+    await ctx.report_progress(0, message=f"{args.name} started")
+    await TICKETS.take(args.name)
+    if args.fail:
+        raise ToolError(ErrorCode.RESOURCE_NOT_FOUND, f"no turn named {args.name!r}")
+    return Text(text=args.name)
+
+
+@tool(name="count_up", version="1.0.0", side_effect=SideEffect.NONE, timeout=10)
+async def count_up(args: Count, ctx: ToolContext) -> Count:
+    """Report progress 1..count of count, letting the event loop run between two reports."""
+    for done in range(1, args.count + 1):
+        await ctx.report_progress(done, total=args.count, message=f"{done} of {args.count}")
+        await asyncio.sleep(0)
+    return args
+
+
+@tool(name="count_up_sync", version="1.0.0", side_effect=SideEffect.NONE, timeout=10)
+def count_up_sync(args: Count, ctx: ToolContext) -> Count:
+    """``count_up`` as a sync handler: reports from its worker thread, without a total."""
+    for done in range(1, args.count + 1):
+        ctx.report_progress_sync(done)
+    return args
+
+
+BATCH_AND_STREAM = [held_note, turn, count_up, count_up_sync]  # with ALL, the tools of the batch and stream tests
 
 ALL = [echo, echo_sync, nested, boom, not_found, slow, big, flaky, own_timeout, bad_output, create_note, file_note,
        send_email, admin_console, delete_records]

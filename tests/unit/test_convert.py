@@ -11,11 +11,13 @@ from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.contract import (
     ApprovalResult,
+    CallBatch,
     CallRequest,
     ErrorCode,
     ErrorInfo,
     Preview,
     PreviewState,
+    Progress,
     Recovery,
     ResultMeta,
     SideEffect,
@@ -165,3 +167,35 @@ def test_call_request_round_trips_every_field() -> None:
 def test_call_request_without_options_serializes_empty_strings() -> None:
     message = convert.call_request_to_pb(CallRequest(tool="calculate"))
     assert message == pb.ExecuteToolRequest(tool="calculate")
+
+
+def test_batch_round_trips_every_call_and_option() -> None:
+    batch = CallBatch(calls=(CallRequest(tool="echo", arguments_json='{"text":"a"}', call_id="c-1"),
+                             CallRequest(tool="create_note", idempotency_key="k-1")),
+                      max_concurrency=3, cancel_on_permanent_failure=True)
+    message = convert.batch_to_pb(batch)
+    assert (len(message.calls), message.max_concurrency, message.cancel_on_permanent_failure) == (2, 3, True)
+    assert convert.batch_from_pb(message) == batch
+
+
+def test_batch_results_round_trip_in_order() -> None:
+    results = (ToolResult(status=Status.SUCCESS, data={"n": 1}, meta=_meta(request_id="r-1")),
+               ToolResult(status=Status.ERROR, error=ErrorInfo.of(ErrorCode.CANCELLED, "cancelled"),
+                          errors=(ErrorInfo.of(ErrorCode.CANCELLED, "cancelled"),), meta=_meta(request_id="r-2")))
+    assert tuple(convert.batch_results_from_pb(convert.batch_results_to_pb(results))) == results
+
+
+@pytest.mark.parametrize("update", [Progress(progress=3, total=10, message="three"), Progress(progress=0.5),
+                                    Progress(progress=0, total=0)])
+def test_progress_events_round_trip_with_an_absent_total_kept_absent(update: Progress) -> None:
+    message = convert.event_to_pb(update)
+    assert message.WhichOneof("event") == "progress"
+    assert message.progress.HasField("total") is (update.total is not None)
+    assert convert.event_from_pb(message) == update
+
+
+def test_a_result_event_round_trips_and_an_empty_event_is_refused() -> None:
+    result = ToolResult(status=Status.SUCCESS, data=[1], meta=_meta())
+    assert convert.event_from_pb(convert.event_to_pb(result)) == result
+    with pytest.raises(ValueError, match="neither progress nor result"):
+        convert.event_from_pb(pb.ToolEvent())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 import pytest
 
@@ -14,7 +16,7 @@ from sidecar.errors import (
 )
 from sidecar.server.interceptors import current_principal
 from sidecar.server.interceptors.status import status_of
-from sidecar.server.interceptors.unary import is_toolbooth_method
+from sidecar.server.interceptors.unary import behavior_of, is_toolbooth_method
 
 
 @pytest.mark.parametrize(("exc", "status"), [
@@ -43,3 +45,18 @@ def test_there_is_no_principal_outside_a_call() -> None:
 ])
 def test_only_toolbooth_methods_are_intercepted(method: str, ours: bool) -> None:
     assert is_toolbooth_method(method) is ours
+
+
+async def _coroutine(request: object, context: object) -> None: ...
+
+
+async def _generator(request: object, context: object) -> AsyncIterator[object]:
+    yield request
+
+
+def test_a_stream_served_by_a_generator_is_refused_not_served_without_authentication() -> None:
+    behavior, rewrap = behavior_of("/toolbooth.v1.ToolService/ExecuteToolStream",
+                                   grpc.unary_stream_rpc_method_handler(_coroutine))
+    assert behavior is _coroutine and rewrap is grpc.unary_stream_rpc_method_handler
+    with pytest.raises(TypeError, match="only unary methods and server streams served by a coroutine"):
+        behavior_of("/toolbooth.v1.ToolService/ExecuteToolStream", grpc.unary_stream_rpc_method_handler(_generator))

@@ -50,7 +50,8 @@ class DispatchStage:
 def _context(call: Call) -> ToolContext:
     logger = logging.LoggerAdapter(_tool_logger(call.request.tool), {"request_id": call.request_id})
     return ToolContext(principal=call.principal, request_id=call.request_id, deadline=call.handler_deadline(),
-                       idempotency_key=call.request.idempotency_key, attempt=1, logger=logger)
+                       idempotency_key=call.request.idempotency_key, attempt=1, logger=logger,
+                       progress_sink=call.progress)
 
 
 @functools.cache

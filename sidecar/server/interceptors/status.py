@@ -25,7 +25,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
-from sidecar.server.interceptors.unary import Proceed, Rpc, UnaryInterceptor, is_toolbooth_method
+from sidecar.server.interceptors.unary import Proceed, Rpc, UnaryInterceptor, behavior_of, is_toolbooth_method
 
 __all__ = ["INTERNAL_DETAILS", "UNAVAILABLE_DETAILS", "UNDECODABLE_DETAILS", "StatusInterceptor", "status_of"]
 
@@ -85,10 +85,10 @@ def _decoding_checked(continuation: _Continuation[Request, Response]) -> _Contin
 
     async def checked(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Request, Response] | None:
         handler = await continuation(details)
-        if handler is None or handler.unary_unary is None or not is_toolbooth_method(details.method):
+        if handler is None or not is_toolbooth_method(details.method):
             return handler
-        decode, behavior = handler.request_deserializer, cast(
-            Callable[[Request, _Context], Awaitable[Response]], handler.unary_unary)
+        behavior, rewrap = behavior_of(details.method, handler)
+        decode = handler.request_deserializer
 
         def lenient(data: bytes) -> Request | _Undecodable:
             try:
@@ -96,12 +96,12 @@ def _decoding_checked(continuation: _Continuation[Request, Response]) -> _Contin
             except DecodeError:
                 return _Undecodable()
 
-        async def refusing(request: Request | _Undecodable, context: _Context) -> Response:
+        async def refusing(request: Request | _Undecodable, context: _Context) -> Any:
             if isinstance(request, _Undecodable):
                 raise InvalidRequestError(UNDECODABLE_DETAILS)
             return await behavior(request, context)
 
-        return grpc.unary_unary_rpc_method_handler(refusing, request_deserializer=lenient,  # type: ignore[arg-type]
-                                                   response_serializer=handler.response_serializer)
+        return cast("grpc.RpcMethodHandler[Request, Response]",
+                    rewrap(refusing, lenient, handler.response_serializer))
 
     return checked

@@ -1,4 +1,4 @@
-"""``UnaryInterceptor``: code that runs around every unary RPC of Toolbooth's own services.
+"""``UnaryInterceptor``: code that runs around every RPC of Toolbooth's own services (each served by a coroutine).
 
 A ``grpc.aio.ServerInterceptor`` only chooses the method handler: ``intercept_service`` returns
 before the servicer method runs, so an exception the servicer raises never passes through it, and
@@ -9,13 +9,17 @@ handler whose behaviour wraps the servicer's: a subclass's ``around`` gets the c
 access log, metrics or tracing would be others.
 
 Only ``toolbooth.v1.*`` methods are wrapped; health and reflection pass through untouched. Every
-Toolbooth method is unary and served by a coroutine; a streaming one would need a streaming
-wrapper, so it is refused here rather than served without authentication.
+Toolbooth method is served by a coroutine: a unary one returns its reply; a server-streaming one
+(``ExecuteToolStream``) writes its replies with ``context.write`` and returns ``None``, so ``around``
+wraps the whole stream alike (authenticated before the first reply, an exception mapped to a status
+at any point). A method served otherwise (a generator) is refused here rather than served without
+authentication.
 """
 
 from __future__ import annotations
 
 import abc
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -24,7 +28,8 @@ import grpc
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 
-__all__ = ["TOOLBOOTH_METHOD_PREFIX", "Proceed", "Rpc", "UnaryInterceptor", "is_toolbooth_method"]
+__all__ = ["TOOLBOOTH_METHOD_PREFIX", "Behavior", "Proceed", "Rpc", "UnaryInterceptor", "behavior_of",
+           "is_toolbooth_method"]
 
 TOOLBOOTH_METHOD_PREFIX = f"/{pb.DESCRIPTOR.package}."
 
@@ -34,6 +39,8 @@ T = TypeVar("T")
 Proceed = Callable[[], Awaitable[T]]
 _Context = grpc.aio.ServicerContext[Any, Any]
 _Continuation = Callable[[grpc.HandlerCallDetails], Awaitable["grpc.RpcMethodHandler[Request, Response] | None"]]
+Behavior = Callable[[Any, _Context], Awaitable[Any]]
+_Rewrap = Callable[[Behavior, Any, Any], "grpc.RpcMethodHandler[Any, Any]"]  # (behavior, deserializer, serializer)
 
 
 @dataclass(frozen=True)
@@ -50,8 +57,20 @@ def is_toolbooth_method(method: str) -> bool:
     return method.startswith(TOOLBOOTH_METHOD_PREFIX)
 
 
+def behavior_of(method: str, handler: grpc.RpcMethodHandler[Any, Any]) -> tuple[Behavior, _Rewrap]:
+    """The coroutine that serves ``handler``'s calls, and how to make a handler of the same kind around
+    another one; ``TypeError`` for a method that is neither unary nor a server stream served by a coroutine."""
+    # grpc's stubs type behaviours as synchronous; a grpc.aio servicer's methods are coroutines.
+    if handler.unary_unary is not None:
+        return cast(Behavior, handler.unary_unary), grpc.unary_unary_rpc_method_handler
+    if handler.unary_stream is not None and inspect.iscoroutinefunction(handler.unary_stream):
+        return cast(Behavior, handler.unary_stream), grpc.unary_stream_rpc_method_handler
+    raise TypeError(f"{method}: only unary methods and server streams served by a coroutine can be intercepted")
+
+
 class UnaryInterceptor(grpc.aio.ServerInterceptor, abc.ABC):
-    """Runs ``around`` around every unary ``toolbooth.v1`` method; other services are left alone."""
+    """Runs ``around`` around every ``toolbooth.v1`` method (unary, or a server stream served by a coroutine);
+    other services are left alone."""
 
     @abc.abstractmethod
     async def around(self, rpc: Rpc, proceed: Proceed[T]) -> T:
@@ -65,14 +84,10 @@ class UnaryInterceptor(grpc.aio.ServerInterceptor, abc.ABC):
         method = handler_call_details.method
         if handler is None or not is_toolbooth_method(method):
             return handler
-        if handler.unary_unary is None:
-            raise TypeError(f"{method}: only unary methods can be intercepted")
-        # grpc's stubs type behaviours as synchronous; a grpc.aio servicer's methods are coroutines.
-        behavior = cast(Callable[[Request, _Context], Awaitable[Response]], handler.unary_unary)
+        behavior, rewrap = behavior_of(method, handler)
         metadata = tuple(handler_call_details.invocation_metadata or ())
 
-        async def wrapped(request: Request, context: _Context) -> Response:
+        async def wrapped(request: Any, context: _Context) -> Any:
             return await self.around(Rpc(method, metadata, context), lambda: behavior(request, context))
 
-        return grpc.unary_unary_rpc_method_handler(wrapped, request_deserializer=handler.request_deserializer,
-                                                   response_serializer=handler.response_serializer)
+        return rewrap(wrapped, handler.request_deserializer, handler.response_serializer)

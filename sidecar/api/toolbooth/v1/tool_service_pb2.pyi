@@ -55,6 +55,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_TIMEOUT: _ClassVar[ErrorCode]
     ERROR_CODE_SERVICE_UNAVAILABLE: _ClassVar[ErrorCode]
     ERROR_CODE_INTERNAL_ERROR: _ClassVar[ErrorCode]
+    ERROR_CODE_CANCELLED: _ClassVar[ErrorCode]
 
 class Recovery(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -100,6 +101,7 @@ ERROR_CODE_RATE_LIMITED: ErrorCode
 ERROR_CODE_TIMEOUT: ErrorCode
 ERROR_CODE_SERVICE_UNAVAILABLE: ErrorCode
 ERROR_CODE_INTERNAL_ERROR: ErrorCode
+ERROR_CODE_CANCELLED: ErrorCode
 RECOVERY_UNSPECIFIED: Recovery
 RECOVERY_CORRECT_ARGUMENTS: Recovery
 RECOVERY_DO_NOT_RETRY: Recovery
@@ -108,6 +110,40 @@ RECOVERY_REQUEST_USER_INPUT: Recovery
 RECOVERY_CHECK_OPERATION_STATUS: Recovery
 RECOVERY_RETRY_WITH_BACKOFF: Recovery
 RECOVERY_RETRY_SAME_REQUEST: Recovery
+
+class ExecuteToolBatchRequest(_message.Message):
+    __slots__ = ("calls", "max_concurrency", "cancel_on_permanent_failure")
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_ON_PERMANENT_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[ExecuteToolRequest]
+    max_concurrency: int
+    cancel_on_permanent_failure: bool
+    def __init__(self, calls: _Optional[_Iterable[_Union[ExecuteToolRequest, _Mapping]]] = ..., max_concurrency: _Optional[int] = ..., cancel_on_permanent_failure: _Optional[bool] = ...) -> None: ...
+
+class ExecuteToolBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ToolResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ...) -> None: ...
+
+class ToolProgress(_message.Message):
+    __slots__ = ("progress", "total", "message")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    progress: float
+    total: float
+    message: str
+    def __init__(self, progress: _Optional[float] = ..., total: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ToolEvent(_message.Message):
+    __slots__ = ("progress", "result")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    progress: ToolProgress
+    result: ToolResult
+    def __init__(self, progress: _Optional[_Union[ToolProgress, _Mapping]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ...) -> None: ...
 
 class GetOperationRequest(_message.Message):
     __slots__ = ("tool", "idempotency_key", "request_id")

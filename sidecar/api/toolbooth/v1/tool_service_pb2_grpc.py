@@ -50,6 +50,16 @@ class ToolServiceStub:
                 request_serializer=toolbooth_dot_v1_dot_tool__service__pb2.GetOperationRequest.SerializeToString,
                 response_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.Operation.FromString,
                 _registered_method=True)
+        self.ExecuteToolBatch = channel.unary_unary(
+                '/toolbooth.v1.ToolService/ExecuteToolBatch',
+                request_serializer=toolbooth_dot_v1_dot_tool__service__pb2.ExecuteToolBatchRequest.SerializeToString,
+                response_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.ExecuteToolBatchResponse.FromString,
+                _registered_method=True)
+        self.ExecuteToolStream = channel.unary_stream(
+                '/toolbooth.v1.ToolService/ExecuteToolStream',
+                request_serializer=toolbooth_dot_v1_dot_tool__service__pb2.ExecuteToolRequest.SerializeToString,
+                response_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.ToolEvent.FromString,
+                _registered_method=True)
 
 
 class ToolServiceServicer:
@@ -79,6 +89,25 @@ class ToolServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecuteToolBatch(self, request, context):
+        """ExecuteToolBatch runs the calls of one model reply, each exactly as ExecuteTool runs it
+        (authorized, keyed and audited on its own), at most max_concurrency at a time, and returns
+        their results in request order. An empty batch, or one of more calls than the sidecar's
+        limits.max_batch_calls, is INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExecuteToolStream(self, request, context):
+        """ExecuteToolStream runs one call as ExecuteTool does and streams the progress its handler
+        reports (rate-limited, the last report always delivered), then its result as the last event.
+        Cancelling the stream cancels a read tool; a started write finishes and is recorded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +125,16 @@ def add_ToolServiceServicer_to_server(servicer, server):
                     servicer.GetOperation,
                     request_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.GetOperationRequest.FromString,
                     response_serializer=toolbooth_dot_v1_dot_tool__service__pb2.Operation.SerializeToString,
+            ),
+            'ExecuteToolBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExecuteToolBatch,
+                    request_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.ExecuteToolBatchRequest.FromString,
+                    response_serializer=toolbooth_dot_v1_dot_tool__service__pb2.ExecuteToolBatchResponse.SerializeToString,
+            ),
+            'ExecuteToolStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExecuteToolStream,
+                    request_deserializer=toolbooth_dot_v1_dot_tool__service__pb2.ExecuteToolRequest.FromString,
+                    response_serializer=toolbooth_dot_v1_dot_tool__service__pb2.ToolEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +219,60 @@ class ToolService:
             '/toolbooth.v1.ToolService/GetOperation',
             toolbooth_dot_v1_dot_tool__service__pb2.GetOperationRequest.SerializeToString,
             toolbooth_dot_v1_dot_tool__service__pb2.Operation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecuteToolBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolbooth.v1.ToolService/ExecuteToolBatch',
+            toolbooth_dot_v1_dot_tool__service__pb2.ExecuteToolBatchRequest.SerializeToString,
+            toolbooth_dot_v1_dot_tool__service__pb2.ExecuteToolBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecuteToolStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/toolbooth.v1.ToolService/ExecuteToolStream',
+            toolbooth_dot_v1_dot_tool__service__pb2.ExecuteToolRequest.SerializeToString,
+            toolbooth_dot_v1_dot_tool__service__pb2.ToolEvent.FromString,
             options,
             channel_credentials,
             insecure,

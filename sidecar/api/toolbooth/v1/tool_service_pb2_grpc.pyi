@@ -55,6 +55,17 @@ class ToolServiceStub:
     """GetOperation says where a keyed call of the caller stands (for results with recovery
     check_operation_status): by tool + idempotency_key, or by the request_id of the call that ran it.
     """
+    ExecuteToolBatch: _grpc.UnaryUnaryMultiCallable[_tool_service_pb2.ExecuteToolBatchRequest, _tool_service_pb2.ExecuteToolBatchResponse]
+    """ExecuteToolBatch runs the calls of one model reply, each exactly as ExecuteTool runs it
+    (authorized, keyed and audited on its own), at most max_concurrency at a time, and returns
+    their results in request order. An empty batch, or one of more calls than the sidecar's
+    limits.max_batch_calls, is INVALID_ARGUMENT.
+    """
+    ExecuteToolStream: _grpc.UnaryStreamMultiCallable[_tool_service_pb2.ExecuteToolRequest, _tool_service_pb2.ToolEvent]
+    """ExecuteToolStream runs one call as ExecuteTool does and streams the progress its handler
+    reports (rate-limited, the last report always delivered), then its result as the last event.
+    Cancelling the stream cancels a read tool; a started write finishes and is recorded.
+    """
 
 @_typing.type_check_only
 class ToolServiceAsyncStub(ToolServiceStub):
@@ -70,6 +81,17 @@ class ToolServiceAsyncStub(ToolServiceStub):
     GetOperation: _aio.UnaryUnaryMultiCallable[_tool_service_pb2.GetOperationRequest, _tool_service_pb2.Operation]  # type: ignore[assignment]
     """GetOperation says where a keyed call of the caller stands (for results with recovery
     check_operation_status): by tool + idempotency_key, or by the request_id of the call that ran it.
+    """
+    ExecuteToolBatch: _aio.UnaryUnaryMultiCallable[_tool_service_pb2.ExecuteToolBatchRequest, _tool_service_pb2.ExecuteToolBatchResponse]  # type: ignore[assignment]
+    """ExecuteToolBatch runs the calls of one model reply, each exactly as ExecuteTool runs it
+    (authorized, keyed and audited on its own), at most max_concurrency at a time, and returns
+    their results in request order. An empty batch, or one of more calls than the sidecar's
+    limits.max_batch_calls, is INVALID_ARGUMENT.
+    """
+    ExecuteToolStream: _aio.UnaryStreamMultiCallable[_tool_service_pb2.ExecuteToolRequest, _tool_service_pb2.ToolEvent]  # type: ignore[assignment]
+    """ExecuteToolStream runs one call as ExecuteTool does and streams the progress its handler
+    reports (rate-limited, the last report always delivered), then its result as the last event.
+    Cancelling the stream cancels a read tool; a started write finishes and is recorded.
     """
 
 class ToolServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -101,6 +123,29 @@ class ToolServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_tool_service_pb2.Operation, _abc.Awaitable[_tool_service_pb2.Operation]]:
         """GetOperation says where a keyed call of the caller stands (for results with recovery
         check_operation_status): by tool + idempotency_key, or by the request_id of the call that ran it.
+        """
+
+    @_abc_1.abstractmethod
+    def ExecuteToolBatch(
+        self,
+        request: _tool_service_pb2.ExecuteToolBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_tool_service_pb2.ExecuteToolBatchResponse, _abc.Awaitable[_tool_service_pb2.ExecuteToolBatchResponse]]:
+        """ExecuteToolBatch runs the calls of one model reply, each exactly as ExecuteTool runs it
+        (authorized, keyed and audited on its own), at most max_concurrency at a time, and returns
+        their results in request order. An empty batch, or one of more calls than the sidecar's
+        limits.max_batch_calls, is INVALID_ARGUMENT.
+        """
+
+    @_abc_1.abstractmethod
+    def ExecuteToolStream(
+        self,
+        request: _tool_service_pb2.ExecuteToolRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_tool_service_pb2.ToolEvent], _abc.AsyncIterator[_tool_service_pb2.ToolEvent]]:
+        """ExecuteToolStream runs one call as ExecuteTool does and streams the progress its handler
+        reports (rate-limited, the last report always delivered), then its result as the last event.
+        Cancelling the stream cancels a read tool; a started write finishes and is recorded.
         """
 
 def add_ToolServiceServicer_to_server(servicer: ToolServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
