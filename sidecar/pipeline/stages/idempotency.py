@@ -17,7 +17,8 @@ runs; if that write fails the key is released and nothing runs.
 A handler that outlived the deadline (``call.overran``: the caller got ``TIMEOUT``) may have had its
 effect: its ``TIMEOUT`` is not stored, its record is marked unknown. A sync handler's thread runs on
 (``call.late``); when it ends, its own result is stored under the key (unless an operator resolved it
-first) and audited, so retries replay it. An async handler was cancelled: an operator settles it.
+first) and audited, so retries replay it. An async handler was cancelled, an isolated sync handler's
+worker process killed: an operator settles it.
 
 A key is released, not completed, when the call certainly had no effect (``had_no_effect``): its
 handler never started (a later stage refused it, e.g. its approval was already used, or its
