@@ -231,6 +231,23 @@ def test_tools_table() -> None:
     ]
 
 
+def test_tools_export_openai_names_each_tool_that_is_not_strict(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    closed = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"],
+              "additionalProperties": False}
+    open_schema = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 9}}, "required": ["q"]}
+    listing = ToolListing(tools=tuple(
+        ToolDescriptor(name=name, version="1", description="", input_schema=schema, side_effect=SideEffect.NONE,
+                       requires_idempotency_key=False, timeout_ms=1000)
+        for name, schema in (("search", closed), ("lookup", open_schema))), policy_revision="r1")
+    monkeypatch.setattr("sidecar.cli.tools.with_client", lambda args, request: listing)
+    assert main(["tools", "export", "--format", "openai"]) == 0
+    out, err = capsys.readouterr()
+    assert [tool["function"]["strict"] for tool in json.loads(out)] == [True, False]
+    assert err == ("toolbooth: note: tool 'lookup' is not strict: #: the object must set additionalProperties: "
+                   "false; #/properties/q: keyword 'maxLength' is not supported\n")
+
+
 def test_fail_prefixes_every_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert fail("first\nsecond", 7) == 7
     assert capsys.readouterr().err == "toolbooth: error: first\ntoolbooth: error: second\n"
