@@ -15,12 +15,14 @@ from sidecar.config.base import (
     ENV_PREFIX,
     ENV_TARGET,
     ENV_TOKEN,
+    ENV_TOKEN_FILE,
     UNIX_PREFIX,
     bundled_policy_dir,
     default_socket_path,
     default_state_dir,
 )
 from sidecar.config.listen import LISTEN_FORMS, ListenAddress, ListenKind, is_loopback, parse_listen, socket_path
+from sidecar.config.mcp import MCP_PATH, McpSettings
 from sidecar.config.policy import (
     BundleKeySettings,
     BundleSettings,
@@ -48,7 +50,9 @@ __all__ = [
     "ENV_PREFIX",
     "ENV_TARGET",
     "ENV_TOKEN",
+    "ENV_TOKEN_FILE",
     "LISTEN_FORMS",
+    "MCP_PATH",
     "MIN_MASK_KEY_BYTES",
     "UNIX_PREFIX",
     "AuditSettings",
@@ -62,6 +66,7 @@ __all__ = [
     "Limits",
     "ListenAddress",
     "ListenKind",
+    "McpSettings",
     "OpaSettings",
     "OpaTlsSettings",
     "PluginSettings",
