@@ -2,7 +2,7 @@
 
 A thin shell over ``sidecar.config``, ``sidecar.server.serve``, ``sidecar.client.Client`` and the
 policy, bundle and store tools: each group module (``serve``, ``tools``, ``config``, ``policy``,
-``audit``, ``approvals``, ``operations``) adds its commands and handlers; ``main`` parses, runs the
+``audit``, ``approvals``, ``operations``, ``mcp_stdio``) adds its commands and handlers; ``main`` parses, runs the
 chosen handler and turns the outcome into an exit code (``sidecar.cli.common`` lists them).
 """
 
@@ -12,14 +12,14 @@ import argparse
 from collections.abc import Sequence
 
 from sidecar import __version__
-from sidecar.cli import approvals, audit, config, operations, policy, serve, tools
+from sidecar.cli import approvals, audit, config, mcp_stdio, operations, policy, serve, tools
 from sidecar.cli.common import EXIT_USAGE, CommandError, Handler, fail
 from sidecar.errors import ConfigError
 
 __all__ = ["GROUPS", "build_parser", "main"]
 
 # In the order ``toolbooth --help`` lists them.
-GROUPS = (serve, tools, config, policy, audit, approvals, operations)
+GROUPS = (serve, tools, mcp_stdio, config, policy, audit, approvals, operations)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
