@@ -58,7 +58,7 @@ class Tools(Protocol):
 ToolsFor = Callable[[Context], Tools]
 
 
-def build_server(tools_for: ToolsFor, *, instructions: str | None = None) -> Server[Any]:
+def build_server(tools_for: ToolsFor) -> Server[Any]:
     """An MCP server serving the tools ``tools_for`` gives for each request."""
 
     async def list_tools(ctx: Context, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
@@ -73,8 +73,7 @@ def build_server(tools_for: ToolsFor, *, instructions: str | None = None) -> Ser
             result = await tools_for(ctx).execute(request)
         return call_result(result)
 
-    return Server(SERVER_NAME, version=__version__, instructions=instructions,
-                  on_list_tools=list_tools, on_call_tool=call_tool)
+    return Server(SERVER_NAME, version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -267,3 +268,16 @@ async def test_serve_runs_the_endpoint_in_the_sidecars_loop_and_stops_within_the
         async with asyncio.timeout(10):
             await task
     assert time.monotonic() - began < settings.server.shutdown_grace_seconds + 1
+
+
+async def test_a_port_in_use_is_a_start_up_error_naming_the_setting(
+    make_settings: Callable[..., Settings], make_pipeline: Any,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError) as raised:
+            McpEndpoint.open(make_settings(mcp={"listen": f"127.0.0.1:{port}"}), await make_pipeline())
+    assert str(raised.value) == f"cannot listen on mcp.listen 127.0.0.1:{port}: the port is in use (another process " \
+                                "is listening there)"
