@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import os
 from collections.abc import Iterator
@@ -57,10 +58,8 @@ def add_commands(commands: Subparsers) -> None:
 
 def cmd_mcp_stdio(args: argparse.Namespace) -> int:
     """``toolbooth mcp-stdio``: serve until stdin closes."""
-    try:
-        from mcp.server.stdio import stdio_server  # noqa: F401  (the extra is installed)
-    except ImportError:
-        raise CommandError("mcp-stdio needs the 'mcp' extra (pip install 'toolbooth[mcp]')", EXIT_USAGE) from None
+    if importlib.util.find_spec("mcp") is None:
+        raise CommandError("mcp-stdio needs the 'mcp' extra (pip install 'toolbooth[mcp]')", EXIT_USAGE)
     setup_logging(args.log_level)
     token = read_token(args.token, args.token_file)
     try:

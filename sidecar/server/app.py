@@ -5,7 +5,8 @@ port 0 or a temporary socket; binding is ``sidecar.server.listeners``); ``serve`
 sidecar until SIGTERM/SIGINT and logs at start what it serves with: plugins, tools, store,
 policy engine and revision, listeners. With a chain key (``audit.chain_key``) it writes the signed
 audit checkpoint (``sidecar.state.checkpoint``) at an interval and, once the last calls are
-recorded, at shutdown.
+recorded, at shutdown. With ``mcp.listen`` it serves MCP too (``sidecar.server.mcp_http``), on the same
+event loop: started before gRPC, stopped first at shutdown, each within ``server.shutdown_grace_seconds``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import mcp
 import pytest
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from sidecar.bootstrap import assemble
@@ -281,3 +283,20 @@ async def test_a_port_in_use_is_a_start_up_error_naming_the_setting(
             McpEndpoint.open(make_settings(mcp={"listen": f"127.0.0.1:{port}"}), await make_pipeline())
     assert str(raised.value) == f"cannot listen on mcp.listen 127.0.0.1:{port}: the port is in use (another process " \
                                 "is listening there)"
+
+
+async def test_a_client_of_the_sessionless_2026_protocol_gets_the_same_answers(world: World) -> None:
+    """The SDK's high-level ``Client`` negotiates the newest protocol (no handshake, no session): every request
+    is authenticated on its own and the ``_meta`` keys work the same."""
+    key = {"toolbooth/idempotency_key": "modern-1"}
+    async with http_client(world.token()) as http, \
+            mcp.Client(streamable_http_client(world.url, http_client=http), mode="2026-07-28") as client:
+        listed = {tool.name for tool in (await client.list_tools()).tools}
+        first = typed((await client.call_tool("create_note", {"text": "m"}, meta=key)).structured_content)
+        again = typed((await client.call_tool("create_note", {"text": "m"}, meta=key)).structured_content)
+    assert "echo" in listed and "admin_console" not in listed
+    assert first.status is Status.SUCCESS and again.meta.idempotency_replayed and again.data == first.data
+    async with http_client() as anonymous:
+        response = await anonymous.post(world.url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                                        headers={**ACCEPT, "mcp-protocol-version": "2026-07-28"})
+    assert response.status_code == 401
