@@ -3,7 +3,7 @@
 ``build_server(tools_for)`` returns an MCP SDK ``Server`` whose two handlers ask ``tools_for(ctx)`` —
 the caller's ``Tools`` for this request — and convert, nothing else: the sidecar's Streamable HTTP
 endpoint passes the pipeline as the request's authenticated principal (``sidecar.server.mcp_http``);
-``toolbooth mcp-stdio`` passes a gRPC client of a running sidecar (``sidecar.cli.mcp``). Either
+``toolbooth mcp-stdio`` passes a gRPC client of a running sidecar (``sidecar.cli.mcp_stdio``). Either
 way every call goes through the one ``Pipeline.execute``, so it is decided, validated, keyed and
 audited like ``ExecuteTool``:
 
@@ -16,9 +16,10 @@ What fails outside a call maps to a JSON-RPC error (``protocol_error``), as it m
 there: a broken request is ``INVALID_PARAMS`` with its message, a failed dependency (the policy
 engine during a listing) ``INTERNAL_ERROR`` "service unavailable", a refused token "unauthenticated: …".
 
-Progress: ``notifications/progress`` for a call will be sent from ``call_tool`` below, through
-``ctx.session`` to the request's ``progressToken`` (``ctx.meta``), once the pipeline takes a progress
-reporter for a call; nothing else needs to change.
+Progress: ``notifications/progress`` for a call belong in ``call_tool`` below, the one place an MCP call
+meets the pipeline: once a call takes a progress reporter, ``Tools.execute`` passes one that sends to
+the request's ``progressToken`` (``ctx.meta``) through ``ctx.session`` (on the request's event stream;
+``mcp.json_response`` has none).
 """
 
 from __future__ import annotations
