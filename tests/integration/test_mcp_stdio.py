@@ -45,7 +45,7 @@ async def test_the_bridge_lists_and_calls_as_the_tokens_principal(sidecar: Sidec
     assert typed(hidden.structured_content).error.code is ErrorCode.TOOL_UNAVAILABLE  # type: ignore[union-attr]
 
 
-async def test_the_token_can_come_from_a_file_and_a_keyed_write_is_replayed(
+async def test_the_token_can_come_from_a_file_a_keyed_write_is_replayed_and_approval_is_asked(
     sidecar: Sidecar, make_token: Callable[..., str], tmp_path: Path,
 ) -> None:
     token_file = tmp_path / "token"
@@ -56,6 +56,9 @@ async def test_the_token_can_come_from_a_file_and_a_keyed_write_is_replayed(
         first = typed((await s.call_tool("create_note", {"text": "a"}, meta=key)).structured_content)
         again = typed((await s.call_tool("create_note", {"text": "a"}, meta=key)).structured_content)
         unkeyed = typed((await s.call_tool("create_note", {"text": "a"})).structured_content)
+        email = await s.call_tool("send_email", {"text": "hello"}, meta={"toolbooth/idempotency_key": "mail-1"})
+    assert email.is_error and typed(email.structured_content).status is Status.APPROVAL_REQUIRED
+    assert typed(email.structured_content).preview is not None  # what the client shows an approver
     assert first.status is Status.SUCCESS and first.data == again.data == {"count": before + 1}
     assert again.meta.idempotency_replayed and tools.CREATED.value == before + 1
     assert unkeyed.error is not None and unkeyed.error.field == "idempotency_key"

@@ -141,6 +141,19 @@ def test_config_validate_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "auth:     dev" in out
     assert f"{tmp_path}/tb.db" in out
     assert "policy:   embedded: directory " in out
+    assert "mcp:" not in out  # off by default
+
+
+def test_config_validate_shows_the_mcp_endpoint_and_refuses_a_public_one_in_dev_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = f"server:\n  listen: ['unix://{tmp_path}/tb.sock']\nstore:\n  sqlite_path: {tmp_path}/tb.db\n"
+    local = _config(tmp_path, base + "mcp:\n  listen: 127.0.0.1:8765\n")
+    assert main(["config", "validate", "--config", str(local)]) == 0
+    assert "  mcp:      http://127.0.0.1:8765/mcp\n" in capsys.readouterr().out
+    public = _config(tmp_path, base + "mcp:\n  listen: 0.0.0.0:8765\n")
+    assert main(["config", "validate", "--config", str(public)]) == 2
+    assert "mcp.listen: '0.0.0.0:8765' is not a loopback address; auth mode 'dev'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("text", "expected"), [
