@@ -220,7 +220,8 @@ async def test_a_foreign_host_header_is_refused_on_loopback(world: World) -> Non
     assert response.status_code == 421  # DNS rebinding protection
 
 
-async def test_stop_lets_a_call_in_flight_finish_and_ends_open_sessions(world: World) -> None:
+async def test_stop_lets_a_call_in_flight_finish_and_ends_open_sessions(world: World,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
     tools.HOLD.close()
     started = tools.HELD_STARTED.value
     async with contextlib.AsyncExitStack() as client:
@@ -235,10 +236,10 @@ async def test_stop_lets_a_call_in_flight_finish_and_ends_open_sessions(world: W
         assert not call.done() and not stopping.done()
         tools.HOLD.open()
         answer = await call
-        began = time.monotonic()
         await stopping
-        assert time.monotonic() - began < 2  # the session's open event stream did not hold the stop up
         client.push_async_exit(_server_gone)
+    # the session's open event stream was ended, not waited for until uvicorn gave up and cancelled it
+    assert "timeout graceful shutdown exceeded" not in caplog.text
     assert typed(answer.structured_content).status is Status.SUCCESS
 
 
@@ -266,10 +267,8 @@ async def test_serve_runs_the_endpoint_in_the_sidecars_loop_and_stops_within_the
         assert typed(answer.structured_content).data == {"text": "in-loop", "principal": "dev", "attempt": 1}
     finally:
         stop.set()
-        began = time.monotonic()
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(2 * settings.server.shutdown_grace_seconds + 5):  # MCP, then gRPC: each bounded
             await task
-    assert time.monotonic() - began < settings.server.shutdown_grace_seconds + 1
 
 
 async def test_a_port_in_use_is_a_start_up_error_naming_the_setting(
