@@ -272,7 +272,7 @@ async def _bench(args: argparse.Namespace, children: base.Children) -> dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, base._raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, base.raise_keyboard_interrupt)
     base.sidecar_env_clean()
     children = base.Children()
     try:

@@ -278,8 +278,27 @@ def describe_failure(reply: pb.ToolResult) -> str:
     return f"unexpected data_json {reply.data_json!r}"
 
 
-async def measure(server: str, stub: pb_grpc.ToolServiceStub, request: pb.ExecuteToolRequest, expected_data: str,
-                  *, concurrency: int, calls: int, max_seconds: float, server_pid: int) -> Run:
+Call = Callable[[], Awaitable["str | None"]]
+"""One call of a benchmark: ``None`` when it returned the expected result, else what went wrong."""
+
+
+def grpc_call(stub: pb_grpc.ToolServiceStub, request: pb.ExecuteToolRequest, expected_data: str) -> Call:
+    """``ExecuteTool(request)`` through ``stub``, expecting SUCCESS with ``expected_data``."""
+
+    async def call() -> str | None:
+        try:
+            reply = await stub.ExecuteTool(request, timeout=CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            return f"gRPC {exc.code().name}: {exc.details()}"
+        if reply.status != pb.STATUS_SUCCESS or reply.data_json != expected_data:
+            return describe_failure(reply)
+        return None
+
+    return call
+
+
+async def measure(server: str, call: Call, *, concurrency: int, calls: int, max_seconds: float,
+                  server_pid: int) -> Run:
     """``concurrency`` workers share ``calls`` calls; they stop early after ``max_seconds``.
 
     Also records the CPU time the server process and this client process spent per call.
@@ -297,15 +316,10 @@ async def measure(server: str, stub: pb_grpc.ToolServiceStub, request: pb.Execut
         while remaining > 0 and clock() < deadline and not STOP.is_set():
             remaining -= 1
             sent = clock()
-            try:
-                reply = await stub.ExecuteTool(request, timeout=CALL_TIMEOUT_S)
-            except grpc.aio.AioRpcError as exc:
-                latencies.append(clock() - sent)
-                failures[f"gRPC {exc.code().name}: {exc.details()}"] += 1
-                continue
+            failure = await call()
             latencies.append(clock() - sent)
-            if reply.status != pb.STATUS_SUCCESS or reply.data_json != expected_data:
-                failures[describe_failure(reply)] += 1
+            if failure is not None:
+                failures[failure] += 1
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     seconds = clock() - start
@@ -486,7 +500,8 @@ async def _bench(args: argparse.Namespace, children: Children, channels: context
     progress(f"request {request.ByteSize()} B; reply {len(reply_bytes)} B (sidecar), {probe.ByteSize()} B (echo); "
              f"{args.warmup} warm-up + {args.calls} calls per run, {args.repeat} runs per server and level")
 
-    stubs = {"echo": echo_stub, "sidecar": sidecar_stub}
+    calls = {"echo": grpc_call(echo_stub, request, expected_data), "sidecar": grpc_call(sidecar_stub, request,
+                                                                                          expected_data)}
     levels = []
     for concurrency in args.levels:
         runs: dict[str, list[Run]] = {"echo": [], "sidecar": []}
@@ -496,10 +511,10 @@ async def _bench(args: argparse.Namespace, children: Children, channels: context
                 children.check_alive(server)
                 pid = children.procs[server].pid
                 if args.warmup:
-                    await measure(server, stubs[server], request, expected_data, concurrency=concurrency,
-                                  calls=args.warmup, max_seconds=args.max_seconds, server_pid=pid)
-                run = await measure(server, stubs[server], request, expected_data, concurrency=concurrency,
-                                    calls=args.calls, max_seconds=args.max_seconds, server_pid=pid)
+                    await measure(server, calls[server], concurrency=concurrency, calls=args.warmup,
+                                  max_seconds=args.max_seconds, server_pid=pid)
+                run = await measure(server, calls[server], concurrency=concurrency, calls=args.calls,
+                                    max_seconds=args.max_seconds, server_pid=pid)
                 runs[server].append(run)
                 note = " (stopped by --max-seconds)" if run.stopped_by_time else ""
                 cpu = run.server_cpu_ms_per_call
@@ -536,7 +551,7 @@ async def _bench(args: argparse.Namespace, children: Children, channels: context
     }
 
 
-def _raise_keyboard_interrupt(number: int, frame: object) -> None:
+def raise_keyboard_interrupt(number: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
@@ -546,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_echo_server(*args.echo_server)
 
     # Until bench() installs its handlers, SIGTERM ends the run like Ctrl-C: through the finally below.
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     sidecar_env_clean()
     children = Children()
     try:

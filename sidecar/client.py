@@ -12,6 +12,7 @@ not exceptions but ``ToolResult``s with ``status`` and ``error``::
         async with contextlib.aclosing(client.execute_stream("index", {"path": "/"})) as events:
             async for event in events:  # Progress reports, then the ToolResult
                 ...
+        tools = await client.tool_schemas("openai")  # or "anthropic", "mcp": for a model's tool calling
 
 Leaving a stream early (closing it, as ``aclosing`` does) cancels the call: a read stops, a started
 write finishes and is recorded (``docs/agents.md``).
@@ -26,7 +27,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from sidecar.api import convert
+from sidecar.api import convert, schemas
+from sidecar.api.schemas import SchemaFormat
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.contract import (
@@ -81,6 +83,13 @@ class AsyncClient(_Base):
         """The tools the caller may see."""
         request = pb.ListToolsRequest(conversation_id=conversation_id or "")
         return convert.listing_from_pb(await self._call(self._stub.ListTools, request, None))
+
+    async def tool_schemas(self, format: SchemaFormat | str, *,
+                           conversation_id: str | None = None) -> list[dict[str, Any]]:
+        """The tools the caller may see as ``openai``, ``anthropic`` or ``mcp`` tool objects
+        (``sidecar.api.schemas``), ready for a model provider's ``tools`` parameter."""
+        wanted = schemas.schema_format(format)
+        return schemas.tool_schemas((await self.list_tools(conversation_id=conversation_id)).tools, wanted)
 
     async def policy_status(self) -> ReloadStatus:
         """The policy revision in force and the last reload attempt."""
@@ -187,6 +196,12 @@ class Client(_Base):
         """The tools the caller may see."""
         request = pb.ListToolsRequest(conversation_id=conversation_id or "")
         return convert.listing_from_pb(self._call(self._stub.ListTools, request, None))
+
+    def tool_schemas(self, format: SchemaFormat | str, *, conversation_id: str | None = None) -> list[dict[str, Any]]:
+        """The tools the caller may see as ``openai``, ``anthropic`` or ``mcp`` tool objects
+        (``sidecar.api.schemas``), ready for a model provider's ``tools`` parameter."""
+        wanted = schemas.schema_format(format)
+        return schemas.tool_schemas(self.list_tools(conversation_id=conversation_id).tools, wanted)
 
     def policy_status(self) -> ReloadStatus:
         """The policy revision in force and the last reload attempt."""

@@ -226,7 +226,8 @@ class Operation(_Frozen):
 
 
 class ToolDescriptor(_Frozen):
-    """What discovery shows about a tool."""
+    """What discovery shows about a tool: its arguments' schema (``input_schema``) and that of a success's
+    ``data`` (``output_schema``; empty when unknown); ``title`` is for display (empty: show ``name``)."""
 
     name: str
     version: str
@@ -235,6 +236,8 @@ class ToolDescriptor(_Frozen):
     side_effect: SideEffect
     requires_idempotency_key: bool
     timeout_ms: int
+    output_schema: dict[str, Any] = Field(default_factory=dict)
+    title: str = ""
 
 
 class ToolListing(_Frozen):

@@ -209,7 +209,7 @@ def approval_from_pb(message: pb.ApprovalResult) -> ApprovalResult:
 
 
 def descriptor_to_pb(descriptor: ToolDescriptor) -> pb.ToolDescriptor:
-    """A tool descriptor as proto; the input schema becomes compact JSON."""
+    """A tool descriptor as proto; the schemas become compact JSON (an empty output schema: ``""``)."""
     return pb.ToolDescriptor(
         name=descriptor.name,
         version=descriptor.version,
@@ -218,6 +218,8 @@ def descriptor_to_pb(descriptor: ToolDescriptor) -> pb.ToolDescriptor:
         side_effect=SIDE_EFFECT.to_pb(descriptor.side_effect),
         requires_idempotency_key=descriptor.requires_idempotency_key,
         timeout_ms=descriptor.timeout_ms,
+        output_schema_json=_dumps(descriptor.output_schema) if descriptor.output_schema else "",
+        title=descriptor.title,
     )
 
 
@@ -231,6 +233,8 @@ def descriptor_from_pb(message: pb.ToolDescriptor) -> ToolDescriptor:
         side_effect=SIDE_EFFECT.from_pb(message.side_effect),
         requires_idempotency_key=message.requires_idempotency_key,
         timeout_ms=message.timeout_ms,
+        output_schema=json.loads(message.output_schema_json) if message.output_schema_json else {},
+        title=message.title,
     )
 
 

@@ -14,7 +14,7 @@ import asyncio
 
 from sidecar.cli.common import EXIT_OK, CommandError, Subparsers, config_flag
 from sidecar.cli.preflight import STARTUP_FAILURES, failure_exit, preflight
-from sidecar.config import Settings, load_settings
+from sidecar.config import MCP_PATH, Settings, load_settings
 
 __all__ = ["add_commands", "cmd_config_validate", "describe_settings"]
 
@@ -46,5 +46,6 @@ def describe_settings(settings: Settings) -> str:
     """Where it would listen and how it authenticates (the checks add plugins, tools, policy and store)."""
     return "\n".join([
         f"  listen:   {', '.join(settings.server.listen)}",
+        *([f"  mcp:      http://{settings.mcp.listen}{MCP_PATH}"] if settings.mcp.listen is not None else []),
         f"  auth:     {settings.auth.effective_mode.value}",
     ])

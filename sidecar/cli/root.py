@@ -1,8 +1,8 @@
 """The ``toolbooth`` command: the parser built from every command group, and ``main``, which dispatches.
 
 A thin shell over ``sidecar.config``, ``sidecar.server.serve``, ``sidecar.client.Client`` and the
-policy, bundle and store tools: each group module (``serve``, ``tools``, ``batch``, ``config``, ``policy``,
-``audit``, ``approvals``, ``operations``) adds its commands and handlers; ``main`` parses, runs the
+policy, bundle and store tools: each group module (``serve``, ``tools``, ``batch``, ``mcp_stdio``, ``config``,
+``policy``, ``audit``, ``approvals``, ``operations``) adds its commands and handlers; ``main`` parses, runs the
 chosen handler and turns the outcome into an exit code (``sidecar.cli.common`` lists them).
 """
 
@@ -12,14 +12,14 @@ import argparse
 from collections.abc import Sequence
 
 from sidecar import __version__
-from sidecar.cli import approvals, audit, batch, config, operations, policy, serve, tools
+from sidecar.cli import approvals, audit, batch, config, mcp_stdio, operations, policy, serve, tools
 from sidecar.cli.common import EXIT_USAGE, CommandError, Handler, fail
 from sidecar.errors import ConfigError
 
 __all__ = ["GROUPS", "build_parser", "main"]
 
 # In the order ``toolbooth --help`` lists them.
-GROUPS = (serve, tools, batch, config, policy, audit, approvals, operations)
+GROUPS = (serve, tools, batch, mcp_stdio, config, policy, audit, approvals, operations)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

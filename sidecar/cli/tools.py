@@ -1,4 +1,9 @@
-"""``toolbooth tools list`` and ``toolbooth call``: an agent's two requests, from the command line.
+"""``toolbooth tools list``, ``tools export`` and ``toolbooth call``: an agent's requests, from the command line.
+
+``tools export --format openai|anthropic|mcp`` prints the tools this caller may see (the sidecar's
+listing, so its policies decide) as a JSON list of that provider's tool objects
+(``sidecar.api.schemas``); for ``openai``, each tool whose schema cannot take strict mode is named on
+stderr with the reason.
 
 ``call`` sends the ``--args`` text unparsed, because the sidecar is the validator; only text that
 is not JSON at all is refused here, as a usage error saying where it breaks. Its exit code
@@ -8,7 +13,9 @@ follows the result's status (see ``CALL_EPILOG``).
 from __future__ import annotations
 
 import argparse
+import sys
 
+from sidecar.api.schemas import SchemaFormat, strict_problem, tool_schemas
 from sidecar.cli.common import (
     EXIT_APPROVAL_REQUIRED,
     EXIT_OK,
@@ -22,7 +29,8 @@ from sidecar.cli.common import (
 )
 from sidecar.contract import Status, ToolListing
 
-__all__ = ["CALL_EPILOG", "add_commands", "cmd_call", "cmd_tools_list", "exit_code", "format_table"]
+__all__ = ["CALL_EPILOG", "add_commands", "cmd_call", "cmd_tools_export", "cmd_tools_list", "exit_code",
+           "format_table", "strict_notes"]
 
 _STATUS_EXIT: dict[Status, int] = {
     Status.SUCCESS: EXIT_OK,
@@ -49,6 +57,12 @@ def add_commands(commands: Subparsers) -> None:
     client_flags(listing)
     listing.add_argument("--output", choices=("table", "json"), default="table", help="default: table")
     listing.set_defaults(handler=cmd_tools_list)
+    export = actions.add_parser("export", help="print the tools this caller may use as a model provider's tools")
+    export.add_argument("--format", required=True, choices=[f.value for f in SchemaFormat],
+                        help="openai (function tools, strict where the schema allows), anthropic or mcp")
+    export.add_argument("--conversation-id", metavar="ID", help="the conversation the listing is for")
+    client_flags(export)
+    export.set_defaults(handler=cmd_tools_export)
     call = commands.add_parser("call", help="execute one tool call", epilog=CALL_EPILOG,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     call.add_argument("tool", metavar="TOOL")
@@ -67,6 +81,22 @@ def cmd_tools_list(args: argparse.Namespace) -> int:
     listing = with_client(args, lambda client: client.list_tools())
     print(dump_json(listing.model_dump(mode="json")) if args.output == "json" else format_table(listing))
     return EXIT_OK
+
+
+def cmd_tools_export(args: argparse.Namespace) -> int:
+    """``toolbooth tools export``: the tools this caller may use, as ``--format`` tool objects."""
+    listing = with_client(args, lambda client: client.list_tools(conversation_id=args.conversation_id))
+    print(dump_json(tool_schemas(listing.tools, args.format)))
+    if args.format == SchemaFormat.OPENAI:
+        for note in strict_notes(listing):
+            print(f"toolbooth: note: {note}", file=sys.stderr)
+    return EXIT_OK
+
+
+def strict_notes(listing: ToolListing) -> list[str]:
+    """One line for each tool exported without OpenAI's strict mode, saying why."""
+    return [f"tool {tool.name!r} is not strict: {problem}" for tool in listing.tools
+            if (problem := strict_problem(tool.input_schema)) is not None]
 
 
 def cmd_call(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from sidecar.config.base import (
     ENV_PREFIX,
     ENV_TARGET,
     ENV_TOKEN,
+    ENV_TOKEN_FILE,
     UNIX_PREFIX,
     bundled_policy_dir,
     default_socket_path,
@@ -22,6 +23,7 @@ from sidecar.config.base import (
 )
 from sidecar.config.isolation import IsolationSettings
 from sidecar.config.listen import LISTEN_FORMS, ListenAddress, ListenKind, is_loopback, parse_listen, socket_path
+from sidecar.config.mcp import MCP_PATH, McpSettings
 from sidecar.config.policy import (
     BundleKeySettings,
     BundleSettings,
@@ -49,7 +51,9 @@ __all__ = [
     "ENV_PREFIX",
     "ENV_TARGET",
     "ENV_TOKEN",
+    "ENV_TOKEN_FILE",
     "LISTEN_FORMS",
+    "MCP_PATH",
     "MIN_MASK_KEY_BYTES",
     "UNIX_PREFIX",
     "AuditSettings",
@@ -64,6 +68,7 @@ __all__ = [
     "Limits",
     "ListenAddress",
     "ListenKind",
+    "McpSettings",
     "OpaSettings",
     "OpaTlsSettings",
     "PluginSettings",

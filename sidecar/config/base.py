@@ -10,13 +10,13 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from sidecar.errors import ConfigError
 
-__all__ = ["CLIENT_VARIABLES", "ENV_PREFIX", "ENV_TARGET", "ENV_TOKEN", "UNIX_PREFIX", "KeySource", "Section",
-           "bundled_policy_dir", "default_socket_path", "default_state_dir"]
+__all__ = ["CLIENT_VARIABLES", "ENV_PREFIX", "ENV_TARGET", "ENV_TOKEN", "ENV_TOKEN_FILE", "UNIX_PREFIX", "KeySource",
+           "Section", "bundled_policy_dir", "default_socket_path", "default_state_dir"]
 
 ENV_PREFIX = "TOOLBOOTH_"
 # Read by the command-line client, not settings of the sidecar.
-ENV_TARGET, ENV_TOKEN = "TOOLBOOTH_TARGET", "TOOLBOOTH_TOKEN"
-CLIENT_VARIABLES = frozenset({ENV_TARGET, ENV_TOKEN})
+ENV_TARGET, ENV_TOKEN, ENV_TOKEN_FILE = "TOOLBOOTH_TARGET", "TOOLBOOTH_TOKEN", "TOOLBOOTH_TOKEN_FILE"
+CLIENT_VARIABLES = frozenset({ENV_TARGET, ENV_TOKEN, ENV_TOKEN_FILE})
 UNIX_PREFIX = "unix://"
 
 

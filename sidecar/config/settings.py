@@ -23,6 +23,7 @@ from sidecar.config.base import (
 from sidecar.config.dsn import dsn_parts, redact_dsn
 from sidecar.config.isolation import IsolationSettings
 from sidecar.config.listen import parse_listen
+from sidecar.config.mcp import McpSettings
 from sidecar.config.policy import PolicySettings
 from sidecar.errors import ConfigError
 
@@ -209,6 +210,7 @@ class Settings(Section):
     limits: Limits = Field(default_factory=Limits)
     plugins: PluginSettings = Field(default_factory=PluginSettings)
     isolation: IsolationSettings = Field(default_factory=IsolationSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
     log_level: str = "INFO"
 
     @field_validator("log_level", mode="before")
@@ -221,12 +223,14 @@ class Settings(Section):
 
     @model_validator(mode="after")
     def _dev_mode_stays_local(self) -> Settings:
-        """Dev mode trusts every caller, so it may only listen where no one else can reach."""
+        """Dev mode trusts every caller, so it may only listen where no one else can reach (gRPC and MCP alike)."""
         if self.auth.effective_mode is AuthMode.DEV:
-            for address in self.server.listen:
+            addresses = [("server.listen", address) for address in self.server.listen]
+            addresses += [("mcp.listen", self.mcp.listen)] if self.mcp.listen is not None else []
+            for key, address in addresses:
                 if not parse_listen(address).is_local:
                     raise ValueError(
-                        f"server.listen: {address!r} is not a loopback address; auth mode 'dev' trusts a static "
+                        f"{key}: {address!r} is not a loopback address; auth mode 'dev' trusts a static "
                         "principal, so it only listens on 127.0.0.1, ::1, localhost or a unix socket "
                         "(configure auth.jwt to listen elsewhere)")
         return self

@@ -5,7 +5,8 @@ port 0 or a temporary socket; binding is ``sidecar.server.listeners``); ``serve`
 sidecar until SIGTERM/SIGINT and logs at start what it serves with: plugins, tools, store,
 policy engine and revision, listeners. With a chain key (``audit.chain_key``) it writes the signed
 audit checkpoint (``sidecar.state.checkpoint``) at an interval and, once the last calls are
-recorded, at shutdown.
+recorded, at shutdown. With ``mcp.listen`` it serves MCP too (``sidecar.server.mcp_http``), on the same
+event loop: started before gRPC, stopped first at shutdown, each within ``server.shutdown_grace_seconds``.
 """
 
 from __future__ import annotations
@@ -127,12 +128,13 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
         _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals)
         reloader.on_status = sidecar.report_policy
         try:
-            await sidecar.start()
-            _log_start(settings, pipeline, reloader, sidecar)
-            checkpoints = checkpointer.run if checkpointer else None
-            async with _in_background(reloader.watch, reload_interval(settings.policy)), \
-                    _in_background(checkpoints, settings.audit.checkpoint_interval_seconds):
-                await _wait_for_stop(stop or asyncio.Event())
+            async with _mcp_endpoint(settings, pipeline):
+                await sidecar.start()
+                _log_start(settings, pipeline, reloader, sidecar)
+                checkpoints = checkpointer.run if checkpointer else None
+                async with _in_background(reloader.watch, reload_interval(settings.policy)), \
+                        _in_background(checkpoints, settings.audit.checkpoint_interval_seconds):
+                    await _wait_for_stop(stop or asyncio.Event())
         finally:
             await sidecar.stop(settings.server.shutdown_grace_seconds)
     finally:
@@ -152,6 +154,23 @@ def _log_start(settings: Settings, pipeline: Pipeline, reloader: ReloadingEngine
     log.info("policy: engine %s, %s, revision %s", settings.policy.engine.value, reloader.status.source,
              reloader.revision)
     log.info("toolbooth listening on %s with policy revision %s", ", ".join(sidecar.addresses), reloader.revision)
+
+
+@contextlib.asynccontextmanager
+async def _mcp_endpoint(settings: Settings, gateway: ToolGateway) -> AsyncIterator[None]:
+    """The MCP endpoint of ``mcp.listen`` served while the body runs, then stopped (within the shutdown grace);
+    nothing when it is off (the MCP SDK is imported only then)."""
+    if settings.mcp.listen is None:
+        yield
+        return
+    from sidecar.server.mcp_http import McpEndpoint
+
+    endpoint = McpEndpoint.open(settings, gateway)
+    await endpoint.start()
+    try:
+        yield
+    finally:
+        await endpoint.stop()
 
 
 @contextlib.asynccontextmanager

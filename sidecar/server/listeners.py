@@ -20,7 +20,7 @@ import grpc
 
 from sidecar.config import ListenAddress, ListenKind, parse_listen
 
-__all__ = ["bind_all", "remove_sockets"]
+__all__ = ["bind_all", "remove_sockets", "tcp_socket"]
 
 
 async def bind_all(server: grpc.aio.Server, addresses: Iterable[str]) -> tuple[tuple[str, ...], tuple[Path, ...]]:
@@ -70,20 +70,27 @@ def _add_port(server: grpc.aio.Server, text: str, bind: str) -> int:
 
 def _try_tcp(text: str, host: str, port: int) -> None:
     """Bind (not listen) a plain socket where gRPC will: one resolved address that binds is enough, as for gRPC."""
+    tcp_socket(text, host, port).close()
+
+
+def tcp_socket(text: str, host: str, port: int) -> socket.socket:
+    """A TCP socket bound (not listening) to the first address of ``host`` (unbracketed) that binds, as gRPC
+    binds (``SO_REUSEADDR``); ``OSError`` ``cannot listen on TEXT: <reason>`` when none does."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise OSError(f"cannot listen on {text}: the host {host!r} does not resolve ({exc.strerror})") from None
     problems: list[OSError] = []
     for family, kind, proto, _, sockaddr in infos:
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
-            try:
-                probe.bind(sockaddr)
-            except OSError as exc:
-                problems.append(exc)
-            else:
-                return
+        bound = socket.socket(family, kind, proto)
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            bound.bind(sockaddr)
+        except OSError as exc:
+            bound.close()
+            problems.append(exc)
+        else:
+            return bound
     raise OSError(f"cannot listen on {text}: {_reason(problems[0]) if problems else 'the host has no address'}")
 
 

@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 NAME_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
+_MAX_TITLE = 128
 _RETRYABLE_BY_DEFAULT = frozenset({ErrorCode.SERVICE_UNAVAILABLE, ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT})
 
 In = TypeVar("In", bound=BaseModel)
@@ -152,6 +153,7 @@ class ToolDefinition(Generic[In, Out]):
     retry: RetryPolicy
     plugin: str
     is_async: bool = field(default=False)
+    title: str = ""
 
     @property
     def requires_idempotency_key(self) -> bool:
@@ -168,8 +170,10 @@ def tool(
     timeout: float = 10.0,
     description: str | None = None,
     retry: RetryPolicy | None = None,
+    title: str = "",
 ) -> Callable[[Handler], ToolDefinition[Any, Any]]:
-    """Turn a typed handler into a validated ``ToolDefinition``."""
+    """Turn a typed handler into a validated ``ToolDefinition``; ``title`` is a display name for people
+    (e.g. in an MCP client), at most 128 characters on one line; without it clients show ``name``."""
 
     def decorate(handler: Handler) -> ToolDefinition[Any, Any]:
         plugin = getattr(handler, "__module__", "?")
@@ -180,6 +184,8 @@ def tool(
         effect = check.side_effect(side_effect)
         check.that(isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < float("inf"),
                    "timeout", f"must be a positive number of seconds, got {timeout!r}")
+        check.that(isinstance(title, str) and len(title) <= _MAX_TITLE and title.isprintable(), "title",
+                   f"must be a string of at most {_MAX_TITLE} printable characters on one line")
         check.that(isinstance(permissions, tuple | list) and all(isinstance(p, str) and p for p in permissions),
                    "permissions", "must be a tuple of non-empty strings")
         policy = retry or RetryPolicy()
@@ -192,7 +198,7 @@ def tool(
             name=name, version=version, description=doc.strip(), handler=handler,
             input_model=input_model, output_model=output_model, side_effect=effect,
             permissions=tuple(permissions), timeout=float(timeout), retry=policy, plugin=plugin,
-            is_async=inspect.iscoroutinefunction(handler),
+            is_async=inspect.iscoroutinefunction(handler), title=title.strip(),
         )
 
     return decorate

@@ -113,7 +113,8 @@ class Registry:
 
 
 def describe(defn: ToolDefinition[Any, Any]) -> ToolDescriptor:
-    """The descriptor of a definition; the schema comes from its input model."""
+    """The descriptor of a definition; its schemas come from its input model (as validated) and its output
+    model (as ``data`` is written: the serialization schema)."""
     return ToolDescriptor(
         name=defn.name,
         version=defn.version,
@@ -122,6 +123,8 @@ def describe(defn: ToolDefinition[Any, Any]) -> ToolDescriptor:
         side_effect=defn.side_effect,
         requires_idempotency_key=defn.requires_idempotency_key,
         timeout_ms=round(defn.timeout * 1000),
+        output_schema=defn.output_model.model_json_schema(mode="serialization"),
+        title=defn.title,
     )
 
 

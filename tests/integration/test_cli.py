@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -154,6 +155,33 @@ def test_tools_list_json(sidecar: Sidecar, env: dict[str, str]) -> None:
     assert calculate["requires_idempotency_key"] is False
     assert calculate["input_schema"]["properties"]["operation"]["enum"][0] == "add"
     assert listing["policy_revision"].startswith("sha256:")
+
+
+@pytest.mark.parametrize(("fmt", "name_of"), [
+    ("openai", lambda tool: tool["function"]["name"]),
+    ("anthropic", lambda tool: tool["name"]),
+    ("mcp", lambda tool: tool["name"]),
+])
+def test_tools_export_prints_the_listing_as_provider_tools(sidecar: Sidecar, env: dict[str, str], fmt: str,
+                                                           name_of: Any) -> None:
+    done = toolbooth("tools", "export", "--format", fmt, "--target", sidecar.target, env=env)
+    assert done.returncode == 0, done.stderr
+    exported = {name_of(tool): tool for tool in json.loads(done.stdout)}
+    calculate = exported["calculate"]
+    if fmt == "openai":
+        assert calculate["function"]["strict"] is True and done.stderr == ""  # its schema allows strict mode
+        assert "examples" not in calculate["function"]["parameters"]["properties"]["operands"]
+    elif fmt == "anthropic":
+        assert calculate["input_schema"]["properties"]["operation"]["enum"][0] == "add"
+    else:
+        assert calculate["annotations"]["readOnlyHint"] is True
+        assert calculate["outputSchema"]["properties"]["data"]["anyOf"][0]["required"] == ["result", "expression"]
+
+
+def test_tools_export_needs_a_known_format(sidecar: Sidecar, env: dict[str, str]) -> None:
+    done = toolbooth("tools", "export", "--format", "gemini", "--target", sidecar.target, env=env)
+    assert done.returncode == 2
+    assert "argument --format: invalid choice: 'gemini' (choose from 'openai', 'anthropic', 'mcp')" in done.stderr
 
 
 def test_call_prints_the_typed_result(sidecar: Sidecar, env: dict[str, str]) -> None:

@@ -110,6 +110,9 @@ LAYERS = {
     "sidecar.state": ("sidecar.pipeline", "sidecar.policy", "sidecar.server", "sidecar.cli", "sidecar.client"),
     "sidecar.pipeline": ("sidecar.server", "sidecar.cli", "sidecar.client", "sidecar.bootstrap"),
     "sidecar.server": ("sidecar.cli", "sidecar.client"),
+    # MCP is a protocol adapter over whatever reaches the pipeline (the pipeline in the server, a client in the CLI).
+    "sidecar.mcp": ("sidecar.pipeline", "sidecar.policy", "sidecar.state", "sidecar.tools", "sidecar.server",
+                    "sidecar.cli", "sidecar.client", "sidecar.bootstrap", "sidecar.config"),
 }
 
 

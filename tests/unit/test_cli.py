@@ -141,6 +141,19 @@ def test_config_validate_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "auth:     dev" in out
     assert f"{tmp_path}/tb.db" in out
     assert "policy:   embedded: directory " in out
+    assert "mcp:" not in out  # off by default
+
+
+def test_config_validate_shows_the_mcp_endpoint_and_refuses_a_public_one_in_dev_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = f"server:\n  listen: ['unix://{tmp_path}/tb.sock']\nstore:\n  sqlite_path: {tmp_path}/tb.db\n"
+    local = _config(tmp_path, base + "mcp:\n  listen: 127.0.0.1:8765\n")
+    assert main(["config", "validate", "--config", str(local)]) == 0
+    assert "  mcp:      http://127.0.0.1:8765/mcp\n" in capsys.readouterr().out
+    public = _config(tmp_path, base + "mcp:\n  listen: 0.0.0.0:8765\n")
+    assert main(["config", "validate", "--config", str(public)]) == 2
+    assert "mcp.listen: '0.0.0.0:8765' is not a loopback address; auth mode 'dev'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -229,6 +242,23 @@ def test_tools_table() -> None:
         "calculate   1.2.0    none                   no            0.5s",
         "send_email  1.2.0    external_irreversible  yes           30s",
     ]
+
+
+def test_tools_export_openai_names_each_tool_that_is_not_strict(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    closed = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"],
+              "additionalProperties": False}
+    open_schema = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 9}}, "required": ["q"]}
+    listing = ToolListing(tools=tuple(
+        ToolDescriptor(name=name, version="1", description="", input_schema=schema, side_effect=SideEffect.NONE,
+                       requires_idempotency_key=False, timeout_ms=1000)
+        for name, schema in (("search", closed), ("lookup", open_schema))), policy_revision="r1")
+    monkeypatch.setattr("sidecar.cli.tools.with_client", lambda args, request: listing)
+    assert main(["tools", "export", "--format", "openai"]) == 0
+    out, err = capsys.readouterr()
+    assert [tool["function"]["strict"] for tool in json.loads(out)] == [True, False]
+    assert err == ("toolbooth: note: tool 'lookup' is not strict: #: the object must set additionalProperties: "
+                   "false; #/properties/q: keyword 'maxLength' is not supported\n")
 
 
 def test_fail_prefixes_every_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -131,6 +131,38 @@ def test_dev_mode_refuses_public_addresses_but_jwt_mode_may() -> None:
     assert parse_settings({"server": {"listen": ["0.0.0.0:1"]}, "auth": {"jwt": jwt}}).server.listen == ("0.0.0.0:1",)
 
 
+def test_the_mcp_endpoint_is_off_by_default_and_listens_on_one_tcp_address() -> None:
+    assert parse_settings({}).mcp.listen is None and parse_settings({}).mcp.endpoint is None
+    settings = parse_settings({"mcp": {"listen": "127.0.0.1:8765"}})
+    assert (settings.mcp.endpoint.host, settings.mcp.endpoint.port) == ("127.0.0.1", 8765)  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match=r"config error at mcp\.listen: 'unix:///x\.sock': the MCP endpoint "
+                                          r"listens on one TCP address, HOST:PORT or \[IPV6\]:PORT"):
+        parse_settings({"mcp": {"listen": "unix:///x.sock"}})
+    with pytest.raises(ConfigError, match=r"config error at mcp\.listen: 'nowhere': expected unix:///path or "
+                                          r"HOST:PORT"):
+        parse_settings({"mcp": {"listen": "nowhere"}})
+
+
+def test_dev_mode_refuses_an_mcp_endpoint_on_a_public_address() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_settings({"mcp": {"listen": "0.0.0.0:8765"}})
+    assert str(raised.value) == (
+        "config error at (top level): mcp.listen: '0.0.0.0:8765' is not a loopback address; auth mode 'dev' trusts "
+        "a static principal, so it only listens on 127.0.0.1, ::1, localhost or a unix socket (configure auth.jwt "
+        "to listen elsewhere)")
+    jwt = {"issuer": "i", "audience": "a", "key": "k", "algorithms": ["HS256"]}
+    assert parse_settings({"mcp": {"listen": "0.0.0.0:8765"}, "auth": {"jwt": jwt}}).mcp.listen == "0.0.0.0:8765"
+
+
+def test_serving_mcp_without_the_sdk_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    settings = parse_settings({"mcp": {"listen": "127.0.0.1:8765"}})
+    with pytest.raises(ConfigError, match=r"config error at mcp\.listen: serving MCP needs the 'mcp' extra "
+                                          r"\(pip install 'toolbooth\[mcp\]'\)"):
+        settings.mcp.check_installed()
+    parse_settings({}).mcp.check_installed()  # off: nothing to need
+
+
 def test_opa_engine_settings(tmp_path: Path) -> None:
     pem = tmp_path / "client.pem"
     pem.write_text("x")
@@ -192,7 +224,8 @@ def test_the_dsn_password_is_never_shown(dsn: str, tmp_path: Path, capsys: pytes
 
 
 def test_the_command_line_clients_variables_are_not_settings() -> None:
-    settings = load_settings(None, {"TOOLBOOTH_TOKEN": "abc", "TOOLBOOTH_TARGET": "unix:///x.sock"})
+    settings = load_settings(None, {"TOOLBOOTH_TOKEN": "abc", "TOOLBOOTH_TARGET": "unix:///x.sock",
+                                    "TOOLBOOTH_TOKEN_FILE": "/run/secrets/token"})
     assert settings.auth.effective_mode is AuthMode.DEV
 
 

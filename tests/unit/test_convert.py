@@ -132,12 +132,24 @@ def test_listing_round_trips_with_schema_as_json() -> None:
         side_effect=SideEffect.EXTERNAL_IRREVERSIBLE,
         requires_idempotency_key=True,
         timeout_ms=5000,
+        output_schema={"type": "object", "properties": {"sent": {"type": "boolean"}}},
+        title="Send email",
     )
     listing = ToolListing(tools=(descriptor,), policy_revision="rev-1")
     message = convert.listing_to_pb(listing)
     assert message.tools[0].side_effect == pb.SIDE_EFFECT_EXTERNAL_IRREVERSIBLE
     assert message.tools[0].input_schema_json == '{"type":"object","properties":{"to":{"type":"string"}}}'
+    assert message.tools[0].output_schema_json == '{"type":"object","properties":{"sent":{"type":"boolean"}}}'
+    assert message.tools[0].title == "Send email"
     assert convert.listing_from_pb(message) == listing
+
+
+def test_a_descriptor_without_output_schema_or_title_round_trips_empty() -> None:
+    """A sidecar that sends neither (built before them) reads as an empty schema and no title."""
+    message = pb.ToolDescriptor(name="t", version="1", input_schema_json="{}", side_effect=pb.SIDE_EFFECT_NONE)
+    descriptor = convert.descriptor_from_pb(message)
+    assert (descriptor.output_schema, descriptor.title) == ({}, "")
+    assert convert.descriptor_to_pb(descriptor).output_schema_json == ""
 
 
 def test_empty_listing_round_trips() -> None:

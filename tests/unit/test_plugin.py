@@ -48,6 +48,11 @@ def test_valid_definition() -> None:
     assert defn.plugin == __name__
 
 
+def test_a_title_is_optional_and_trimmed() -> None:
+    assert define().title == ""
+    assert define(title=" Double a number ").title == "Double a number"
+
+
 def test_write_tools_require_keys() -> None:
     assert define(side_effect="internal_reversible").requires_idempotency_key
 
@@ -64,6 +69,8 @@ def test_write_tools_require_keys() -> None:
     ({"timeout": float("inf")}, "timeout", "positive"),
     ({"side_effect": "sometimes"}, "side_effect", "unknown side effect 'sometimes'"),
     ({"permissions": ("",)}, "permissions", "non-empty strings"),
+    ({"title": "Two\nlines"}, "title", "on one line"),
+    ({"title": "x" * 129}, "title", "at most 128"),
     ({"retry": RetryPolicy(max_attempts=0)}, "retry", "at least 1"),
     ({"side_effect": "external_irreversible", "retry": RetryPolicy(max_attempts=3)}, "retry", "never retried"),
     ({"handler": untyped_input}, "input", "pydantic model"),

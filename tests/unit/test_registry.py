@@ -90,6 +90,14 @@ def test_installed_calculator_plugin_is_discovered() -> None:
     assert calculate is not None and calculate.plugin == "toolbooth_calculator"
 
 
+def test_a_descriptor_has_the_output_schema_of_the_data_and_the_title() -> None:
+    registry = Registry.from_tools(tools.ALL)
+    echo = registry.descriptor("echo")
+    assert echo.output_schema["properties"]["principal"]["type"] == "string"
+    assert echo.output_schema["properties"]["attempt"]["default"] == 1
+    assert echo.title == ""
+
+
 def test_from_tools_rejects_duplicates() -> None:
     with pytest.raises(PluginLoadError, match="duplicate tool name 'echo'"):
         Registry.from_tools([tools.echo, tools.echo])

@@ -260,7 +260,7 @@ class ListToolsResponse(_message.Message):
     def __init__(self, tools: _Optional[_Iterable[_Union[ToolDescriptor, _Mapping]]] = ..., policy_revision: _Optional[str] = ...) -> None: ...
 
 class ToolDescriptor(_message.Message):
-    __slots__ = ("name", "version", "description", "input_schema_json", "side_effect", "requires_idempotency_key", "timeout_ms")
+    __slots__ = ("name", "version", "description", "input_schema_json", "side_effect", "requires_idempotency_key", "timeout_ms", "output_schema_json", "title")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +268,8 @@ class ToolDescriptor(_message.Message):
     SIDE_EFFECT_FIELD_NUMBER: _ClassVar[int]
     REQUIRES_IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     description: str
@@ -275,7 +277,9 @@ class ToolDescriptor(_message.Message):
     side_effect: SideEffect
     requires_idempotency_key: bool
     timeout_ms: int
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., side_effect: _Optional[_Union[SideEffect, str]] = ..., requires_idempotency_key: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    output_schema_json: str
+    title: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., side_effect: _Optional[_Union[SideEffect, str]] = ..., requires_idempotency_key: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., output_schema_json: _Optional[str] = ..., title: _Optional[str] = ...) -> None: ...
 
 class ExecuteToolRequest(_message.Message):
     __slots__ = ("tool", "arguments_json", "idempotency_key", "approval_id", "conversation_id", "call_id")

@@ -1,0 +1,275 @@
+#!/usr/bin/env python
+"""MCP ``tools/call`` over Streamable HTTP against ``ExecuteTool`` over gRPC, on one sidecar in one run.
+
+    python benchmarks/bench_mcp.py [--calls N] [--concurrency 1,16] [--repeat 3] [--json-response] [--json]
+
+In one run this script
+
+1. starts the real sidecar in a child process (``python -m sidecar serve --config <tmp yaml>``: dev auth,
+   bundled policies, a temporary SQLite store, ``log_level: WARNING``) listening on a Unix socket for
+   gRPC and on 127.0.0.1 for MCP (``mcp.listen``; ``--json-response`` sets ``mcp.json_response``),
+   and waits until gRPC health reports SERVING;
+2. drives both transports of that one process with ``calculate`` add [2, 3]: gRPC with one
+   ``grpc.aio`` channel and the generated stub, MCP with one session of the MCP SDK's own
+   ``ClientSession`` over ``streamable_http_client``; ``concurrency`` workers each looping over calls,
+   a warm-up, then a fixed number of measured calls (bounded in time too);
+3. prints calls/s, p50 and p99 per transport, the ratio MCP/gRPC of calls/s and the server CPU per
+   call of each, each the median over ``--repeat`` runs (the two alternate which goes first).
+
+Every reply is checked (SUCCESS and the data of the first gRPC reply); failures are counted, printed,
+and make the exit code 1. With ``--json`` the table goes to stderr and a JSON document to stdout.
+The child and the temporary directory are removed on exit, also after Ctrl-C or an error.
+See benchmarks/README.md for how to read the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx2
+from bench_execute import (
+    ARGUMENTS,
+    CALL_TIMEOUT_S,
+    STOP,
+    TOOL,
+    Call,
+    Children,
+    Interrupted,
+    Run,
+    grpc_call,
+    health_serving,
+    measure,
+    progress,
+    raise_keyboard_interrupt,
+    sidecar_env_clean,
+    summarize,
+    wait_ready,
+)
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
+from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
+
+TRANSPORTS = ("grpc", "mcp")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the sidecar binds it next)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def write_config(tmp: Path, socket_path: Path, port: int, *, json_response: bool) -> Path:
+    config = {
+        "server": {"listen": [f"unix://{socket_path}"]},
+        "auth": {"mode": "dev"},
+        "store": {"sqlite_path": str(tmp / "state" / "toolbooth.db")},
+        "mcp": {"listen": f"127.0.0.1:{port}", "json_response": json_response},
+        "log_level": "WARNING",
+    }
+    path = tmp / "sidecar.yaml"
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+    return path
+
+
+def mcp_call(session: ClientSession, expected: Any) -> Call:
+    """``tools/call`` of the benchmark's tool through ``session``, expecting success with ``expected`` data."""
+
+    async def call() -> str | None:
+        try:
+            answer = await session.call_tool(TOOL, ARGUMENTS, read_timeout_seconds=CALL_TIMEOUT_S)
+        except (MCPError, httpx2.HTTPError, OSError, RuntimeError) as exc:  # counted, not fatal
+            return f"MCP {type(exc).__name__}: {exc}"
+        structured = answer.structured_content or {}
+        if answer.is_error or structured.get("data") != expected:
+            return f"MCP result {json.dumps(structured)[:200]}"
+        return None
+
+    return call
+
+
+def level_report(concurrency: int, runs: dict[str, list[Run]]) -> dict[str, Any]:
+    grpc_summary, mcp_summary = summarize(runs["grpc"]), summarize(runs["mcp"])
+    grpc_cpu, mcp_cpu = grpc_summary["server_cpu_ms_per_call"], mcp_summary["server_cpu_ms_per_call"]
+    return {
+        "concurrency": concurrency, "grpc": grpc_summary, "mcp": mcp_summary,
+        "ratio": mcp_summary["calls_per_s"] / grpc_summary["calls_per_s"],
+        "run_ratios": [m.calls_per_s / g.calls_per_s for g, m in zip(runs["grpc"], runs["mcp"], strict=True)],
+        "server_cpu_ratio": mcp_cpu / grpc_cpu if mcp_cpu is not None and grpc_cpu else None,
+    }
+
+
+def format_table(levels: list[dict[str, Any]]) -> str:
+    def ms(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
+    header = ("conc", "gRPC calls/s", "MCP calls/s", "ratio", "gRPC p50", "MCP p50", "gRPC p99", "MCP p99",
+              "server ms/call gRPC", "MCP", "client ms/call gRPC", "MCP", "failures")
+    rows = [header]
+    for level in levels:
+        g, m = level["grpc"], level["mcp"]
+        rows.append((
+            str(level["concurrency"]), f"{g['calls_per_s']:.0f}", f"{m['calls_per_s']:.0f}", f"{level['ratio']:.2f}",
+            f"{g['p50_ms']:.2f} ms", f"{m['p50_ms']:.2f} ms", f"{g['p99_ms']:.2f} ms", f"{m['p99_ms']:.2f} ms",
+            ms(g["server_cpu_ms_per_call"]), ms(m["server_cpu_ms_per_call"]), ms(g["client_cpu_ms_per_call"]),
+            ms(m["client_cpu_ms_per_call"]), str(g["failures"] + m["failures"]),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    lines.append("per run: " + "; ".join(
+        f"c={level['concurrency']} ratios " + ", ".join(f"{x:.2f}" for x in level["run_ratios"]) for level in levels))
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=1000, help="measured calls per run (default: 1000)")
+    parser.add_argument("--warmup", type=int, default=100, help="unmeasured calls before each run (default: 100)")
+    parser.add_argument("--concurrency", default="1,16", help="comma-separated in-flight call counts (default: 1,16)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per transport and level (default: 3)")
+    parser.add_argument("--max-seconds", type=float, default=30.0,
+                        help="a run stops after this long even if calls remain (default: 30)")
+    parser.add_argument("--json-response", action="store_true",
+                        help="mcp.json_response: true (one JSON body per POST instead of an event stream)")
+    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout (table on stderr)")
+    args = parser.parse_args(argv)
+    try:
+        args.levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--concurrency: expected comma-separated integers, got {args.concurrency!r}")
+    if not args.levels or min(args.levels) < 1 or args.calls < 1 or args.repeat < 1 or args.warmup < 0:
+        parser.error("--concurrency values, --calls and --repeat must be at least 1, --warmup at least 0")
+    return args
+
+
+async def bench(args: argparse.Namespace, children: Children) -> dict[str, Any]:
+    """Run everything; SIGINT/SIGTERM cancel it (``Interrupted``)."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    interrupted = False
+
+    def on_signal() -> None:
+        nonlocal interrupted
+        interrupted = True
+        STOP.set()
+        task.cancel()
+
+    for number in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(number, on_signal)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            return await _bench(args, children, stack)
+    except BaseException as exc:
+        if interrupted:
+            raise Interrupted from exc
+        raise
+    finally:
+        for number in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(number)
+
+
+async def _bench(args: argparse.Namespace, children: Children, stack: contextlib.AsyncExitStack) -> dict[str, Any]:
+    request = pb.ExecuteToolRequest(tool=TOOL, arguments_json=json.dumps(ARGUMENTS))
+    sock, port = children.tmp / "sidecar.sock", free_port()
+    config = write_config(children.tmp, sock, port, json_response=args.json_response)
+    sidecar = children.start("sidecar", [sys.executable, "-m", "sidecar", "serve", "--config", str(config)],
+                             pdeathsig=True)
+    url = f"http://127.0.0.1:{port}/mcp"
+    progress(f"sidecar: pid {sidecar.pid}, gRPC unix://{sock}, MCP {url}"
+             f"{' (json_response)' if args.json_response else ' (event streams)'}")
+    await wait_ready(children, "sidecar", f"unix://{sock}", health_serving)
+
+    channel = await stack.enter_async_context(grpc.aio.insecure_channel(f"unix://{sock}"))
+    stub = pb_grpc.ToolServiceStub(channel)
+    reply = await stub.ExecuteTool(request, timeout=CALL_TIMEOUT_S)
+    if reply.status != pb.STATUS_SUCCESS:
+        raise RuntimeError(f"the sidecar's first reply is not a success: {reply}")
+    http = await stack.enter_async_context(httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=300)))
+    read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
+    session = await stack.enter_async_context(ClientSession(read, write))
+    await session.initialize()
+    await session.list_tools()  # what the client checks each result against
+    calls = {"grpc": grpc_call(stub, request, reply.data_json), "mcp": mcp_call(session, json.loads(reply.data_json))}
+    progress(f"{args.warmup} warm-up + {args.calls} calls per run, {args.repeat} runs per transport and level")
+
+    levels = []
+    for concurrency in args.levels:
+        runs: dict[str, list[Run]] = {name: [] for name in TRANSPORTS}
+        for rep in range(args.repeat):
+            for name in TRANSPORTS if rep % 2 == 0 else TRANSPORTS[::-1]:
+                children.check_alive("sidecar")
+                if args.warmup:
+                    await measure(name, calls[name], concurrency=concurrency, calls=args.warmup,
+                                  max_seconds=args.max_seconds, server_pid=sidecar.pid)
+                run = await measure(name, calls[name], concurrency=concurrency, calls=args.calls,
+                                    max_seconds=args.max_seconds, server_pid=sidecar.pid)
+                runs[name].append(run)
+                cpu = "" if run.server_cpu_ms_per_call is None else f"  server cpu {run.server_cpu_ms_per_call:.3f} ms"
+                progress(f"  c={concurrency:<3} run {rep + 1}/{args.repeat} {name:<4} {run.calls_per_s:8.0f} calls/s  "
+                         f"p50 {run.p50_ms:7.2f} ms  p99 {run.p99_ms:7.2f} ms{cpu}  {run.calls} calls, "
+                         f"{run.failures} failures{' (stopped by --max-seconds)' if run.stopped_by_time else ''}")
+                for text, count in run.failure_samples.items():
+                    progress(f"      FAILURE x{count}: {text}")
+        levels.append(level_report(concurrency, runs))
+    return {
+        "benchmark": "calculate add [2,3]: MCP tools/call (Streamable HTTP, SDK client) vs gRPC ExecuteTool, "
+                     "one sidecar",
+        "environment": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpcio": grpc.__version__,
+                        "platform": platform.platform(), "note": "client and sidecar share the same CPUs"},
+        "settings": {"calls": args.calls, "warmup": args.warmup, "repeat": args.repeat, "max_seconds": args.max_seconds,
+                     "concurrency": args.levels, "json_response": args.json_response},
+        "levels": levels,
+        "failures": sum(level["grpc"]["failures"] + level["mcp"]["failures"] for level in levels),
+        "sidecar_log_problems": children.log_problems("sidecar"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # until bench() installs its handlers
+    sidecar_env_clean()
+    children = Children()
+    try:
+        results = asyncio.run(bench(args, children))
+    except (KeyboardInterrupt, Interrupted):
+        progress("interrupted; stopping the sidecar")
+        return 130
+    except RuntimeError as exc:
+        progress(f"error: {exc}")
+        return 1
+    finally:
+        children.close()
+    out = sys.stderr if args.json else sys.stdout
+    print(f"\n{TOOL} {json.dumps(ARGUMENTS)}; medians of {args.repeat} runs of {args.calls} calls; "
+          f"{os.cpu_count()} CPUs shared by client and sidecar", file=out)
+    print(format_table(results["levels"]), file=out)
+    print("ratio = MCP calls/s / gRPC calls/s (issue target: >= 0.5); server = the sidecar process, all threads",
+          file=out)
+    if results["sidecar_log_problems"]:
+        print(f"sidecar log: {len(results['sidecar_log_problems'])} error line(s), first: "
+              f"{results['sidecar_log_problems'][0]}", file=out)
+    if results["failures"]:
+        print(f"FAILURES: {results['failures']} calls did not return the expected result (see above)", file=out)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return 1 if results["failures"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""``mcp``: the sidecar's MCP endpoint (Streamable HTTP at ``http://HOST:PORT/mcp``), off unless ``listen`` is set.
+
+``listen`` is one TCP address (``HOST:PORT``, ``[IPV6]:PORT``; port 0 for any free port). Callers
+authenticate as over gRPC (``auth``: a bearer JWT in the ``Authorization`` header); in ``dev`` mode
+the address must be loopback, as every gRPC one must (checked with the whole ``Settings``).
+``json_response: true`` answers each request with a plain JSON body rather than an event stream (less
+work per call; nothing is streamed before the result). Serving it needs the ``mcp`` extra
+(``check_installed``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from pydantic import field_validator
+
+from sidecar.config.base import Section
+from sidecar.config.listen import Endpoint, ListenKind, parse_listen
+from sidecar.errors import ConfigError
+
+__all__ = ["MCP_PATH", "McpSettings"]
+
+MCP_PATH = "/mcp"
+
+
+class McpSettings(Section):
+    """Where the MCP endpoint listens (``None``: nowhere, the default)."""
+
+    listen: str | None = None
+    # Answer each POST with one JSON body instead of an event stream: cheaper per call, but nothing can be
+    # streamed before the result (no progress notifications).
+    json_response: bool = False
+
+    @field_validator("listen")
+    @classmethod
+    def _one_tcp_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            address = parse_listen(value)
+            if address.kind is not ListenKind.TCP or len(address.endpoints) != 1:
+                raise ValueError(f"{value!r}: the MCP endpoint listens on one TCP address, HOST:PORT or [IPV6]:PORT")
+        return value
+
+    @property
+    def endpoint(self) -> Endpoint | None:
+        """The host and port to listen on, ``None`` when the endpoint is off."""
+        return None if self.listen is None else parse_listen(self.listen).endpoints[0]
+
+    def check_installed(self) -> None:
+        """``ConfigError`` when the endpoint is on but the MCP SDK (the ``mcp`` extra) is not installed."""
+        if self.listen is not None and importlib.util.find_spec("mcp") is None:
+            raise ConfigError("config error at mcp.listen: serving MCP needs the 'mcp' extra "
+                              "(pip install 'toolbooth[mcp]')")

@@ -1,0 +1,94 @@
+"""The MCP server of Toolbooth: ``tools/list`` and ``tools/call`` over whatever reaches the pipeline.
+
+``build_server(tools_for)`` returns an MCP SDK ``Server`` whose two handlers ask ``tools_for(ctx)`` —
+the caller's ``Tools`` for this request — and convert, nothing else: the sidecar's Streamable HTTP
+endpoint passes the pipeline as the request's authenticated principal (``sidecar.server.mcp_http``);
+``toolbooth mcp-stdio`` passes a gRPC client of a running sidecar (``sidecar.cli.mcp_stdio``). Either
+way every call goes through the one ``Pipeline.execute``, so it is decided, validated, keyed and
+audited like ``ExecuteTool``:
+
+- ``tools/list`` is the availability-filtered listing (``conversation_id`` from ``_meta``), each tool
+  as ``sidecar.api.schemas.mcp_tool`` writes it;
+- ``tools/call`` takes its arguments and the ``_meta`` fields of ``sidecar.mcp.meta`` and answers with
+  ``sidecar.mcp.results.call_result``. A hidden tool and an unknown one get the same result.
+
+What fails outside a call maps to a JSON-RPC error (``protocol_error``), as it maps to a gRPC status
+there: a broken request is ``INVALID_PARAMS`` with its message, a failed dependency (the policy
+engine during a listing) ``INTERNAL_ERROR`` "service unavailable", a refused token "unauthenticated: …".
+
+Progress: ``notifications/progress`` for a call belong in ``call_tool`` below, the one place an MCP call
+meets the pipeline: once a call takes a progress reporter, ``Tools.execute`` passes one that sends to
+the request's ``progressToken`` (``ctx.meta``) through ``ctx.session`` (on the request's event stream;
+``mcp.json_response`` has none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from mcp import types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+
+from sidecar import __version__
+from sidecar.api.schemas import mcp_tool
+from sidecar.contract import CallRequest, ToolListing, ToolResult
+from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
+from sidecar.mcp.meta import call_request, conversation_id
+from sidecar.mcp.results import call_result
+
+__all__ = ["SERVER_NAME", "UNAVAILABLE", "Context", "Tools", "ToolsFor", "build_server", "protocol_error"]
+
+SERVER_NAME = "toolbooth"
+UNAVAILABLE = "service unavailable"
+
+Context = ServerRequestContext[Any, Any]
+
+
+class Tools(Protocol):
+    """What the MCP server needs for one caller: the listing and one call, both through the pipeline."""
+
+    async def list_tools(self, *, conversation_id: str | None = None) -> ToolListing: ...
+
+    async def execute(self, request: CallRequest) -> ToolResult: ...
+
+
+ToolsFor = Callable[[Context], Tools]
+
+
+def build_server(tools_for: ToolsFor) -> Server[Any]:
+    """An MCP server serving the tools ``tools_for`` gives for each request."""
+
+    async def list_tools(ctx: Context, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        with _protocol_errors():
+            meta = None if params is None else params.meta
+            listing = await tools_for(ctx).list_tools(conversation_id=conversation_id(meta))
+        return types.ListToolsResult(tools=[types.Tool.model_validate(mcp_tool(tool)) for tool in listing.tools])
+
+    async def call_tool(ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
+        with _protocol_errors():
+            request = call_request(params.name, params.arguments, params.meta)
+            result = await tools_for(ctx).execute(request)
+        return call_result(result)
+
+    return Server(SERVER_NAME, version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+@contextlib.contextmanager
+def _protocol_errors() -> Iterator[None]:
+    try:
+        yield
+    except (AuthenticationError, InvalidRequestError, DependencyError) as exc:
+        raise protocol_error(exc) from exc
+
+
+def protocol_error(exc: AuthenticationError | InvalidRequestError | DependencyError) -> MCPError:
+    """The JSON-RPC error for a failure outside a call's result; only constant messages are sent."""
+    if isinstance(exc, AuthenticationError):
+        return MCPError(types.INVALID_REQUEST, f"unauthenticated: {exc}")
+    if isinstance(exc, InvalidRequestError):
+        return MCPError(types.INVALID_PARAMS, str(exc))
+    return MCPError(types.INTERNAL_ERROR, UNAVAILABLE)

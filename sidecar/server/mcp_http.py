@@ -1,0 +1,185 @@
+"""The sidecar's MCP endpoint: Streamable HTTP at ``http://HOST:PORT/mcp`` (``mcp.listen``), in its own event loop.
+
+The MCP SDK's session manager serves the protocol (``sidecar.mcp.server`` over the pipeline); uvicorn
+serves HTTP on the sidecar's loop, with its signal handling left to ``serve``. Every request to
+``/mcp`` is authenticated first by the same ``Authenticator`` as gRPC calls (the bearer JWT of its
+``Authorization`` header; dev mode: the static principal, on loopback only) and refused with 401
+and the authenticator's constant message otherwise. The principal of each request is the one its
+calls run as; a session can only be used by the principal that opened it (the SDK answers 404 to
+another). On a loopback address the SDK's DNS-rebinding protection is on (``Host`` and ``Origin``
+must name the loopback host), so a web page cannot reach a dev-mode endpoint through the browser.
+
+``McpEndpoint.stop`` stops taking connections, lets the calls in flight finish within the grace,
+then ends the sessions (their open event streams with them) and closes what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from typing import Any
+
+import uvicorn
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sidecar.config import MCP_PATH, Settings
+from sidecar.contract import CallRequest, Principal, ToolListing, ToolResult
+from sidecar.errors import AuthenticationError
+from sidecar.mcp.server import Context, build_server
+from sidecar.server.auth import Authenticator
+from sidecar.server.listeners import tcp_socket
+from sidecar.server.tool_service import ToolGateway
+
+__all__ = ["McpEndpoint", "principal_of"]
+
+log = logging.getLogger(__name__)
+
+_PRINCIPAL = "toolbooth.principal"  # the key of the request's principal in the ASGI scope's state
+_CLOSE_SECONDS = 1  # once the sessions ended, what is left of the connections gets this long to close
+_LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+
+
+class McpEndpoint:
+    """The MCP endpoint of one sidecar: bound by ``open``, then ``start`` and ``stop`` (each once)."""
+
+    def __init__(self, app: ASGIApp, manager: StreamableHTTPSessionManager, bound: socket.socket, *,
+                 host: str, grace: float) -> None:
+        self._manager, self._socket, self._grace, self._in_flight = manager, bound, grace, _InFlight(app)
+        port = bound.getsockname()[1]
+        self.url = f"http://{host}:{port}{MCP_PATH}"
+        config = uvicorn.Config(self._in_flight, lifespan="off", log_config=None, access_log=False,
+                                server_header=False, timeout_graceful_shutdown=_CLOSE_SECONDS)
+        config.load()
+        self._server = uvicorn.Server(config)
+        self._server.lifespan = config.lifespan_class(config)
+        self._run: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self.draining = asyncio.Event()  # set once a stop takes no new connections and waits for the calls in flight
+
+    @classmethod
+    def open(cls, settings: Settings, gateway: ToolGateway) -> McpEndpoint:
+        """The endpoint of ``settings.mcp``, its socket bound (``OSError`` ``cannot listen on …`` if it cannot be)."""
+        endpoint = settings.mcp.endpoint
+        assert endpoint is not None, "mcp.listen is not set"
+        host = endpoint.host.removeprefix("[").removesuffix("]")
+        security = None
+        if endpoint.is_loopback:
+            security = TransportSecuritySettings(allowed_hosts=_LOOPBACK_HOSTS,
+                                                 allowed_origins=[f"http://{h}" for h in _LOOPBACK_HOSTS])
+        server = build_server(lambda ctx: _CallerTools(gateway, principal_of(ctx)))
+        manager = StreamableHTTPSessionManager(server, security_settings=security,
+                                               json_response=settings.mcp.json_response,
+                                               max_request_body_size=settings.limits.max_message_bytes)
+        authenticated = _Authenticated(StreamableHTTPASGIApp(manager), Authenticator(settings.auth))
+        app = Starlette(routes=[Route(MCP_PATH, endpoint=authenticated)])
+        bound = tcp_socket(f"mcp.listen {settings.mcp.listen}", host, endpoint.port)
+        return cls(app, manager, bound, host=endpoint.host, grace=settings.server.shutdown_grace_seconds)
+
+    async def start(self) -> None:
+        """Serve in a task of this loop; returns once it accepts connections."""
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._run = asyncio.create_task(self._serve(started), name="toolbooth-mcp")
+        await asyncio.wait([started, self._run], return_when=asyncio.FIRST_COMPLETED)
+        if self._run.done():
+            self._socket.close()
+            self._run.result()  # start-up failed: raise its error
+        log.info("MCP (Streamable HTTP) listening on %s", self.url)
+
+    async def stop(self) -> None:
+        """Let calls in flight finish within the grace, end the sessions, close the connections."""
+        self._stop.set()
+        if self._run is not None:
+            await self._run
+        self._socket.close()
+
+    async def _serve(self, started: asyncio.Future[None]) -> None:
+        # The session manager's task group lives in this one task, from start to stop.
+        async with self._manager.run():
+            await self._server.startup(sockets=[self._socket])
+            started.set_result(None)
+            await self._stop.wait()
+            for server in self._server.servers:
+                server.close()  # no new connections
+            self.draining.set()
+            if not self._in_flight.idle.is_set():
+                log.info("MCP endpoint stopping: waiting up to %g s for the calls in flight", self._grace)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._grace):
+                    await self._in_flight.idle.wait()
+        await self._server.shutdown()
+
+
+def principal_of(ctx: Context) -> Principal:
+    """The authenticated principal of the HTTP request that carried this MCP request."""
+    request: Any = ctx.request
+    principal = None if request is None else request.scope.get("state", {}).get(_PRINCIPAL)
+    if not isinstance(principal, Principal):
+        raise AuthenticationError("missing bearer token")  # not behind _Authenticated: refuse, never guess
+    return principal
+
+
+class _CallerTools:
+    """The pipeline as one principal calls it."""
+
+    def __init__(self, gateway: ToolGateway, principal: Principal) -> None:
+        self._gateway, self._principal = gateway, principal
+
+    async def list_tools(self, *, conversation_id: str | None = None) -> ToolListing:
+        return await self._gateway.list_tools(self._principal, conversation_id=conversation_id)
+
+    async def execute(self, request: CallRequest) -> ToolResult:
+        return await self._gateway.execute(self._principal, request)
+
+
+class _Authenticated:
+    """ASGI: authenticate each request with the sidecar's authenticator, or answer 401."""
+
+    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
+        self._app, self._authenticator = app, authenticator
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        metadata = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]]
+        try:
+            principal = self._authenticator.authenticate(metadata)
+        except AuthenticationError as exc:
+            challenge = f'Bearer error="invalid_token", error_description="{exc}"'
+            response = JSONResponse({"error": "invalid_token", "error_description": str(exc)}, status_code=401,
+                                    headers={"WWW-Authenticate": challenge})
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})[_PRINCIPAL] = principal
+        # The SDK binds a session to the principal that opened it (client_id, issuer, subject).
+        scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=principal.id, scopes=[],
+                                                      subject=principal.id, claims={"iss": principal.tenant}))
+        await self._app(scope, receive, send)
+
+
+class _InFlight:
+    """ASGI: counts the requests being answered other than event streams (GET), so a stop can wait for them."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app, self._count = app, 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        counted = scope["type"] == "http" and scope.get("method") != "GET"
+        if counted:
+            self._count += 1
+            self.idle.clear()
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            if counted:
+                self._count -= 1
+                if self._count == 0:
+                    self.idle.set()

@@ -1,0 +1,88 @@
+"""``toolbooth mcp-stdio``: started by the MCP SDK's stdio client, bridging to a real sidecar over gRPC."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from sidecar.config import Settings
+from sidecar.contract import ErrorCode, Status
+from sidecar.server import Sidecar
+from tests.conftest import PipelineFactory
+from tests.integration.conftest import StartSidecar
+from tests.support import tools
+from tests.support.mcp import stdio_session, typed
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def sidecar(make_settings: Callable[..., Settings], start_sidecar: StartSidecar, make_pipeline: PipelineFactory,
+                  jwt_auth: dict[str, Any]) -> AsyncIterator[Sidecar]:
+    """A JWT sidecar with the test tools and the default policies, on 127.0.0.1."""
+    yield await start_sidecar(make_settings(auth=jwt_auth), await make_pipeline())
+
+
+async def test_the_bridge_lists_and_calls_as_the_tokens_principal(sidecar: Sidecar,
+                                                                  make_token: Callable[..., str]) -> None:
+    env = {"TOOLBOOTH_TOKEN": make_token(sub="alice")}
+    async with stdio_session("--target", sidecar.addresses[-1], env=env) as session:
+        listed = {tool.name: tool for tool in (await session.list_tools()).tools}
+        echoed = await session.call_tool("echo", {"text": "over stdio"})
+        invalid = await session.call_tool("echo", {"text": 5})
+        hidden = await session.call_tool("admin_console", {"text": "x"})
+    assert "echo" in listed and "admin_console" not in listed
+    assert listed["echo"].output_schema is not None and listed["echo"].annotations is not None
+    assert typed(echoed.structured_content).data == {"text": "over stdio", "principal": "alice", "attempt": 1}
+    assert invalid.is_error and typed(invalid.structured_content).error.field == "text"  # type: ignore[union-attr]
+    assert hidden.is_error
+    assert typed(hidden.structured_content).error.code is ErrorCode.TOOL_UNAVAILABLE  # type: ignore[union-attr]
+
+
+async def test_the_token_can_come_from_a_file_a_keyed_write_is_replayed_and_approval_is_asked(
+    sidecar: Sidecar, make_token: Callable[..., str], tmp_path: Path,
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(make_token(sub="bob") + "\n")
+    before = tools.CREATED.value
+    key = {"toolbooth/idempotency_key": "stdio-1"}
+    async with stdio_session("--target", sidecar.addresses[-1], env={"TOOLBOOTH_TOKEN_FILE": str(token_file)}) as s:
+        first = typed((await s.call_tool("create_note", {"text": "a"}, meta=key)).structured_content)
+        again = typed((await s.call_tool("create_note", {"text": "a"}, meta=key)).structured_content)
+        unkeyed = typed((await s.call_tool("create_note", {"text": "a"})).structured_content)
+        email = await s.call_tool("send_email", {"text": "hello"}, meta={"toolbooth/idempotency_key": "mail-1"})
+    assert email.is_error and typed(email.structured_content).status is Status.APPROVAL_REQUIRED
+    assert typed(email.structured_content).preview is not None  # what the client shows an approver
+    assert first.status is Status.SUCCESS and first.data == again.data == {"count": before + 1}
+    assert again.meta.idempotency_replayed and tools.CREATED.value == before + 1
+    assert unkeyed.error is not None and unkeyed.error.field == "idempotency_key"
+
+
+async def test_a_refused_token_is_a_protocol_error_with_the_sidecars_message(sidecar: Sidecar) -> None:
+    async with stdio_session("--target", sidecar.addresses[-1], "--token", "not-a-jwt") as session:
+        with pytest.raises(MCPError, match=r"^unauthenticated: invalid token$"):
+            await session.list_tools()
+
+
+async def test_an_unreachable_sidecar_is_service_unavailable(tmp_path: Path) -> None:
+    with (tmp_path / "bridge.log").open("w+") as errlog:
+        async with stdio_session("--target", f"unix://{tmp_path}/none.sock", errlog=errlog) as session:
+            with pytest.raises(MCPError, match=r"^service unavailable$"):
+                await session.call_tool("echo", {"text": "x"})
+        errlog.seek(0)
+        assert f"the sidecar at unix://{tmp_path}/none.sock failed the request: UNAVAILABLE" in errlog.read()
+
+
+def test_an_unreadable_token_file_is_a_usage_error(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "sidecar", "mcp-stdio", "--target", "unix:///x.sock",
+                           "--token-file", str(tmp_path / "missing")], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 2
+    missing = tmp_path / "missing"
+    assert done.stderr == f"toolbooth: error: cannot read --token-file {missing}: No such file or directory\n"
