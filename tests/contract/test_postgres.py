@@ -114,7 +114,9 @@ async def test_read_only_server_is_unavailable(store: PostgresStore, postgres_ds
 
 
 async def test_pool_timeout_is_unavailable(postgres_dsn: str) -> None:
-    store = await PostgresStore.open(postgres_dsn, min_size=1, max_size=1, connect_timeout=0.2)
+    # the claim waits for the lock as long as the test needs (a loaded machine), holding the only connection
+    store = await PostgresStore.open(postgres_dsn, min_size=1, max_size=1, connect_timeout=0.2,
+                                     lock_timeout_ms=60_000, statement_timeout=120)
     try:
         with psycopg.connect(postgres_dsn) as other:
             other.execute("LOCK TABLE idempotency IN ACCESS EXCLUSIVE MODE")
@@ -122,7 +124,7 @@ async def test_pool_timeout_is_unavailable(postgres_dsn: str) -> None:
             waiting = "SELECT count(*) > 0 FROM pg_locks WHERE NOT granted"
             await until(lambda: bool(other.execute(waiting).fetchone()[0]),  # type: ignore[index]
                         timeout=5, what="the claim waiting on the lock, on the pool's one connection")
-            with pytest.raises(StoreUnavailableError, match="PoolTimeout"):
+            with pytest.raises(StoreUnavailableError, match="PoolTimeout"):  # tried again for 1 s, then raised
                 await store.release(SCOPE, request_id="r1")
             other.rollback()
         assert (await busy).claimed
