@@ -122,3 +122,11 @@ async def test_approval_required_is_shown_to_the_model_with_its_preview(client: 
     assert result["error"]["recovery"] == Recovery.REQUEST_USER_INPUT
     assert result["preview"]["state"] == "pending"
     assert [p.preview_id for p in await client.previews()] == [result["preview"]["preview_id"]]
+
+
+async def test_arguments_that_are_no_json_object_are_sent_back_to_the_model_to_retry(client: AsyncClient) -> None:
+    script = await run(SidecarToolset(client, max_retries=1), [call("echo", "[1, 2]", "call_1")],
+                       [call("echo", {"text": "fixed"}, "call_2")])
+    retried, fixed = script.returns
+    assert retried.outcome == "retried" and retried.content[0]["msg"] == "Input should be an object"
+    assert fixed.content["status"] == Status.SUCCESS and fixed.content["data"]["text"] == "fixed"
