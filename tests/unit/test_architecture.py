@@ -124,15 +124,28 @@ def test_no_module_imports_a_layer_above_its_own(name: str) -> None:
     assert not wrong, f"{name} imports {wrong}"
 
 
-def test_the_client_needs_nothing_from_the_server_side() -> None:
-    reached, todo = set(), ["sidecar.client"]
+INTEGRATIONS = sorted(name for name in MODULES if name.startswith("sidecar.integrations"))
+
+
+@pytest.mark.parametrize("name", ["sidecar.client", *INTEGRATIONS])
+def test_the_client_and_the_framework_adapters_need_nothing_from_the_server_side(name: str) -> None:
+    """The adapters are a thin layer over the client: what they reach, even indirectly, is client-side."""
+    reached, todo = set(), [name]
     while todo:
         module = todo.pop()
         if module not in reached:
             reached.add(module)
             todo += GRAPH[module]
-    server_side = sorted(m for m in reached if m.split(".")[1] in {"server", "pipeline", "policy", "state", "cli"})
-    assert not server_side, f"sidecar.client imports {server_side}"
+    server_side = sorted(m for m in reached if m.split(".")[1] in {"server", "pipeline", "policy", "state", "cli",
+                                                                    "bootstrap", "tools"})
+    assert not server_side, f"{name} imports {server_side}"
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - set(INTEGRATIONS)))
+def test_nothing_but_an_adapter_imports_the_adapters(name: str) -> None:
+    """The adapters need optional extras: the rest of the sidecar must import without them."""
+    wrong = [target for target in GRAPH[name] if target.startswith("sidecar.integrations")]
+    assert not wrong, f"{name} imports {wrong}"
 
 
 def test_the_graph_sees_lazy_imports() -> None:
