@@ -109,7 +109,9 @@ class Dispatcher:
             if ctx.deadline <= time.monotonic():  # this attempt never starts
                 return _not_run(attempt - 1)
             attempted = await self._attempt(defn, args, _for_attempt(defn, ctx))
-            if isinstance(attempted, _NotStarted):
+            if isinstance(attempted, _NotStarted):  # still queued at its deadline: it never ran
+                if ctx.deadline > time.monotonic():  # only the attempt's own deadline passed: queue it again
+                    continue
                 return _not_run(attempt - 1)
             if isinstance(attempted, _Produced):
                 return attempted.outcome(attempt)

@@ -4,6 +4,7 @@ read retried after a hung attempt within its deadline while a write is never ret
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -15,11 +16,12 @@ import pytest
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.config import Settings
+from sidecar.config import Limits, Settings
 from sidecar.contract import ErrorCode, OperationState, Recovery, Status
 from tests.support import contract_tools
-from tests.support.contract_tools import DELIVERIES, HUNG, UNAVAILABLE_WRITES
+from tests.support.contract_tools import DELIVERIES, HUNG, OCCUPIED, RELEASE, UNAVAILABLE_WRITES
 from tests.support.gated import World, gated
+from tests.support.waiting import past
 
 MAIL = {"recipients": [{"email": "ana@blocked.test"}, {"email": "bo@example.com"}], "subject": "hi", "body_text": "b"}
 
@@ -112,3 +114,23 @@ async def test_a_write_is_never_retried(world: World) -> None:
     result = await world.agent.execute("write_unavailable", {"text": "t"}, idempotency_key="w-1")
     assert result.error is not None and result.error.code is ErrorCode.SERVICE_UNAVAILABLE and result.error.retryable
     assert result.meta.attempt == 1 and UNAVAILABLE_WRITES.value == before + 1
+
+
+async def test_an_attempt_still_queued_at_its_own_deadline_waits_again_within_the_calls(
+        tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
+        make_token: Callable[..., str]) -> None:
+    """With one handler thread busy, ``queued_read``'s attempt (0.2 s) ends queued: it never ran, so it queues
+    again while the call's deadline (10 s) allows, instead of ending the call as if that deadline had passed."""
+    async with gated(contract_tools.ALL, make_settings(auth=jwt_auth), make_token, tmp_path / "store.db",
+                     Limits(sync_handler_threads=1)) as world:
+        RELEASE.clear()
+        occupied = OCCUPIED.value
+        holder = asyncio.create_task(world.agent.execute("occupy", {"text": "busy"}))
+        await OCCUPIED.reached(occupied + 1)
+        queued = asyncio.create_task(world.agent.execute("queued_read", {"text": "found"}))
+        await past(time.time() + 0.5)  # the first attempt's deadline, and more, while the thread stays busy
+        assert not queued.done()
+        RELEASE.set()
+        result = await queued
+        assert result.status is Status.SUCCESS and result.data == {"text": "found on attempt 1"}, result
+        assert (await holder).status is Status.SUCCESS

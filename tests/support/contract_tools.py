@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sidecar.plugin import ErrorCode, Partial, RetryPolicy, SideEffect, ToolContext, ToolError, tool
 from tests.support.tools import Counter, Text
 
-__all__ = ["ALL", "DELIVERIES", "DRAFTS", "HUNG", "SENT", "UNAVAILABLE_WRITES"]
+__all__ = ["ALL", "DELIVERIES", "DRAFTS", "HUNG", "OCCUPIED", "RELEASE", "SENT", "UNAVAILABLE_WRITES"]
 
 
 class Recipient(BaseModel):
@@ -138,6 +139,24 @@ async def hangs_once(args: Text, ctx: ToolContext) -> Text:
     return Text(text=f"{args.text} on attempt {ctx.attempt}")
 
 
+OCCUPIED, RELEASE = Counter(), threading.Event()
+
+
+@tool(name="occupy", version="1.0.0", side_effect=SideEffect.NONE, timeout=10)
+def occupy(args: Text, ctx: ToolContext) -> Text:
+    """A sync read that holds its thread until the test sets ``RELEASE``."""
+    OCCUPIED.bump()
+    RELEASE.wait(timeout=ctx.time_remaining())
+    return args
+
+
+@tool(name="queued_read", version="1.0.0", side_effect=SideEffect.NONE, timeout=10,
+      retry=RetryPolicy(max_attempts=2, attempt_timeout=0.2, retry_on=(ErrorCode.TIMEOUT,)))
+def queued_read(args: Text, ctx: ToolContext) -> Text:
+    """A sync read with short attempts: an attempt still waiting for a thread at its deadline never ran."""
+    return Text(text=f"{args.text} on attempt {ctx.attempt}")
+
+
 UNAVAILABLE_WRITES = Counter()
 
 
@@ -203,5 +222,5 @@ async def broken_preview(args: Draft, ctx: ToolContext) -> SentMail:
     raise AssertionError("must never run")
 
 
-ALL = [check_mail, raise_code, deliver, search_pages, read_page, hangs_once, write_unavailable, send_email_preview,
-       send_email, broken_preview]
+ALL = [check_mail, raise_code, deliver, search_pages, read_page, hangs_once, occupy, queued_read, write_unavailable,
+       send_email_preview, send_email, broken_preview]

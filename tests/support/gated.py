@@ -52,10 +52,12 @@ class World:
 
 @asynccontextmanager
 async def gated(tools: Sequence[ToolDefinition[Any, Any]], settings: Settings, tokens: Callable[..., str],
-                store_path: Path) -> AsyncIterator[World]:
-    """A started sidecar serving ``tools`` under the bundled policies; stopped when the block ends."""
+                store_path: Path, limits: Limits | None = None) -> AsyncIterator[World]:
+    """A started sidecar serving ``tools`` under the bundled policies (with ``limits``); stopped when the block
+    ends."""
     store, engine = await SqliteStore.open(store_path), EmbeddedEngine.load(bundled_policy_dir())
-    pipeline = assemble(registry=Registry.from_tools(list(tools)), policy=engine, store=store, limits=Limits())
+    pipeline = assemble(registry=Registry.from_tools(list(tools)), policy=engine, store=store,
+                        limits=limits or Limits())
     try:
         _, sidecar = await create_server(settings, pipeline, approvals=pipeline.approvals)
         await sidecar.start()
