@@ -32,8 +32,8 @@ from sidecar.pipeline.chain import Next
 from sidecar.pipeline.decisions import Decider
 from sidecar.pipeline.stages.idempotency import had_no_effect
 from sidecar.policy import Stage
-from sidecar.tools import preview
 from sidecar.tools.masking import Masker
+from sidecar.tools.preview import render as render_preview
 
 __all__ = ["ApprovalStage", "ConsumeApprovalStage"]
 
@@ -76,7 +76,7 @@ class ApprovalStage:
         arguments = self._masker.mask(call.validated.data, call.validated.sensitive)
 
         async def render() -> dict[str, Any]:
-            rendered = await preview.render(call.defn, call.validated.model, call.context(call.deadline_from_now()))
+            rendered = await render_preview(call.defn, call.validated.model, call.context(call.deadline_from_now()))
             if isinstance(rendered, ErrorInfo):
                 raise CallRefused(rendered)
             return rendered
