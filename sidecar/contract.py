@@ -65,6 +65,8 @@ class ErrorCode(StrEnum):
     SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE"
     INTERNAL_ERROR = "INTERNAL_ERROR"
     CANCELLED = "CANCELLED"
+    POLICY_VIOLATION = "POLICY_VIOLATION"
+    PARTIAL_DELIVERY = "PARTIAL_DELIVERY"
 
 
 class Recovery(StrEnum):
@@ -102,6 +104,8 @@ _GUIDANCE: dict[ErrorCode, tuple[bool, Recovery]] = {
     ErrorCode.SERVICE_UNAVAILABLE: (True, Recovery.RETRY_WITH_BACKOFF),
     ErrorCode.INTERNAL_ERROR: (False, Recovery.DO_NOT_RETRY),
     ErrorCode.CANCELLED: (True, Recovery.RETRY_SAME_REQUEST),
+    ErrorCode.POLICY_VIOLATION: (False, Recovery.REQUEST_USER_INPUT),
+    ErrorCode.PARTIAL_DELIVERY: (False, Recovery.DO_NOT_RETRY),
 }
 
 
@@ -139,13 +143,15 @@ class Principal(_Frozen):
 
 
 class ErrorInfo(_Frozen):
-    """One error as the model sees it."""
+    """One error as the model sees it; ``details``: the domain details a tool marked safe to show
+    (``ToolError(safe_details=...)``), a JSON object, or ``None``."""
 
     code: ErrorCode
     message: str
     retryable: bool
     recovery: Recovery
     field: str | None = None
+    details: dict[str, Any] | None = None
 
     @classmethod
     def of(
@@ -155,14 +161,17 @@ class ErrorInfo(_Frozen):
         *,
         field: str | None = None,
         side_effect: SideEffect = SideEffect.NONE,
+        details: dict[str, Any] | None = None,
     ) -> ErrorInfo:
         """Build an error with the standard guidance for ``code``."""
         retryable, recovery = guidance(code, side_effect)
-        return cls(code=code, message=message, retryable=retryable, recovery=recovery, field=field)
+        return cls(code=code, message=message, retryable=retryable, recovery=recovery, field=field, details=details)
 
 
 class ResultMeta(_Frozen):
-    """Facts about how a result was produced."""
+    """Facts about how a result was produced. ``truncated``, ``next_cursor`` and ``has_more`` mirror the
+    output's own top-level fields of those names, when its model declares them: the tool shortened its
+    result on purpose, and says where to read on (``docs/plugins.md``)."""
 
     request_id: str
     tool: str
@@ -172,10 +181,14 @@ class ResultMeta(_Frozen):
     idempotency_replayed: bool = False
     truncated: bool = False
     policy_revision: str = ""
+    next_cursor: str | None = None
+    has_more: bool = False
 
 
 class Preview(_Frozen):
-    """The exact call a person is asked to approve (``docs/approvals.md``)."""
+    """The exact call a person is asked to approve (``docs/approvals.md``); ``rendering_json``: what the tool
+    says the call will do (its ``preview`` renderer's JSON object, also under ``rendering`` in ``call_json``),
+    ``None`` for a tool without one."""
 
     preview_id: str
     preview_hash: str
@@ -187,10 +200,13 @@ class Preview(_Frozen):
     decided_by: str | None = None
     decided_at: str | None = None
     comment: str | None = None
+    rendering_json: str | None = None
 
 
 class ToolResult(_Frozen):
-    """The typed result of one call: data on success, errors otherwise; a preview when approval is required."""
+    """The typed result of one call: data on success, errors otherwise; a preview when approval is required.
+    A ``partial_success`` has both: the data of what was done and, in ``errors``, the parts that failed
+    (``error`` is then ``None``)."""
 
     status: Status
     data: Any = None

@@ -8,7 +8,9 @@ A tool is a typed function::
     async def calculate(args: CalculateInput, ctx: ToolContext) -> CalculateOutput: ...
 
 Its input and output are pydantic models; the JSON schema shown to the model comes from the
-input model. A definition is checked when the decorator runs: a bad one raises
+input model. A handler may also return ``Partial(output, errors=[ToolError(...)])`` when some parts
+failed, and a tool may name a ``preview`` renderer whose rendering of a call its approver approves
+(``docs/plugins.md``). A definition is checked when the decorator runs: a bad one raises
 ``ToolDefinitionError`` naming the plugin, the tool and the field. Decorating registers
 nothing globally; a plugin exposes its tools through the ``toolbooth.tools`` entry-point
 group (``docs/plugins.md``).
@@ -20,12 +22,14 @@ This module is a promise to plugin authors: the names in ``__all__`` keep their 
 from __future__ import annotations
 
 from sidecar.contract import ErrorCode, Principal, Recovery, SideEffect
-from sidecar.tools.definition import RetryPolicy, ToolContext, ToolDefinition, ToolDefinitionError, ToolError, tool
+from sidecar.tools.definition import RetryPolicy, ToolContext, ToolDefinition, ToolDefinitionError, tool
 from sidecar.tools.masking import SENSITIVE
+from sidecar.tools.outcomes import Partial, ToolError
 
 __all__ = [
     "SENSITIVE",
     "ErrorCode",
+    "Partial",
     "Principal",
     "Recovery",
     "RetryPolicy",

@@ -11,6 +11,13 @@
 # RESOURCE_NOT_FOUND, so that another tenant's resources look like absent ones;
 # only the internal reason, for the audit log, says which argument did not match.
 #
+# External recipients: the arguments data.toolbooth.email.recipient_arguments
+# lists for a tool name recipients (a list, or one value; each an address or an
+# object with "email"). A recipient whose domain is not one of
+# data.toolbooth.email.internal_domains (or a subdomain of one) is external, and
+# the call needs data.toolbooth.email.external_permission (a recipient without an
+# "@" counts as external). The reason names the external domains.
+#
 # Asked for every call, so it is written to be cheap: one `else` chain checks the
 # denials in order and allows when none holds; the sets that name what is wrong
 # are only computed for a denial.
@@ -38,6 +45,18 @@ decision := {
 	value := input.call.arguments[name]
 	value != null
 	value != input.principal.tenant
+} else := {
+	"allow": false,
+	"code": "PERMISSION_DENIED",
+	"reason": sprintf("sending to recipients outside the organization (%s) needs permission %s", [
+		concat(", ", sort(external_domains)),
+		data.toolbooth.email.external_permission,
+	]),
+} if {
+	some name in data.toolbooth.email.recipient_arguments[input.tool.name]
+	some recipient in as_list(input.call.arguments[name])
+	not internal(recipient)
+	not data.toolbooth.email.external_permission in granted
 } else := {"allow": true, "reason": "all required permissions are held"}
 
 granted contains permission if some permission in input.principal.permissions
@@ -57,4 +76,40 @@ other_tenants contains sprintf("%s=%v", [name, value]) if {
 	value := input.call.arguments[name]
 	value != null
 	value != input.principal.tenant
+}
+
+# The recipients of one argument: a list, one value, or none (null).
+as_list(value) := value if {
+	is_array(value)
+} else := [] if {
+	value == null
+} else := [value]
+
+address(recipient) := recipient if is_string(recipient)
+
+address(recipient) := recipient.email if is_object(recipient)
+
+domain(recipient) := lower(trim_space(parts[count(parts) - 1])) if {
+	parts := split(address(recipient), "@")
+	count(parts) > 1
+}
+
+domain_or_none(recipient) := found if {
+	found := domain(recipient)
+} else := "an address without a domain"
+
+internal(recipient) if {
+	some own in data.toolbooth.email.internal_domains
+	lower(own) == domain(recipient)
+}
+
+internal(recipient) if {
+	some own in data.toolbooth.email.internal_domains
+	endswith(domain(recipient), concat("", [".", lower(own)]))
+}
+
+external_domains contains domain_or_none(recipient) if {
+	some name in data.toolbooth.email.recipient_arguments[input.tool.name]
+	some recipient in as_list(input.call.arguments[name])
+	not internal(recipient)
 }

@@ -106,7 +106,7 @@ RECOVERY = EnumMap(Recovery, pb.Recovery)
 SIDE_EFFECT = EnumMap(SideEffect, pb.SideEffect)
 PREVIEW_STATE = EnumMap(PreviewState, pb.PreviewState)
 OPERATION_STATE = EnumMap(OperationState, pb.OperationState)
-_OPTIONAL_PREVIEW_FIELDS = ("decided_by", "decided_at", "comment")
+_OPTIONAL_PREVIEW_FIELDS = ("decided_by", "decided_at", "comment", "rendering_json")
 
 
 def _dumps(value: Any) -> str:
@@ -121,6 +121,7 @@ def error_to_pb(error: ErrorInfo) -> pb.ToolError:
         retryable=error.retryable,
         recovery=RECOVERY.to_pb(error.recovery),
         field=error.field or "",
+        details_json="" if error.details is None else _dumps(error.details),
     )
 
 
@@ -132,17 +133,19 @@ def error_from_pb(message: pb.ToolError) -> ErrorInfo:
         retryable=message.retryable,
         recovery=RECOVERY.from_pb(message.recovery),
         field=message.field or None,
+        details=json.loads(message.details_json) if message.details_json else None,
     )
 
 
 def meta_to_pb(meta: ResultMeta) -> pb.ResultMeta:
-    """Result facts as a proto ``ResultMeta`` (same field names on both sides)."""
-    return pb.ResultMeta(**meta.model_dump())
+    """Result facts as a proto ``ResultMeta`` (same field names on both sides; no ``next_cursor`` is ``""``)."""
+    return pb.ResultMeta(**{**meta.model_dump(), "next_cursor": meta.next_cursor or ""})
 
 
 def meta_from_pb(message: pb.ResultMeta) -> ResultMeta:
     """A proto ``ResultMeta`` as domain result facts."""
-    return ResultMeta(**{field.name: getattr(message, field.name) for field in message.DESCRIPTOR.fields})
+    fields = {field.name: getattr(message, field.name) for field in message.DESCRIPTOR.fields}
+    return ResultMeta(**{**fields, "next_cursor": message.next_cursor or None})
 
 
 def result_to_pb(result: ToolResult) -> pb.ToolResult:

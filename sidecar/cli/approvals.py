@@ -8,6 +8,7 @@ policy decides whether that principal may approve. Exit codes: 0 done, 1 gRPC er
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from sidecar.cli.common import EXIT_OK, EXIT_TOOL_ERROR, CommandError, Subparsers, client_flags, dump_json, with_client
@@ -62,15 +63,20 @@ def cmd_deny(args: argparse.Namespace) -> int:
 
 
 def describe(preview: Preview) -> str:
-    """A preview for a person: id, hash, why, until when, who may approve, and the call."""
-    return "\n".join([
+    """A preview for a person: id, hash, why, until when, who may approve, the call and, for a tool that
+    renders its calls, what it will do (its rendering, indented)."""
+    lines = [
         f"preview  {preview.preview_id}",
         f"hash     {preview.preview_hash}",
         f"reason   {preview.reason}",
         f"expires  {preview.expires_at}",
         f"approve  with one of the roles {', '.join(preview.approver_roles)}",
         f"call     {preview.call_json}",
-    ])
+    ]
+    if preview.rendering_json is not None:
+        rendering = json.dumps(json.loads(preview.rendering_json), indent=2, ensure_ascii=False)
+        lines.append("will do  " + rendering.replace("\n", "\n         "))
+    return "\n".join(lines)
 
 
 def _listed(args: argparse.Namespace) -> Preview:

@@ -7,6 +7,12 @@ later ``ExecuteTool`` with ``approval_id`` runs only if its own canonical call h
 (``check``), and consumes the approval atomically right before it runs, once its idempotency key
 is claimed (``consume``): one approval, one run. A call that certainly had no effect gives its
 approval back (``restore``).
+
+A tool with a ``preview`` renderer adds what the call will do (``CallToApprove.render``: the rendered
+email, the task) to the canonical call, under ``rendering``: the approver sees it, the hash covers it,
+and ``check`` hands the stored rendering to the call (``Approved.rendering``), for the handler to act on
+exactly it. A stored preview whose content no longer hashes to its hash (changed after it was stored)
+is neither approved nor executed.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import logging
 import secrets
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +40,7 @@ __all__ = [
     "DEFAULT_APPROVER_ROLES",
     "DEFAULT_PREVIEW_TTL_SECONDS",
     "Approvals",
+    "Approved",
     "CallToApprove",
     "Refusal",
     "preview_hash",
@@ -46,7 +54,8 @@ DEFAULT_APPROVER_ROLES = ("approver",)
 
 @dataclass(frozen=True, slots=True)
 class CallToApprove:
-    """What an approval is bound to: one validated call by one principal under one policy revision."""
+    """What an approval is bound to: one validated call by one principal under one policy revision, and,
+    for a tool that renders its calls, ``render``: its rendering of this one (``CallRefused`` if it fails)."""
 
     principal: Principal
     tool: str
@@ -54,14 +63,20 @@ class CallToApprove:
     arguments: dict[str, Any]  # validated, as JSON data
     policy_revision: str
     conversation_id: str | None = None
+    render: Callable[[], Awaitable[dict[str, Any]]] | None = None
 
-    def canonical(self, policy_revision: str | None = None, *, bound: bool = True) -> dict[str, Any]:
+    def canonical(self, policy_revision: str | None = None, *, bound: bool = True,
+                  rendering: dict[str, Any] | None = None) -> dict[str, Any]:
         """The canonical call (with another ``policy_revision`` to compare with an older preview; not
-        ``bound`` to its conversation to compare with a preview stored before previews were)."""
-        canonical = {"tool": self.tool, "version": self.version, "arguments": self.arguments,
-                     "principal": {"id": self.principal.id, "tenant": self.principal.tenant},
-                     "policy_revision": self.policy_revision if policy_revision is None else policy_revision}
-        return {**canonical, "conversation_id": self.conversation_id} if bound else canonical
+        ``bound`` to its conversation to compare with a preview stored before previews were; with the
+        tool's ``rendering`` of it, if any)."""
+        canonical: dict[str, Any] = {
+            "tool": self.tool, "version": self.version, "arguments": self.arguments,
+            "principal": {"id": self.principal.id, "tenant": self.principal.tenant},
+            "policy_revision": self.policy_revision if policy_revision is None else policy_revision}
+        if bound:
+            canonical["conversation_id"] = self.conversation_id
+        return canonical if rendering is None else {**canonical, "rendering": rendering}
 
 
 def preview_hash(canonical: dict[str, Any]) -> str:
@@ -77,6 +92,13 @@ class Refusal:
     preview: Preview | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Approved:
+    """An approval that lets its call go on; ``rendering``: the tool's rendering the approver approved."""
+
+    rendering: dict[str, Any] | None = None
+
+
 class Approvals:
     """Opens previews, records approvers' decisions, redeems approvals."""
 
@@ -84,8 +106,9 @@ class Approvals:
         self.store, self.policy = store, policy
 
     async def open_preview(self, call: CallToApprove, decision: Decision) -> Preview:
-        """Store a pending preview of ``call`` (``StoreUnavailableError`` if it cannot be)."""
-        canonical = call.canonical()
+        """Store a pending preview of ``call``, with the tool's rendering of it (``CallRefused`` with the error
+        if it cannot render: nothing is stored; ``StoreUnavailableError`` if it cannot be stored)."""
+        canonical = call.canonical(rendering=None if call.render is None else await call.render())
         now = time.time()
         record = PreviewRecord(
             preview_id=secrets.token_hex(24), preview_hash=preview_hash(canonical), tenant=call.principal.tenant,
@@ -123,12 +146,13 @@ class Approvals:
         return [to_preview(r) for r in records]
 
     async def check(self, approval_id: str, call: CallToApprove, decision: Decision, *,
-                    key: str | None = None) -> Refusal | None:
+                    key: str | None = None) -> Refusal | Approved:
         """Whether the approval ``approval_id`` lets ``call`` go on (``decision``: the approval policy's, now);
-        ``None`` when it may, to its claim and ``consume``. Nothing is consumed here. ``key``: the idempotency
-        key that will guard the call, if any; a retry with the key of the call that used the approval goes
-        on, for that key to replay its result (``consume`` refuses it if the key's record is gone). A
-        failing store or policy refuses (fail closed)."""
+        ``Approved`` (with the approved rendering) when it may, to its claim and ``consume``. Nothing is
+        consumed here. ``key``: the idempotency key that will guard the call, if any; a retry with the key of
+        the call that used the approval goes on, for that key to replay its result (``consume`` refuses it if
+        the key's record is gone). A stored preview changed since it was stored refuses; so does a failing
+        store or policy (fail closed)."""
         try:
             return await self._check(approval_id, call, decision, key)
         except DependencyError as exc:  # fail closed: refuse, nothing changes
@@ -158,26 +182,31 @@ class Approvals:
             log.error("could not give back approval %s: %s", approval_id, exc)
 
     async def _check(self, approval_id: str, call: CallToApprove, decision: Decision,
-                     key: str | None) -> Refusal | None:
+                     key: str | None) -> Refusal | Approved:
         record = await self.store.get_preview(approval_id)
         if record is None:
             return Refusal(_error(ErrorCode.RESOURCE_NOT_FOUND, "there is no approval with this id"))
-        if refusal := _mismatch(record, call):
+        stored = _stored_call(record)
+        if stored is None:
+            return Refusal(_error(ErrorCode.PERMISSION_DENIED, _CHANGED))
+        if refusal := _mismatch(record, stored, call):
             return refusal
+        approved = Approved(stored.get("rendering"))
         if record.state is PreviewState.USED and key is not None and record.used_key == key:
-            return None  # a retry of the call that used it: its idempotency record replays, never runs it twice
+            return approved  # a retry of the call that used it: its idempotency record replays, never runs it twice
         if refusal := _unusable(record):
             return refusal
-        if not _bound(record):
+        if "conversation_id" not in stored or (call.render is not None and approved.rendering is None):
             fresh = await self.open_preview(call, decision)
-            return Refusal(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, "this approval was granted before approvals "
-                                        "were bound to a conversation; it no longer suffices: " + fresh.reason),
-                           fresh)
+            what = "approvals were bound to a conversation" if "conversation_id" not in stored else (
+                "the tool rendered its calls for approval")
+            return Refusal(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, f"this approval was granted before {what}; "
+                                        "it no longer suffices: " + fresh.reason), fresh)
         if record.policy_revision != call.policy_revision and not await self._still_counts(record, decision):
             fresh = await self.open_preview(call, decision)
             return Refusal(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, "the policy changed since this approval and "
                                         "it no longer suffices: " + fresh.reason), fresh)
-        return None
+        return approved
 
     async def _still_counts(self, record: PreviewRecord, decision: Decision) -> bool:
         """Under a new policy revision: an approval counts if approval is no longer required, or if its
@@ -216,6 +245,8 @@ class Approvals:
         if hash_seen is not None and not hmac.compare_digest(hash_seen.encode(), record.preview_hash.encode()):
             return _refused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "preview_hash is not the hash of this preview",
                                          field="preview_hash"), record)
+        if state is PreviewState.APPROVED and _stored_call(record) is None:
+            return _refused(ErrorInfo.of(ErrorCode.PERMISSION_DENIED, _CHANGED, field="preview_id"))
         decided_by = approver.model_dump_json()
         if not await self.store.decide_preview(preview_id, state, decided_by=decided_by, comment=comment or None,
                                                now=time.time()):
@@ -236,12 +267,30 @@ class Approvals:
         return await self.policy.decide(Stage.APPROVER, PolicyInput.of(document))
 
 
-def _mismatch(record: PreviewRecord, call: CallToApprove) -> Refusal | None:
-    """A refusal unless ``call`` is exactly the previewed call (under the preview's policy revision)."""
+_CHANGED = ("the stored preview no longer matches its hash: it was changed after it was made, so it is neither "
+            "approved nor run; ask for a new approval")
+
+
+def _stored_call(record: PreviewRecord) -> dict[str, Any] | None:
+    """``record``'s canonical call, if it still hashes to the preview's hash (else it was changed: logged)."""
+    try:
+        call = json.loads(record.call_json)
+        intact = isinstance(call, dict) and hash_matches(call, record.preview_hash)
+    except ValueError:  # not JSON, or JSON without a canonical form
+        intact = False
+    if not intact:
+        log.error("preview %s: its stored call no longer hashes to its preview hash; refused", record.preview_id)
+        return None
+    return call  # type: ignore[no-any-return]
+
+
+def _mismatch(record: PreviewRecord, stored: dict[str, Any], call: CallToApprove) -> Refusal | None:
+    """A refusal unless ``call`` is exactly the previewed call (under the preview's policy revision, with the
+    stored rendering)."""
     if (record.tenant, record.principal_id) != (call.principal.tenant, call.principal.id):
         return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval is for another principal's call"))
-    bound = _bound(record)
-    canonical = call.canonical(record.policy_revision, bound=bound)
+    bound = "conversation_id" in stored
+    canonical = call.canonical(record.policy_revision, bound=bound, rendering=stored.get("rendering"))
     # A preview stored before previews were bound to a conversation was hashed before RFC 8785 too.
     matches = hash_matches(canonical, record.preview_hash) if not bound else hmac.compare_digest(
         preview_hash(canonical), record.preview_hash)
@@ -249,12 +298,6 @@ def _mismatch(record: PreviewRecord, call: CallToApprove) -> Refusal | None:
         return Refusal(_error(ErrorCode.INVALID_ARGUMENT, "the call differs from the approved one (tool, version, "
                               "arguments or conversation); send exactly the approved call"))
     return None
-
-
-def _bound(record: PreviewRecord) -> bool:
-    """Whether ``record``'s canonical call names its conversation (previews stored before did not)."""
-    call = json.loads(record.call_json)
-    return isinstance(call, dict) and "conversation_id" in call
 
 
 def _unusable(record: PreviewRecord) -> Refusal | None:
@@ -298,13 +341,22 @@ def _refused(error: ErrorInfo, record: PreviewRecord | None = None) -> ApprovalR
 
 
 def to_preview(record: PreviewRecord) -> Preview:
-    """A stored preview as callers see it: times in RFC 3339, the approver by id."""
+    """A stored preview as callers see it: times in RFC 3339, the approver by id, the tool's rendering apart."""
     decided_by = None if record.decided_by is None else json.loads(record.decided_by)["id"]
     return Preview(preview_id=record.preview_id, preview_hash=record.preview_hash, call_json=record.call_json,
                    reason=record.reason, expires_at=_rfc3339(record.expires_at), state=record.state,
                    approver_roles=record.approver_roles, decided_by=decided_by,
                    decided_at=None if record.decided_at is None else _rfc3339(record.decided_at),
-                   comment=record.comment)
+                   comment=record.comment, rendering_json=_rendering_json(record.call_json))
+
+
+def _rendering_json(call_json: str) -> str | None:
+    try:
+        call = json.loads(call_json)
+    except ValueError:
+        return None
+    rendering = call.get("rendering") if isinstance(call, dict) else None
+    return None if rendering is None else canonical_json(rendering)
 
 
 def _rfc3339(seconds: float) -> str:

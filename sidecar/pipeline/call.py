@@ -1,7 +1,8 @@
 """``Call``: the one input object every stage of the chain gets, and what the stages learn about it.
 
 A stage reads what earlier stages set and sets its own part: resolve sets ``tool`` and
-``inputs``, validate sets ``arguments``, idempotency sets ``key`` and ``deadline``, dispatch
+``inputs``, validate sets ``arguments``, approval sets ``approved_preview`` (the approved rendering
+of a tool that renders its calls), idempotency sets ``key`` and ``deadline``, dispatch
 sets ``attempts`` (and ``overran``, ``late`` for a handler that outlived the deadline). ``progress`` is
 where the handler's progress reports go (a streamed call's caller; ``None``: nowhere).
 ``trail`` is the audit trail: every decision made for the call, by stage.
@@ -12,6 +13,8 @@ before the one it depends on fails loudly in tests rather than silently deciding
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import uuid
 from dataclasses import dataclass, field
 from time import monotonic
@@ -23,7 +26,7 @@ from sidecar.canonical import legacy_sha256_hex, sha256_hex
 from sidecar.contract import CallRequest, Principal, ToolResult
 from sidecar.policy.input import InputParts, now_utc
 from sidecar.state import KeyScope
-from sidecar.tools.definition import ProgressSink, ToolDefinition
+from sidecar.tools.definition import ProgressSink, ToolContext, ToolDefinition
 
 __all__ = ["Arguments", "Call"]
 
@@ -54,6 +57,7 @@ class Call:
     tool: ToolDefinition[Any, Any] | None = None  # resolve: the tool, once available to the caller
     inputs: InputParts | None = None  # resolve: the policy input's shared parts
     arguments: Arguments | None = None  # validate
+    approved_preview: dict[str, Any] | None = None  # approval: the rendering its approver approved
     key: KeyScope | None = None  # idempotency: the key this call claimed (``None``: none, or not ours)
     deadline: float | None = None  # idempotency or dispatch: ``time.monotonic()`` by which the handler must end
     attempts: int = 0  # dispatch
@@ -98,10 +102,26 @@ class Call:
         arguments: Any = self.request.arguments_json if self.arguments is None else self.arguments.data
         return {"tool": self.request.tool, "version": self.tool.version if self.tool else "", "arguments": arguments}
 
+    def context(self, deadline: float) -> ToolContext:
+        """What the tool's handler (or its preview renderer) may know of this call, to end by ``deadline``."""
+        logger = logging.LoggerAdapter(_tool_logger(self.request.tool), {"request_id": self.request_id})
+        return ToolContext(principal=self.principal, request_id=self.request_id, deadline=deadline,
+                           idempotency_key=self.request.idempotency_key, attempt=1, logger=logger,
+                           progress_sink=self.progress, approved_preview=self.approved_preview)
+
     def handler_deadline(self) -> float:
         """When the handler must end (``time.monotonic()``): the tool's timeout from now, or the caller's
         deadline if earlier; fixed the first time it is asked."""
         if self.deadline is None:
-            deadline = monotonic() + self.defn.timeout
-            self.deadline = deadline if self.caller_deadline is None else min(deadline, self.caller_deadline)
+            self.deadline = self.deadline_from_now()
         return self.deadline
+
+    def deadline_from_now(self) -> float:
+        """The tool's timeout from now, or the caller's deadline if earlier (``time.monotonic()``)."""
+        deadline = monotonic() + self.defn.timeout
+        return deadline if self.caller_deadline is None else min(deadline, self.caller_deadline)
+
+
+@functools.cache
+def _tool_logger(name: str) -> logging.Logger:
+    return logging.getLogger(f"toolbooth.tool.{name}")

@@ -1,8 +1,13 @@
 """Stage 8, shaping the result: every ``ToolResult`` of a call is built here.
 
 Its ``meta`` says how it was produced (request id, tool and version, duration, attempts,
-policy revision); a success whose data is above ``limits.max_result_bytes`` is never
-returned truncated: it becomes an ``INTERNAL_ERROR`` naming the size.
+policy revision) and, for a tool whose output model declares them (``ToolDefinition.page_fields``),
+mirrors the output's ``truncated``, ``next_cursor`` and ``has_more``: the tool shortened its result
+on purpose and says where to read on. A success whose data is above ``limits.max_result_bytes`` is
+never returned truncated: it becomes an ``INTERNAL_ERROR`` naming the size.
+
+A handler's ``Partial`` becomes a ``partial_success``: its data, and its failed parts as ``errors``
+(``error`` stays ``None``: the call did not fail as a whole).
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ log = logging.getLogger("toolbooth.pipeline")
 
 def result(call: Call, status: Status, *, data: Any = None, errors: tuple[ErrorInfo, ...] = (),
            preview: Preview | None = None) -> ToolResult:
-    """A result of ``call`` with ``status``; ``errors[0]`` is its primary error."""
-    return ToolResult(status=status, data=data, error=errors[0] if errors else None, errors=errors,
-                      meta=_meta(call), preview=preview)
+    """A result of ``call`` with ``status``; ``errors[0]`` is its primary error (a partial success has none)."""
+    primary = errors[0] if errors and status is not Status.PARTIAL_SUCCESS else None
+    return ToolResult(status=status, data=data, error=primary, errors=errors, meta=_meta(call, data),
+                      preview=preview)
 
 
 def refused(call: Call, refusal: CallRefused) -> ToolResult:
@@ -37,14 +43,15 @@ def error(call: Call, info: ErrorInfo) -> ToolResult:
     return result(call, Status.ERROR, errors=(info,))
 
 
-def success(call: Call, data: Any, *, max_bytes: int) -> ToolResult:
-    """A success carrying ``data`` (JSON data), or an error if it is larger than ``max_bytes``."""
+def success(call: Call, data: Any, *, max_bytes: int, failed: tuple[ErrorInfo, ...] = ()) -> ToolResult:
+    """A success carrying ``data`` (JSON data) — partial, with the ``failed`` parts' errors, if any — or an
+    error if it is larger than ``max_bytes``."""
     size = len(json.dumps(data, separators=(",", ":")).encode())
     if size > max_bytes:
         log.error("tool %r returned %d bytes (limit %d)", call.request.tool, size, max_bytes)
         return error(call, ErrorInfo.of(ErrorCode.INTERNAL_ERROR, f"the tool's result is {size} bytes, above the "
                                         f"limit of {max_bytes}; it was not returned"))
-    return result(call, Status.SUCCESS, data=data)
+    return result(call, Status.PARTIAL_SUCCESS if failed else Status.SUCCESS, data=data, errors=failed)
 
 
 def replayed(call: Call, result_json: str) -> ToolResult:
@@ -54,7 +61,9 @@ def replayed(call: Call, result_json: str) -> ToolResult:
     return stored.model_copy(update={"meta": meta})
 
 
-def _meta(call: Call) -> ResultMeta:
+def _meta(call: Call, data: Any) -> ResultMeta:
+    page = {name: data[name] for name in call.tool.page_fields if name in data} if (
+        call.tool is not None and isinstance(data, dict)) else {}
     return ResultMeta(request_id=call.request_id, tool=call.request.tool,
                       tool_version=call.tool.version if call.tool else "", duration_ms=call.elapsed_ms,
-                      attempt=call.attempts, policy_revision=call.policy_revision)
+                      attempt=call.attempts, policy_revision=call.policy_revision, **page)

@@ -3,8 +3,8 @@
 An idempotency record has one state, the public ``OperationState``: ``IN_PROGRESS`` while its call
 runs, ``UNKNOWN`` once its handler outlived its deadline (``overran_at``: it may have had its effect)
 or when still running ``DEADLINE_GRACE_SECONDS`` past its deadline (its sidecar died), ``COMPLETED``
-or ``FAILED`` once it holds a result (success, or anything else: the handler's own, even a late one,
-or an operator's resolution).
+or ``FAILED`` once it holds a result (success or partial success, or anything else: the handler's own,
+even a late one, or an operator's resolution).
 """
 
 from __future__ import annotations
@@ -83,13 +83,15 @@ def is_abandoned(deadline_at: float | None) -> bool:
 
 
 def result_state(result_json: str) -> OperationState:
-    """``COMPLETED`` if the stored result's status is success, else ``FAILED``."""
+    """``COMPLETED`` if the stored result's status is success or partial success (its effects are done; its
+    errors name the parts that failed), else ``FAILED``."""
     try:
         document = json.loads(result_json)
     except ValueError:
         return OperationState.FAILED
     status = document.get("status") if isinstance(document, dict) else None
-    return OperationState.COMPLETED if status == Status.SUCCESS.value else OperationState.FAILED
+    done = status in (Status.SUCCESS.value, Status.PARTIAL_SUCCESS.value)
+    return OperationState.COMPLETED if done else OperationState.FAILED
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""Tool definitions: ``@tool``, ``ToolContext``, ``ToolError``, ``RetryPolicy`` (re-exported by ``sidecar.plugin``).
+"""Tool definitions: ``@tool``, ``ToolContext``, ``RetryPolicy`` (re-exported by ``sidecar.plugin``; ``ToolError``
+and ``Partial`` are ``sidecar.tools.outcomes``').
 
 A tool is a typed function::
 
@@ -10,6 +11,12 @@ comes from the input model. A definition is checked when the decorator runs:
 a bad one raises ``ToolDefinitionError`` naming the plugin, the tool and the field.
 Decorating registers nothing globally; a plugin exposes its tools through the
 ``toolbooth.tools`` entry-point group (see ``sidecar.tools.registry``).
+
+The handler may return ``Partial[Out]`` (annotated ``-> Out | Partial[Out]``) for a result with failed
+parts. An output model that declares top-level ``next_cursor`` (``str | None``), ``has_more`` or
+``truncated`` (``bool``) has them mirrored into the result's ``meta`` (``PAGE_FIELDS``). ``preview=``
+names a renderer, ``(args, ctx) -> dict | BaseModel`` (sync or async), whose rendering of the call an
+approver sees and approves, and the handler then gets as ``ctx.approved_preview`` (``sidecar.tools.preview``).
 
 A handler reports progress with ``await ctx.report_progress(done, total=..., message=...)`` (a sync
 handler, in its worker thread, with ``ctx.report_progress_sync``); the reports reach a caller that
@@ -23,18 +30,23 @@ import inspect
 import logging
 import re
 import time
+import types
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from sidecar.contract import ErrorCode, Principal, Progress, SideEffect
+from sidecar.tools.outcomes import Partial, ToolError
 
 __all__ = [
     "NAME_PATTERN",
+    "PAGE_FIELDS",
+    "Handler",
     "ProgressSink",
+    "Renderer",
     "RetryPolicy",
     "ToolContext",
     "ToolDefinition",
@@ -46,6 +58,9 @@ __all__ = [
 NAME_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
 _MAX_TITLE = 128
 _RETRYABLE_BY_DEFAULT = frozenset({ErrorCode.SERVICE_UNAVAILABLE, ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT})
+# Output fields mirrored into ``ResultMeta``, with the types they must have there.
+PAGE_FIELDS: Mapping[str, frozenset[type]] = {"next_cursor": frozenset({str, types.NoneType}),
+                                              "has_more": frozenset({bool}), "truncated": frozenset({bool})}
 
 In = TypeVar("In", bound=BaseModel)
 Out = TypeVar("Out", bound=BaseModel)
@@ -59,37 +74,25 @@ class ToolDefinitionError(ValueError):
         self.plugin, self.tool, self.field = plugin, tool, field_name
 
 
-class ToolError(Exception):
-    """The only way a handler's own text reaches the model.
-
-    ``retryable`` defaults to the standard guidance for ``code`` and the tool's side
-    effect (a timeout of a write tool is not retryable); anything else a handler
-    raises becomes a generic ``INTERNAL_ERROR``.
-    """
-
-    def __init__(
-        self,
-        code: ErrorCode | str,
-        message: str,
-        *,
-        field: str | None = None,
-        retryable: bool | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.code = ErrorCode(code)
-        self.message = message
-        self.field = field
-        self.retryable = retryable
-
-
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """Retries for read-only tools: exponential backoff between attempts."""
+    """Retries for read-only tools: exponential backoff between attempts, on the retryable errors of
+    ``retry_on`` (any collection of codes; kept as a frozenset), while the call's deadline allows.
+
+    ``attempt_timeout``: seconds one attempt may take (``None``: all the time left), so that an attempt that
+    hangs is cancelled in time for the next, within the tool's ``timeout``; it ends with ``TIMEOUT``, which
+    is retried when ``retry_on`` holds it. "Retry once on a network failure" is
+    ``RetryPolicy(max_attempts=2, attempt_timeout=1.0, retry_on={ErrorCode.TIMEOUT, ErrorCode.SERVICE_UNAVAILABLE})``.
+    """
 
     max_attempts: int = 1
     initial_backoff: float = 0.05
     max_backoff: float = 1.0
-    retry_on: frozenset[ErrorCode] = _RETRYABLE_BY_DEFAULT
+    retry_on: Collection[ErrorCode] = _RETRYABLE_BY_DEFAULT
+    attempt_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "retry_on", frozenset(ErrorCode(code) for code in self.retry_on))
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
@@ -115,6 +118,7 @@ class ToolContext:
     attempt: int
     logger: logging.LoggerAdapter[logging.Logger]
     progress_sink: ProgressSink | None = field(default=None, repr=False, compare=False)
+    approved_preview: dict[str, Any] | None = None  # the rendering an approver approved; None without approval
 
     def time_remaining(self) -> float:
         """Seconds until the call's deadline (``time.monotonic`` based)."""
@@ -134,7 +138,8 @@ class ToolContext:
             self.progress_sink.report(update)
 
 
-Handler = Callable[[Any, ToolContext], Awaitable[BaseModel] | BaseModel]
+Handler = Callable[[Any, ToolContext], Awaitable[BaseModel | Partial[Any]] | BaseModel | Partial[Any]]
+Renderer = Callable[[Any, ToolContext], Awaitable[BaseModel | dict[str, Any]] | BaseModel | dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,11 +159,17 @@ class ToolDefinition(Generic[In, Out]):
     plugin: str
     is_async: bool = field(default=False)
     title: str = ""
+    preview: Renderer | None = None  # renders the call for its approver (``sidecar.tools.preview``)
 
     @property
     def requires_idempotency_key(self) -> bool:
         """Tools with side effects must be called with an idempotency key."""
         return self.side_effect is not SideEffect.NONE
+
+    @property
+    def page_fields(self) -> tuple[str, ...]:
+        """The ``PAGE_FIELDS`` the output model declares: mirrored into the result's ``meta``."""
+        return tuple(name for name in PAGE_FIELDS if name in self.output_model.model_fields)
 
 
 def tool(
@@ -171,9 +182,12 @@ def tool(
     description: str | None = None,
     retry: RetryPolicy | None = None,
     title: str = "",
+    preview: Renderer | None = None,
 ) -> Callable[[Handler], ToolDefinition[Any, Any]]:
     """Turn a typed handler into a validated ``ToolDefinition``; ``title`` is a display name for people
-    (e.g. in an MCP client), at most 128 characters on one line; without it clients show ``name``."""
+    (e.g. in an MCP client), at most 128 characters on one line; without it clients show ``name``;
+    ``preview``: the renderer of its calls for their approvers, ``(args, ctx) -> dict | BaseModel``, sync
+    or async."""
 
     def decorate(handler: Handler) -> ToolDefinition[Any, Any]:
         plugin = getattr(handler, "__module__", "?")
@@ -189,16 +203,18 @@ def tool(
         check.that(isinstance(permissions, tuple | list) and all(isinstance(p, str) and p for p in permissions),
                    "permissions", "must be a tuple of non-empty strings")
         policy = retry or RetryPolicy()
-        check.that(policy.max_attempts >= 1, "retry", "max_attempts must be at least 1")
-        check.that(policy.max_attempts == 1 or effect is SideEffect.NONE, "retry",
-                   f"tools with side effect {effect.value!r} are never retried; use max_attempts=1")
+        check.retry(policy, effect, timeout)
         input_model, output_model = check.signature(handler)
+        check.page_fields(output_model)
+        if preview is not None:
+            check.that(callable(preview) and _takes_two(preview), "preview",
+                       "must be a function taking exactly two positional parameters: (args, ctx)")
         doc = description if description is not None else inspect.getdoc(handler) or ""
         return ToolDefinition(
             name=name, version=version, description=doc.strip(), handler=handler,
             input_model=input_model, output_model=output_model, side_effect=effect,
             permissions=tuple(permissions), timeout=float(timeout), retry=policy, plugin=plugin,
-            is_async=inspect.iscoroutinefunction(handler), title=title.strip(),
+            is_async=inspect.iscoroutinefunction(handler), title=title.strip(), preview=preview,
         )
 
     return decorate
@@ -221,20 +237,64 @@ class _Checker:
             raise ToolDefinitionError(self.plugin, self.tool, "side_effect",
                                       f"unknown side effect {value!r}; expected one of {allowed}") from None
 
+    def retry(self, policy: RetryPolicy, effect: SideEffect, timeout: float) -> None:
+        self.that(policy.max_attempts >= 1, "retry", "max_attempts must be at least 1")
+        self.that((policy.max_attempts == 1 and policy.attempt_timeout is None) or effect is SideEffect.NONE,
+                  "retry", f"tools with side effect {effect.value!r} are never retried; use max_attempts=1 "
+                  "without an attempt_timeout")
+        limit = policy.attempt_timeout
+        self.that(limit is None or (isinstance(limit, int | float) and not isinstance(limit, bool)
+                                    and 0 < limit <= timeout),
+                  "retry", f"attempt_timeout must be a positive number of seconds up to the tool's timeout "
+                  f"({timeout}), got {limit!r}")
+
     def signature(self, handler: Handler) -> tuple[type[BaseModel], type[BaseModel]]:
         self.that(callable(handler), "handler", "must be a function")
+        self.that(_takes_two(handler), "handler", "must take exactly two positional parameters: (args, ctx)")
         params = list(inspect.signature(handler).parameters.values())
-        self.that(len(params) == 2 and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params),
-                  "handler", "must take exactly two positional parameters: (args, ctx)")
         try:
             hints = typing.get_type_hints(handler)
         except Exception as exc:  # unresolvable annotations: report, do not guess
             raise ToolDefinitionError(self.plugin, self.tool, "handler", f"cannot resolve type hints: {exc}") from exc
-        input_model, output_model = hints.get(params[0].name), hints.get("return")
+        input_model, returned = hints.get(params[0].name), hints.get("return")
         self.that(_is_model(input_model), "input", f"must be annotated with a pydantic model, got {input_model!r}")
-        self.that(_is_model(output_model), "output",
-                  f"return type must be a pydantic model, got {output_model!r}")
+        output_model = _output_model(returned)
+        self.that(output_model is not None, "output", "return type must be a pydantic model Out, Partial[Out] or "
+                  f"Out | Partial[Out], got {returned!r}")
         return input_model, output_model  # type: ignore[return-value]
+
+    def page_fields(self, output_model: type[BaseModel]) -> None:
+        for name, allowed in PAGE_FIELDS.items():
+            declared = output_model.model_fields.get(name)
+            if declared is not None:
+                options = set(typing.get_args(declared.annotation)) or {declared.annotation}
+                self.that(options <= allowed, "output", f"field {name!r} is mirrored into the result's meta, so "
+                          f"it must be {' | '.join(sorted(_name(t) for t in allowed))}, got {declared.annotation!r}")
+
+
+def _name(annotation: type) -> str:
+    return "None" if annotation is types.NoneType else annotation.__name__
+
+
+def _takes_two(function: Callable[..., object]) -> bool:
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):  # a callable without a signature
+        return False
+    return len(params) == 2 and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _output_model(annotation: object) -> type[BaseModel] | None:
+    """The output model of a return annotation ``Out``, ``Partial[Out]`` or ``Out | Partial[Out]``."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    models = set()
+    for option in typing.get_args(annotation) if union else (annotation,):
+        if typing.get_origin(option) is Partial:
+            option = typing.get_args(option)[0]
+        if not _is_model(option):
+            return None
+        models.add(option)
+    return models.pop() if len(models) == 1 else None
 
 
 def _is_model(annotation: object) -> bool:

@@ -18,7 +18,13 @@ unknown effect: ``overran`` and no ``late`` (for a write, its key stays unknown 
 settles it). A worker that ends mid-call (``os._exit``, a signal, the OOM killer) ends it with
 ``INTERNAL_ERROR``, logged. A call still waiting for a free worker at its deadline never started.
 Other sync handlers share the sidecar's process: one that hangs or corrupts it is not contained.
-Only ``SideEffect.NONE`` tools may carry a retry policy (checked by ``@tool``).
+Only ``SideEffect.NONE`` tools may carry a retry policy (checked by ``@tool``). With its ``attempt_timeout``
+each attempt has a deadline of its own, within the call's: an attempt that hangs ends with ``TIMEOUT``
+(an async handler cancelled, a sync one left to finish in its thread, an isolated one stopped) in time
+for the next attempt.
+
+A handler returns its output model (or data that fits it), or ``Partial(output, errors=[...])``: the
+output, checked the same way, and its failed parts as errors (``Outcome.failed``).
 """
 
 from __future__ import annotations
@@ -35,9 +41,10 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from sidecar.contract import ErrorCode, ErrorInfo
-from sidecar.tools.definition import ToolContext, ToolDefinition, ToolError
+from sidecar.tools.definition import ToolContext, ToolDefinition
 from sidecar.tools.isolation.pool import ProcessPools
 from sidecar.tools.isolation.process import HandlerFailed
+from sidecar.tools.outcomes import Partial, ToolError, published
 
 __all__ = ["Dispatcher", "Outcome"]
 
@@ -50,13 +57,26 @@ class Outcome:
     0 when the deadline passed before the first). ``overran``: the last attempt's handler outlived the
     deadline (``TIMEOUT``), so its effect may or may not have happened; ``late``: that handler, a sync
     one of a tool with side effects in the thread pool, still runs, and this future gives its own outcome
-    when it ends (an isolated one was killed: no ``late``, its effect stays unknown)."""
+    when it ends (an isolated one was killed: no ``late``, its effect stays unknown). ``failed``: with an
+    output, the parts that failed (the handler returned a ``Partial``)."""
 
     output: BaseModel | None
     error: ErrorInfo | None
     attempts: int
     overran: bool = False
     late: asyncio.Future[Outcome] | None = None
+    failed: tuple[ErrorInfo, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Produced:
+    """What a handler returned, checked: its output and the errors of the parts that failed."""
+
+    output: BaseModel
+    failed: tuple[ErrorInfo, ...] = ()
+
+    def outcome(self, attempts: int) -> Outcome:
+        return Outcome(self.output, None, attempts, failed=self.failed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +108,14 @@ class Dispatcher:
             ctx = replace(ctx, attempt=attempt)
             if ctx.deadline <= time.monotonic():  # this attempt never starts
                 return _not_run(attempt - 1)
-            attempted = await self._attempt(defn, args, ctx)
-            if isinstance(attempted, _NotStarted):
+            attempted = await self._attempt(defn, args, _for_attempt(defn, ctx))
+            if isinstance(attempted, _NotStarted):  # still queued at its deadline: it never ran
+                if ctx.deadline > time.monotonic():  # only the attempt's own deadline passed: queue it again
+                    continue
                 return _not_run(attempt - 1)
+            if isinstance(attempted, _Produced):
+                return attempted.outcome(attempt)
             overrun, error = (attempted, attempted.error) if isinstance(attempted, _Overrun) else (None, attempted)
-            if not isinstance(error, ErrorInfo):
-                return Outcome(error, None, attempt)
             delay = defn.retry.backoff(attempt)
             if not _should_retry(defn, error, attempt, delay, ctx):
                 if overrun is None:
@@ -115,7 +137,7 @@ class Dispatcher:
 
     async def _attempt(
         self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext
-    ) -> BaseModel | ErrorInfo | _Overrun | _NotStarted:
+    ) -> _Produced | ErrorInfo | _Overrun | _NotStarted:
         remaining = ctx.deadline - time.monotonic()
         deadline = asyncio.timeout(remaining)
         job: Future[Any] | None = None
@@ -149,12 +171,12 @@ class Dispatcher:
             return _unexpected(exc, defn, ctx)
 
 
-async def _settled(pending: Awaitable[Any], defn: ToolDefinition[Any, Any], ctx: ToolContext) -> BaseModel | ErrorInfo:
+async def _settled(pending: Awaitable[Any], defn: ToolDefinition[Any, Any], ctx: ToolContext) -> _Produced | ErrorInfo:
     """The handler's output, checked, or its failure as an error; only a cancellation of the call passes."""
     try:
         result = await pending
     except ToolError as exc:
-        return _published(exc, defn)
+        return published(exc, defn.side_effect)
     except asyncio.CancelledError as exc:
         if _cancelling():
             raise  # the call itself is cancelled, or its deadline passed
@@ -162,6 +184,12 @@ async def _settled(pending: Awaitable[Any], defn: ToolDefinition[Any, Any], ctx:
     except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: never the sidecar's end
         return _unexpected(exc, defn, ctx)
     return _checked_output(defn, result, ctx)
+
+
+def _for_attempt(defn: ToolDefinition[Any, Any], ctx: ToolContext) -> ToolContext:
+    """``ctx`` with the deadline of one attempt: the call's, or sooner by the retry policy's ``attempt_timeout``."""
+    limit = defn.retry.attempt_timeout
+    return ctx if limit is None else replace(ctx, deadline=min(ctx.deadline, time.monotonic() + limit))
 
 
 def _not_run(attempts: int) -> Outcome:
@@ -180,7 +208,7 @@ def _late(overrun: _Overrun, defn: ToolDefinition[Any, Any], ctx: ToolContext,
         settled = await _settled(running, defn, ctx)
         if isinstance(settled, ErrorInfo):
             return Outcome(None, settled, attempt)
-        return Outcome(settled, None, attempt)
+        return settled.outcome(attempt)
 
     return asyncio.ensure_future(outcome())
 
@@ -209,17 +237,17 @@ def _should_retry(defn: ToolDefinition[Any, Any], error: ErrorInfo, attempt: int
     )
 
 
-def _published(exc: ToolError, defn: ToolDefinition[Any, Any]) -> ErrorInfo:
-    info = ErrorInfo.of(exc.code, exc.message, field=exc.field, side_effect=defn.side_effect)
-    return info if exc.retryable is None else info.model_copy(update={"retryable": exc.retryable})
-
-
-def _checked_output(defn: ToolDefinition[Any, Any], result: Any, ctx: ToolContext) -> BaseModel | ErrorInfo:
+def _checked_output(defn: ToolDefinition[Any, Any], result: Any, ctx: ToolContext) -> _Produced | ErrorInfo:
+    """What the handler returned, checked against the output model (a ``Partial``'s output too)."""
+    failed: tuple[ErrorInfo, ...] = ()
+    if isinstance(result, Partial):
+        failed = tuple(published(error, defn.side_effect) for error in result.errors)
+        result = result.output
     model: type[BaseModel] = defn.output_model
     if isinstance(result, model):
-        return result
+        return _Produced(result, failed)
     try:
-        return model.model_validate(result)
+        return _Produced(model.model_validate(result), failed)
     except ValidationError as exc:  # its text shows the values, which may echo sensitive arguments: not logged
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(value)'}: {e['msg']}"
                              for e in exc.errors(include_url=False, include_input=False))

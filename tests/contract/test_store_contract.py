@@ -175,14 +175,16 @@ async def test_a_record_held_for_the_legacy_hash_is_the_same_request(store: AnyS
 
 
 async def test_a_stored_result_is_completed_on_success_else_failed(store: AnyStore) -> None:
-    results = {"success": SUCCESS, "error": ERROR, "partial": '{"status": "partial_success"}',
+    """A partial success is completed too: its effects are done, its errors name the parts that failed."""
+    results = {"success": SUCCESS, "partial": '{"status": "partial_success"}', "error": ERROR,
                "approval": '{"status": "approval_required"}', "no-status": '{"count": 1}', "not-json": "[1"}
     for key, result in results.items():
         await store.claim(replace(SCOPE, key=key), "hash-a", f"r-{key}")
         await store.complete(replace(SCOPE, key=key), result, request_id=f"r-{key}")
     states = {key: (await store.claim(replace(SCOPE, key=key), "hash-a", "r")).record for key in results}
     assert {key: record.state if record else None for key, record in states.items()} == {
-        "success": OperationState.COMPLETED, **{key: OperationState.FAILED for key in list(results)[1:]}}
+        "success": OperationState.COMPLETED, "partial": OperationState.COMPLETED,
+        **{key: OperationState.FAILED for key in list(results)[2:]}}
 
 
 async def test_in_progress_past_its_deadline_is_unknown(stores: Stores, store: AnyStore) -> None:

@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -215,7 +216,18 @@ async def test_a_handlers_errors_cross_from_its_worker_as_from_a_thread(
         assert result.error is not None and (result.error.code, result.error.message) == (code, message), result
         if tool == "refuse":
             assert result.error.field == "name" and not result.error.retryable
+            assert result.error.details == {"known_jobs": ["job"]}
         assert (await served.call("whoami")).data["pid"] == before  # the worker is still the same
+
+
+async def test_a_partial_result_crosses_from_its_worker(
+        serving: Callable[..., contextlib.AbstractAsyncContextManager[Served]]) -> None:
+    async with serving(workers_per_plugin=1) as served:
+        result = await served.call("partly")
+    assert result.status is Status.PARTIAL_SUCCESS and result.data is not None, result
+    assert result.data["pid"] != os.getpid()
+    [failed] = result.errors
+    assert (failed.code, failed.message, failed.details) == (ErrorCode.PARTIAL_DELIVERY, "one part failed", {"part": 2})
 
 
 async def test_concurrent_isolated_calls_go_on_while_one_is_stopped(

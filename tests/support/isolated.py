@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sidecar.contract import ErrorCode
-from sidecar.plugin import SideEffect, ToolContext, ToolError, tool
+from sidecar.plugin import Partial, SideEffect, ToolContext, ToolError, tool
 
 TIMEOUT = 0.5  # seconds: the runaway tools' timeout
 
@@ -123,7 +123,15 @@ def crash(args: Job, ctx: ToolContext) -> Ran:
 @tool(name="refuse", version="1.0.0", side_effect=SideEffect.NONE)
 def refuse(args: Job, ctx: ToolContext) -> Ran:
     """Raises a published ``ToolError``."""
-    raise ToolError(ErrorCode.RESOURCE_NOT_FOUND, f"no job named {args.name!r}", field="name", retryable=False)
+    raise ToolError(ErrorCode.RESOURCE_NOT_FOUND, f"no job named {args.name!r}", field="name", retryable=False,
+                    safe_details={"known_jobs": ["job"]})
+
+
+@tool(name="partly", version="1.0.0", side_effect=SideEffect.NONE)
+def partly(args: Job, ctx: ToolContext) -> Ran | Partial[Ran]:
+    """Returns a partial result: its output and its failed parts cross back from the worker."""
+    return Partial(ran(args, ctx), errors=[ToolError(ErrorCode.PARTIAL_DELIVERY, "one part failed",
+                                                     safe_details={"part": 2})])
 
 
 @tool(name="wrong_output", version="1.0.0", side_effect=SideEffect.NONE)
@@ -145,5 +153,6 @@ async def async_job(args: Job, ctx: ToolContext) -> Ran:
     return ran(args, ctx)
 
 
-SYNC = [whoami, spin, spin_stubborn, spin_note, gated, exit_now, raise_exit, crash, refuse, wrong_output, unpicklable]
+SYNC = [whoami, spin, spin_stubborn, spin_note, gated, exit_now, raise_exit, crash, refuse, partly, wrong_output,
+        unpicklable]
 ALL = [*SYNC, async_job]

@@ -13,7 +13,7 @@ import pytest
 from sidecar.canonical import canonical_json, sorted_json
 from sidecar.contract import ErrorCode, PreviewState, Principal
 from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
-from sidecar.pipeline.approvals import Approvals, CallToApprove, preview_hash
+from sidecar.pipeline.approvals import Approvals, CallToApprove, Refusal, preview_hash
 from sidecar.policy import Decision, Stage
 from sidecar.policy.input import PolicyInput
 from sidecar.state import PreviewRecord
@@ -95,7 +95,8 @@ async def test_a_failing_store_refuses_redeeming_and_deciding() -> None:
     store = BrokenStore()
     approvals = Approvals(store, FailingApprover(PolicyEvaluationError("x")))  # type: ignore[arg-type]
     refusal = await approvals.check("p-1", CALL, Decision(required=True))
-    assert refusal is not None and refusal.error.code is ErrorCode.SERVICE_UNAVAILABLE and refusal.error.retryable
+    assert isinstance(refusal, Refusal)
+    assert refusal.error.code is ErrorCode.SERVICE_UNAVAILABLE and refusal.error.retryable
     assert "secret" not in refusal.error.message
     consumed = await approvals.consume("p-1", key="k-1")
     assert consumed is not None and consumed.error.code is ErrorCode.SERVICE_UNAVAILABLE
@@ -149,7 +150,7 @@ async def _check(tmp_path: Path, record: PreviewRecord, call: CallToApprove) -> 
         refusal = await Approvals(store, None).check("p-1", call, Decision(), key="k-1")  # type: ignore[arg-type]
     finally:
         await store.aclose()
-    return None if refusal is None else refusal.error.code
+    return refusal.error.code if isinstance(refusal, Refusal) else None
 
 
 async def test_a_preview_hashed_before_rfc8785_still_matches_its_call(tmp_path: Path) -> None:

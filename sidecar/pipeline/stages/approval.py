@@ -7,6 +7,11 @@ preview. Previews and approvals see the arguments with their sensitive values ma
 hash binds an approval to them without a preview (shown to approvers, stored) ever holding them in
 clear.
 
+A tool with a ``preview`` renderer renders the call when its preview is opened (``sidecar.tools.preview``):
+the rendering is stored with the preview and covered by its hash; a renderer that fails ends the call
+with its error and stores nothing. An approved call carries the approved rendering on to its handler
+(``call.approved_preview``, ``ctx.approved_preview``).
+
 The approval is consumed later, by ``ConsumeApprovalStage``, which runs after the idempotency
 stage has claimed the call's key: a call whose key is in progress, reused or replayed spends no
 approval. A call that certainly had no effect gives its approval back.
@@ -17,6 +22,8 @@ needs approval ends with ``APPROVAL_REQUIRED`` alone.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sidecar.contract import ErrorCode, ErrorInfo, Status, ToolResult
 from sidecar.errors import CallRefused, StoreUnavailableError, refusal
 from sidecar.pipeline.approvals import Approvals, CallToApprove, Refusal
@@ -26,6 +33,7 @@ from sidecar.pipeline.decisions import Decider
 from sidecar.pipeline.stages.idempotency import had_no_effect
 from sidecar.policy import Stage
 from sidecar.tools.masking import Masker
+from sidecar.tools.preview import render as render_preview
 
 __all__ = ["ApprovalStage", "ConsumeApprovalStage"]
 
@@ -41,10 +49,11 @@ class ApprovalStage:
         decision = await self._decider.decide(call, Stage.APPROVAL)
         if call.request.approval_id and self._approvals is not None:
             call.trail["approval_id"] = call.request.approval_id
-            denied = await self._approvals.check(call.request.approval_id, self._to_approve(call), decision,
-                                                 key=_key(call))
-            if denied is not None:
-                raise _refused(denied)
+            checked = await self._approvals.check(call.request.approval_id, self._to_approve(call), decision,
+                                                  key=_key(call))
+            if isinstance(checked, Refusal):
+                raise _refused(checked)
+            call.approved_preview = checked.rendering
         elif decision.required:
             preview = None
             if self._approvals is not None:
@@ -65,8 +74,15 @@ class ApprovalStage:
         """The call to preview or compare, its sensitive values masked."""
         assert self._masker is not None
         arguments = self._masker.mask(call.validated.data, call.validated.sensitive)
+
+        async def render() -> dict[str, Any]:
+            rendered = await render_preview(call.defn, call.validated.model, call.context(call.deadline_from_now()))
+            if isinstance(rendered, ErrorInfo):
+                raise CallRefused(rendered)
+            return rendered
+
         return CallToApprove(call.principal, call.defn.name, call.defn.version, arguments, call.policy_revision,
-                             call.request.conversation_id)
+                             call.request.conversation_id, render=None if call.defn.preview is None else render)
 
 
 class ConsumeApprovalStage:

@@ -42,8 +42,10 @@ class Auditor:
             duration_ms=call.elapsed_ms, arguments_json=arguments)
 
     def outcome(self, call: Call, result: ToolResult) -> None:
-        """Queue the event of ``result`` (written soon, in order)."""
-        code = result.error.code.value if result.error else None
+        """Queue the event of ``result`` (written soon, in order), with the code of its primary error (for a
+        partial success: of its first failed part)."""
+        error = result.error or (result.errors[0] if result.errors else None)
+        code = error.code.value if error else None
         self._store.queue_audit(self.event(call, result.status.value, code))
 
     def cancelled(self, call: Call) -> None:

@@ -10,15 +10,12 @@ thread) sets ``call.late``, its own result once it ends, for the idempotency sta
 from __future__ import annotations
 
 import asyncio
-import functools
-import logging
 
 from sidecar.config import Limits
 from sidecar.contract import ToolResult
 from sidecar.pipeline import results
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Next
-from sidecar.tools.definition import ToolContext
 from sidecar.tools.dispatch import Dispatcher, Outcome
 
 __all__ = ["DispatchStage"]
@@ -31,7 +28,7 @@ class DispatchStage:
         self._dispatcher, self._limits = dispatcher, limits
 
     async def run(self, call: Call, next: Next) -> ToolResult:
-        outcome = await self._dispatcher.run(call.defn, call.validated.model, _context(call))
+        outcome = await self._dispatcher.run(call.defn, call.validated.model, call.context(call.handler_deadline()))
         call.attempts, call.overran = outcome.attempts, outcome.overran
         if outcome.late is not None:
             call.late = asyncio.ensure_future(self._late(call, outcome.late))
@@ -44,16 +41,5 @@ class DispatchStage:
         if outcome.error is not None:
             return results.error(call, outcome.error)
         assert outcome.output is not None
-        return results.success(call, outcome.output.model_dump(mode="json"), max_bytes=self._limits.max_result_bytes)
-
-
-def _context(call: Call) -> ToolContext:
-    logger = logging.LoggerAdapter(_tool_logger(call.request.tool), {"request_id": call.request_id})
-    return ToolContext(principal=call.principal, request_id=call.request_id, deadline=call.handler_deadline(),
-                       idempotency_key=call.request.idempotency_key, attempt=1, logger=logger,
-                       progress_sink=call.progress)
-
-
-@functools.cache
-def _tool_logger(name: str) -> logging.Logger:
-    return logging.getLogger(f"toolbooth.tool.{name}")
+        return results.success(call, outcome.output.model_dump(mode="json"), max_bytes=self._limits.max_result_bytes,
+                               failed=outcome.failed)

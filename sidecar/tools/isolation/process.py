@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sidecar.errors import PluginLoadError
-from sidecar.tools.definition import ToolContext, ToolError
+from sidecar.tools.definition import ToolContext
 from sidecar.tools.isolation.paths import HandlerPath
 from sidecar.tools.isolation.protocol import (
     Log,
@@ -40,6 +40,7 @@ from sidecar.tools.isolation.protocol import (
     read_frame,
 )
 from sidecar.tools.isolation.worker import BOOT
+from sidecar.tools.outcomes import ToolError
 
 __all__ = ["HandlerFailed", "Worker", "exit_reason"]
 
@@ -105,7 +106,7 @@ class Worker:
     async def call(self, tool: str, args: BaseModel, ctx: ToolContext) -> Any:
         """Run ``tool``'s handler in the worker: what it returned; ``ToolError`` or ``HandlerFailed``."""
         request = Request(tool, args, ctx.principal, ctx.request_id, ctx.time_remaining(), ctx.idempotency_key,
-                          ctx.attempt, ctx.logger.logger.name, dict(ctx.logger.extra or {}))
+                          ctx.attempt, ctx.logger.logger.name, dict(ctx.logger.extra or {}), ctx.approved_preview)
         frame = encode(request)  # one that does not pickle fails here, before the worker sees anything
         try:
             reply = await self._ask(frame)
@@ -115,7 +116,8 @@ class Worker:
         if isinstance(reply, Returned):
             return reply.value
         if isinstance(reply, Refused):
-            raise ToolError(reply.code, reply.message, field=reply.field, retryable=reply.retryable)
+            raise ToolError(reply.code, reply.message, field=reply.field, retryable=reply.retryable,
+                            safe_details=None if reply.safe_details is None else dict(reply.safe_details))
         if isinstance(reply, Raised):
             raise HandlerFailed(f"in worker process {self.pid}, {reply.description.rstrip()}")
         raise HandlerFailed(f"worker process {self.pid} answered {type(reply).__name__}")

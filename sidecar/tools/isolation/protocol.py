@@ -66,6 +66,7 @@ class Request:
     attempt: int
     logger: str
     log_extra: Mapping[str, Any]
+    approved_preview: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class Refused:
     message: str
     field: str | None
     retryable: bool | None
+    safe_details: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 
-from sidecar.tools.definition import Handler, ToolContext, ToolError
+from sidecar.tools.definition import Handler, ToolContext
 from sidecar.tools.isolation.paths import resolve
 from sidecar.tools.isolation.protocol import (
     Channel,
@@ -32,6 +32,7 @@ from sidecar.tools.isolation.protocol import (
     StartFailed,
     encode,
 )
+from sidecar.tools.outcomes import ToolError
 
 __all__ = ["BOOT", "main"]
 
@@ -72,11 +73,12 @@ def _run(handler: Handler, request: Request) -> Returned | Refused | Raised:
     logger = logging.LoggerAdapter(logging.getLogger(request.logger), dict(request.log_extra))
     ctx = ToolContext(principal=request.principal, request_id=request.request_id,
                       deadline=time.monotonic() + request.remaining, idempotency_key=request.idempotency_key,
-                      attempt=request.attempt, logger=logger)
+                      attempt=request.attempt, logger=logger,
+                      approved_preview=None if request.approved_preview is None else dict(request.approved_preview))
     try:
         return Returned(handler(request.args, ctx))
     except ToolError as exc:
-        return Refused(exc.code.value, exc.message, exc.field, exc.retryable)
+        return Refused(exc.code.value, exc.message, exc.field, exc.retryable, exc.safe_details)
     except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: the worker serves on
         return Raised(f"it raised {type(exc).__name__}:\n{traceback.format_exc()}")
 

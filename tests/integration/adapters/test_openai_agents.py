@@ -76,7 +76,8 @@ async def test_invalid_arguments_reach_the_model_as_the_typed_error(client: Asyn
     [(_, invalid), (_, missing)] = seen(model)
     assert invalid["status"] == Status.ERROR
     assert invalid["error"] == {"code": ErrorCode.INVALID_ARGUMENT, "message": "text: Input should be a valid string",
-                                "retryable": False, "recovery": Recovery.CORRECT_ARGUMENTS, "field": "text"}
+                                "retryable": False, "recovery": Recovery.CORRECT_ARGUMENTS, "field": "text",
+                                "details": None}
     assert missing["error"]["code"] == ErrorCode.RESOURCE_NOT_FOUND
     assert missing["error"]["message"] == "no document named 'q3'"
 

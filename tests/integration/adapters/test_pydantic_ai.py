@@ -93,7 +93,7 @@ async def test_invalid_arguments_reach_the_model_as_the_typed_error(client: Asyn
     assert wrong_type["status"] == Status.ERROR
     assert wrong_type["error"] == {"code": ErrorCode.INVALID_ARGUMENT, "retryable": False, "field": "text",
                                    "message": "text: Input should be a valid string",
-                                   "recovery": Recovery.CORRECT_ARGUMENTS}
+                                   "recovery": Recovery.CORRECT_ARGUMENTS, "details": None}
     assert wrong_name["error"]["code"] == ErrorCode.INVALID_ARGUMENT
     assert {e["field"] for e in wrong_name["errors"]} == {"text", "txt"}
 

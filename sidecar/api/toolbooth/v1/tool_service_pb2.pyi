@@ -56,6 +56,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_SERVICE_UNAVAILABLE: _ClassVar[ErrorCode]
     ERROR_CODE_INTERNAL_ERROR: _ClassVar[ErrorCode]
     ERROR_CODE_CANCELLED: _ClassVar[ErrorCode]
+    ERROR_CODE_POLICY_VIOLATION: _ClassVar[ErrorCode]
+    ERROR_CODE_PARTIAL_DELIVERY: _ClassVar[ErrorCode]
 
 class Recovery(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -102,6 +104,8 @@ ERROR_CODE_TIMEOUT: ErrorCode
 ERROR_CODE_SERVICE_UNAVAILABLE: ErrorCode
 ERROR_CODE_INTERNAL_ERROR: ErrorCode
 ERROR_CODE_CANCELLED: ErrorCode
+ERROR_CODE_POLICY_VIOLATION: ErrorCode
+ERROR_CODE_PARTIAL_DELIVERY: ErrorCode
 RECOVERY_UNSPECIFIED: Recovery
 RECOVERY_CORRECT_ARGUMENTS: Recovery
 RECOVERY_DO_NOT_RETRY: Recovery
@@ -164,7 +168,7 @@ class Operation(_message.Message):
     def __init__(self, state: _Optional[_Union[OperationState, str]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ...) -> None: ...
 
 class Preview(_message.Message):
-    __slots__ = ("preview_id", "preview_hash", "call_json", "reason", "expires_at", "state", "approver_roles", "decided_by", "decided_at", "comment")
+    __slots__ = ("preview_id", "preview_hash", "call_json", "reason", "expires_at", "state", "approver_roles", "decided_by", "decided_at", "comment", "rendering_json")
     PREVIEW_ID_FIELD_NUMBER: _ClassVar[int]
     PREVIEW_HASH_FIELD_NUMBER: _ClassVar[int]
     CALL_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +179,7 @@ class Preview(_message.Message):
     DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
     DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
     COMMENT_FIELD_NUMBER: _ClassVar[int]
+    RENDERING_JSON_FIELD_NUMBER: _ClassVar[int]
     preview_id: str
     preview_hash: str
     call_json: str
@@ -185,7 +190,8 @@ class Preview(_message.Message):
     decided_by: str
     decided_at: str
     comment: str
-    def __init__(self, preview_id: _Optional[str] = ..., preview_hash: _Optional[str] = ..., call_json: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[str] = ..., state: _Optional[_Union[PreviewState, str]] = ..., approver_roles: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., decided_at: _Optional[str] = ..., comment: _Optional[str] = ...) -> None: ...
+    rendering_json: str
+    def __init__(self, preview_id: _Optional[str] = ..., preview_hash: _Optional[str] = ..., call_json: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[str] = ..., state: _Optional[_Union[PreviewState, str]] = ..., approver_roles: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., decided_at: _Optional[str] = ..., comment: _Optional[str] = ..., rendering_json: _Optional[str] = ...) -> None: ...
 
 class ApproveOperationRequest(_message.Message):
     __slots__ = ("preview_id", "preview_hash", "comment")
@@ -298,21 +304,23 @@ class ExecuteToolRequest(_message.Message):
     def __init__(self, tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., approval_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., call_id: _Optional[str] = ...) -> None: ...
 
 class ToolError(_message.Message):
-    __slots__ = ("code", "message", "retryable", "recovery", "field")
+    __slots__ = ("code", "message", "retryable", "recovery", "field", "details_json")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RETRYABLE_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
     FIELD_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_JSON_FIELD_NUMBER: _ClassVar[int]
     code: ErrorCode
     message: str
     retryable: bool
     recovery: Recovery
     field: str
-    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., retryable: _Optional[bool] = ..., recovery: _Optional[_Union[Recovery, str]] = ..., field: _Optional[str] = ...) -> None: ...
+    details_json: str
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., retryable: _Optional[bool] = ..., recovery: _Optional[_Union[Recovery, str]] = ..., field: _Optional[str] = ..., details_json: _Optional[str] = ...) -> None: ...
 
 class ResultMeta(_message.Message):
-    __slots__ = ("request_id", "tool", "tool_version", "duration_ms", "attempt", "idempotency_replayed", "truncated", "policy_revision")
+    __slots__ = ("request_id", "tool", "tool_version", "duration_ms", "attempt", "idempotency_replayed", "truncated", "policy_revision", "next_cursor", "has_more")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     TOOL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +329,8 @@ class ResultMeta(_message.Message):
     IDEMPOTENCY_REPLAYED_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     POLICY_REVISION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tool: str
     tool_version: str
@@ -329,7 +339,9 @@ class ResultMeta(_message.Message):
     idempotency_replayed: bool
     truncated: bool
     policy_revision: str
-    def __init__(self, request_id: _Optional[str] = ..., tool: _Optional[str] = ..., tool_version: _Optional[str] = ..., duration_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., idempotency_replayed: _Optional[bool] = ..., truncated: _Optional[bool] = ..., policy_revision: _Optional[str] = ...) -> None: ...
+    next_cursor: str
+    has_more: bool
+    def __init__(self, request_id: _Optional[str] = ..., tool: _Optional[str] = ..., tool_version: _Optional[str] = ..., duration_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., idempotency_replayed: _Optional[bool] = ..., truncated: _Optional[bool] = ..., policy_revision: _Optional[str] = ..., next_cursor: _Optional[str] = ..., has_more: _Optional[bool] = ...) -> None: ...
 
 class ToolResult(_message.Message):
     __slots__ = ("status", "data_json", "error", "errors", "meta", "preview")
