@@ -21,7 +21,7 @@ write finishes and is recorded (``docs/agents.md``).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -128,7 +128,7 @@ class AsyncClient(_Base):
         conversation_id: str | None = None,
         call_id: str | None = None,
         timeout: float | None = None,
-    ) -> AsyncIterator[ToolEvent]:
+    ) -> AsyncGenerator[ToolEvent, None]:
         """Run one call and yield its ``Progress`` reports, then its ``ToolResult`` (the last event). Closing the
         iterator before the result cancels the call."""
         request = _execute_request(tool, arguments, idempotency_key, approval_id, conversation_id, call_id)

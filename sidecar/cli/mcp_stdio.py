@@ -39,6 +39,7 @@ from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestE
 
 if TYPE_CHECKING:
     from sidecar.client import AsyncClient
+    from sidecar.mcp.server import SendProgress
 
 __all__ = ["ClientTools", "add_commands", "cmd_mcp_stdio", "read_token"]
 
@@ -106,11 +107,23 @@ class ClientTools:
         with self._refusals():
             return await self._client.list_tools(conversation_id=conversation_id)
 
-    async def execute(self, request: CallRequest) -> ToolResult:
+    async def execute(self, request: CallRequest, *, progress: SendProgress | None = None) -> ToolResult:
+        tool, arguments = request.tool, request.arguments_json
+        key, approval, conversation, call = (request.idempotency_key, request.approval_id, request.conversation_id,
+                                             request.call_id)
         with self._refusals():
-            return await self._client.execute(request.tool, request.arguments_json,
-                                              idempotency_key=request.idempotency_key, approval_id=request.approval_id,
-                                              conversation_id=request.conversation_id, call_id=request.call_id)
+            if progress is None:
+                return await self._client.execute(tool, arguments, idempotency_key=key, approval_id=approval,
+                                                  conversation_id=conversation, call_id=call)
+            async with contextlib.aclosing(self._client.execute_stream(
+                    tool, arguments, idempotency_key=key, approval_id=approval, conversation_id=conversation,
+                    call_id=call)) as events:
+                async for event in events:
+                    if isinstance(event, ToolResult):
+                        return event
+                    await progress(event)
+        log.warning("the sidecar at %s ended a call's stream without its result", self._target)
+        raise DependencyError("the stream ended without a result")
 
     @contextlib.contextmanager
     def _refusals(self) -> Iterator[None]:

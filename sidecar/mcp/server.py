@@ -16,36 +16,40 @@ What fails outside a call maps to a JSON-RPC error (``protocol_error``), as it m
 there: a broken request is ``INVALID_PARAMS`` with its message, a failed dependency (the policy
 engine during a listing) ``INTERNAL_ERROR`` "service unavailable", a refused token "unauthenticated: …".
 
-Progress: ``notifications/progress`` for a call belong in ``call_tool`` below, the one place an MCP call
-meets the pipeline: once a call takes a progress reporter, ``Tools.execute`` passes one that sends to
-the request's ``progressToken`` (``ctx.meta``) through ``ctx.session`` (on the request's event stream;
-``mcp.json_response`` has none).
+Progress: a ``tools/call`` whose ``_meta`` carries a ``progressToken`` is executed with a progress
+sender (``Tools.execute(..., progress=)``): the handler's ``ctx.report_progress`` reports, rate-limited
+as on ``ExecuteToolStream``, become ``notifications/progress`` for that token, related to the request so
+that Streamable HTTP sends them on its event stream (``mcp.json_response`` has none: they are dropped by
+the transport). Without a token the call runs as a unary one.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 
 from sidecar import __version__
 from sidecar.api.schemas import mcp_tool
-from sidecar.contract import CallRequest, ToolListing, ToolResult
+from sidecar.contract import CallRequest, Progress, ToolListing, ToolResult
 from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
 from sidecar.mcp.meta import call_request, conversation_id
 from sidecar.mcp.results import call_result
 
-__all__ = ["SERVER_NAME", "UNAVAILABLE", "Context", "Tools", "ToolsFor", "build_server", "protocol_error"]
+__all__ = ["SERVER_NAME", "UNAVAILABLE", "Context", "SendProgress", "Tools", "ToolsFor", "build_server",
+           "protocol_error"]
 
 SERVER_NAME = "toolbooth"
 UNAVAILABLE = "service unavailable"
 
 Context = ServerRequestContext[Any, Any]
+SendProgress = Callable[[Progress], Awaitable[None]]
 
 
 class Tools(Protocol):
@@ -53,7 +57,9 @@ class Tools(Protocol):
 
     async def list_tools(self, *, conversation_id: str | None = None) -> ToolListing: ...
 
-    async def execute(self, request: CallRequest) -> ToolResult: ...
+    async def execute(self, request: CallRequest, *, progress: SendProgress | None = None) -> ToolResult:
+        """Run ``request``; the handler's progress reports go to ``progress`` (``None``: a unary call)."""
+        ...
 
 
 ToolsFor = Callable[[Context], Tools]
@@ -71,10 +77,24 @@ def build_server(tools_for: ToolsFor) -> Server[Any]:
     async def call_tool(ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
         with _protocol_errors():
             request = call_request(params.name, params.arguments, params.meta)
-            result = await tools_for(ctx).execute(request)
+            result = await tools_for(ctx).execute(request, progress=_progress_sender(ctx))
         return call_result(result)
 
     return Server(SERVER_NAME, version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def _progress_sender(ctx: Context) -> SendProgress | None:
+    """What sends a call's reports as ``notifications/progress`` for its ``progressToken``; ``None`` without one."""
+    token = progress_token_from_params(ctx.params)
+    if token is None:
+        return None
+    related = None if ctx.request_id is None else str(ctx.request_id)
+
+    async def send(update: Progress) -> None:
+        await ctx.session.send_progress_notification(token, update.progress, update.total, update.message,
+                                                     related_request_id=related)
+
+    return send
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sidecar.config import MCP_PATH, Settings
 from sidecar.contract import CallRequest, Principal, ToolListing, ToolResult
 from sidecar.errors import AuthenticationError
-from sidecar.mcp.server import Context, build_server
+from sidecar.mcp.server import Context, SendProgress, build_server
 from sidecar.server.auth import Authenticator
 from sidecar.server.listeners import tcp_socket
 from sidecar.server.tool_service import ToolGateway
@@ -136,8 +136,10 @@ class _CallerTools:
     async def list_tools(self, *, conversation_id: str | None = None) -> ToolListing:
         return await self._gateway.list_tools(self._principal, conversation_id=conversation_id)
 
-    async def execute(self, request: CallRequest) -> ToolResult:
-        return await self._gateway.execute(self._principal, request)
+    async def execute(self, request: CallRequest, *, progress: SendProgress | None = None) -> ToolResult:
+        if progress is None:
+            return await self._gateway.execute(self._principal, request)
+        return await self._gateway.execute_streamed(self._principal, request, progress)
 
 
 class _Authenticated:

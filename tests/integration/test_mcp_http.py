@@ -64,7 +64,7 @@ async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth
                 make_token: Tokens) -> AsyncIterator[World]:
     settings = make_settings(auth=jwt_auth, mcp={"listen": "127.0.0.1:0"})
     store = await SqliteStore.open(tmp_path / "store.db")
-    registry = Registry.from_tools([*tools.ALL, tools.held_note])
+    registry = Registry.from_tools([*tools.ALL, tools.held_note, tools.count_up])
     pipeline = assemble(registry=registry, policy=policies(tmp_path / "policies"), store=store, limits=Limits())
     sidecar: Sidecar | None = None
     endpoint = McpEndpoint.open(settings, pipeline)
@@ -106,6 +106,22 @@ async def test_a_call_returns_the_typed_result_as_structured_content(world: Worl
     assert result.data == {"text": "hi", "principal": "alice", "attempt": 1}
     assert result.meta.tool == "echo" and result.meta.policy_revision == world.pipeline.policy.revision
     assert json.loads(answer.content[0].text) == answer.structured_content  # type: ignore[union-attr]
+
+
+async def test_progress_reports_reach_a_client_that_asks_for_them(world: World) -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async with http_session(world.url, world.token()) as session:
+        reported = await session.call_tool("count_up", {"count": 50}, progress_callback=on_progress)
+        unasked = await session.call_tool("count_up", {"count": 3})  # no progressToken: a unary call
+    assert typed(reported.structured_content).data == {"count": 50}
+    assert typed(unasked.structured_content).data == {"count": 3}
+    assert seen and seen[-1] == (50, 50, "50 of 50")  # rate-limited, the last report always delivered
+    assert [progress for progress, _, _ in seen] == sorted({progress for progress, _, _ in seen})
+    assert len(seen) <= 50
 
 
 async def test_invalid_arguments_are_an_error_result_naming_the_field(world: World) -> None:

@@ -64,6 +64,24 @@ async def test_the_token_can_come_from_a_file_a_keyed_write_is_replayed_and_appr
     assert unkeyed.error is not None and unkeyed.error.field == "idempotency_key"
 
 
+async def test_progress_reports_are_bridged_from_the_sidecars_stream(
+    make_settings: Callable[..., Settings], start_sidecar: StartSidecar, make_pipeline: PipelineFactory,
+) -> None:
+    from sidecar.tools.registry import Registry
+
+    pipeline = await make_pipeline(registry=Registry.from_tools([*tools.ALL, tools.count_up]))
+    sidecar = await start_sidecar(make_settings(), pipeline)  # dev mode on loopback
+    seen: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
+
+    async with stdio_session("--target", sidecar.addresses[-1]) as session:
+        answer = await session.call_tool("count_up", {"count": 20}, progress_callback=on_progress)
+    assert typed(answer.structured_content).data == {"count": 20}
+    assert seen and seen[-1] == 20 and seen == sorted(set(seen))
+
+
 async def test_a_refused_token_is_a_protocol_error_with_the_sidecars_message(sidecar: Sidecar) -> None:
     async with stdio_session("--target", sidecar.addresses[-1], "--token", "not-a-jwt") as session:
         with pytest.raises(MCPError, match=r"^unauthenticated: invalid token$"):
