@@ -1,5 +1,5 @@
 """Agent-framework adapters: each offers the caller's available tools to a framework and calls them through a
-running sidecar, with nothing of its own between the model and the gate (``docs/agents-adapters.md``).
+running sidecar, with nothing of its own between the model and the gate (``docs/agents.md``).
 
 - ``sidecar.integrations.openai_agents`` — ``FunctionTool``s for the OpenAI Agents SDK (extra ``openai-agents``);
 - ``sidecar.integrations.pydantic_ai`` — a PydanticAI toolset (extra ``pydantic-ai``);
