@@ -46,15 +46,17 @@ class IndexSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, db: Path | None = None,
                  postgres_dsn: str | None = None) -> IndexSettings:
-        """The settings of ``env`` (default ``os.environ``); ``db`` and ``postgres_dsn`` override theirs."""
+        """The settings of ``env`` (default ``os.environ``); ``db`` or ``postgres_dsn`` (the indexer's options)
+        name the index instead."""
         env = os.environ if env is None else env
-        dsn = postgres_dsn or env.get(ENV_POSTGRES_DSN) or None
+        dsn = postgres_dsn or (None if db else env.get(ENV_POSTGRES_DSN)) or None
         if dsn is not None:
             try:
                 conninfo_to_dict(dsn)
             except psycopg.ProgrammingError as exc:  # names the bad part, never the password
                 source = "--postgres-dsn" if postgres_dsn else ENV_POSTGRES_DSN
-                raise ConfigurationError(f"{source}: not a PostgreSQL connection string: {exc}") from None
+                raise ConfigurationError(f"{source}: not a PostgreSQL connection string: "
+                                         f"{' '.join(str(exc).split())}") from None
         path = db or (Path(env[ENV_DB]) if env.get(ENV_DB) else _default_path(env))
         key_file = env.get(ENV_CURSOR_KEY_FILE)
         return cls(sqlite_path=path, postgres_dsn=dsn, cursor_key_file=Path(key_file) if key_file else None)

@@ -1,10 +1,10 @@
 """The SQLite index: a file with the documents and an FTS5 table over their titles and bodies (Porter stems).
 
 Every operation opens its own connection in a worker thread (WAL mode: the indexer writes while searches
-read); a call cancelled at its deadline interrupts its statement. A search or read waits for a lock at most
-half its time left, then is ``IndexUnavailable``, so that the sidecar's retry has time to run. A restricted document's body is kept
-in ``toolbooth_documents`` but never put in the FTS table, so no query can match it or quote it.
-Relevance is FTS5's BM25, the title weighing four times the body.
+read); a call cancelled at its deadline aborts its statements. A search or read waits for a lock at
+most half its time left, then is ``IndexUnavailable``, so that the sidecar's retry has time to run. A
+restricted document's body is kept in ``toolbooth_documents`` but never put in the FTS table, so no query
+can match it or quote it. Relevance is FTS5's BM25, the title weighing four times the body.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import sqlite3
+import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +36,7 @@ __all__ = ["SCHEMA_VERSION", "SqliteIndex"]
 
 SCHEMA_VERSION = "1"
 _WRITE_TIMEOUT = 30.0  # seconds an indexer waits for another writer
+_PROGRESS_STEPS = 10_000
 _LOCK_SHARE = 0.5  # of a call's time left, what a search or read waits for a lock: a retry still fits
 
 _SCHEMA = """
@@ -174,26 +176,26 @@ class SqliteIndex:
         return await self._run(work, timeout=_WRITE_TIMEOUT)
 
     async def _run(self, work: Callable[[sqlite3.Connection], T], *, timeout: float) -> T:
-        """``work`` on a new connection in a worker thread; a cancelled call interrupts its statement."""
-        opened: list[sqlite3.Connection] = []
-        job = asyncio.get_running_loop().run_in_executor(None, self._work, work, timeout, opened)
+        """``work`` on a new connection in a worker thread; a cancelled call aborts its statements."""
+        cancelled = threading.Event()
+        job = asyncio.get_running_loop().run_in_executor(None, self._work, work, timeout, cancelled)
         job.add_done_callback(_retrieve)
         try:
             return await asyncio.shield(job)
         except asyncio.CancelledError:
-            for conn in opened:
-                conn.interrupt()
+            cancelled.set()
             raise
 
-    def _work(self, work: Callable[[sqlite3.Connection], T], timeout: float, opened: list[sqlite3.Connection]) -> T:
+    def _work(self, work: Callable[[sqlite3.Connection], T], timeout: float, cancelled: threading.Event) -> T:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = self._connect(self.path, timeout=max(timeout, 0.001), isolation_level=None,
-                                   check_same_thread=False)
+                                 check_same_thread=False)
         except (OSError, sqlite3.Error) as exc:
             raise IndexUnavailable(f"SQLite index {self.path}: cannot open: {exc}") from exc
-        opened.append(conn)
         try:
+            # checked every _PROGRESS_STEPS virtual machine steps: a true result aborts the statement ("interrupted")
+            conn.set_progress_handler(cancelled.is_set, _PROGRESS_STEPS)
             _set_up(conn, self.path)
             return work(conn)
         except sqlite3.OperationalError as exc:  # locked, I/O, interrupted: the statements themselves are fixed
