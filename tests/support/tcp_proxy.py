@@ -23,6 +23,7 @@ class StallingProxy:
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
         self._writers: list[asyncio.StreamWriter] = []
+        self._closed = False
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -33,11 +34,13 @@ class StallingProxy:
         try:
             yield proxy
         finally:
+            proxy._closed = True  # a connection accepted from now on is closed at once
             proxy._server.close()
-            for pipe in proxy._pipes:
+            for pipe in list(proxy._pipes):
                 pipe.cancel()
             await asyncio.gather(*proxy._pipes, return_exceptions=True)
-            for writer in proxy._writers:  # every socket closed, and seen closed, before the loop ends
+            while proxy._writers:  # every socket closed, and seen closed, before the loop ends
+                writer = proxy._writers.pop()
                 writer.close()
                 with contextlib.suppress(ConnectionError, OSError):
                     await writer.wait_closed()
@@ -50,8 +53,19 @@ class StallingProxy:
         self._flowing.set()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closed:
+            writer.close()
+            return
         self._writers.append(writer)
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.close()
+            return
+        if self._closed:  # closed while connecting upstream: the clean-up has already run
+            writer.close()
+            up_writer.close()
+            return
         self._writers.append(up_writer)
         for source, sink in ((reader, up_writer), (up_reader, writer)):
             task = asyncio.create_task(self._pipe(source, sink))

@@ -1,0 +1,137 @@
+"""``toolbooth-documents``: fill the document index, delete from it, list it.
+
+    toolbooth-documents index DIR --tenant T --project P [--restricted]
+    toolbooth-documents index --sample [--tenant dev] [--project toolbooth]
+    toolbooth-documents delete DOCUMENT_ID
+    toolbooth-documents list [--tenant T] [--project P]
+
+Every command takes ``--db PATH`` or ``--postgres-dsn DSN`` (else ``TBDOCS_DB``, ``TBDOCS_POSTGRES_DSN``: the
+index the sidecar's tools use). Exit codes: 0 done, 1 a file was skipped or the index failed, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+from toolbooth_documents.index import Index, open_index
+from toolbooth_documents.loader import load_directory
+from toolbooth_documents.records import DOCUMENT_ID_PATTERN, Change, IndexUnavailable, Listed, check_name, rfc3339
+from toolbooth_documents.settings import ConfigurationError, IndexSettings
+
+__all__ = ["SAMPLE_PROJECT", "SAMPLE_TENANT", "main", "sample_directory"]
+
+SAMPLE_TENANT, SAMPLE_PROJECT = "dev", "toolbooth"  # the dev-mode principal's tenant: the quickstart finds them
+
+
+def sample_directory() -> Path:
+    """The sample corpus shipped with the plugin (Markdown files about Toolbooth)."""
+    return Path(str(resources.files("toolbooth_documents") / "sample"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = IndexSettings.from_env(db=args.db, postgres_dsn=args.postgres_dsn)
+        index = open_index(settings)
+        if args.command == "index":
+            return asyncio.run(_index(parser, args, index, settings))
+        if args.command == "delete":
+            return asyncio.run(_delete(parser, args.document_id, index, settings))
+        return asyncio.run(_list(args, index))
+    except (ConfigurationError, IndexUnavailable) as exc:
+        print(f"toolbooth-documents: error: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _index(parser: argparse.ArgumentParser, args: argparse.Namespace, index: Index,
+                 settings: IndexSettings) -> int:
+    if (args.directory is None) == (not args.sample):
+        parser.error("index: give a directory or --sample (not both)")
+    tenant = args.tenant or (SAMPLE_TENANT if args.sample else None)
+    project = args.project or (SAMPLE_PROJECT if args.sample else None)
+    if tenant is None or project is None:
+        parser.error("index: --tenant and --project are required with a directory")
+    root = sample_directory() if args.sample else args.directory
+    try:
+        check_name("tenant", tenant)
+        check_name("project", project)
+    except ValueError as exc:
+        parser.error(f"index: {exc}")
+    if not root.is_dir():
+        parser.error(f"index: {root} is not a directory")
+    documents, skipped = load_directory(root, tenant=tenant, project_id=project, restricted=args.restricted)
+    await index.add_project(tenant, project)
+    changes = await index.upsert(documents)
+    for doc, (change, version) in zip(documents, changes, strict=True):
+        print(f"{change.value:<9}  {doc.document_id}  v{version}  {doc.source}  {doc.title!r}"
+              f"{'  (restricted)' if doc.restricted else ''}")
+    for skip in skipped:
+        print(f"skipped {skip.path}: {skip.reason}", file=sys.stderr)
+    counts = {change: sum(1 for c, _ in changes if c is change) for change in Change}
+    print(f"indexed {len(documents)} file(s) into {settings.describe()} (tenant {tenant}, project {project}): "
+          + ", ".join(f"{counts[change]} {change.value}" for change in Change)
+          + (f"; {len(skipped)} skipped" if skipped else ""))
+    return 1 if skipped else 0
+
+
+async def _delete(parser: argparse.ArgumentParser, document_id: str, index: Index, settings: IndexSettings) -> int:
+    if not re.match(DOCUMENT_ID_PATTERN, document_id):
+        parser.error(f"delete: {document_id!r} is not a document id ('doc_' and 24 hexadecimal digits)")
+    deleted = await index.delete(document_id)
+    if deleted is None:
+        print(f"toolbooth-documents: error: there is no document {document_id} in {settings.describe()}",
+              file=sys.stderr)
+        return 1
+    print(f"deleted {deleted.document_id} v{deleted.version} (tenant {deleted.tenant}, "
+          f"project {deleted.project_id}): {deleted.title!r}")
+    return 0
+
+
+async def _list(args: argparse.Namespace, index: Index) -> int:
+    rows = [_row(doc) for doc in await index.documents(args.tenant, args.project)]
+    header = ("DOCUMENT ID", "TENANT", "PROJECT", "VERSION", "RESTRICTED", "UPDATED AT", "TITLE")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        print("  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]]))
+    return 0
+
+
+def _row(doc: Listed) -> tuple[str, ...]:
+    return (doc.document_id, doc.tenant, doc.project_id, str(doc.version), "yes" if doc.restricted else "no",
+            rfc3339(doc.updated_at), doc.title)
+
+
+def _parser() -> argparse.ArgumentParser:
+    where = argparse.ArgumentParser(add_help=False)
+    backend = where.add_mutually_exclusive_group()
+    backend.add_argument("--db", type=Path, help="the SQLite index file (default: TBDOCS_DB, else "
+                                                 "$XDG_STATE_HOME/toolbooth/documents.db)")
+    backend.add_argument("--postgres-dsn", help="a PostgreSQL database for the index (default: TBDOCS_POSTGRES_DSN)")
+    parser = argparse.ArgumentParser(prog="toolbooth-documents", description="Fill and inspect the index that "
+                                     "the search_documents and read_document tools search.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    index = commands.add_parser("index", parents=[where], help="index the Markdown and text files of a directory",
+                                description="Index every *.md, *.markdown and *.txt file below DIR; a file "
+                                            "indexed again with changes gets a new version.")
+    index.add_argument("directory", nargs="?", type=Path, metavar="DIR")
+    index.add_argument("--sample", action="store_true",
+                       help=f"index the sample corpus (default tenant {SAMPLE_TENANT}, project {SAMPLE_PROJECT})")
+    index.add_argument("--tenant", help="the organization the documents belong to")
+    index.add_argument("--project", help="the project of that organization they belong to")
+    index.add_argument("--restricted", action="store_true",
+                       help="restricted documents: found by title only, no snippet, read only with "
+                            "the permission documents:read_restricted")
+    delete = commands.add_parser("delete", parents=[where], help="delete a document from the index")
+    delete.add_argument("document_id", metavar="DOCUMENT_ID")
+    listing = commands.add_parser("list", parents=[where], help="list the indexed documents")
+    listing.add_argument("--tenant")
+    listing.add_argument("--project")
+    return parser
