@@ -307,3 +307,9 @@ def test_entry_point_is_declared_and_installed() -> None:
     assert project["entry-points"]["toolbooth.tools"] == {"tasks": "toolbooth_tasks:TOOLS"}
     (entry_point,) = metadata.entry_points(group="toolbooth.tools", name="tasks")
     assert entry_point.load() is TOOLS and TOOLS == [create_task_preview, create_task]
+
+
+def test_create_tasks_schema_allows_strict_mode() -> None:
+    from sidecar.api.strict import strict_problem
+
+    assert strict_problem(CreateTaskInput.model_json_schema()) is None

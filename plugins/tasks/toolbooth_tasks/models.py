@@ -115,7 +115,8 @@ class CreateTaskInput(_Model):
     """Create the task a preview proposed. The approval and the idempotency key travel with the call itself
     (``approval_id``, ``idempotency_key``), not in the arguments."""
 
-    preview_id: str = Field(min_length=1, max_length=128, description="The preview_id create_task_preview returned.")
+    # No length bounds: the schema stays usable in OpenAI's strict mode; an unknown id is refused by the tool.
+    preview_id: str = Field(description="The preview_id create_task_preview returned.")
 
 
 class TaskRendering(_Model):
