@@ -138,3 +138,9 @@ test_approver_of_another_tenant_may_not if {
 test_same_id_in_another_tenant_is_another_principal_but_another_tenant if {
 	not approval.approver.allow with input as approver_input("u1", "t2", ["approver"])
 }
+
+test_create_task_needs_approval_by_default if {
+	d := approval.decision with input as call_of("create_task", "internal_reversible")
+	d.required
+	d.reason == "approval is configured for this tool"
+}

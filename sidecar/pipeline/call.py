@@ -107,7 +107,8 @@ class Call:
         logger = logging.LoggerAdapter(_tool_logger(self.request.tool), {"request_id": self.request_id})
         return ToolContext(principal=self.principal, request_id=self.request_id, deadline=deadline,
                            idempotency_key=self.request.idempotency_key, attempt=1, logger=logger,
-                           progress_sink=self.progress, approved_preview=self.approved_preview)
+                           progress_sink=self.progress, approved_preview=self.approved_preview,
+                           conversation_id=self.request.conversation_id or None)
 
     def handler_deadline(self) -> float:
         """When the handler must end (``time.monotonic()``): the tool's timeout from now, or the caller's

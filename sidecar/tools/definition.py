@@ -119,6 +119,7 @@ class ToolContext:
     logger: logging.LoggerAdapter[logging.Logger]
     progress_sink: ProgressSink | None = field(default=None, repr=False, compare=False)
     approved_preview: dict[str, Any] | None = None  # the rendering an approver approved; None without approval
+    conversation_id: str | None = None  # the call's conversation (``ExecuteRequest.conversation_id``), if any
 
     def time_remaining(self) -> float:
         """Seconds until the call's deadline (``time.monotonic`` based)."""

@@ -134,12 +134,13 @@ async def test_a_handler_runs_in_a_worker_with_its_context_and_its_log(
         caplog: pytest.LogCaptureFixture) -> None:
     async with serving(workers_per_plugin=1) as served:
         with caplog.at_level(logging.WARNING, logger="toolbooth.tool.whoami"):
-            result = await served.call("whoami")
+            result = await served.call("whoami", conversation_id="conv-7")
     assert result.status is Status.SUCCESS, result
     pid = result.data["pid"]
     assert pid in {record.process for record in caplog.records}  # the worker's own record, logged by the sidecar
     assert result.data == {"pid": pid, "principal": "dev", "tenant": "dev", "request_id": result.meta.request_id,
-                           "idempotency_key": None, "attempt": 1, "remaining": result.data["remaining"]}
+                           "idempotency_key": None, "attempt": 1, "remaining": result.data["remaining"],
+                           "conversation_id": "conv-7"}
     assert 0 < result.data["remaining"] <= 5  # whoami's timeout: the deadline crossed into the worker
     logged = next(r for r in caplog.records if r.name == "toolbooth.tool.whoami")
     assert logged.getMessage() == f"whoami ran in process {pid}" and logged.request_id == result.meta.request_id

@@ -52,10 +52,11 @@ class World:
 
 @asynccontextmanager
 async def gated(tools: Sequence[ToolDefinition[Any, Any]], settings: Settings, tokens: Callable[..., str],
-                store_path: Path, limits: Limits | None = None) -> AsyncIterator[World]:
-    """A started sidecar serving ``tools`` under the bundled policies (with ``limits``); stopped when the block
-    ends."""
-    store, engine = await SqliteStore.open(store_path), EmbeddedEngine.load(bundled_policy_dir())
+                store_path: Path, limits: Limits | None = None,
+                engine: EmbeddedEngine | None = None) -> AsyncIterator[World]:
+    """A started sidecar serving ``tools`` under ``engine``'s policies, else the bundled ones (with ``limits``);
+    stopped when the block ends."""
+    store, engine = await SqliteStore.open(store_path), engine or EmbeddedEngine.load(bundled_policy_dir())
     pipeline = assemble(registry=Registry.from_tools(list(tools)), policy=engine, store=store,
                         limits=limits or Limits())
     try:

@@ -36,11 +36,13 @@ class Ran(BaseModel):
     idempotency_key: str | None
     attempt: int
     remaining: float
+    conversation_id: str | None = None
 
 
 def ran(args: Job, ctx: ToolContext) -> Ran:
     return Ran(pid=os.getpid(), principal=ctx.principal.id, tenant=ctx.principal.tenant, request_id=ctx.request_id,
-               idempotency_key=ctx.idempotency_key, attempt=ctx.attempt, remaining=ctx.time_remaining())
+               idempotency_key=ctx.idempotency_key, attempt=ctx.attempt, remaining=ctx.time_remaining(),
+               conversation_id=ctx.conversation_id)
 
 
 def started(args: Job) -> None:

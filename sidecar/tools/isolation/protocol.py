@@ -67,6 +67,7 @@ class Request:
     logger: str
     log_extra: Mapping[str, Any]
     approved_preview: Mapping[str, Any] | None = None
+    conversation_id: str | None = None
 
 
 @dataclass(frozen=True)

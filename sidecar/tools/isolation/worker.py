@@ -74,7 +74,8 @@ def _run(handler: Handler, request: Request) -> Returned | Refused | Raised:
     ctx = ToolContext(principal=request.principal, request_id=request.request_id,
                       deadline=time.monotonic() + request.remaining, idempotency_key=request.idempotency_key,
                       attempt=request.attempt, logger=logger,
-                      approved_preview=None if request.approved_preview is None else dict(request.approved_preview))
+                      approved_preview=None if request.approved_preview is None else dict(request.approved_preview),
+                      conversation_id=request.conversation_id)
     try:
         return Returned(handler(request.args, ctx))
     except ToolError as exc:
