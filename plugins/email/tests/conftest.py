@@ -2,7 +2,8 @@
 
 ``mail_server`` records every message it accepts (``received``: envelope and parsed message), refuses at
 RCPT the addresses in ``refuse`` with 550, and, while ``hold`` is set, takes the message but keeps its
-reply to DATA back until ``release`` is set (a server whose 250 never reaches the client).
+reply to DATA back until ``release`` is set (a server whose 250 never reaches the client); ``data_reply``
+replaces its 250 to DATA with a refusal.
 ``configure(**keys)`` writes the plugin's TOML config (SMTP pointed at the server, drafts in ``tmp_path``)
 and names it in the environment. The sidecar fixtures are those of ``tests/integration/conftest.py``.
 """
@@ -46,6 +47,7 @@ class MailServer:
     port: int = 0
     refuse: set[str] = field(default_factory=set)
     hold: bool = False
+    data_reply: str = "250 2.0.0 queued"  # another reply refuses the message (nothing is recorded)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     data_started: asyncio.Event = field(default_factory=asyncio.Event)
     received: list[Received] = field(default_factory=list)
@@ -59,6 +61,8 @@ class MailServer:
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         self.data_started.set()
+        if not self.data_reply.startswith("250"):
+            return self.data_reply
         assert isinstance(envelope.content, bytes) and envelope.mail_from is not None
         parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
         assert isinstance(parsed, EmailMessage)

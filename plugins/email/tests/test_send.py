@@ -96,6 +96,21 @@ async def test_every_recipient_refused_sends_nothing_and_spends_the_draft(config
     assert mail_server.received == [] and await state(approved["preview_id"]) == "refused"
 
 
+@pytest.mark.parametrize(("reply", "code", "retryable", "after"), [
+    ("554 5.7.1 message refused as spam", ErrorCode.INVALID_ARGUMENT, False, "refused"),
+    ("451 4.3.0 try again later", ErrorCode.SERVICE_UNAVAILABLE, True, "pending"),
+])
+async def test_a_refusal_of_the_data_is_known_to_have_sent_nothing(configure: Any, make_context: Any,
+                                                                   mail_server: Any, reply: str, code: ErrorCode,
+                                                                   retryable: bool, after: str) -> None:
+    mail_server.data_reply = reply
+    approved = await draft(make_context)
+    error = await send_error(make_context, approved)
+    assert (error.code, bool(error.retryable)) == (code, retryable) and reply in error.message
+    assert "nothing was sent" in error.message
+    assert mail_server.received == [] and await state(approved["preview_id"]) == after
+
+
 def _closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
