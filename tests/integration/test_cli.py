@@ -169,7 +169,8 @@ def test_tools_export_prints_the_listing_as_provider_tools(sidecar: Sidecar, env
     exported = {name_of(tool): tool for tool in json.loads(done.stdout)}
     calculate = exported["calculate"]
     if fmt == "openai":
-        assert calculate["function"]["strict"] is True and done.stderr == ""  # its schema allows strict mode
+        assert calculate["function"]["strict"] is True  # its schema allows strict mode (other plugins' may not)
+        assert "tool 'calculate'" not in done.stderr
         assert "examples" not in calculate["function"]["parameters"]["properties"]["operands"]
     elif fmt == "anthropic":
         assert calculate["input_schema"]["properties"]["operation"]["enum"][0] == "add"

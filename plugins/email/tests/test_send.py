@@ -3,6 +3,7 @@ recipients apart; what a failing server means for the draft; the checks made aga
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sqlite3
 from typing import Any
@@ -67,6 +68,19 @@ async def test_sends_exactly_the_previewed_content_once(configure: Any, make_con
     again = await send_error(make_context, approved, key="key-2")  # another key: the draft is spent
     assert again.code is ErrorCode.INVALID_ARGUMENT and again.safe_details == {"state": "sent"}
     assert len(mail_server.received) == 1
+
+
+async def test_a_concurrent_send_with_another_key_does_not_send_again(configure: Any, make_context: Any,
+                                                                    mail_server: Any) -> None:
+    mail_server.hold = True
+    approved = await draft(make_context)
+    first = asyncio.create_task(send(make_context, approved, key="key-1"))
+    await asyncio.wait_for(mail_server.data_started.wait(), 5)  # the first call owns the draft, mid-DATA
+    second = await send_error(make_context, approved, key="key-2")
+    assert second.code is ErrorCode.OPERATION_IN_PROGRESS and second.safe_details == {"state": "sending"}
+    mail_server.release.set()
+    assert isinstance(await first, SendEmailOutput)
+    assert len(mail_server.received) == 1 and await state(approved["preview_id"]) == "sent"
 
 
 async def test_reports_accepted_and_rejected_recipients_separately(configure: Any, make_context: Any,
