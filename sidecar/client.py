@@ -72,7 +72,8 @@ class _Base:
 
 
 class AsyncClient(_Base):
-    """An asyncio client; ``target`` is any gRPC target (``unix:PATH``, ``unix:///ABS``, ``HOST:PORT``, ``dns:``...)."""
+    """An asyncio client; ``target`` is any gRPC target (``unix:PATH``, ``unix:///ABS``, ``HOST:PORT``, ``dns:``...),
+    ``tls`` how a TCP target's TLS is checked (``None``: plaintext)."""
 
     def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None,
                  tls: ClientTls | None = None) -> None:
@@ -186,7 +187,8 @@ class AsyncClient(_Base):
 
 
 class Client(_Base):
-    """A blocking client; ``target`` is any gRPC target (``unix:PATH``, ``unix:///ABS``, ``HOST:PORT``, ``dns:``...)."""
+    """A blocking client; ``target`` is any gRPC target (``unix:PATH``, ``unix:///ABS``, ``HOST:PORT``, ``dns:``...),
+    ``tls`` how a TCP target's TLS is checked (``None``: plaintext)."""
 
     def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None,
                  tls: ClientTls | None = None) -> None:
