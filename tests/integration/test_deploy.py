@@ -6,7 +6,8 @@ ships. The pod is then checked for what the deployment promises: Toolbooth as a 
 on an emptyDir both containers mount, gRPC probes on the health-only port, policies from a ConfigMap, the
 JWT key from a Secret, a locked-down ``securityContext`` and resources for every container. The
 ConfigMap's ``toolbooth.yaml`` is loaded by Toolbooth's own settings and start-up file checks, its paths
-moved under a temporary directory holding what the volumes would.
+moved under a temporary directory holding what the volumes would; with it, ``toolbooth serve`` runs in a
+process of its own, answers the probe on the health port and serves a token-bearing call on the socket.
 
 The chart is rendered by ``tests/support/helm_lite.py`` (a subset of Go templates that refuses what it
 does not implement), not by Helm: no ``helm`` is installed here. Its defaults render the same pod as the
@@ -16,20 +17,32 @@ plain manifests. ``kubectl kustomize`` renders the plain manifests when ``kubect
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
+import jwt
 import kubernetes_validate
 import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
+from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.cli.preflight import check_files_named
+from sidecar.client import Client
 from sidecar.config import bundled_policy_dir, parse_listen, parse_settings, socket_path
 from tests.support.helm_lite import Unsupported, render, render_chart
 
@@ -182,25 +195,86 @@ def test_what_toolbooth_writes_is_on_writable_volumes(docs: list[Doc]) -> None:
     assert {"config"} <= read_only and not read_only & {"socket", "state", "tmp"}
 
 
+@pytest.fixture(scope="module")
+def jwt_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
 @pytest.fixture
-def pod_root(tmp_path: Path) -> Path:
-    """What the sidecar's volumes would hold, under ``tmp_path``: a public key, the bundled policies."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
-    (tmp_path / "etc/toolbooth/jwt").mkdir(parents=True)
-    (tmp_path / "etc/toolbooth/jwt/jwt.pub").write_bytes(
-        key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    shutil.copytree(bundled_policy_dir(), tmp_path / "etc/toolbooth/policies")
-    return tmp_path
+def pod_root(jwt_key: rsa.RSAPrivateKey) -> Iterator[Path]:
+    """What the sidecar's volumes would hold, under a short temporary directory (a socket path is at most
+    107 bytes): the public key of ``jwt_key``, the bundled policies, empty state and socket directories."""
+    root = Path(tempfile.mkdtemp(prefix="tb-pod-", dir="/tmp"))
+    (root / "etc/toolbooth/jwt").mkdir(parents=True)
+    (root / "etc/toolbooth/jwt/jwt.pub").write_bytes(jwt_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    shutil.copytree(bundled_policy_dir(), root / "etc/toolbooth/policies")
+    for directory in ("var/lib/toolbooth", "run/toolbooth"):
+        (root / directory).mkdir(parents=True)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _moved(docs: list[Doc], root: Path) -> str:
+    """The ConfigMap's toolbooth.yaml with the pod's paths under ``root``."""
+    text = _one(docs, "ConfigMap")["data"]["toolbooth.yaml"]
+    return re.sub(r"(?<=[\s\"'/])/(etc/toolbooth|var/lib/toolbooth|run/toolbooth)", f"{root}/\\1", text)
 
 
 def test_the_configmap_is_a_configuration_toolbooth_starts_with(docs: list[Doc], pod_root: Path) -> None:
-    text = _one(docs, "ConfigMap")["data"]["toolbooth.yaml"]
-    moved = re.sub(r"(?<=[\s\"'/])/(etc/toolbooth|var/lib/toolbooth|run/toolbooth)", f"{pod_root}/\\1", text)
-    settings = parse_settings(yaml.safe_load(moved))
+    settings = parse_settings(yaml.safe_load(_moved(docs, pod_root)))
     assert settings.auth.effective_mode.value == "jwt"  # never dev mode beside a real agent
     assert settings.server.health_listen is not None
     if settings.policy.bundle is None:
         check_files_named(settings)  # the key fits an allowed algorithm, the policy directory exists
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _health(address: str, service: str = "") -> int | None:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            return int(health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=1).status)
+        except grpc.RpcError:
+            return None
+
+
+def test_toolbooth_serve_runs_the_pods_configuration(pod_root: Path, jwt_key: rsa.RSAPrivateKey) -> None:
+    """``toolbooth serve --config`` in a process of its own, as the container runs it (the probe port moved to
+    loopback and a free port): the kubelet's probe is answered, the agent's call through the socket runs."""
+    port = _free_port()
+    config = pod_root / "toolbooth.yaml"
+    config.write_text(_moved(_manifests(), pod_root).replace('"0.0.0.0:8081"', f'"127.0.0.1:{port}"'))
+    env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
+    env.update(PYTHONPATH=str(REPO), XDG_STATE_HOME=str(pod_root / "var/lib"), XDG_RUNTIME_DIR=str(pod_root / "run"))
+    log = pod_root / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", "--config", str(config)], cwd=pod_root,
+                                   env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while _health(f"127.0.0.1:{port}", "toolbooth.v1.ToolService") != health_pb2.HealthCheckResponse.SERVING:
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"the probe never passed:\n{log.read_text()}"
+            time.sleep(0.05)
+        token = jwt.encode({"sub": "alice", "iss": "https://issuer.example", "aud": "toolbooth", "tenant": "acme",
+                            "roles": ["developer"], "exp": int(time.time()) + 300}, jwt_key, algorithm="RS256")
+        with Client(f"unix://{pod_root}/run/toolbooth/toolbooth.sock", token=token, timeout=10) as client:
+            result = client.execute("calculate", {"operation": "add", "operands": [2, 3]})
+        assert result.status.value == "success", result
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel, pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.ToolServiceStub(channel).ListTools(pb.ListToolsRequest(), timeout=5)
+        assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED  # type: ignore[attr-defined]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=30)
+    assert code == 0, log.read_text()
+    assert f"health only (for probes) on 127.0.0.1:{port}" in log.read_text()
 
 
 # --- the plain manifests ---------------------------------------------------------------------------------------
