@@ -8,6 +8,7 @@ connections made after it, without a restart.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import ssl
@@ -102,7 +103,9 @@ async def test_the_command_calls_over_tls_with_the_ca_from_the_environment(
     monkeypatch.setenv("TOOLBOOTH_TLS_CA", str(ca.write(tls_dir / "ca.crt")))
     monkeypatch.setenv("TOOLBOOTH_TARGET", _tcp(sidecar))
     code = await asyncio.to_thread(main, ["tools", "list", "--output", "json"])
-    assert (code, capsys.readouterr().err) == (0, "")
+    captured = capsys.readouterr()
+    assert code == 0 and "toolbooth: error" not in captured.err
+    assert json.loads(captured.out)["policy_revision"] == "rev-1"
 
 
 async def test_a_plaintext_client_of_a_tls_listener_is_told_to_use_tls(
