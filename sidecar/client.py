@@ -15,7 +15,8 @@ not exceptions but ``ToolResult``s with ``status`` and ``error``::
         tools = await client.tool_schemas("openai")  # or "anthropic", "mcp": for a model's tool calling
 
 Leaving a stream early (closing it, as ``aclosing`` does) cancels the call: a read stops, a started
-write finishes and is recorded (``docs/agents.md``).
+write finishes and is recorded (``docs/agents.md``). Over TCP to a sidecar serving TLS, pass
+``tls=ClientTls(ca_file=...)`` (``sidecar.client_tls``; with ``cert_file`` and ``key_file`` for mutual TLS).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from sidecar.api import convert, schemas
 from sidecar.api.schemas import SchemaFormat
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
+from sidecar.client_tls import ClientTls, open_aio_channel, open_channel
 from sidecar.contract import (
     ApprovalResult,
     CallBatch,
@@ -43,7 +45,7 @@ from sidecar.contract import (
     ToolResult,
 )
 
-__all__ = ["AsyncClient", "Client", "ClientError", "call_request"]
+__all__ = ["AsyncClient", "Client", "ClientError", "ClientTls", "call_request"]
 
 Response = TypeVar("Response")
 _Arguments = Mapping[str, Any] | str
@@ -70,11 +72,13 @@ class _Base:
 
 
 class AsyncClient(_Base):
-    """An asyncio client; ``target`` is any gRPC target (``unix:PATH``, ``unix:///ABS``, ``HOST:PORT``, ``dns:``...)."""
+    """An asyncio client; ``target`` is any gRPC target (``unix:PATH``, ``unix:///ABS``, ``HOST:PORT``, ``dns:``...),
+    ``tls`` how a TCP target's TLS is checked (``None``: plaintext)."""
 
-    def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None) -> None:
+    def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None,
+                 tls: ClientTls | None = None) -> None:
         super().__init__(token=token, timeout=timeout)
-        self._channel = grpc.aio.insecure_channel(target)
+        self._channel = open_aio_channel(target, tls)
         self._stub = pb_grpc.ToolServiceStub(self._channel)
         self._policy = pb_grpc.PolicyServiceStub(self._channel)
         self._approvals = pb_grpc.ApprovalServiceStub(self._channel)
@@ -183,11 +187,13 @@ class AsyncClient(_Base):
 
 
 class Client(_Base):
-    """A blocking client; ``target`` is any gRPC target (``unix:PATH``, ``unix:///ABS``, ``HOST:PORT``, ``dns:``...)."""
+    """A blocking client; ``target`` is any gRPC target (``unix:PATH``, ``unix:///ABS``, ``HOST:PORT``, ``dns:``...),
+    ``tls`` how a TCP target's TLS is checked (``None``: plaintext)."""
 
-    def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None) -> None:
+    def __init__(self, target: str, *, token: str | None = None, timeout: float | None = None,
+                 tls: ClientTls | None = None) -> None:
         super().__init__(token=token, timeout=timeout)
-        self._channel = grpc.insecure_channel(target)
+        self._channel = open_channel(target, tls)
         self._stub = pb_grpc.ToolServiceStub(self._channel)
         self._policy = pb_grpc.PolicyServiceStub(self._channel)
         self._approvals = pb_grpc.ApprovalServiceStub(self._channel)

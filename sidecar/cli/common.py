@@ -19,11 +19,23 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from sidecar.config import ENV_TARGET, ENV_TOKEN, load_settings, parse_listen, socket_path
+from sidecar.config import (
+    ENV_TARGET,
+    ENV_TLS,
+    ENV_TLS_CA,
+    ENV_TLS_CERT,
+    ENV_TLS_KEY,
+    ENV_TLS_SERVER_NAME,
+    ENV_TOKEN,
+    load_settings,
+    parse_listen,
+    socket_path,
+)
 from sidecar.errors import StoreUnavailableError
 
 if TYPE_CHECKING:
     from sidecar.client import Client, ClientError
+    from sidecar.client_tls import ClientTls
     from sidecar.state import Store
 
 __all__ = [
@@ -37,6 +49,7 @@ __all__ = [
     "Handler",
     "Subparsers",
     "client_flags",
+    "client_tls",
     "config_flag",
     "default_target",
     "dump_json",
@@ -78,11 +91,47 @@ def config_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def client_flags(parser: argparse.ArgumentParser) -> None:
-    """``--target`` and ``--token``: where the running sidecar is and who calls it."""
+    """``--target``, ``--token`` and ``--tls*``: where the running sidecar is, who calls it, and how its TLS is
+    checked (``client_tls``)."""
     parser.add_argument("--target", metavar="ADDR",
                         help=f"sidecar address (default: ${ENV_TARGET}, else the default server.listen)")
     parser.add_argument("--token", default=os.environ.get(ENV_TOKEN), metavar="TOKEN",
                         help=f"bearer token (default: ${ENV_TOKEN})")
+    tls = parser.add_argument_group("TLS (a TCP target whose sidecar has server.tls; any --tls-* flag implies --tls)")
+    tls.add_argument("--tls", action="store_true", help=f"connect with TLS, trusting the system's CAs "
+                                                        f"(default: ${ENV_TLS} = 1/true/yes/on)")
+    for flag, variable, what in (("--tls-ca", ENV_TLS_CA, "the CA that signed the sidecar's certificate"),
+                                 ("--tls-cert", ENV_TLS_CERT, "client certificate, for mutual TLS"),
+                                 ("--tls-key", ENV_TLS_KEY, "the client certificate's key")):
+        parser_default = os.environ.get(variable)
+        tls.add_argument(flag, type=Path, default=Path(parser_default) if parser_default else None, metavar="FILE",
+                         help=f"{what} (default: ${variable})")
+    tls.add_argument("--tls-server-name", default=os.environ.get(ENV_TLS_SERVER_NAME) or None, metavar="NAME",
+                     help=f"the name the sidecar's certificate must carry, when ADDR does not say it "
+                          f"(default: ${ENV_TLS_SERVER_NAME})")
+
+
+def client_tls(args: argparse.Namespace) -> ClientTls | None:
+    """The client's TLS from the ``--tls*`` flags (or their variables); ``None``: plaintext."""
+    from sidecar.client_tls import ClientTls  # gRPC loads only for commands that talk to a sidecar
+
+    wanted = (args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+    if not (args.tls or _variable_on(ENV_TLS) or any(value is not None for value in wanted)):
+        return None
+    try:
+        return ClientTls(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
+                         server_name=args.tls_server_name)
+    except ValueError as exc:
+        raise CommandError(f"--tls-cert and --tls-key: {exc}", EXIT_USAGE) from None
+
+
+def _variable_on(name: str) -> bool:
+    text = os.environ.get(name, "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise CommandError(f"${name}={os.environ[name]!r}: expected 1, true, yes or on (or 0, false, no, off)", EXIT_USAGE)
 
 
 def read_arguments(value: str) -> str:
@@ -145,17 +194,39 @@ def with_client(args: argparse.Namespace, request: Callable[[Client], Reply]) ->
     from sidecar.client import Client, ClientError  # gRPC loads only for commands that talk to a sidecar
 
     target: str = args.target or default_target()
+    tls = client_tls(args)
     try:
-        with Client(target, token=args.token) as client:
+        client = Client(target, token=args.token, tls=tls)
+    except ValueError as exc:  # a TLS file that cannot be read, TLS towards a Unix socket
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    try:
+        with client:
             return request(client)
     except ClientError as exc:
-        raise CommandError(_client_failure(exc, target, explicit=args.target is not None), EXIT_FAILURE) from None
+        raise CommandError(_client_failure(exc, target, explicit=args.target is not None, tls=tls),
+                           EXIT_FAILURE) from None
 
 
-def _client_failure(exc: ClientError, target: str, *, explicit: bool) -> str:
-    """``CODE: details``, plus how to start the sidecar when its socket does not exist
-    (``--listen TARGET`` only when ``serve`` accepts that target as it is)."""
+# What gRPC says of a failed handshake, and what the caller can do about it.
+_TLS_HINTS = (
+    ("CERTIFICATE_VERIFY_FAILED", "the sidecar's certificate is not trusted: give the CA that signed it with "
+                                  f"--tls-ca FILE (${ENV_TLS_CA}), or its name with --tls-server-name"),
+    ("WRONG_VERSION_NUMBER", "the sidecar does not serve TLS at this address: leave out --tls"),
+)
+
+
+def _client_failure(exc: ClientError, target: str, *, explicit: bool, tls: ClientTls | None) -> str:
+    """``CODE: details``, plus what to do about a failed TLS handshake, or how to start the sidecar when its
+    socket does not exist (``--listen TARGET`` only when ``serve`` accepts that target as it is)."""
     message = f"{exc.code.name}: {exc.details}"
+    hints = [hint for marker, hint in _TLS_HINTS if marker in exc.details]
+    if not hints and socket_path(target) is None and "Socket closed" in exc.details:  # the server ended the handshake
+        if tls is None:
+            hints.append("if the sidecar serves TLS at this address (server.tls), connect with --tls and --tls-ca FILE")
+        elif tls.cert_file is None:
+            hints.append("if the sidecar requires client certificates (server.tls.client_ca_file), give "
+                         "--tls-cert FILE and --tls-key FILE")
+    message += "".join(f"\n{hint}" for hint in hints)
     socket = socket_path(target)
     if socket is not None and not socket.exists():
         start = "toolbooth serve" + (f" --listen {target}" if explicit and _listenable(target) else "")

@@ -44,8 +44,13 @@ def cmd_config_validate(args: argparse.Namespace) -> int:
 
 def describe_settings(settings: Settings) -> str:
     """Where it would listen and how it authenticates (the checks add plugins, tools, policy and store)."""
+    server, jwt = settings.server, settings.auth.jwt
+    tls = "" if server.tls is None else (" (TLS on TCP, client certificates required)" if server.tls.mutual
+                                         else " (TLS on TCP)")
+    keys = f", keys from {jwt.jwks_url} (not fetched here)" if jwt is not None and jwt.jwks_url else ""
     return "\n".join([
-        f"  listen:   {', '.join(settings.server.listen)}",
+        f"  listen:   {', '.join(server.listen)}{tls}",
+        *([f"  health:   {server.health_listen} (health only, plaintext)"] if server.health_listen else []),
         *([f"  mcp:      http://{settings.mcp.listen}{MCP_PATH}"] if settings.mcp.listen is not None else []),
-        f"  auth:     {settings.auth.effective_mode.value}",
+        f"  auth:     {settings.auth.effective_mode.value}{keys}",
     ])

@@ -30,6 +30,7 @@ from sidecar.cli.common import (
     CommandError,
     Subparsers,
     client_flags,
+    client_tls,
     default_target,
     setup_logging,
 )
@@ -39,6 +40,7 @@ from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestE
 
 if TYPE_CHECKING:
     from sidecar.client import AsyncClient
+    from sidecar.client_tls import ClientTls
     from sidecar.mcp.server import SendProgress
 
 __all__ = ["ClientTools", "add_commands", "cmd_mcp_stdio", "read_token"]
@@ -64,7 +66,7 @@ def cmd_mcp_stdio(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     token = read_token(args.token, args.token_file)
     try:
-        asyncio.run(_bridge(args.target or default_target(), token))
+        asyncio.run(_bridge(args.target or default_target(), token, client_tls(args)))
     except KeyboardInterrupt:
         return 130
     return EXIT_OK
@@ -84,13 +86,17 @@ def read_token(token: str | None, token_file: Path | None) -> str | None:
     return text
 
 
-async def _bridge(target: str, token: str | None) -> None:
+async def _bridge(target: str, token: str | None, tls: ClientTls | None) -> None:
     from mcp.server.stdio import stdio_server
 
     from sidecar.client import AsyncClient
     from sidecar.mcp.server import build_server
 
-    async with AsyncClient(target, token=token) as client:
+    try:
+        client = AsyncClient(target, token=token, tls=tls)
+    except ValueError as exc:  # a TLS file that cannot be read, TLS towards a Unix socket
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    async with client:
         tools = ClientTools(client, target)
         server = build_server(lambda ctx: tools)
         async with stdio_server() as (read, write):

@@ -1,16 +1,16 @@
 """What ``toolbooth serve`` checks before it listens, run without listening (``toolbooth config validate``).
 
-``check_files_named`` is cheap and has no side effects: the files the configuration names exist and
-are usable (the JWT key fits one of its algorithms, the mask key file, the bundle verification keys,
-the policy directory or bundle file), and the MCP SDK is installed when ``mcp.listen`` is set.
-``serve`` runs it first, so such a mistake stops it before anything opens. ``preflight`` adds what
-takes longer, still changing nothing: the plugins load under the allow-list, ``isolation`` names
-loaded sync tools whose handlers import by path (no worker process is started), the policies load
-and compile as ``serve`` loads them (a bundle URL is fetched once; an OPA server is not contacted: the
-files it would be sent are compiled here), and the store is reachable (SQLite: the file opens
-read-only or its directory is writable; PostgreSQL: one connection and ``SELECT 1``; neither creates
-nor migrates anything), and so is its local journal (a SQLite file too, holding no writes of another
-store).
+``check_files_named`` is cheap and has no side effects: the files the configuration names exist and are
+usable (the JWT key fits one of its algorithms, the TLS certificate, its key and client CA, the mask key
+file, the bundle verification keys, the policy directory or bundle file), and the MCP SDK is installed
+when ``mcp.listen`` is set. ``serve`` runs it first, so such a mistake stops it before anything opens.
+``preflight`` adds what takes longer, still changing nothing: the plugins load under the allow-list,
+``isolation`` names loaded sync tools whose handlers import by path (no worker process is started), the
+policies load and compile as ``serve`` loads them (a bundle URL is fetched once; an OPA server is not
+contacted: the files it would be sent are compiled here), and the store is reachable (SQLite: the file
+opens read-only or its directory is writable; PostgreSQL: one connection and ``SELECT 1``; neither
+creates nor migrates anything), and so is its local journal (a SQLite file too, holding no writes of
+another store).
 
 Failures are raised as ``serve`` raises them: ``ConfigError`` and ``PolicyLoadError`` mean the
 configuration or what it names is wrong (exit 2); ``PluginLoadError``, ``BundleFetchError`` and
@@ -75,8 +75,11 @@ def check_files_named(settings: Settings) -> None:
     """The key files, policy directory and bundle file the settings name exist and are usable; else ``ConfigError``."""
     from sidecar.policy.bundle.signing import VerificationConfig
     from sidecar.server.auth import Authenticator
+    from sidecar.server.tls import CertificateFiles
 
     Authenticator(settings.auth)  # reads the JWT key and parses it for each allowed algorithm
+    if settings.server.tls is not None:
+        CertificateFiles(settings.server.tls)  # the certificate and key parse and match, the client CA parses
     settings.mcp.check_installed()
     settings.audit.read_mask_key()
     settings.audit.read_chain_key()

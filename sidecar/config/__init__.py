@@ -14,6 +14,11 @@ from sidecar.config.base import (
     CLIENT_VARIABLES,
     ENV_PREFIX,
     ENV_TARGET,
+    ENV_TLS,
+    ENV_TLS_CA,
+    ENV_TLS_CERT,
+    ENV_TLS_KEY,
+    ENV_TLS_SERVER_NAME,
     ENV_TOKEN,
     ENV_TOKEN_FILE,
     UNIX_PREFIX,
@@ -45,11 +50,17 @@ from sidecar.config.settings import (
     load_settings,
     parse_settings,
 )
+from sidecar.config.tls import ServerTlsSettings
 
 __all__ = [
     "CLIENT_VARIABLES",
     "ENV_PREFIX",
     "ENV_TARGET",
+    "ENV_TLS",
+    "ENV_TLS_CA",
+    "ENV_TLS_CERT",
+    "ENV_TLS_KEY",
+    "ENV_TLS_SERVER_NAME",
     "ENV_TOKEN",
     "ENV_TOKEN_FILE",
     "LISTEN_FORMS",
@@ -75,6 +86,7 @@ __all__ = [
     "PolicyEngineKind",
     "PolicySettings",
     "ServerSettings",
+    "ServerTlsSettings",
     "Settings",
     "StoreSettings",
     "bundled_policy_dir",

@@ -1,12 +1,19 @@
-"""``auth``: who a caller is (``dev``: a static principal, loopback only; ``jwt``: a verified bearer token)."""
+"""``auth``: who a caller is (``dev``: a static principal, loopback only; ``jwt``: a verified bearer token).
+
+A token is verified with a key given as ``key`` or ``key_file``, or with the issuer's published keys:
+``jwks_url``, a JSON Web Key Set fetched over https (http only from a loopback host), its keys chosen by
+the token's ``kid`` (``sidecar.server.jwks``). Exactly one of the three is set.
+"""
 
 from __future__ import annotations
 
 from enum import StrEnum
+from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, FilePath, field_validator, model_validator
 
 from sidecar.config.base import KeySource, Section
+from sidecar.config.listen import is_loopback
 from sidecar.contract import Principal
 
 __all__ = ["AuthMode", "AuthSettings", "JwtSettings"]
@@ -27,6 +34,12 @@ class JwtSettings(KeySource):
     tenant_claim: str = "tenant"
     roles_claim: str = "roles"
     permissions_claim: str = "permissions"
+    jwks_url: str | None = None
+    jwks_ca_file: FilePath | None = None  # the CA of the JWKS server (default: the system's)
+    jwks_timeout_seconds: float = Field(default=5.0, gt=0, le=60)  # one fetch, at most
+    jwks_cache_seconds: float = Field(default=300.0, gt=0)  # a fetched key set is used this long, never longer
+    # A kid the set lacks fetches it again, and a failed fetch is tried again, at most this often.
+    jwks_min_refresh_seconds: float = Field(default=30.0, ge=0)
 
     @field_validator("algorithms")
     @classmethod
@@ -38,8 +51,33 @@ class JwtSettings(KeySource):
             raise ValueError(f"unsupported algorithm(s) {bad}; 'none' is never accepted")
         return value
 
+    @field_validator("jwks_url")
+    @classmethod
+    def _https(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("https", "http") or not parts.hostname:
+            raise ValueError(f"{value!r}: expected https://HOST[:PORT]/PATH")
+        if parts.scheme == "http" and not is_loopback(parts.hostname):
+            raise ValueError(f"{value!r}: the keys that verify tokens are fetched over https:// "
+                             "(http:// only from a loopback host)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_key(self) -> JwtSettings:
+        """Overrides ``KeySource``'s rule: exactly one of ``key``, ``key_file`` or ``jwks_url``."""
+        if sum(source is not None for source in (self.key, self.key_file, self.jwks_url)) != 1:
+            raise ValueError("exactly one of 'key', 'key_file' or 'jwks_url' must be set")
+        if self.jwks_url is not None and (hmac := [a for a in self.algorithms if a.startswith("HS")]):
+            raise ValueError(f"{', '.join(hmac)}: an HMAC secret is never published in a JWKS; verify HS* tokens "
+                             "with 'key' or 'key_file'")
+        if self.jwks_url is None and self.jwks_ca_file is not None:
+            raise ValueError("'jwks_ca_file' needs 'jwks_url'")
+        return self
+
     def verification_key(self) -> str:
-        """The PEM (or HMAC secret) tokens are verified with."""
+        """The PEM (or HMAC secret) tokens are verified with (not with ``jwks_url``)."""
         return self.read_key("auth.jwt")
 
 

@@ -10,13 +10,18 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from sidecar.errors import ConfigError
 
-__all__ = ["CLIENT_VARIABLES", "ENV_PREFIX", "ENV_TARGET", "ENV_TOKEN", "ENV_TOKEN_FILE", "UNIX_PREFIX", "KeySource",
-           "Section", "bundled_policy_dir", "default_socket_path", "default_state_dir"]
+__all__ = ["CLIENT_VARIABLES", "ENV_PREFIX", "ENV_TARGET", "ENV_TLS", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
+           "ENV_TLS_SERVER_NAME", "ENV_TOKEN", "ENV_TOKEN_FILE", "UNIX_PREFIX", "KeySource", "Section",
+           "bundled_policy_dir", "default_socket_path", "default_state_dir"]
 
 ENV_PREFIX = "TOOLBOOTH_"
 # Read by the command-line client, not settings of the sidecar.
 ENV_TARGET, ENV_TOKEN, ENV_TOKEN_FILE = "TOOLBOOTH_TARGET", "TOOLBOOTH_TOKEN", "TOOLBOOTH_TOKEN_FILE"
-CLIENT_VARIABLES = frozenset({ENV_TARGET, ENV_TOKEN, ENV_TOKEN_FILE})
+# The client's TLS (``sidecar.client_tls``): on (a boolean), the CA, the client certificate and key, the server's name.
+ENV_TLS, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_SERVER_NAME = (
+    "TOOLBOOTH_TLS", "TOOLBOOTH_TLS_CA", "TOOLBOOTH_TLS_CERT", "TOOLBOOTH_TLS_KEY", "TOOLBOOTH_TLS_SERVER_NAME")
+CLIENT_VARIABLES = frozenset({ENV_TARGET, ENV_TOKEN, ENV_TOKEN_FILE, ENV_TLS, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY,
+                              ENV_TLS_SERVER_NAME})
 UNIX_PREFIX = "unix://"
 
 

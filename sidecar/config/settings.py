@@ -22,9 +22,10 @@ from sidecar.config.base import (
 )
 from sidecar.config.dsn import dsn_parts, redact_dsn
 from sidecar.config.isolation import IsolationSettings
-from sidecar.config.listen import parse_listen
+from sidecar.config.listen import ListenKind, parse_listen
 from sidecar.config.mcp import McpSettings
 from sidecar.config.policy import PolicySettings
+from sidecar.config.tls import ServerTlsSettings
 from sidecar.errors import ConfigError
 
 __all__ = ["LOG_LEVELS", "MIN_MASK_KEY_BYTES", "AuditSettings", "Limits", "Origins", "PluginSettings",
@@ -179,9 +180,13 @@ class PluginSettings(Section):
 
 
 class ServerSettings(Section):
-    """Where the sidecar listens (``sidecar.config.listen`` reads each address), and how it stops."""
+    """Where the sidecar listens (``sidecar.config.listen`` reads each address), with TLS on TCP (``tls``), where
+    probes ask for its health only (``health_listen``), and how it stops."""
 
     listen: tuple[str, ...] = Field(default_factory=lambda: (f"{UNIX_PREFIX}{default_socket_path()}",), min_length=1)
+    tls: ServerTlsSettings | None = None
+    # grpc.health.v1 alone, plaintext, on TCP: for probes (a kubelet's gRPC probe), in dev mode too
+    health_listen: str | None = None
     reflection: bool | None = None
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
 
@@ -197,6 +202,20 @@ class ServerSettings(Section):
         for address in value:
             parse_listen(address)
         return value
+
+    @field_validator("health_listen")
+    @classmethod
+    def _health_on_tcp(cls, value: str | None) -> str | None:
+        if value is not None and parse_listen(value).kind is not ListenKind.TCP:
+            raise ValueError(f"{value!r}: the health-only listener is for probes over TCP: HOST:PORT or [IPV6]:PORT")
+        return value
+
+    @model_validator(mode="after")
+    def _tls_needs_tcp(self) -> ServerSettings:
+        if self.tls is not None and all(parse_listen(a).kind is not ListenKind.TCP for a in self.listen):
+            raise ValueError("'tls' is set but no address in 'listen' is TCP: TLS applies to TCP addresses only "
+                             "(Unix sockets stay plaintext)")
+        return self
 
 
 class Settings(Section):

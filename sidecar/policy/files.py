@@ -2,11 +2,14 @@
 
 A policy directory holds Rego modules (``**/*.rego``; ``*_test.rego`` files are
 policy tests and are not loaded) and an optional ``data.json`` at its root,
-which becomes ``data``. ``checked_files`` reads one and checks it with a throwaway
-regorus engine: every module compiles, the three entry packages exist and
-``data.toolbooth.audit.mask`` is well formed. Every engine serves a ``PolicyFiles``
-and reports its ``revision``, a content hash (or the bundle's revision), so the
-embedded and the OPA engine name the same set alike.
+which becomes ``data``. Hidden files and directories (a name starting with ``.``) are
+skipped (``policy_paths``): among them the versions a Kubernetes ConfigMap volume keeps
+(``..data``, ``..<timestamp>``), whose current one the visible files link to.
+``checked_files`` reads one and checks it with a throwaway regorus engine: every
+module compiles, the three entry packages exist and ``data.toolbooth.audit.mask`` is
+well formed. Every engine serves a ``PolicyFiles`` and reports its ``revision``, a
+content hash (or the bundle's revision), so the embedded and the OPA engine name the
+same set alike.
 
 A regorus engine must be dropped by the thread that made it: no function here keeps
 one, or lets a traceback keep one alive, so they are safe on any thread.
@@ -25,7 +28,7 @@ from sidecar.policy._regorus import regorus
 from sidecar.policy.decision import AUDIT_MASK_RULE, CALL_STAGES, RULES, parse_audit_masks
 
 __all__ = ["DATA_FILE", "TEST_SUFFIX", "PolicyFiles", "check_files", "checked_files", "clean_regorus_error",
-           "content_revision", "read_audit_masks"]
+           "content_revision", "policy_paths", "read_audit_masks"]
 
 DATA_FILE = "data.json"
 TEST_SUFFIX = "_test.rego"  # policy tests: never loaded to serve, only by the test runner
@@ -55,7 +58,7 @@ class PolicyFiles:
         """Read every non-test ``*.rego`` under ``root`` and ``root/data.json`` if present."""
         if not root.is_dir():
             raise PolicyLoadError(f"policy directory {root} does not exist")
-        files = sorted(f.relative_to(root).as_posix() for f in root.rglob("*.rego") if not _is_test(f))
+        files = [f.relative_to(root).as_posix() for f in policy_paths(root, "*.rego") if not _is_test(f)]
         if not files:
             raise PolicyLoadError(f"policy directory {root} contains no policies (*.rego)")
         data_file = root / DATA_FILE
@@ -64,7 +67,7 @@ class PolicyFiles:
 
     def with_tests(self) -> PolicyFiles:
         """These files plus every ``*_test.rego`` under ``root``, sorted by path (what the test runner loads)."""
-        tests = tuple((f.relative_to(self.root).as_posix(), _read(f)) for f in sorted(self.root.rglob("*.rego"))
+        tests = tuple((f.relative_to(self.root).as_posix(), _read(f)) for f in policy_paths(self.root, "*.rego")
                       if _is_test(f))
         return dataclasses.replace(self, modules=self.modules + tests)
 
@@ -117,6 +120,14 @@ def check_files(files: PolicyFiles) -> PolicyFiles:
     if mask_problem is not None:
         raise PolicyLoadError(f"policy directory {files.root}: {mask_problem}")
     return files
+
+
+def policy_paths(root: Path, pattern: str) -> list[Path]:
+    """The files under ``root`` matching ``pattern``, sorted, without hidden ones (in a hidden directory or
+    named ``.*``): a ConfigMap volume's ``..<timestamp>`` versions are not loaded beside the files linking
+    into the current one."""
+    return sorted(path for path in root.rglob(pattern)
+                  if not any(part.startswith(".") for part in path.relative_to(root).parts))
 
 
 def content_revision(files: Iterable[tuple[str, bytes]]) -> str:

@@ -20,7 +20,7 @@ from sidecar.policy.bundle.format import load_bundle
 from sidecar.policy.bundle.signing import VerificationConfig
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.engine import PolicyEngine
-from sidecar.policy.files import PolicyFiles, check_files
+from sidecar.policy.files import PolicyFiles, check_files, policy_paths
 
 __all__ = ["BundleSource", "DirectorySource", "FixedSource", "Loader"]
 
@@ -119,7 +119,7 @@ def _stat_fingerprint(root: Path) -> str:
     if not root.is_dir():
         return "missing"
     digest = hashlib.sha256()
-    for path in sorted({path for pattern in _WATCHED for path in root.rglob(pattern)}):
+    for path in sorted({path for pattern in _WATCHED for path in policy_paths(root, pattern)}):
         stat = path.stat()
         digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()

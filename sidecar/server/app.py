@@ -1,7 +1,8 @@
 """The gRPC server: listeners (Unix socket, TCP), health, reflection, graceful shutdown.
 
 ``create_server`` builds and binds a server without starting it (tests use it with
-port 0 or a temporary socket; binding is ``sidecar.server.listeners``); ``serve`` runs the
+port 0 or a temporary socket; binding is ``sidecar.server.listeners``, TLS on TCP ``sidecar.server.tls``,
+the health-only listener of probes ``sidecar.server.probes``); ``serve`` runs the
 sidecar until SIGTERM/SIGINT and logs at start what it serves with: plugins, tools, store,
 policy engine and revision, listeners. With a chain key (``audit.chain_key``) it writes the signed
 audit checkpoint (``sidecar.state.checkpoint``) at an interval and, once the last calls are
@@ -36,7 +37,9 @@ from sidecar.server.auth import Authenticator
 from sidecar.server.listeners import bind_all, remove_sockets
 from sidecar.server.policy_service import RELOAD_HEALTH_NAME, PolicyServicer
 from sidecar.server.policy_service import SERVICE_NAME as POLICY_SERVICE_NAME
+from sidecar.server.probes import open_probes
 from sidecar.server.roles import ApprovalDesk, ApprovalGateway, Operators, PolicyStatusView, StatusProvider
+from sidecar.server.tls import server_credentials
 from sidecar.server.tool_service import SERVICE_NAME, ToolGateway, ToolServicer
 from sidecar.state.checkpoint import Checkpointer
 
@@ -61,10 +64,14 @@ class Sidecar:
     addresses: tuple[str, ...]
     socket_paths: tuple[Path, ...]
     dev_principal: Principal | None
+    probes: grpc.aio.Server | None = None  # server.health_listen: health alone
+    probe_addresses: tuple[str, ...] = ()
 
     async def start(self) -> None:
         """Start serving, restrict the sockets to owner and group, then report SERVING."""
         await self.server.start()
+        if self.probes is not None:
+            await self.probes.start()
         for path in self.socket_paths:
             path.chmod(0o660)
         for service in _HEALTH_SERVICES:
@@ -82,6 +89,8 @@ class Sidecar:
         """Report NOT_SERVING, let in-flight calls finish within ``grace``, remove the sockets."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        if self.probes is not None:  # answered NOT_SERVING until the last call ended
+            await self.probes.stop(None)
         remove_sockets(self.socket_paths)
 
 
@@ -108,9 +117,10 @@ async def create_server(settings: Settings, gateway: ToolGateway, *, policy: Sta
     health_servicer = await _add_health(server)
     if settings.server.reflection or (settings.server.reflection is None and dev):
         reflection.enable_server_reflection(names, server)
-    addresses, sockets = await bind_all(server, settings.server.listen)
+    addresses, sockets = await bind_all(server, settings.server.listen, tls=server_credentials(settings.server.tls))
+    probes, probe_addresses = await _bind_probes(settings.server.health_listen, health_servicer, server, sockets)
     dev_principal = settings.auth.dev_principal if dev else None
-    sidecar = Sidecar(server, health_servicer, addresses, sockets, dev_principal)
+    sidecar = Sidecar(server, health_servicer, addresses, sockets, dev_principal, probes, probe_addresses)
     if policy is not None:
         await sidecar.report_policy(policy.status)
     return server, sidecar
@@ -154,6 +164,8 @@ def _log_start(settings: Settings, pipeline: Pipeline, reloader: ReloadingEngine
     log.info("policy: engine %s, %s, revision %s", settings.policy.engine.value, reloader.status.source,
              reloader.revision)
     log.info("toolbooth listening on %s with policy revision %s", ", ".join(sidecar.addresses), reloader.revision)
+    if sidecar.probe_addresses:
+        log.info("health only (for probes) on %s", ", ".join(sidecar.probe_addresses))
 
 
 @contextlib.asynccontextmanager
@@ -218,6 +230,20 @@ async def _add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
         await servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     return servicer
+
+
+async def _bind_probes(address: str | None, servicer: health.aio.HealthServicer, server: grpc.aio.Server,
+                       sockets: tuple[Path, ...]) -> tuple[grpc.aio.Server | None, tuple[str, ...]]:
+    """The health-only listener of ``server.health_listen``, if any; when it cannot bind, ``server`` is
+    released too."""
+    if address is None:
+        return None, ()
+    try:
+        return await open_probes(address, servicer)
+    except BaseException:
+        await server.stop(None)
+        remove_sockets(sockets)
+        raise
 
 
 async def _wait_for_stop(stop: asyncio.Event) -> None:

@@ -1,7 +1,8 @@
 """Who is calling: the principal from trusted gRPC metadata, never from tool arguments.
 
-``jwt`` mode verifies ``authorization: Bearer <jwt>`` against the configured key,
-algorithm allow-list, issuer and audience, and requires ``exp`` and ``sub``.
+``jwt`` mode verifies ``authorization: Bearer <jwt>`` against the configured key (or the key its
+``kid`` names in the issuer's JWKS: ``sidecar.server.jwks``), algorithm allow-list, issuer and
+audience, and requires ``exp`` and ``sub``.
 ``dev`` mode returns the configured static principal and ignores any token.
 Failures raise ``AuthenticationError`` with a constant message that is safe to send.
 """
@@ -18,6 +19,7 @@ from jwt.algorithms import get_default_algorithms
 from sidecar.config import AuthMode, AuthSettings, JwtSettings
 from sidecar.contract import Principal
 from sidecar.errors import AuthenticationError, ConfigError
+from sidecar.server.jwks import JwksKeys
 
 __all__ = ["Authenticator", "Metadata"]
 
@@ -45,36 +47,54 @@ class Authenticator:
         jwt_settings = settings.jwt if settings.effective_mode is AuthMode.JWT else None
         self._jwt = None if jwt_settings is None else _JwtVerifier(jwt_settings)
 
-    def authenticate(self, metadata: Metadata) -> Principal:
-        """The principal of a call, or ``AuthenticationError``."""
+    async def authenticate(self, metadata: Metadata) -> Principal:
+        """The principal of a call, or ``AuthenticationError`` (waits only when a JWKS must be fetched)."""
         if self._jwt is None:
             return self._dev_principal
-        return self._jwt.principal(_bearer_token(metadata))
+        return await self._jwt.principal(_bearer_token(metadata))
 
 
 class _JwtVerifier:
-    """Verifies bearer tokens with keys prepared once, one per usable algorithm."""
+    """Verifies bearer tokens with keys prepared once, one per usable algorithm, or from a JWKS."""
 
     def __init__(self, settings: JwtSettings) -> None:
         self._settings = settings
-        self._keys = _prepare_keys(settings)
-        log.debug("JWT algorithms usable with the configured key: %s", ", ".join(self._keys))
+        self._jwks = JwksKeys(settings) if settings.jwks_url is not None else None
+        self._keys = _prepare_keys(settings) if self._jwks is None else {}
+        if self._keys:
+            log.debug("JWT algorithms usable with the configured key: %s", ", ".join(self._keys))
 
-    def principal(self, token: str) -> Principal:
+    async def principal(self, token: str) -> Principal:
         """Verify ``token`` and build the principal from its claims."""
-        claims = self._verify(token)
+        key: jwt.PyJWK | None = None
+        if self._jwks is not None:
+            try:  # before any key is looked up (and maybe fetched): a header that could never verify
+                header = jwt.get_unverified_header(token)
+                if header.get("alg") not in self._settings.algorithms:
+                    raise jwt.InvalidAlgorithmError("algorithm not allowed")
+            except jwt.PyJWTError as exc:
+                log.debug("token rejected: %s", exc)
+                raise AuthenticationError(_message(exc)) from None
+            key = await self._jwks.key(header.get("kid"))
+        claims = self._verify(token, key)
         return _principal_from(claims, self._settings)
 
-    def _verify(self, token: str) -> dict[str, Any]:
+    def _verify(self, token: str, jwk: jwt.PyJWK | None) -> dict[str, Any]:
+        """The claims of ``token``, verified with ``jwk`` (from the JWKS), else with the configured key."""
         try:
-            algorithm = jwt.get_unverified_header(token).get("alg")
-            if not isinstance(algorithm, str) or algorithm not in self._keys:
-                raise jwt.InvalidAlgorithmError("algorithm not allowed")
-            # The key was parsed for this allowed algorithm, so the header cannot choose another key type.
+            if jwk is not None:
+                # PyJWT verifies with the JWK's own algorithm, which must be the header's and one of ours.
+                key, algorithms = jwk, list(self._settings.algorithms)
+            else:
+                algorithm = jwt.get_unverified_header(token).get("alg")
+                if not isinstance(algorithm, str) or algorithm not in self._keys:
+                    raise jwt.InvalidAlgorithmError("algorithm not allowed")
+                # The key was parsed for this allowed algorithm, so the header cannot choose another key type.
+                key, algorithms = self._keys[algorithm], [algorithm]
             return jwt.decode(
                 token,
-                self._keys[algorithm],
-                algorithms=[algorithm],
+                key,
+                algorithms=algorithms,
                 issuer=self._settings.issuer,
                 audience=self._settings.audience,
                 leeway=self._settings.leeway_seconds,

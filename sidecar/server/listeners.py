@@ -5,7 +5,8 @@ to stderr. So a TCP address (unless its port is 0) is first tried with a plain s
 names the reason — the port in use, an address this host does not have, a name that does not
 resolve, a port that needs privileges — before gRPC binds it. A Unix socket's directory is made
 (0750), a stale socket file replaced, a live one or another file refused. Every failure is an
-``OSError`` whose message starts ``cannot listen on ADDRESS:``.
+``OSError`` whose message starts ``cannot listen on ADDRESS:``. Given credentials (``server.tls``:
+``sidecar.server.tls``), TCP addresses serve TLS; Unix and abstract sockets stay plaintext.
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ from sidecar.config import ListenAddress, ListenKind, parse_listen
 __all__ = ["bind_all", "remove_sockets", "tcp_socket"]
 
 
-async def bind_all(server: grpc.aio.Server, addresses: Iterable[str]) -> tuple[tuple[str, ...], tuple[Path, ...]]:
-    """Bind every address; return them as bound (real ports for port 0) and the socket files made.
-    On failure release what was bound and re-raise."""
+async def bind_all(server: grpc.aio.Server, addresses: Iterable[str], *,
+                   tls: grpc.ServerCredentials | None = None) -> tuple[tuple[str, ...], tuple[Path, ...]]:
+    """Bind every address (TCP ones with ``tls`` when given); return them as bound (real ports for port 0) and
+    the socket files made. On failure release what was bound and re-raise."""
     bound: list[str] = []
     sockets: list[Path] = []
     try:
         for text in addresses:
-            bound += _bind(server, parse_listen(text), sockets)
+            bound += _bind(server, parse_listen(text), sockets, tls)
     except BaseException:
         await server.stop(None)
         remove_sockets(sockets)
@@ -44,7 +46,8 @@ def remove_sockets(paths: Iterable[Path]) -> None:
         path.unlink(missing_ok=True)
 
 
-def _bind(server: grpc.aio.Server, address: ListenAddress, sockets: list[Path]) -> list[str]:
+def _bind(server: grpc.aio.Server, address: ListenAddress, sockets: list[Path],
+          tls: grpc.ServerCredentials | None) -> list[str]:
     if address.kind is ListenKind.UNIX:
         assert address.path is not None
         _prepare_socket_path(address.text, address.path)
@@ -56,13 +59,13 @@ def _bind(server: grpc.aio.Server, address: ListenAddress, sockets: list[Path]) 
     for endpoint in address.endpoints:
         if endpoint.port != 0:
             _try_tcp(address.text, endpoint.host.removeprefix("[").removesuffix("]"), endpoint.port)
-        bound.append(f"{endpoint.host}:{_add_port(server, address.text, str(endpoint))}")
+        bound.append(f"{endpoint.host}:{_add_port(server, address.text, str(endpoint), tls)}")
     return bound
 
 
-def _add_port(server: grpc.aio.Server, text: str, bind: str) -> int:
+def _add_port(server: grpc.aio.Server, text: str, bind: str, tls: grpc.ServerCredentials | None = None) -> int:
     try:
-        return server.add_insecure_port(bind)
+        return server.add_insecure_port(bind) if tls is None else server.add_secure_port(bind, tls)
     except RuntimeError:
         raise OSError(f"cannot listen on {text}: gRPC could not bind {bind} "
                       "(GRPC_VERBOSITY=debug shows gRPC's reason)") from None

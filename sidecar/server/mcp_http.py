@@ -151,7 +151,7 @@ class _Authenticated:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         metadata = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]]
         try:
-            principal = self._authenticator.authenticate(metadata)
+            principal = await self._authenticator.authenticate(metadata)
         except AuthenticationError as exc:
             challenge = f'Bearer error="invalid_token", error_description="{exc}"'
             response = JSONResponse({"error": "invalid_token", "error_description": str(exc)}, status_code=401,

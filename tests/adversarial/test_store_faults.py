@@ -338,7 +338,7 @@ async def test_kept_writes_survive_a_restart_and_are_applied_at_start(world: Wor
     ran = await fault_during(world, "result+outcome", text, key, then_heal=False)
     assert world.store.kept_writes >= 1
     took = await world.stop()  # the store is still failing
-    assert took < 5, f"shutdown took {took:.1f} s with the store failing"
+    assert took < 15, f"shutdown took {took:.1f} s with the store failing"
     await heal(world.faults)
     await world.start()
     assert world.store.kept_writes == 0  # applied at start
@@ -393,8 +393,8 @@ async def test_a_partition_while_the_handler_runs_loses_no_outcome(postgres_dsn:
             ran = await call
             assert ran.status is Status.SUCCESS and ran.data == {"count": 1}, ran
             assert world.store.kept_writes >= 1
-            took = await world.stop()
-            assert took < 5, f"shutdown took {took:.1f} s during the partition"
+            took = await world.stop()  # a grace of 2 s and statement timeouts of 1 s; a loaded machine's margin
+            assert took < 15, f"shutdown took {took:.1f} s during the partition"
             proxy.resume()
             await world.start()
             answered = [ran, await settles(world, text, key, ran)]

@@ -110,7 +110,8 @@ async def serve_in_background(make_settings: Callable[..., Settings],
     tasks: list[asyncio.Task[None]] = []
 
     async def start(**sections: dict[str, Any]) -> str:
-        settings = make_settings(server={"listen": [f"unix://{socket_path}"]}, **sections)
+        server = {"listen": [f"unix://{socket_path}"], **sections.pop("server", {})}
+        settings = make_settings(server=server, **sections)
         tasks.append(task := asyncio.create_task(serve(settings, registry=Registry.from_tools(tools.ALL), stop=stop)))
         for _ in range(250):
             if socket_path.exists():

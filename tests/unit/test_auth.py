@@ -70,98 +70,98 @@ def _forged_hs256(claims: dict[str, Any], secret: bytes) -> str:
     return f"{signing_input}.{_b64(hmac.new(secret, signing_input.encode(), hashlib.sha256).digest())}"
 
 
-def _refused(authenticator: Authenticator, metadata: list[tuple[str, str | bytes]]) -> str:
+async def _refused(authenticator: Authenticator, metadata: list[tuple[str, str | bytes]]) -> str:
     with pytest.raises(AuthenticationError) as caught:
-        authenticator.authenticate(metadata)
+        await authenticator.authenticate(metadata)
     return str(caught.value)
 
 
-def test_valid_rs256_token_yields_the_principal(rsa_key: rsa.RSAPrivateKey) -> None:
+async def test_valid_rs256_token_yields_the_principal(rsa_key: rsa.RSAPrivateKey) -> None:
     token = jwt.encode(_claims(), rsa_key, algorithm="RS256")
-    principal = _authenticator(rsa_key.public_key()).authenticate(_bearer(token))
+    principal = await _authenticator(rsa_key.public_key()).authenticate(_bearer(token))
     assert principal == Principal(id="user-1", tenant="acme", roles=("developer",), permissions=("email:send",))
 
 
-def test_valid_es256_token_yields_the_principal(ec_key: ec.EllipticCurvePrivateKey) -> None:
+async def test_valid_es256_token_yields_the_principal(ec_key: ec.EllipticCurvePrivateKey) -> None:
     token = jwt.encode(_claims(sub="agent-7", roles=None, permissions=None), ec_key, algorithm="ES256")
-    principal = _authenticator(ec_key.public_key()).authenticate(_bearer(token))
+    principal = await _authenticator(ec_key.public_key()).authenticate(_bearer(token))
     assert principal == Principal(id="agent-7", tenant="acme")
 
 
-def test_claim_names_come_from_settings_and_scope_strings_split(rsa_key: rsa.RSAPrivateKey) -> None:
+async def test_claim_names_come_from_settings_and_scope_strings_split(rsa_key: rsa.RSAPrivateKey) -> None:
     claims = _claims(org="globex", groups=["ops", "admin"], scope="records:read records:delete")
     authenticator = _authenticator(
         rsa_key.public_key(), tenant_claim="org", roles_claim="groups", permissions_claim="scope"
     )
-    principal = authenticator.authenticate(_bearer(jwt.encode(claims, rsa_key, algorithm="RS256")))
+    principal = await authenticator.authenticate(_bearer(jwt.encode(claims, rsa_key, algorithm="RS256")))
     assert (principal.tenant, principal.roles) == ("globex", ("ops", "admin"))
     assert principal.permissions == ("records:read", "records:delete")
 
 
-def test_roles_must_be_a_list_of_strings(rsa_key: rsa.RSAPrivateKey) -> None:
+async def test_roles_must_be_a_list_of_strings(rsa_key: rsa.RSAPrivateKey) -> None:
     token = jwt.encode(_claims(roles="admin"), rsa_key, algorithm="RS256")
-    assert _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == "invalid token claim roles"
+    assert await _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == "invalid token claim roles"
 
 
-def test_bad_signature_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
+async def test_bad_signature_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
     other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     token = jwt.encode(_claims(), other, algorithm="RS256")
-    assert _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == "invalid token"
+    assert await _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == "invalid token"
 
 
-def test_expired_token_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
+async def test_expired_token_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
     token = jwt.encode(_claims(exp=int(time.time()) - 5), rsa_key, algorithm="RS256")
-    assert _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == "token expired"
+    assert await _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == "token expired"
 
 
-def test_leeway_accepts_a_recently_expired_token(rsa_key: rsa.RSAPrivateKey) -> None:
+async def test_leeway_accepts_a_recently_expired_token(rsa_key: rsa.RSAPrivateKey) -> None:
     token = jwt.encode(_claims(exp=int(time.time()) - 5), rsa_key, algorithm="RS256")
     authenticator = Authenticator(AuthSettings(jwt=JwtSettings(
         issuer=ISSUER, audience=AUDIENCE, key=_pem(rsa_key.public_key()), leeway_seconds=60
     )))
-    assert authenticator.authenticate(_bearer(token)).id == "user-1"
+    assert (await authenticator.authenticate(_bearer(token))).id == "user-1"
 
 
-def test_wrong_audience_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
+async def test_wrong_audience_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
     token = jwt.encode(_claims(aud="another-service"), rsa_key, algorithm="RS256")
-    assert _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == "invalid token audience"
+    assert await _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == "invalid token audience"
 
 
-def test_wrong_issuer_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
+async def test_wrong_issuer_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
     token = jwt.encode(_claims(iss="https://evil.example"), rsa_key, algorithm="RS256")
-    assert _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == "invalid token issuer"
+    assert await _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == "invalid token issuer"
 
 
 @pytest.mark.parametrize("claim", ["exp", "sub", "aud", "iss"])
-def test_missing_required_claim_is_refused(rsa_key: rsa.RSAPrivateKey, claim: str) -> None:
+async def test_missing_required_claim_is_refused(rsa_key: rsa.RSAPrivateKey, claim: str) -> None:
     token = jwt.encode(_claims(**{claim: None}), rsa_key, algorithm="RS256")
-    assert _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == f"token is missing the {claim} claim"
+    assert await _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == f"token is missing the {claim} claim"
 
 
-def test_alg_none_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
-    assert _refused(_authenticator(rsa_key.public_key()), _bearer(_unsigned(_claims()))) == "invalid token"
+async def test_alg_none_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
+    assert await _refused(_authenticator(rsa_key.public_key()), _bearer(_unsigned(_claims()))) == "invalid token"
 
 
-def test_hs256_signed_with_the_public_key_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
+async def test_hs256_signed_with_the_public_key_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
     """The key-confusion attack: the public PEM used as an HMAC secret."""
     token = _forged_hs256(_claims(), _pem(rsa_key.public_key()).encode())
     authenticator = _authenticator(rsa_key.public_key(), algorithms=("RS256",))
-    assert _refused(authenticator, _bearer(token)) == "invalid token"
+    assert await _refused(authenticator, _bearer(token)) == "invalid token"
 
 
-def test_hs256_with_a_configured_shared_secret_is_accepted() -> None:
+async def test_hs256_with_a_configured_shared_secret_is_accepted() -> None:
     """Proves the forging helper above makes well-formed tokens."""
     secret = "s" * 32
     jwt_settings = JwtSettings(algorithms=("HS256",), issuer=ISSUER, audience=AUDIENCE, key=secret)
     authenticator = Authenticator(AuthSettings(jwt=jwt_settings))
-    assert authenticator.authenticate(_bearer(_forged_hs256(_claims(), secret.encode()))).id == "user-1"
+    assert (await authenticator.authenticate(_bearer(_forged_hs256(_claims(), secret.encode())))).id == "user-1"
 
 
-def test_allowed_algorithm_whose_key_type_differs_is_refused(
+async def test_allowed_algorithm_whose_key_type_differs_is_refused(
     rsa_key: rsa.RSAPrivateKey, ec_key: ec.EllipticCurvePrivateKey
 ) -> None:
     token = jwt.encode(_claims(), ec_key, algorithm="ES256")
-    assert _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == "invalid token"
+    assert await _refused(_authenticator(rsa_key.public_key()), _bearer(token)) == "invalid token"
 
 
 def test_hmac_algorithm_with_a_pem_key_is_a_config_error(rsa_key: rsa.RSAPrivateKey) -> None:
@@ -169,30 +169,30 @@ def test_hmac_algorithm_with_a_pem_key_is_a_config_error(rsa_key: rsa.RSAPrivate
         _authenticator(rsa_key.public_key(), algorithms=("HS256",))
 
 
-def test_missing_header_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
-    assert _refused(_authenticator(rsa_key.public_key()), [("user-agent", "x")]) == "missing bearer token"
+async def test_missing_header_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
+    assert await _refused(_authenticator(rsa_key.public_key()), [("user-agent", "x")]) == "missing bearer token"
 
 
 @pytest.mark.parametrize(
     "value", ["Basic dXNlcjpwYXNz", "Bearer", "Bearer ", "Bearer a b", "token-without-scheme", b"Bearer x"]
 )
-def test_malformed_header_is_refused(rsa_key: rsa.RSAPrivateKey, value: str | bytes) -> None:
-    message = _refused(_authenticator(rsa_key.public_key()), [("authorization", value)])
+async def test_malformed_header_is_refused(rsa_key: rsa.RSAPrivateKey, value: str | bytes) -> None:
+    message = await _refused(_authenticator(rsa_key.public_key()), [("authorization", value)])
     assert message == "malformed authorization header"
 
 
-def test_two_authorization_headers_are_refused(rsa_key: rsa.RSAPrivateKey) -> None:
+async def test_two_authorization_headers_are_refused(rsa_key: rsa.RSAPrivateKey) -> None:
     token = jwt.encode(_claims(), rsa_key, algorithm="RS256")
     metadata = [*_bearer(token), ("authorization", f"Bearer {token}")]
-    assert _refused(_authenticator(rsa_key.public_key()), metadata) == "malformed authorization header"
+    assert await _refused(_authenticator(rsa_key.public_key()), metadata) == "malformed authorization header"
 
 
-def test_garbage_token_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
-    assert _refused(_authenticator(rsa_key.public_key()), _bearer("not.a.jwt")) == "invalid token"
+async def test_garbage_token_is_refused(rsa_key: rsa.RSAPrivateKey) -> None:
+    assert await _refused(_authenticator(rsa_key.public_key()), _bearer("not.a.jwt")) == "invalid token"
 
 
-def test_dev_mode_returns_the_static_principal_and_ignores_tokens() -> None:
+async def test_dev_mode_returns_the_static_principal_and_ignores_tokens() -> None:
     principal = Principal(id="alice", tenant="local", roles=("admin",))
     authenticator = Authenticator(AuthSettings(dev_principal=principal))
-    assert authenticator.authenticate([]) is principal
-    assert authenticator.authenticate(_bearer("anything")) is principal
+    assert await authenticator.authenticate([]) is principal
+    assert await authenticator.authenticate(_bearer("anything")) is principal

@@ -48,7 +48,7 @@ def test_jwt_mode_is_chosen_by_a_jwt_section() -> None:
     ({"server": {"listen": []}}, "config error at server.listen"),
     ({"auth": {"mode": "jwt"}}, "config error at auth: mode 'jwt' needs an 'auth.jwt' section"),
     ({"auth": {"mode": "magic"}}, "config error at auth.mode"),
-    ({"auth": {"jwt": {"issuer": "i", "audience": "a"}}}, "exactly one of 'key' or 'key_file'"),
+    ({"auth": {"jwt": {"issuer": "i", "audience": "a"}}}, "exactly one of 'key', 'key_file' or 'jwks_url'"),
     ({"auth": {"jwt": {"issuer": "i", "audience": "a", "key": "k", "algorithms": ["none"]}}}, "'none' is never"),
     ({"auth": {"jwt": {"audience": "a", "key": "k"}}}, "config error at auth.jwt.issuer: Field required"),
     ({"auth": {"dev_principal": {"id": ""}}}, "config error at auth.dev_principal.id"),

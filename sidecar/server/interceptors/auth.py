@@ -38,7 +38,7 @@ class AuthInterceptor(UnaryInterceptor):
 
     async def around(self, rpc: Rpc, proceed: Proceed[T]) -> T:
         """Authenticate ``rpc`` (or raise ``AuthenticationError``), then serve it as that principal."""
-        token = _principal.set(self._authenticator.authenticate(rpc.metadata))
+        token = _principal.set(await self._authenticator.authenticate(rpc.metadata))
         try:
             return await proceed()
         finally:
