@@ -7,32 +7,18 @@ points the ``TBDOCS_*`` variables at it, so the installed plugin's tools use the
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from plugins.documents.tests.support import Corpus, Sidecars
-from sidecar.config.dsn import redact_dsn
-from tests.support.postgres import ADMIN_DSN, PostgresServer
+from tests.contract.conftest import postgres  # the session's database on the test server (required when CI=true)
+from tests.support.postgres import PostgresServer
 from toolbooth_documents.index import Index, open_index
 from toolbooth_documents.settings import ENV_CURSOR_KEY_FILE, ENV_DB, ENV_POSTGRES_DSN, IndexSettings
 
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """A database for this session on the test server, dropped at the end."""
-    try:
-        server = PostgresServer.create()
-    except psycopg.OperationalError as exc:
-        message = f"PostgreSQL at {redact_dsn(ADMIN_DSN)} is unreachable: {' '.join(str(exc).split())}"
-        if os.environ.get("CI", "").lower() in ("true", "1"):
-            pytest.fail(f"{message} (CI=true: the PostgreSQL tests must run)")
-        pytest.skip(message)
-    yield server
-    server.drop()
+__all__ = ["postgres"]
 
 
 @pytest.fixture(autouse=True)
