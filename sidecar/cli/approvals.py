@@ -11,7 +11,17 @@ import argparse
 import json
 import sys
 
-from sidecar.cli.common import EXIT_OK, EXIT_TOOL_ERROR, CommandError, Subparsers, client_flags, dump_json, with_client
+from sidecar.cli.common import (
+    EXIT_OK,
+    EXIT_TOOL_ERROR,
+    CommandError,
+    Subparsers,
+    client_flags,
+    dump_json,
+    field_flag,
+    print_result,
+    with_client,
+)
 from sidecar.contract import ApprovalResult, Preview
 
 __all__ = ["add_commands", "cmd_approve", "cmd_deny", "cmd_previews_list", "describe"]
@@ -31,11 +41,13 @@ def add_commands(commands: Subparsers) -> None:
     approve.add_argument("--hash", dest="preview_hash", metavar="H",
                          help="the preview_hash you were shown (default: the one `previews list` shows now)")
     approve.add_argument("--comment", metavar="C")
+    field_flag(approve, "preview.state")
     client_flags(approve)
     approve.set_defaults(handler=cmd_approve)
     deny = commands.add_parser("deny", help="deny a preview: the call can never run under it")
     deny.add_argument("preview_id", metavar="PREVIEW_ID")
     deny.add_argument("--reason", required=True, metavar="R")
+    field_flag(deny, "preview.state")
     client_flags(deny)
     deny.set_defaults(handler=cmd_deny)
 
@@ -54,12 +66,12 @@ def cmd_approve(args: argparse.Namespace) -> int:
     """``toolbooth approve PREVIEW_ID``: without ``--hash``, approve the call ``previews list`` shows."""
     preview_hash = args.preview_hash or _listed(args).preview_hash
     result = with_client(args, lambda client: client.approve(args.preview_id, preview_hash, comment=args.comment))
-    return _report(result)
+    return _report(result, args.field)
 
 
 def cmd_deny(args: argparse.Namespace) -> int:
     """``toolbooth deny PREVIEW_ID --reason R``."""
-    return _report(with_client(args, lambda client: client.deny(args.preview_id, reason=args.reason)))
+    return _report(with_client(args, lambda client: client.deny(args.preview_id, reason=args.reason)), args.field)
 
 
 def describe(preview: Preview) -> str:
@@ -89,6 +101,6 @@ def _listed(args: argparse.Namespace) -> Preview:
     return found
 
 
-def _report(result: ApprovalResult) -> int:
-    print(dump_json(result.model_dump(mode="json", exclude_none=True)))
+def _report(result: ApprovalResult, field: str | None) -> int:
+    print_result(result.model_dump(mode="json", exclude_none=True), field)
     return EXIT_OK if result.ok else EXIT_TOOL_ERROR

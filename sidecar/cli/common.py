@@ -54,6 +54,8 @@ __all__ = [
     "default_target",
     "dump_json",
     "fail",
+    "field_flag",
+    "print_result",
     "read_arguments",
     "setup_logging",
     "valid_json",
@@ -162,6 +164,26 @@ def valid_json(text: str, flag: str = "--args") -> str:
 
 
 # --- output -----------------------------------------------------------------------------------------------
+
+
+def field_flag(parser: argparse.ArgumentParser, example: str) -> None:
+    """``--field PATH``: print one field of the printed result (``print_result``)."""
+    parser.add_argument("--field", metavar="PATH", help=f"print only this field of the result, e.g. {example} "
+                                                        "(a string as it is, anything else as JSON)")
+
+
+def print_result(result: dict[str, Any], field: str | None) -> None:
+    """Print ``result`` as JSON, or only the value at the dotted path ``field`` (a string as it is).
+
+    A path the result lacks is an error (exit 1) that says so, since a script reading the field would
+    otherwise go on with an empty value."""
+    value: Any = result
+    for name in field.split(".") if field is not None else ():
+        if not isinstance(value, dict) or name not in value:
+            raise CommandError(f"--field {field}: the result has no such field; without --field the whole "
+                               f"result is printed", EXIT_FAILURE)
+        value = value[name]
+    print(value if isinstance(value, str) else dump_json(value))
 
 
 def dump_json(data: Any) -> str:

@@ -2,8 +2,8 @@
 
 A thin shell over ``sidecar.config``, ``sidecar.server.serve``, ``sidecar.client.Client`` and the
 policy, bundle and store tools: each group module (``serve``, ``tools``, ``batch``, ``mcp_stdio``, ``config``,
-``policy``, ``audit``, ``approvals``, ``operations``) adds its commands and handlers; ``main`` parses, runs the
-chosen handler and turns the outcome into an exit code (``sidecar.cli.common`` lists them).
+``policy``, ``audit``, ``approvals``, ``operations``, ``token``) adds its commands and handlers; ``main``
+parses, runs the chosen handler and turns the outcome into an exit code (``sidecar.cli.common`` lists them).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import argparse
 from collections.abc import Sequence
 
 from sidecar import __version__
-from sidecar.cli import approvals, audit, batch, config, mcp_stdio, operations, policy, serve, tools
+from sidecar.cli import approvals, audit, batch, config, mcp_stdio, operations, policy, serve, token, tools
 from sidecar.cli.common import EXIT_USAGE, CommandError, Handler, fail
 from sidecar.errors import ConfigError
 
 __all__ = ["GROUPS", "build_parser", "main"]
 
 # In the order ``toolbooth --help`` lists them.
-GROUPS = (serve, tools, batch, mcp_stdio, config, policy, audit, approvals, operations)
+GROUPS = (serve, tools, batch, mcp_stdio, config, policy, audit, approvals, operations, token)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

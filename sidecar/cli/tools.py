@@ -23,6 +23,8 @@ from sidecar.cli.common import (
     Subparsers,
     client_flags,
     dump_json,
+    field_flag,
+    print_result,
     read_arguments,
     valid_json,
     with_client,
@@ -40,9 +42,9 @@ _STATUS_EXIT: dict[Status, int] = {
 }
 
 CALL_EPILOG = """\
-The result is printed as JSON. Exit codes:
+The result is printed as JSON (with --field, only that field). Exit codes:
   0  status success or partial_success
-  1  the request failed (gRPC error, e.g. the sidecar is not running)
+  1  the request failed (gRPC error, e.g. the sidecar is not running), or the result has no --field
   2  usage error (e.g. an unreadable --args file, or --args that is not JSON)
   3  status error (see error.code, error.recovery)
   4  status approval_required (an approver must approve the preview first)
@@ -73,6 +75,7 @@ def add_commands(commands: Subparsers) -> None:
     call.add_argument("--approval-id", metavar="ID", help="the preview_id of an approved preview of this exact call")
     client_flags(call)
     call.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline of the call")
+    field_flag(call, "data.preview_id")
     call.set_defaults(handler=cmd_call)
 
 
@@ -105,7 +108,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     result = with_client(args, lambda client: client.execute(
         args.tool, arguments, idempotency_key=args.idempotency_key, approval_id=args.approval_id,
         conversation_id=args.conversation_id, timeout=args.timeout))
-    print(dump_json(result.model_dump(mode="json")))
+    print_result(result.model_dump(mode="json"), args.field)
     return exit_code(result.status)
 
 
