@@ -11,6 +11,8 @@ import json
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
+from cachetools import LRUCache
+
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.contract import (
     ApprovalResult,
@@ -211,8 +213,25 @@ def approval_from_pb(message: pb.ApprovalResult) -> ApprovalResult:
                           preview=preview_from_pb(message.preview) if message.HasField("preview") else None)
 
 
+# The proto of each descriptor converted lately, by the descriptor object's id: a registry's descriptors are
+# built once and listed again and again, and their schemas' JSON is most of a listing's cost. The entry holds
+# its descriptor, so that id cannot be reused while it is cached; descriptors are frozen.
+_PB_DESCRIPTORS: LRUCache[int, tuple[ToolDescriptor, pb.ToolDescriptor]] = LRUCache(maxsize=4096)
+
+
 def descriptor_to_pb(descriptor: ToolDescriptor) -> pb.ToolDescriptor:
-    """A tool descriptor as proto; the schemas become compact JSON (an empty output schema: ``""``)."""
+    """A tool descriptor as proto; the schemas become compact JSON (an empty output schema: ``""``).
+
+    The same descriptor object gives the same (cached) message: treat it as read-only."""
+    cached = _PB_DESCRIPTORS.get(id(descriptor))
+    if cached is not None and cached[0] is descriptor:
+        return cached[1]
+    message = _descriptor_message(descriptor)
+    _PB_DESCRIPTORS[id(descriptor)] = (descriptor, message)
+    return message
+
+
+def _descriptor_message(descriptor: ToolDescriptor) -> pb.ToolDescriptor:
     return pb.ToolDescriptor(
         name=descriptor.name,
         version=descriptor.version,

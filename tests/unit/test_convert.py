@@ -152,6 +152,19 @@ def test_a_descriptor_without_output_schema_or_title_round_trips_empty() -> None
     assert convert.descriptor_to_pb(descriptor).output_schema_json == ""
 
 
+def test_a_descriptor_is_converted_once_and_an_equal_one_of_its_own() -> None:
+    """A registry's descriptors are listed again and again: the same object gives the same message; another
+    object, even an equal one, is converted from its own fields (the cache is by identity, never by value)."""
+    first = ToolDescriptor(name="t", version="1", description="", input_schema={"type": "object"},
+                           side_effect=SideEffect.NONE, requires_idempotency_key=False, timeout_ms=1000)
+    assert convert.descriptor_to_pb(first) is convert.descriptor_to_pb(first)
+    other = first.model_copy(update={"input_schema": {"type": "object", "required": ["a"]}})
+    assert convert.descriptor_to_pb(other).input_schema_json == '{"type":"object","required":["a"]}'
+    equal = first.model_copy()
+    assert convert.descriptor_to_pb(equal) is not convert.descriptor_to_pb(first)
+    assert convert.descriptor_to_pb(equal) == convert.descriptor_to_pb(first)
+
+
 def test_empty_listing_round_trips() -> None:
     listing = ToolListing(tools=(), policy_revision="")
     assert convert.listing_from_pb(convert.listing_to_pb(listing)) == listing
