@@ -60,7 +60,7 @@ class SqlStore:
         """Count the statements that fail (``toolbooth_store_errors_total``) and show how many audit events wait
         to be written (``toolbooth_audit_queue_depth``, read at each scrape) in ``metrics``."""
         self.driver = CountingDriver(self.driver, self._sql, metrics.store_error)
-        metrics.audit_queue_depth.set_function(lambda: self._audit.depth)
+        metrics.audit_queue = lambda: self._audit.depth
 
     async def keep_in(self, journal: Journal) -> None:
         """From now on keep the writes the store cannot take in ``journal`` (without one, such a write fails);
