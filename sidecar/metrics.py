@@ -97,7 +97,7 @@ class _Family:
                 counters.add_metric(values, child.value)  # type: ignore[union-attr]
             return counters
         histograms = HistogramMetricFamily(self.name, self.documentation, labels=self.labels)
-        bounds = [*(repr(float(bound)) for bound in self.buckets), "+Inf"]
+        bounds = [*(repr(float(bound)) for bound in self.buckets), "+Inf"]  # as the library spells these bounds
         for values, child in self.children.items():
             assert isinstance(child, Observed)
             histograms.add_metric(values, list(zip(bounds, accumulate(child.counts), strict=True)), child.sum)

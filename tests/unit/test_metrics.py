@@ -61,6 +61,17 @@ def test_each_sidecar_has_its_own_registry() -> None:
     assert sample(second, "toolbooth_tool_calls_total", tool="echo", status="success", code="none") == 0
 
 
+def test_histograms_are_exposed_cumulative_by_upper_bound() -> None:
+    metrics = Metrics()
+    for seconds in (0.00005, 0.0003, 0.0005, 2.0):
+        metrics.decision("authz").seconds.observe(seconds)
+    buckets = "toolbooth_policy_decision_seconds_bucket"
+    assert [sample(metrics, buckets, stage="authz", le=le) for le in ("0.0001", "0.0005", "1.0", "+Inf")] == [
+        1, 3, 3, 4]
+    assert sample(metrics, "toolbooth_policy_decision_seconds_count", stage="authz") == 4
+    assert sample(metrics, "toolbooth_policy_decision_seconds_sum", stage="authz") == pytest.approx(2.00085)
+
+
 def test_meters_are_bound_once_per_label_set() -> None:
     metrics = Metrics()
     assert metrics.tool(UNKNOWN_TOOL) is metrics.tool(UNKNOWN_TOOL)
