@@ -4,7 +4,8 @@
 ``tool`` is the registered tool the call resolved to, ``UNKNOWN_TOOL`` when it never did (an unknown
 name, a hidden tool, a malformed request), never the name a request sent; ``status`` the result's
 status, ``cancelled`` when the caller went away; ``code`` its primary error's code (for a partial
-success: its first failed part's), ``NO_CODE`` without one.
+success: its first failed part's), ``NO_CODE`` without one. A batch's call cancelled before its turn never
+enters the chain, so it is not counted.
 """
 
 from __future__ import annotations
