@@ -7,6 +7,7 @@ approvals and hot reload; ``create_server`` with the metrics interceptor; the MC
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -190,25 +191,34 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def test_serve_answers_scrapes(serve_in_background: Callable[..., object],
+async def test_serve_answers_scrapes_until_it_stops(make_settings: Callable[..., Settings],
                                                     socket_path: Path) -> None:
-    port = _free_port()
-    target = await serve_in_background(metrics={"listen": f"127.0.0.1:{port}"})  # type: ignore[misc]
+    port, stop = _free_port(), asyncio.Event()
+    settings = make_settings(server={"listen": [f"unix://{socket_path}"]}, metrics={"listen": f"127.0.0.1:{port}"})
+    serving = asyncio.create_task(serve(settings, registry=Registry.from_tools(tools.ALL), stop=stop))
     url = f"http://127.0.0.1:{port}/metrics"
 
     async def answers() -> bool:
+        if serving.done():
+            serving.result()  # start-up failed: raise its error
         try:
             await scrape(url)
         except aiohttp.ClientConnectionError:
             return False
-        return True
+        return socket_path.exists()
 
-    await until(answers, what="the metrics endpoint answers")
-    async with AsyncClient(target) as client:
-        await client.execute("echo", {"text": "hi"})
-    samples = await scrape(url)
+    try:
+        await until(answers, what="the sidecar and its metrics endpoint answer")
+        async with AsyncClient(f"unix://{socket_path}") as client:
+            await client.execute("echo", {"text": "hi"})
+        samples = await scrape(url)
+    finally:
+        stop.set()
+        await serving
     assert value(samples, "toolbooth_tool_calls_total", tool="echo", status="success", code=NO_CODE) == 1
     assert "process_cpu_seconds_total" not in samples  # the sidecar's own registry, not the process-wide one
+    with pytest.raises(aiohttp.ClientConnectionError):  # stopped with the sidecar: the port is closed
+        await scrape(url)
 
 
 async def test_a_taken_metrics_port_stops_start_up_with_the_reason(make_settings: Callable[..., Settings]) -> None:
