@@ -4,8 +4,11 @@
 changes, asked for its status) and the pipeline over it, cached. ``open_pipeline`` loads plugins
 and policies, opens the store from ``Settings`` (its audit chain keyed with ``audit.chain_key``) and
 starts the worker processes of the isolated tools (``isolation``); ``assemble`` wires given parts
-(tests and tools pass their own) into the chain of ``sidecar.pipeline.order``. Nothing else
-constructs the sidecar's collaborators (engine, store, approvals, dispatcher and its worker pools, masker).
+(tests and tools pass their own) into the chain of ``sidecar.pipeline.order``. With ``metrics.listen``,
+one ``Metrics`` (its own registry) is made here and given to every part that counts: the calls' stage,
+the engine the pipeline decides with, approvals, hot reload and the store; with metrics off none of them
+is put in place. Nothing else constructs the sidecar's collaborators (engine, store, approvals, dispatcher
+and its worker pools, masker).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import secrets
 
 from sidecar.config import IsolationSettings, Limits, Settings
+from sidecar.metrics import Metrics
 from sidecar.pipeline.approvals import Approvals
 from sidecar.pipeline.decisions import Decider
 from sidecar.pipeline.gate import Pipeline
@@ -20,8 +24,10 @@ from sidecar.pipeline.order import DecidingStages, call_chain
 from sidecar.pipeline.stages.audit import Auditor
 from sidecar.pipeline.stages.dispatch import DispatchStage
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
+from sidecar.pipeline.stages.metrics import MetricsStage
 from sidecar.policy import PolicyEngine
 from sidecar.policy.factory import open_reloading, with_cache
+from sidecar.policy.metered import MeteredEngine
 from sidecar.policy.reload import ReloadingEngine
 from sidecar.state import Expiry, Store
 from sidecar.state.factory import open_store
@@ -35,24 +41,29 @@ __all__ = ["assemble", "open_pipeline", "open_sidecar"]
 
 
 async def open_sidecar(settings: Settings, *, registry: Registry | None = None) -> tuple[ReloadingEngine, Pipeline]:
-    """The reloading policy engine and the pipeline deciding with it (through the decision cache)."""
+    """The reloading policy engine and the pipeline deciding with it (through the decision cache); with
+    ``metrics.listen``, both counting into the pipeline's ``metrics``."""
     reloader = await open_reloading(settings.policy)
+    reloader.metrics = metrics = Metrics() if settings.metrics.listen is not None else None
     try:
-        return reloader, await open_pipeline(settings, registry=registry, policy=with_cache(reloader, settings.policy))
+        return reloader, await open_pipeline(settings, registry=registry, policy=with_cache(reloader, settings.policy),
+                                             metrics=metrics)
     except BaseException:
         await reloader.aclose()
         raise
 
 
 async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
-                        policy: PolicyEngine | None = None) -> Pipeline:
+                        policy: PolicyEngine | None = None, metrics: Metrics | None = None) -> Pipeline:
     """Load plugins (unless ``registry`` is given) and policies (unless ``policy`` is), open the store, start
-    the isolated tools' worker processes."""
+    the isolated tools' worker processes; count into ``metrics`` (none: a new one with ``metrics.listen``)."""
+    if metrics is None and settings.metrics.listen is not None:
+        metrics = Metrics()
     if registry is None:
         registry = Registry.from_entry_points(allow=settings.plugins.allow)
     engine = policy or with_cache(await open_reloading(settings.policy), settings.policy)
     try:
-        store = await open_store(settings.store)
+        store = await open_store(settings.store, metrics=metrics)
     except BaseException:
         await engine.aclose()
         raise
@@ -61,7 +72,7 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
         store.use_chain_key(settings.audit.read_chain_key())  # HMAC-keyed links; unkeyed SHA-256 without one
         pipeline = assemble(registry=registry, policy=engine, store=store, limits=settings.limits,
                             mask_key=mask_key, retention_hours=settings.store.idempotency_retention_hours,
-                            isolation=settings.isolation)
+                            isolation=settings.isolation, metrics=metrics)
     except BaseException:
         await store.aclose()
         await engine.aclose()
@@ -76,20 +87,24 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
 
 def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits,
              mask_key: bytes | None = None, retention_hours: float = 24.0,
-             isolation: IsolationSettings | None = None) -> Pipeline:
+             isolation: IsolationSettings | None = None, metrics: Metrics | None = None) -> Pipeline:
     """The pipeline over these parts. ``mask_key`` masks sensitive values in the audit log and previews
     (default: a random key of this pipeline); finished idempotency records older than ``retention_hours``
     are deleted; the tools ``isolation`` names run in worker processes (``ConfigError`` if it names a tool
-    that cannot), started by ``open_pipeline`` or else at their first call."""
+    that cannot), started by ``open_pipeline`` or else at their first call. With ``metrics``, its calls,
+    decisions and approvals are counted there."""
+    if metrics is not None:
+        policy = MeteredEngine(policy, metrics)
     decider, masker = Decider(policy), Masker(mask_key or secrets.token_bytes(32))
-    approvals, auditor = Approvals(store, policy), Auditor(store, masker)
+    approvals, auditor = Approvals(store, policy, metrics), Auditor(store, masker)
     isolation = isolation or IsolationSettings()
     pools = ProcessPools(isolation_plan(registry, isolation), isolation)
     dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads, pools=pools)
     expiry = Expiry(store, retention_hours * 3600)
     deciding = DecidingStages.build(registry, decider, limits, approvals, masker)
     idempotency = IdempotencyStage(store, auditor, expiry)
-    chain = call_chain(auditor, deciding, idempotency, DispatchStage(dispatcher, limits))
+    observers = [] if metrics is None else [MetricsStage(metrics)]
+    chain = call_chain(auditor, deciding, idempotency, DispatchStage(dispatcher, limits), observers=observers)
     return Pipeline(registry=registry, policy=policy, store=store, limits=limits, approvals=approvals, chain=chain,
                     resolve=deciding.resolve, idempotency=idempotency, dispatcher=dispatcher, expiry=expiry,
-                    auditor=auditor)
+                    auditor=auditor, metrics=metrics)

@@ -29,6 +29,7 @@ from sidecar.config.base import (
 from sidecar.config.isolation import IsolationSettings
 from sidecar.config.listen import LISTEN_FORMS, ListenAddress, ListenKind, is_loopback, parse_listen, socket_path
 from sidecar.config.mcp import MCP_PATH, McpSettings
+from sidecar.config.metrics import METRICS_PATH, MetricsSettings
 from sidecar.config.policy import (
     BundleKeySettings,
     BundleSettings,
@@ -65,6 +66,7 @@ __all__ = [
     "ENV_TOKEN_FILE",
     "LISTEN_FORMS",
     "MCP_PATH",
+    "METRICS_PATH",
     "MIN_MASK_KEY_BYTES",
     "UNIX_PREFIX",
     "AuditSettings",
@@ -80,6 +82,7 @@ __all__ = [
     "ListenAddress",
     "ListenKind",
     "McpSettings",
+    "MetricsSettings",
     "OpaSettings",
     "OpaTlsSettings",
     "PluginSettings",

@@ -31,6 +31,7 @@ from typing import Any
 from sidecar.canonical import canonical_json, hash_matches, sha256_hex
 from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview, PreviewState, Principal
 from sidecar.errors import DependencyError, refusal
+from sidecar.metrics import Metrics
 from sidecar.pipeline.fields import malformed_field
 from sidecar.policy import Decision, PolicyEngine, Stage
 from sidecar.policy.input import PolicyInput, now_utc
@@ -102,8 +103,8 @@ class Approved:
 class Approvals:
     """Opens previews, records approvers' decisions, redeems approvals."""
 
-    def __init__(self, store: Store, policy: PolicyEngine) -> None:
-        self.store, self.policy = store, policy
+    def __init__(self, store: Store, policy: PolicyEngine, metrics: Metrics | None = None) -> None:
+        self.store, self.policy, self._metrics = store, policy, metrics
 
     async def open_preview(self, call: CallToApprove, decision: Decision) -> Preview:
         """Store a pending preview of ``call``, with the tool's rendering of it (``CallRefused`` with the error
@@ -227,6 +228,8 @@ class Approvals:
             result = await self._decide_or_refuse(approver, preview_id, record, state, comment, hash_seen)
         except DependencyError as exc:  # fail closed: refuse, nothing changes
             result = _refused(_failure(exc, f"deciding preview {preview_id}"))
+        if self._metrics is not None:
+            self._metrics.approval(state.value if result.ok else "refused")
         action = {"preview_id": preview_id, "decision": state.value, "comment": comment}
         self.store.queue_audit(_event(approver, record, action, result, self.policy.revision, started))
         return result

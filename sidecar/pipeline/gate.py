@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from sidecar.config import Limits
 from sidecar.contract import CallBatch, CallRequest, Operation, Principal, ToolListing, ToolResult
 from sidecar.errors import StoreUnavailableError
+from sidecar.metrics import Metrics
 from sidecar.pipeline import batch as batches
 from sidecar.pipeline.approvals import Approvals
 from sidecar.pipeline.call import Call
@@ -55,6 +56,7 @@ class Pipeline:
     dispatcher: Dispatcher
     expiry: Expiry
     auditor: Auditor
+    metrics: Metrics | None = None  # what the sidecar counts (``metrics.listen``); ``None``: nothing
 
     async def list_tools(self, principal: Principal, *, conversation_id: str | None = None) -> ToolListing:
         """The tools the availability policy shows ``principal``, decided in one pass."""

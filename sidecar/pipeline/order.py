@@ -13,7 +13,7 @@ for another request or replayed must not spend the approval (``docs/approvals.md
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from sidecar.config import Limits
@@ -55,8 +55,8 @@ class DecidingStages:
 
 
 def call_chain(auditor: Auditor, deciding: DecidingStages, idempotency: IdempotencyStage,
-               dispatch: DispatchStage) -> Chain:
-    """The chain of a real call: audit, the request's fields, the deciding stages, idempotency, consuming the
-    approval, dispatch."""
-    return Chain([AuditStage(auditor), RequestStage(), *deciding, idempotency, deciding.approval.consuming(),
-                  dispatch])
+               dispatch: DispatchStage, *, observers: Sequence[CallStage] = ()) -> Chain:
+    """The chain of a real call: the ``observers`` (metrics), which see every call and its result, audit, the
+    request's fields, the deciding stages, idempotency, consuming the approval, dispatch."""
+    return Chain([*observers, AuditStage(auditor), RequestStage(), *deciding, idempotency,
+                  deciding.approval.consuming(), dispatch])

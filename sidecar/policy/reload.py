@@ -21,6 +21,7 @@ from typing import Protocol
 
 from sidecar.contract import ReloadStatus
 from sidecar.errors import PolicyLoadError
+from sidecar.metrics import Metrics
 from sidecar.policy.engine import DelegatingEngine, PolicyEngine
 
 __all__ = ["PolicySource", "ReloadingEngine"]
@@ -56,6 +57,7 @@ class ReloadingEngine(DelegatingEngine):
         self._source, self._seen = source, fingerprint
         self.status = ReloadStatus(source.description, engine.revision, _now())
         self.on_status: Callable[[ReloadStatus], Awaitable[None]] | None = None
+        self.metrics: Metrics | None = None  # counts each changed set: loaded, refused, or error (unreadable)
 
     @classmethod
     async def start(cls, source: PolicySource) -> ReloadingEngine:
@@ -73,11 +75,13 @@ class ReloadingEngine(DelegatingEngine):
             engine = await self._source.load()
         except PolicyLoadError as exc:
             log.error("policy reload refused, revision %s keeps serving: %s", self.revision, exc)
+            self._count("refused")
             await self._set(replace(self.status, last_attempt_at=_now(), last_error=str(exc)))
             return self.status
         old, self.inner = self.inner, engine
         await old.aclose()
         log.info("policy revision %s loaded from %s", engine.revision, self._source.description)
+        self._count("loaded")
         now = _now()
         await self._set(ReloadStatus(self._source.description, engine.revision, now, now))
         return self.status
@@ -92,6 +96,11 @@ class ReloadingEngine(DelegatingEngine):
                     await self.reload_if_changed()
                 except (OSError, PolicyLoadError) as exc:  # e.g. a bundle server that is down
                     log.error("cannot read policy source %s: %s", self._source.description, exc)
+                    self._count("error")
+
+    def _count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.reloaded(result)
 
     async def _set(self, status: ReloadStatus) -> None:
         self.status = status

@@ -8,6 +8,8 @@ policy engine and revision, listeners. With a chain key (``audit.chain_key``) it
 audit checkpoint (``sidecar.state.checkpoint``) at an interval and, once the last calls are
 recorded, at shutdown. With ``mcp.listen`` it serves MCP too (``sidecar.server.mcp_http``), on the same
 event loop: started before gRPC, stopped first at shutdown, each within ``server.shutdown_grace_seconds``.
+With ``metrics.listen`` it serves Prometheus metrics (``sidecar.server.metrics_http``), also on that loop:
+started first, stopped last, so a scrape sees the whole shutdown.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from grpc_reflection.v1alpha import reflection
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.config import AuthMode, Limits, Settings
 from sidecar.contract import Principal, ReloadStatus
+from sidecar.metrics import Metrics
 from sidecar.policy.reload import ReloadingEngine
 from sidecar.server import interceptors
 from sidecar.server.approval_service import SERVICE_NAME as APPROVAL_SERVICE_NAME
@@ -95,15 +98,17 @@ class Sidecar:
 
 
 async def create_server(settings: Settings, gateway: ToolGateway, *, policy: StatusProvider | None = None,
-                        approvals: ApprovalGateway | None = None) -> tuple[grpc.aio.Server, Sidecar]:
+                        approvals: ApprovalGateway | None = None,
+                        metrics: Metrics | None = None) -> tuple[grpc.aio.Server, Sidecar]:
     """Build the server with every service and bind each ``settings.server.listen`` address.
 
     With ``policy`` (the reloading engine) the ``PolicyService`` answers status requests; with
     ``approvals`` (the pipeline's) the ``ApprovalService`` serves approvers. Every call of these
-    services is authenticated, and its exceptions mapped to statuses, by ``sidecar.server.interceptors``.
+    services is authenticated, and its exceptions mapped to statuses, by ``sidecar.server.interceptors``
+    (and counted into ``metrics``, when given).
     """
     dev = settings.auth.effective_mode is AuthMode.DEV
-    server = grpc.aio.server(interceptors=interceptors.chain(Authenticator(settings.auth)),
+    server = grpc.aio.server(interceptors=interceptors.chain(Authenticator(settings.auth), metrics=metrics),
                              options=_channel_options(settings.limits))
     pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway), server)
     names = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
@@ -135,18 +140,20 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
     checkpointer: Checkpointer | None = None
     try:
         checkpointer = _checkpointer(settings, pipeline.store)
-        _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals)
-        reloader.on_status = sidecar.report_policy
-        try:
-            async with _mcp_endpoint(settings, pipeline):
-                await sidecar.start()
-                _log_start(settings, pipeline, reloader, sidecar)
-                checkpoints = checkpointer.run if checkpointer else None
-                async with _in_background(reloader.watch, reload_interval(settings.policy)), \
-                        _in_background(checkpoints, settings.audit.checkpoint_interval_seconds):
-                    await _wait_for_stop(stop or asyncio.Event())
-        finally:
-            await sidecar.stop(settings.server.shutdown_grace_seconds)
+        async with _metrics_endpoint(settings, pipeline.metrics):
+            _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals,
+                                             metrics=pipeline.metrics)
+            reloader.on_status = sidecar.report_policy
+            try:
+                async with _mcp_endpoint(settings, pipeline):
+                    await sidecar.start()
+                    _log_start(settings, pipeline, reloader, sidecar)
+                    checkpoints = checkpointer.run if checkpointer else None
+                    async with _in_background(reloader.watch, reload_interval(settings.policy)), \
+                            _in_background(checkpoints, settings.audit.checkpoint_interval_seconds):
+                        await _wait_for_stop(stop or asyncio.Event())
+            finally:
+                await sidecar.stop(settings.server.shutdown_grace_seconds)
     finally:
         if checkpointer is not None:  # the last calls recorded first, so the checkpoint covers them
             await pipeline.idempotency.drain()
@@ -178,6 +185,22 @@ async def _mcp_endpoint(settings: Settings, gateway: ToolGateway) -> AsyncIterat
     from sidecar.server.mcp_http import McpEndpoint
 
     endpoint = McpEndpoint.open(settings, gateway)
+    await endpoint.start()
+    try:
+        yield
+    finally:
+        await endpoint.stop()
+
+
+@contextlib.asynccontextmanager
+async def _metrics_endpoint(settings: Settings, metrics: Metrics | None) -> AsyncIterator[None]:
+    """The metrics endpoint of ``metrics.listen`` served while the body runs, then stopped; nothing when off."""
+    if metrics is None:
+        yield
+        return
+    from sidecar.server.metrics_http import MetricsEndpoint  # aiohttp's server: only imported when on
+
+    endpoint = MetricsEndpoint(metrics.registry, settings.metrics)
     await endpoint.start()
     try:
         yield

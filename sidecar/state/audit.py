@@ -37,6 +37,7 @@ class AuditBatcher:
     def __init__(self, write: Callable[[list[Row]], Awaitable[None]]) -> None:
         self._write = write
         self._pending: list[Row] = []
+        self._writing = 0  # rows of the batch being written
         self._drainer: asyncio.Task[None] | None = None
 
     def put(self, event: AuditEvent) -> None:
@@ -44,6 +45,11 @@ class AuditBatcher:
         self._pending.append(audit_row(event))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    @property
+    def depth(self) -> int:
+        """Rows queued or being written, not yet in the store (or the journal)."""
+        return len(self._pending) + self._writing
 
     async def flush(self) -> None:
         """Wait until every queued row is written (or its failure logged)."""
@@ -54,17 +60,24 @@ class AuditBatcher:
         await asyncio.sleep(AUDIT_LINGER_SECONDS)  # let concurrent calls join the batch
         while self._pending:
             rows, self._pending = self._pending, []
-            failure = await self._failure(rows)
-            if failure is None:
-                continue
-            if len(rows) == 1 or _unwritable(failure):
-                _dropped(rows, failure)
-                continue
-            log.warning("a batch of %d audit events could not be written (%s); writing them one by one",
-                        len(rows), failure)
-            for row in rows:  # in order: the chain links them as they are written
-                if (alone := await self._failure([row])) is not None:
-                    _dropped([row], alone)
+            self._writing = len(rows)
+            try:
+                await self._write_batch(rows)
+            finally:
+                self._writing = 0
+
+    async def _write_batch(self, rows: list[Row]) -> None:
+        failure = await self._failure(rows)
+        if failure is None:
+            return
+        if len(rows) == 1 or _unwritable(failure):
+            _dropped(rows, failure)
+            return
+        log.warning("a batch of %d audit events could not be written (%s); writing them one by one",
+                    len(rows), failure)
+        for row in rows:  # in order: the chain links them as they are written
+            if (alone := await self._failure([row])) is not None:
+                _dropped([row], alone)
 
     async def _failure(self, rows: list[Row]) -> Exception | None:
         """Write ``rows`` in one transaction; the failure, if any, returned (never raised)."""

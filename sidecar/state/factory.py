@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sidecar.config import StoreSettings
+from sidecar.metrics import Metrics
 from sidecar.state.journal import Journal
 from sidecar.state.sql_store import SqlStore
 from sidecar.state.sqlite import SqliteStore
@@ -11,8 +12,9 @@ from sidecar.state.store import Store
 __all__ = ["open_store"]
 
 
-async def open_store(settings: StoreSettings) -> Store:
-    """The PostgreSQL store when ``postgres_dsn`` is set, else the SQLite file; with its local journal."""
+async def open_store(settings: StoreSettings, *, metrics: Metrics | None = None) -> Store:
+    """The PostgreSQL store when ``postgres_dsn`` is set, else the SQLite file; with its local journal, and its
+    failures and audit queue in ``metrics`` (when given)."""
     store: SqlStore
     if settings.postgres_dsn is not None:
         from sidecar.state.postgres import PostgresStore  # imports psycopg: only when configured
@@ -24,6 +26,8 @@ async def open_store(settings: StoreSettings) -> Store:
                                          statement_timeout=settings.statement_timeout_seconds)
     else:
         store = await SqliteStore.open(settings.sqlite_path, busy_timeout_ms=settings.busy_timeout_ms)
+    if metrics is not None:
+        store.observe(metrics)
     try:
         await store.keep_in(Journal.open(settings.journal_path(), settings.identity()))
     except BaseException:

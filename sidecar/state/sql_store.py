@@ -20,11 +20,13 @@ from dataclasses import astuple
 
 from sidecar.contract import PreviewState
 from sidecar.errors import StoreUnavailableError
+from sidecar.metrics import Metrics
 from sidecar.state.audit import AuditBatcher
 from sidecar.state.chain import chained
 from sidecar.state.driver import Driver, Row
 from sidecar.state.journal import AuditRows, Completion, Journal, Release, Write
 from sidecar.state.lasting import Lasting, retried
+from sidecar.state.metered import CountingDriver
 from sidecar.state.records import AuditEvent, AuditRecord, ChainHead, Claim, KeyScope, OperationRecord, PreviewRecord
 from sidecar.state.rows import audit_record, audit_row, operation_record, preview_record, preview_row
 from sidecar.state.statements import StoreStatements
@@ -42,7 +44,7 @@ class SqlStore:
     """The ``Store`` over ``driver``, whose schema its migrations brought to the latest version."""
 
     def __init__(self, driver: Driver) -> None:
-        self.driver = driver
+        self.driver: Driver = driver
         self._sql = StoreStatements.of(driver.dialect)
         self._lasting = Lasting(self._apply)
         self._audit = AuditBatcher(lambda rows: self._lasting.write(AuditRows(tuple(rows))))
@@ -53,6 +55,12 @@ class SqlStore:
         """How many writes the local journal holds that the store has not taken yet."""
         journal = self._lasting.journal
         return 0 if journal is None else journal.size
+
+    def observe(self, metrics: Metrics) -> None:
+        """Count the statements that fail (``toolbooth_store_errors_total``) and show how many audit events wait
+        to be written (``toolbooth_audit_queue_depth``, read at each scrape) in ``metrics``."""
+        self.driver = CountingDriver(self.driver, self._sql, metrics.store_error)
+        metrics.audit_queue = lambda: self._audit.depth
 
     async def keep_in(self, journal: Journal) -> None:
         """From now on keep the writes the store cannot take in ``journal`` (without one, such a write fails);

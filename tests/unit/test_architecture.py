@@ -105,6 +105,9 @@ def test_no_module_is_over_400_lines(name: str) -> None:
 
 # Who may import whom: each package lists the packages above it, which it must never import.
 LAYERS = {
+    # The metric families: counted into by the parts of every layer, so they import none of them.
+    "sidecar.metrics": ("sidecar.tools", "sidecar.pipeline", "sidecar.policy", "sidecar.state", "sidecar.server",
+                        "sidecar.cli", "sidecar.client", "sidecar.bootstrap", "sidecar.config", "sidecar.mcp"),
     "sidecar.tools": ("sidecar.pipeline", "sidecar.policy", "sidecar.state", "sidecar.server", "sidecar.cli"),
     "sidecar.policy": ("sidecar.pipeline", "sidecar.state", "sidecar.server", "sidecar.cli", "sidecar.client"),
     "sidecar.state": ("sidecar.pipeline", "sidecar.policy", "sidecar.server", "sidecar.cli", "sidecar.client"),

@@ -143,6 +143,28 @@ def test_the_mcp_endpoint_is_off_by_default_and_listens_on_one_tcp_address() -> 
         parse_settings({"mcp": {"listen": "nowhere"}})
 
 
+def test_metrics_are_off_by_default_and_listen_on_one_tcp_address() -> None:
+    assert parse_settings({}).metrics.listen is None and parse_settings({}).metrics.endpoint is None
+    settings = parse_settings({"metrics": {"listen": "[::1]:9464"}})
+    assert (settings.metrics.endpoint.host, settings.metrics.endpoint.port) == ("[::1]", 9464)  # type: ignore[union-attr]
+    # scrapes only, no tool API: beyond loopback in dev mode too, like the health-only listener
+    assert parse_settings({"metrics": {"listen": "0.0.0.0:9464"}}).metrics.listen == "0.0.0.0:9464"
+    with pytest.raises(ConfigError, match=r"config error at metrics\.listen: 'unix:///m\.sock': the metrics "
+                                          r"endpoint listens on one TCP address"):
+        parse_settings({"metrics": {"listen": "unix:///m.sock"}})
+    with pytest.raises(ConfigError, match=r"config error at metrics\.listen: 'ipv4:127\.0\.0\.1:1,127\.0\.0\.1:2': "
+                                          r"the metrics endpoint listens on one TCP address"):
+        parse_settings({"metrics": {"listen": "ipv4:127.0.0.1:1,127.0.0.1:2"}})
+    with pytest.raises(ConfigError, match=r"config error at metrics\.listen: '127\.0\.0\.1:99999': the port 99999 "
+                                          r"is out of range"):
+        parse_settings({"metrics": {"listen": "127.0.0.1:99999"}})
+    with pytest.raises(ConfigError, match=r"config error at metrics\.path: unknown key"):
+        parse_settings({"metrics": {"path": "/m"}})
+    with pytest.raises(ConfigError, match=r"config error at metrics\.listen \(from TOOLBOOTH_METRICS__LISTEN\): "
+                                          r"'nowhere': expected unix:///path or HOST:PORT"):
+        load_settings(env={"TOOLBOOTH_METRICS__LISTEN": "nowhere"})
+
+
 def test_dev_mode_refuses_an_mcp_endpoint_on_a_public_address() -> None:
     with pytest.raises(ConfigError) as raised:
         parse_settings({"mcp": {"listen": "0.0.0.0:8765"}})

@@ -1,0 +1,386 @@
+#!/usr/bin/env python
+"""What observability costs: ExecuteTool calls/s of the real sidecar in a baseline config and in variants.
+
+    python benchmarks/bench_observability.py [--calls N] [--concurrency 16] [--repeat 3]
+        [--variant NAME=YAML_OR_FILE ...] [--variant-env NAME=VAR=VALUE ...] [--json]
+
+A variant is a named overlay of the baseline config (bench_execute.py's: dev auth, the bundled policies,
+a fresh SQLite file, WARNING logs), given inline as YAML/JSON or as a file, merged key by key; ``$PORT``
+in it becomes a free TCP port of 127.0.0.1. ``--variant-env`` sets a variable in that variant's sidecar
+process only (``OTEL_TRACES_EXPORTER=console``, say). Without ``--variant`` the variants are
+``DEFAULT_VARIANTS``: ``metrics`` (``metrics.listen`` on). Whenever a variant listens for metrics, its
+endpoint is scraped once per second while it is measured, as a Prometheus would.
+
+In one run it starts one sidecar per config (each in its own process and directory), waits until each
+reports SERVING, then for each repetition measures every config back to back (the order alternates),
+each run preceded by a warm-up, with bench_execute.py's client (``calculate`` add [2, 3], ``concurrency``
+workers). It prints the medians of calls/s, p50, p99 and server CPU per call, and the ratio variant /
+baseline of the median calls/s (per-repetition ratios below it). Every reply is checked; failures (and a
+metrics endpoint that did not answer) make the exit code 1. See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import yaml
+from bench_execute import (
+    ARGUMENTS,
+    CALL_TIMEOUT_S,
+    STOP,
+    TOOL,
+    Children,
+    Interrupted,
+    Run,
+    grpc_call,
+    health_serving,
+    measure,
+    progress,
+    raise_keyboard_interrupt,
+    sidecar_env_clean,
+    summarize,
+    wait_ready,
+    write_sidecar_config,
+)
+
+from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
+from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
+
+BASELINE = "baseline"
+DEFAULT_VARIANTS = {"metrics": "metrics: {listen: '127.0.0.1:$PORT'}"}
+SCRAPE_INTERVAL_S = 1.0
+
+
+@dataclass
+class Variant:
+    """One config measured: the baseline or an overlay of it, with its own environment."""
+
+    name: str
+    overlay: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)
+    metrics_url: str | None = None  # where it answers scrapes, when it listens for metrics
+
+
+@dataclass
+class Scrapes:
+    """What the scraper of one run saw."""
+
+    ok: int = 0
+    failed: int = 0
+    last: str = ""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overlay`` merged in, mapping by mapping (any other value replaces)."""
+    out = dict(base)
+    for key, value in overlay.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def read_overlay(name: str, text: str) -> dict[str, Any]:
+    """``text`` (inline YAML/JSON, or the path of a file holding it) as a mapping, ``$PORT`` a free port."""
+    path = Path(text)
+    with contextlib.suppress(OSError):
+        if path.is_file():
+            text = path.read_text()
+    text = text.replace("$PORT", str(free_port()))
+    try:
+        overlay = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SystemExit(f"--variant {name}: not YAML: {exc}") from None
+    if not isinstance(overlay, dict):
+        raise SystemExit(f"--variant {name}: expected a mapping of config sections, got {overlay!r}")
+    return overlay
+
+
+def variants_of(args: argparse.Namespace) -> list[Variant]:
+    """The baseline, then the variants of ``--variant`` (or ``DEFAULT_VARIANTS``), with their ``--variant-env``."""
+    given = dict(_pairs(args.variant, "--variant")) or DEFAULT_VARIANTS
+    if BASELINE in given:
+        raise SystemExit(f"--variant: {BASELINE!r} is the name of the config every variant is compared with")
+    variants = [Variant(BASELINE, {})] + [Variant(name, read_overlay(name, text)) for name, text in given.items()]
+    by_name = {variant.name: variant for variant in variants}
+    for name, assignment in _pairs(args.variant_env, "--variant-env"):
+        variable, equals, value = assignment.partition("=")
+        if name not in by_name or not equals or not variable:
+            raise SystemExit(f"--variant-env {name}={assignment}: expected NAME=VAR=VALUE for a variant NAME "
+                             f"({', '.join(by_name)})")
+        by_name[name].env[variable] = value
+    return variants
+
+
+def _pairs(items: list[str], flag: str) -> Iterator[tuple[str, str]]:
+    for item in items:
+        name, equals, rest = item.partition("=")
+        if not equals or not name:
+            raise SystemExit(f"{flag} {item!r}: expected NAME=...")
+        yield name, rest
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``env`` set while the body runs (a child started then inherits it)."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def start_sidecar(children: Children, variant: Variant) -> str:
+    """Start ``variant``'s sidecar in its own directory; its gRPC target."""
+    home = children.tmp / variant.name
+    home.mkdir()
+    sock = home / "sidecar.sock"
+    base = json.loads(write_sidecar_config(home, sock, decision_cache=True).read_text())
+    config = merged(base, variant.overlay)
+    listen = config.get("metrics", {}).get("listen")
+    variant.metrics_url = None if listen is None else f"http://{listen}/metrics"
+    path = home / "sidecar.yaml"
+    path.write_text(json.dumps(config, indent=2))
+    with environment(variant.env):
+        proc = children.start(variant.name, [sys.executable, "-m", "sidecar", "serve", "--config", str(path)],
+                              pdeathsig=True)
+    extra = f", metrics {variant.metrics_url}" if variant.metrics_url else ""
+    env = f", env {' '.join(f'{k}={v}' for k, v in variant.env.items())}" if variant.env else ""
+    progress(f"{variant.name}: pid {proc.pid}, unix://{sock}{extra}{env}")
+    return f"unix://{sock}"
+
+
+async def scrape_every(url: str, seen: Scrapes, stop: asyncio.Event) -> None:
+    """GET ``url`` every ``SCRAPE_INTERVAL_S`` until ``stop``, as a Prometheus server would."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        while not stop.is_set():
+            try:
+                async with http.get(url) as response:
+                    seen.last = await response.text()
+                    if response.status == 200:
+                        seen.ok += 1
+                    else:
+                        seen.failed += 1
+            except (aiohttp.ClientError, TimeoutError):
+                seen.failed += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), SCRAPE_INTERVAL_S)
+
+
+async def measured(variant: Variant, run: Any) -> tuple[Run, Scrapes]:
+    """``run()`` (one measured run), with the variant's metrics scraped meanwhile when it has them."""
+    seen, stop = Scrapes(), asyncio.Event()
+    scraper = None if variant.metrics_url is None else asyncio.create_task(scrape_every(variant.metrics_url, seen,
+                                                                                        stop))
+    try:
+        return await run(), seen
+    finally:
+        stop.set()
+        if scraper is not None:
+            await scraper
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=4000, help="measured calls per run (default: 4000)")
+    parser.add_argument("--warmup", type=int, default=300, help="unmeasured calls before each run (default: 300)")
+    parser.add_argument("--concurrency", type=int, default=16, help="calls in flight (default: 16)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per config; medians reported (default: 3)")
+    parser.add_argument("--max-seconds", type=float, default=30.0,
+                        help="a run stops after this long even if calls remain (default: 30)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=YAML_OR_FILE",
+                        help="a config overlay to compare with the baseline (repeatable; default: "
+                             f"{'; '.join(f'{k}={v}' for k, v in DEFAULT_VARIANTS.items())})")
+    parser.add_argument("--variant-env", action="append", default=[], metavar="NAME=VAR=VALUE",
+                        help="an environment variable of variant NAME's sidecar (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout (the table: stderr)")
+    args = parser.parse_args(argv)
+    if args.concurrency < 1 or args.calls < 1 or args.repeat < 1 or args.warmup < 0:
+        parser.error("--concurrency, --calls and --repeat must be at least 1, --warmup at least 0")
+    args.variants = variants_of(args)
+    return args
+
+
+async def bench(args: argparse.Namespace, children: Children) -> dict[str, Any]:
+    """Run everything; SIGINT/SIGTERM cancel it (``Interrupted``)."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    interrupted = False
+
+    def on_signal() -> None:
+        nonlocal interrupted
+        interrupted = True
+        STOP.set()
+        task.cancel()
+
+    for number in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(number, on_signal)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            return await _bench(args, children, stack)
+    except BaseException as exc:
+        if interrupted:
+            raise Interrupted from exc
+        raise
+    finally:
+        for number in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(number)
+
+
+async def _bench(args: argparse.Namespace, children: Children, stack: contextlib.AsyncExitStack) -> dict[str, Any]:
+    variants: list[Variant] = args.variants
+    request = pb.ExecuteToolRequest(tool=TOOL, arguments_json=json.dumps(ARGUMENTS))
+    targets = {variant.name: start_sidecar(children, variant) for variant in variants}  # before any channel
+    calls = {}
+    for variant in variants:
+        await wait_ready(children, variant.name, targets[variant.name], health_serving)
+        channel = await stack.enter_async_context(grpc.aio.insecure_channel(targets[variant.name]))
+        stub = pb_grpc.ToolServiceStub(channel)
+        reply = await stub.ExecuteTool(request, timeout=CALL_TIMEOUT_S)
+        if reply.status != pb.STATUS_SUCCESS:
+            raise RuntimeError(f"{variant.name}: the first reply is not a success: {reply}")
+        calls[variant.name] = grpc_call(stub, request, reply.data_json)
+    progress(f"{args.warmup} warm-up + {args.calls} calls per run at {args.concurrency} in flight, "
+             f"{args.repeat} runs per config")
+
+    runs: dict[str, list[Run]] = {variant.name: [] for variant in variants}
+    scrapes: dict[str, Scrapes] = {variant.name: Scrapes() for variant in variants}
+    for rep in range(args.repeat):
+        for variant in variants if rep % 2 == 0 else variants[::-1]:
+            children.check_alive(variant.name)
+            pid, call = children.procs[variant.name].pid, calls[variant.name]
+            if args.warmup:
+                await measure(variant.name, call, concurrency=args.concurrency, calls=args.warmup,
+                              max_seconds=args.max_seconds, server_pid=pid)
+            started = time.monotonic()
+            run, seen = await measured(variant, lambda pid=pid, call=call, name=variant.name: measure(
+                name, call, concurrency=args.concurrency, calls=args.calls, max_seconds=args.max_seconds,
+                server_pid=pid))
+            total = scrapes[variant.name]
+            total.ok, total.failed, total.last = total.ok + seen.ok, total.failed + seen.failed, seen.last or total.last
+            runs[variant.name].append(run)
+            cpu = "" if run.server_cpu_ms_per_call is None else f"  server cpu {run.server_cpu_ms_per_call:.3f} ms"
+            scraped = f"  {seen.ok} scrapes" if variant.metrics_url else ""
+            progress(f"  run {rep + 1}/{args.repeat} {variant.name:<10} {run.calls_per_s:8.0f} calls/s  "
+                     f"p50 {run.p50_ms:7.2f} ms  p99 {run.p99_ms:7.2f} ms{cpu}{scraped}  {run.calls} calls in "
+                     f"{time.monotonic() - started:.1f} s, {run.failures} failures"
+                     f"{' (stopped by --max-seconds)' if run.stopped_by_time else ''}")
+            for text, count in run.failure_samples.items():
+                progress(f"      FAILURE x{count}: {text}")
+    return report(args, variants, runs, scrapes, children)
+
+
+def report(args: argparse.Namespace, variants: list[Variant], runs: dict[str, list[Run]],
+           scrapes: dict[str, Scrapes], children: Children) -> dict[str, Any]:
+    base = summarize(runs[BASELINE])
+    configs = []
+    for variant in variants:
+        summary = summarize(runs[variant.name])
+        seen = scrapes[variant.name]
+        configs.append({
+            "name": variant.name, "overlay": variant.overlay, "env": variant.env, **summary,
+            "ratio": summary["calls_per_s"] / base["calls_per_s"],
+            "run_ratios": [r.calls_per_s / b.calls_per_s for r, b in zip(runs[variant.name], runs[BASELINE],
+                                                                         strict=True)],
+            "scrapes": {"ok": seen.ok, "failed": seen.failed,
+                        "counted_calls": _counted_calls(seen.last)} if variant.metrics_url else None,
+            "log_problems": children.log_problems(variant.name),
+        })
+    scrape_failures = sum(c["scrapes"]["failed"] + (c["scrapes"]["ok"] == 0) for c in configs if c["scrapes"])
+    return {
+        "benchmark": f"ExecuteTool {TOOL} add [2,3] at {args.concurrency} in flight: variants vs the baseline config",
+        "environment": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpcio": grpc.__version__,
+                        "platform": platform.platform(), "note": "the client and every sidecar share the CPUs"},
+        "settings": {"calls": args.calls, "warmup": args.warmup, "repeat": args.repeat,
+                     "max_seconds": args.max_seconds, "concurrency": args.concurrency},
+        "configs": configs,
+        "failures": sum(c["failures"] for c in configs),
+        "scrape_failures": scrape_failures,
+    }
+
+
+def _counted_calls(exposition: str) -> float:
+    """The calls the last scrape counted (all ``toolbooth_tool_calls_total`` samples): shows metrics were on."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(exposition)
+               for sample in family.samples if sample.name == "toolbooth_tool_calls_total")
+
+
+def format_table(configs: list[dict[str, Any]]) -> str:
+    def ms(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
+    header = ("config", "calls/s", "ratio", "p50", "p99", "server cpu ms/call", "per-run ratios", "scrapes")
+    rows = [header]
+    for c in configs:
+        scraped = "-" if c["scrapes"] is None else f"{c['scrapes']['ok']} ok, {c['scrapes']['failed']} failed"
+        rows.append((c["name"], f"{c['calls_per_s']:.0f}", f"{c['ratio']:.3f}", f"{c['p50_ms']:.2f} ms",
+                     f"{c['p99_ms']:.2f} ms", ms(c["server_cpu_ms_per_call"]),
+                     ", ".join(f"{x:.3f}" for x in c["run_ratios"]), scraped))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # until bench() installs its handlers
+    sidecar_env_clean()
+    children = Children()
+    try:
+        results = asyncio.run(bench(args, children))
+    except (KeyboardInterrupt, Interrupted):
+        progress("interrupted; stopping the sidecars")
+        return 130
+    except RuntimeError as exc:
+        progress(f"error: {exc}")
+        return 1
+    finally:
+        children.close()
+    out = sys.stderr if args.json else sys.stdout
+    print(f"\nExecuteTool {TOOL} {json.dumps(ARGUMENTS)} at {args.concurrency} in flight; medians of {args.repeat} "
+          f"runs of {args.calls} calls; {os.cpu_count()} CPUs shared by the client and the sidecars", file=out)
+    print(format_table(results["configs"]), file=out)
+    print("ratio = config calls/s / baseline calls/s (medians); 1.0: the variant costs nothing", file=out)
+    for config in results["configs"]:
+        if config["log_problems"]:
+            print(f"{config['name']} log: {len(config['log_problems'])} error line(s), first: "
+                  f"{config['log_problems'][0]}", file=out)
+        if config["scrapes"] and not config["scrapes"]["counted_calls"]:
+            print(f"{config['name']}: the last scrape counted no tool calls", file=out)
+    if results["failures"] or results["scrape_failures"]:
+        print(f"FAILURES: {results['failures']} calls, {results['scrape_failures']} scrapes", file=out)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return 1 if results["failures"] or results["scrape_failures"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
