@@ -49,7 +49,7 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
     """Load plugins (unless ``registry`` is given) and policies (unless ``policy`` is), open the store, start
     the isolated tools' worker processes."""
     if registry is None:
-        registry = Registry.from_entry_points(allow=settings.plugins.allow)
+        registry = Registry.for_settings(settings)
     engine = policy or with_cache(await open_reloading(settings.policy), settings.policy)
     try:
         store = await open_store(settings.store)
