@@ -250,6 +250,9 @@ async def test_previews_live_as_long_as_configured(backend: TasksDb) -> None:
     ({"postgres_dsn": ""}, "config error at plugins.config.tasks.postgres_dsn: Value should have at least 1 item "
                            "after validation, not 0"),
     ({"db": "/tmp/tasks.db"}, "config error at plugins.config.tasks.db: unknown key"),
+    ({"directory": "/nonexistent/directory.yaml"}, "config error at plugins.config.tasks.directory: cannot read the "
+                                                   "tasks directory /nonexistent/directory.yaml: No such file or "
+                                                   "directory"),
 ])
 def test_bad_settings_are_refused_naming_the_key(section: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as caught:

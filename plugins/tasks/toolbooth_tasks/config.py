@@ -10,14 +10,14 @@ store and directory they name.
 | ``base_url`` | a task's ``url`` is this, ``/`` and its id | ``https://tasks.example.com/tasks`` |
 
 Each key can be set by ``TOOLBOOTH_PLUGINS__CONFIG__TASKS__<KEY>`` too. The store is made once per database;
-the directory is read again whenever its file changes.
+the directory file is checked when the settings are validated, and read again whenever it changes.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from sidecar.config import default_state_dir
 from sidecar.plugin import ToolContext
@@ -40,6 +40,14 @@ class TasksSettings(BaseModel):
     directory: Path | None = None
     preview_ttl_seconds: float = Field(default=900.0, ge=1, le=86_400)
     base_url: str = Field(default="https://tasks.example.com/tasks", min_length=1)
+
+    @field_validator("directory")
+    @classmethod
+    def _a_valid_directory(cls, value: Path | None) -> Path | None:
+        """Read now, so that a bad file stops start-up (it is read again whenever it changes)."""
+        if value is not None:
+            load_directory(value)
+        return value
 
 
 def settings(ctx: ToolContext) -> TasksSettings:
