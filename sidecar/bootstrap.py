@@ -60,7 +60,7 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
     if metrics is None and settings.metrics.listen is not None:
         metrics = Metrics()
     if registry is None:
-        registry = Registry.from_entry_points(allow=settings.plugins.allow)
+        registry = Registry.for_settings(settings)
     engine = policy or with_cache(await open_reloading(settings.policy), settings.policy)
     try:
         store = await open_store(settings.store, metrics=metrics)

@@ -13,7 +13,9 @@ failed, and a tool may name a ``preview`` renderer whose rendering of a call its
 (``docs/plugins.md``). A definition is checked when the decorator runs: a bad one raises
 ``ToolDefinitionError`` naming the plugin, the tool and the field. Decorating registers
 nothing globally; a plugin exposes its tools through the ``toolbooth.tools`` entry-point
-group (``docs/plugins.md``).
+group (``docs/plugins.md``), naming a list of them or a ``Plugin(tools, settings=Model)``: the
+operator's ``plugins.config.<name>`` section, validated as ``Model`` at start-up, reaches each call
+as ``ctx.plugin_settings(Model)``; ``read_plugin_settings`` reads it for the plugin's own programs.
 
 This module is a promise to plugin authors: the names in ``__all__`` keep their meaning.
 (``sidecar.contract`` and ``sidecar.masking``, which older plugins import from, keep theirs too.)
@@ -25,11 +27,14 @@ from sidecar.contract import ErrorCode, Principal, Recovery, SideEffect
 from sidecar.tools.definition import RetryPolicy, ToolContext, ToolDefinition, ToolDefinitionError, tool
 from sidecar.tools.masking import SENSITIVE
 from sidecar.tools.outcomes import Partial, ToolError
+from sidecar.tools.plugins import Plugin, PluginDefinitionError, read_plugin_settings
 
 __all__ = [
     "SENSITIVE",
     "ErrorCode",
     "Partial",
+    "Plugin",
+    "PluginDefinitionError",
     "Principal",
     "Recovery",
     "RetryPolicy",
@@ -38,5 +43,6 @@ __all__ = [
     "ToolDefinition",
     "ToolDefinitionError",
     "ToolError",
+    "read_plugin_settings",
     "tool",
 ]

@@ -340,7 +340,7 @@ def policy_dir(given: Path | None, config: Path | None) -> Path:
 def installed_tool(settings: Settings, name: str) -> ToolDefinition[Any, Any]:
     """The tool ``name`` of the installed plugins the settings allow."""
     try:
-        registry = Registry.from_entry_points(allow=settings.plugins.allow)
+        registry = Registry.for_settings(settings)
     except PluginLoadError as exc:
         raise CommandError(str(exc), EXIT_FAILURE) from None
     defn = registry.get(name)

@@ -5,7 +5,8 @@ usable (the JWT key fits one of its algorithms, the TLS certificate, its key and
 file, the bundle verification keys, the policy directory or bundle file), and the MCP SDK is installed
 when ``mcp.listen`` is set. ``serve`` runs it first, so such a mistake stops it before anything opens.
 ``preflight`` adds what takes longer, still changing nothing: the plugins load under the allow-list,
-``isolation`` names loaded sync tools whose handlers import by path (no worker process is started), the
+each with its ``plugins.config`` section validated against its settings model, ``isolation`` names
+loaded sync tools whose handlers import by path (no worker process is started), the
 policies load and compile as ``serve`` loads them (a bundle URL is fetched once; an OPA server is not
 contacted: the files it would be sent are compiled here), and the store is reachable (SQLite: the file
 opens read-only or its directory is writable; PostgreSQL: one connection and ``SELECT 1``; neither
@@ -100,7 +101,7 @@ async def preflight(settings: Settings) -> Checked:
     from sidecar.tools.registry import Registry
 
     check_files_named(settings)
-    registry = await asyncio.to_thread(Registry.from_entry_points, allow=settings.plugins.allow)
+    registry = await asyncio.to_thread(Registry.for_settings, settings)
     isolated = isolation_plan(registry, settings.isolation)
     policy = await _check_policy(settings)
     await _check_store(settings.store)

@@ -71,7 +71,7 @@ def serve_settings(config: Path | None, listen: Sequence[str] | None = None,
         raw["server"]["listen"] = list(listen)
     if policies:
         raw["policy"] = policy_source_override(raw["policy"], policies)
-    return parse_settings(raw)
+    return parse_settings(raw, origins=settings.origins)
 
 
 def policy_source_override(policy: dict[str, Any], source: str) -> dict[str, Any]:

@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sidecar.config.auth import AuthMode, AuthSettings
 from sidecar.config.base import (
@@ -30,7 +38,7 @@ from sidecar.config.tls import ServerTlsSettings
 from sidecar.errors import ConfigError
 
 __all__ = ["LOG_LEVELS", "MIN_MASK_KEY_BYTES", "AuditSettings", "Limits", "Origins", "PluginSettings",
-           "ServerSettings", "Settings", "StoreSettings", "load_settings", "parse_settings"]
+           "ServerSettings", "Settings", "StoreSettings", "describe_errors", "load_settings", "parse_settings"]
 
 MIN_MASK_KEY_BYTES = 16
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -174,10 +182,25 @@ class Limits(Section):
     progress_events_per_second: float = Field(default=10.0, gt=0)  # a streamed call's progress reports, at most
 
 
+# Where a value came from: the key path a ``TOOLBOOTH_*`` variable set, and the variable's name.
+Origins = Mapping[tuple[str, ...], str]
+
+
 class PluginSettings(Section):
-    """``allow``: entry-point names or distribution names that may load (``None``: all)."""
+    """``allow``: entry-point names or distribution names that may load (``None``: all). ``config``: each
+    plugin's own settings, by entry-point name, validated against the model the plugin declares when it
+    loads (``sidecar.tools.plugins``)."""
 
     allow: tuple[str, ...] | None = None
+    config: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _empty_sections(cls, value: Any) -> Any:
+        """``email:`` with nothing under it is an empty section, as ``email: {}``."""
+        if isinstance(value, Mapping):
+            return {name: {} if section is None else section for name, section in value.items()}
+        return value
 
 
 class ServerSettings(Section):
@@ -233,6 +256,12 @@ class Settings(Section):
     mcp: McpSettings = Field(default_factory=McpSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     log_level: str = "INFO"
+    _origins: Origins = PrivateAttr(default_factory=dict)
+
+    @property
+    def origins(self) -> Origins:
+        """Which ``TOOLBOOTH_*`` variable set which key path (empty for settings not loaded from an environment)."""
+        return self._origins
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -257,10 +286,6 @@ class Settings(Section):
         return self
 
 
-# Where a value came from: the key path a ``TOOLBOOTH_*`` variable set, and the variable's name.
-Origins = Mapping[tuple[str, ...], str]
-
-
 def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Read ``path`` (optional), apply environment overrides and validate."""
     raw: dict[str, Any] = {}
@@ -274,18 +299,28 @@ def parse_settings(raw: Mapping[str, Any], *, origins: Origins | None = None) ->
     """Validate a mapping, turning pydantic errors into ``ConfigError`` naming each key
     (and, for a value from the environment, the variable that set it)."""
     try:
-        return Settings.model_validate(raw)
+        settings = Settings.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError("\n".join(_describe(err, origins or {}) for err in exc.errors())) from None
+        raise describe_errors(exc, origins=origins or {}) from None
+    settings._origins = dict(origins or {})
+    return settings
 
 
-def _describe(err: Mapping[str, Any], origins: Origins) -> str:
-    loc = tuple(str(part) for part in err["loc"])
+def describe_errors(exc: ValidationError, *, at: tuple[str, ...] = (), origins: Origins | None = None) -> ConfigError:
+    """One ``ConfigError`` naming every key ``exc`` found wrong, as paths under ``at`` (and, for a value from
+    the environment, the variable that set it); never the values themselves."""
+    return ConfigError("\n".join(_describe(err, at, origins or {}) for err in exc.errors()))
+
+
+def _describe(err: Mapping[str, Any], at: tuple[str, ...], origins: Origins) -> str:
+    loc = at + tuple(str(part) for part in err["loc"])
     key = ".".join(loc) or "(top level)"
     message = str(err["msg"]).removeprefix("Value error, ")
+    names = [name for path, name in origins.items() if loc and (path[:len(loc)] == loc or loc[:len(path)] == path)]
     if err["type"] == "extra_forbidden":
         message = "unknown key"
-    names = [name for path, name in origins.items() if loc and (path[:len(loc)] == loc or loc[:len(path)] == path)]
+        if len(loc) == 1 and names:
+            message += f"; a plugin's settings are {ENV_PREFIX}PLUGINS__CONFIG__<PLUGIN>__<KEY> (plugins.config)"
     source = f" (from {', '.join(names)})" if names else ""
     return f"config error at {key}{source}: {message}"
 

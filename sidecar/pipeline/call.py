@@ -108,7 +108,7 @@ class Call:
         return ToolContext(principal=self.principal, request_id=self.request_id, deadline=deadline,
                            idempotency_key=self.request.idempotency_key, attempt=1, logger=logger,
                            progress_sink=self.progress, approved_preview=self.approved_preview,
-                           conversation_id=self.request.conversation_id or None)
+                           conversation_id=self.request.conversation_id or None, settings=self.defn.settings)
 
     def handler_deadline(self) -> float:
         """When the handler must end (``time.monotonic()``): the tool's timeout from now, or the caller's

@@ -64,6 +64,7 @@ PAGE_FIELDS: Mapping[str, frozenset[type]] = {"next_cursor": frozenset({str, typ
 
 In = TypeVar("In", bound=BaseModel)
 Out = TypeVar("Out", bound=BaseModel)
+S = TypeVar("S", bound=BaseModel)
 
 
 class ToolDefinitionError(ValueError):
@@ -120,6 +121,16 @@ class ToolContext:
     progress_sink: ProgressSink | None = field(default=None, repr=False, compare=False)
     approved_preview: dict[str, Any] | None = None  # the rendering an approver approved; None without approval
     conversation_id: str | None = None  # the call's conversation (``ExecuteRequest.conversation_id``), if any
+    settings: BaseModel | None = None  # the plugin's validated settings (``Plugin(settings=...)``); None without
+
+    def plugin_settings(self, model: type[S]) -> S:
+        """``settings``, typed as the model the plugin declared; ``TypeError`` if they are not one (a test
+        that built the context without ``settings=``, or a plugin registered without ``settings=model``)."""
+        if not isinstance(self.settings, model):
+            raise TypeError(f"the call's context holds no {model.__qualname__} settings (it holds "
+                            f"{type(self.settings).__qualname__}): register the plugin as Plugin(tools, "
+                            f"settings={model.__qualname__}), or pass settings= to ToolContext in a test")
+        return self.settings
 
     def time_remaining(self) -> float:
         """Seconds until the call's deadline (``time.monotonic`` based)."""
@@ -161,6 +172,7 @@ class ToolDefinition(Generic[In, Out]):
     is_async: bool = field(default=False)
     title: str = ""
     preview: Renderer | None = None  # renders the call for its approver (``sidecar.tools.preview``)
+    settings: BaseModel | None = None  # its plugin's validated settings, bound at load (``sidecar.tools.plugins``)
 
     @property
     def requires_idempotency_key(self) -> bool:

@@ -1,6 +1,7 @@
 """Tool discovery from the ``toolbooth.tools`` entry-point group.
 
-An entry point names a ``ToolDefinition`` or a list of them::
+An entry point names a ``Plugin`` (its tools and settings model, ``sidecar.tools.plugins``), a
+``ToolDefinition`` or a list of them::
 
     [project.entry-points."toolbooth.tools"]
     calculator = "toolbooth_calculator:TOOLS"
@@ -10,20 +11,25 @@ import. A plugin that fails to import, an entry point that names something other
 than tools, and two tools with one name stop start-up with ``PluginLoadError``
 naming the entry points and distributions involved; an entry of ``plugins.allow`` that
 names no installed plugin is a ``ConfigError`` naming it (a typo would otherwise start a
-sidecar without tools). ``Registry.plugins`` says what was loaded, for the start-up log.
+sidecar without tools). Each plugin's section of ``plugins.config`` (by entry-point name) is validated
+against its settings model and bound to its tools; a section naming no loaded plugin, one for a plugin
+without a settings model and a wrong key are a ``ConfigError`` naming ``plugins.config.<name>...``.
+``Registry.plugins`` says what was loaded, for the start-up log.
 ``Registry.from_tools`` is the test seam.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from sidecar.config.settings import Origins, Settings
 from sidecar.contract import ToolDescriptor
 from sidecar.errors import ConfigError, PluginLoadError
 from sidecar.tools.definition import ToolDefinition
+from sidecar.tools.plugins import Plugin
 
 __all__ = ["GROUP", "PluginInfo", "Registry", "describe"]
 
@@ -73,21 +79,33 @@ class Registry:
         return cls(found)
 
     @classmethod
-    def from_entry_points(cls, *, group: str = GROUP, allow: Iterable[str] | None = None) -> Registry:
-        """Load every installed plugin (or only those ``allow`` names by entry point or distribution).
+    def for_settings(cls, settings: Settings) -> Registry:
+        """The installed plugins ``plugins.allow`` lets load, configured by ``plugins.config``."""
+        return cls.from_entry_points(allow=settings.plugins.allow, config=settings.plugins.config,
+                                     origins=settings.origins)
 
-        An ``allow`` entry that matches no installed plugin is a ``ConfigError`` at ``plugins.allow``.
+    @classmethod
+    def from_entry_points(cls, *, group: str = GROUP, allow: Iterable[str] | None = None,
+                          config: Mapping[str, Mapping[str, Any]] | None = None,
+                          origins: Origins | None = None) -> Registry:
+        """Load every installed plugin (or only those ``allow`` names by entry point or distribution), each
+        configured with its section of ``config`` (``plugins.config``; ``origins``: the variables that set it).
+
+        An ``allow`` entry that matches no installed plugin is a ``ConfigError`` at ``plugins.allow``; a
+        ``config`` section that names no loaded plugin, or a wrong one, at ``plugins.config``.
         """
         installed = sorted(entry_points(group=group), key=lambda e: e.name)
-        origins = [(ep, _Origin(ep.name, ep.dist.name if ep.dist else "?")) for ep in installed]
+        sources = [(ep, _Origin(ep.name, ep.dist.name if ep.dist else "?")) for ep in installed]
         if allow is not None:
-            _check_allowed(tuple(allow), [origin for _, origin in origins])
+            _check_allowed(tuple(allow), [origin for _, origin in sources])
             allowed = set(allow)
-            origins = [(ep, o) for ep, o in origins if allowed & {o.entry_point, o.distribution}]
+            sources = [(ep, o) for ep, o in sources if allowed & {o.entry_point, o.distribution}]
+        config = dict(config or {})
+        _check_configured(config, [origin for _, origin in sources])
         found: dict[str, tuple[ToolDefinition[Any, Any], _Origin]] = {}
         plugins: list[PluginInfo] = []
-        for ep, origin in origins:
-            defns = _load(ep, origin)
+        for ep, origin in sources:
+            defns = _load(ep, origin).configure(ep.name, config.get(ep.name), origins)
             for defn in defns:
                 if defn.name in found:
                     raise PluginLoadError(f"duplicate tool name {defn.name!r}: defined by {found[defn.name][1]} "
@@ -139,13 +157,26 @@ def _check_allowed(allow: tuple[str, ...], installed: list[_Origin]) -> None:
                           f"installed {GROUP} entry points: {listed}")
 
 
-def _load(ep: EntryPoint, origin: _Origin) -> list[ToolDefinition[Any, Any]]:
+def _check_configured(config: Mapping[str, object], loaded: list[_Origin]) -> None:
+    """Every section of ``plugins.config`` names a plugin that loads (by entry-point name)."""
+    names = {origin.entry_point for origin in loaded}
+    unknown = sorted(name for name in config if name not in names)
+    if unknown:
+        listed = ", ".join(sorted(names)) or "none"
+        raise ConfigError("\n".join(f"config error at plugins.config.{name}: no plugin {name!r} is loaded "
+                                     f"(sections are named by {GROUP} entry point; loaded: {listed})"
+                                     for name in unknown))
+
+
+def _load(ep: EntryPoint, origin: _Origin) -> Plugin:
     try:
         loaded = ep.load()
     except Exception as exc:  # any import failure of a plugin stops start-up, with its cause
         raise PluginLoadError(f"cannot load {origin} ({ep.value}): {type(exc).__name__}: {exc}") from exc
+    if isinstance(loaded, Plugin):
+        return loaded
     items = loaded if isinstance(loaded, list | tuple) else [loaded]
     if not items or not all(isinstance(item, ToolDefinition) for item in items):
-        raise PluginLoadError(f"{origin} ({ep.value}) must name a tool defined with @tool or a list of them, "
-                              f"got {type(loaded).__name__}")
-    return list(items)
+        raise PluginLoadError(f"{origin} ({ep.value}) must name a Plugin, a tool defined with @tool or a list of "
+                              f"them, got {type(loaded).__name__}")
+    return Plugin(items)

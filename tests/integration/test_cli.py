@@ -331,6 +331,24 @@ def test_serve_with_a_bad_config_exits_2(home: Path, env: dict[str, str]) -> Non
     assert not (home / "tb.sock").exists()
 
 
+@pytest.mark.parametrize(("plugins", "variables", "error"), [
+    ("  config:\n    email:\n      smtp: {port: 70000}\n", {},
+     "config error at plugins.config.email.smtp.port: Input should be less than or equal to 65535"),
+    ("  allow: [tasks]\n", {"TOOLBOOTH_PLUGINS__CONFIG__TASKS__PREVIEW_TTL_SECONDS": "0"},
+     "config error at plugins.config.tasks.preview_ttl_seconds (from TOOLBOOTH_PLUGINS__CONFIG__TASKS__PREVIEW_TTL_"
+     "SECONDS): Input should be greater than or equal to 1"),
+    ("  config:\n    emails: {}\n", {}, "config error at plugins.config.emails: no plugin 'emails' is loaded"),
+])
+def test_serve_refuses_to_start_with_bad_plugin_settings(home: Path, env: dict[str, str], plugins: str,
+                                                         variables: dict[str, str], error: str) -> None:
+    config = _write_config(home)
+    config.write_text(config.read_text() + "plugins:\n" + plugins)
+    done = toolbooth("serve", "--config", str(config), env={**env, **variables})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"toolbooth: error: {error}") and "Traceback" not in done.stderr
+    assert not (home / "tb.sock").exists()
+
+
 def test_serve_refuses_a_public_address_in_dev_mode(home: Path, env: dict[str, str]) -> None:
     done = toolbooth("serve", "--config", str(_write_config(home)), "--listen", "0.0.0.0:0", env=env)
     assert done.returncode == 2

@@ -34,6 +34,7 @@ from sidecar.client import AsyncClient, ClientError
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, OperationState, Recovery, Status, ToolResult
 from sidecar.errors import PluginLoadError
+from sidecar.plugin import Plugin
 from sidecar.server import serve
 from sidecar.tools.registry import Registry
 from tests.support import isolated
@@ -101,7 +102,8 @@ def serving(make_settings: Callable[..., Settings], socket_path: Path,
         settings = make_settings(server={"listen": [f"unix://{socket_path}"]},
                                  isolation={"plugins": [PLUGIN], **isolation})
         stop = asyncio.Event()
-        task = asyncio.create_task(serve(settings, registry=Registry.from_tools(isolated.ALL), stop=stop))
+        tools = Plugin(isolated.ALL, settings=isolated.JobSettings).configure("isolated", {"label": "configured"})
+        task = asyncio.create_task(serve(settings, registry=Registry.from_tools(tools), stop=stop))
         try:
             await until(lambda: task.done() or socket_path.exists(), timeout=WAIT, what="the sidecar listening")
             if task.done():
@@ -140,7 +142,7 @@ async def test_a_handler_runs_in_a_worker_with_its_context_and_its_log(
     assert pid in {record.process for record in caplog.records}  # the worker's own record, logged by the sidecar
     assert result.data == {"pid": pid, "principal": "dev", "tenant": "dev", "request_id": result.meta.request_id,
                            "idempotency_key": None, "attempt": 1, "remaining": result.data["remaining"],
-                           "conversation_id": "conv-7"}
+                           "conversation_id": "conv-7", "label": "configured"}  # the plugin's settings too
     assert 0 < result.data["remaining"] <= 5  # whoami's timeout: the deadline crossed into the worker
     logged = next(r for r in caplog.records if r.name == "toolbooth.tool.whoami")
     assert logged.getMessage() == f"whoami ran in process {pid}" and logged.request_id == result.meta.request_id

@@ -13,12 +13,19 @@ import signal
 import time
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from sidecar.contract import ErrorCode
 from sidecar.plugin import Partial, SideEffect, ToolContext, ToolError, tool
 
 TIMEOUT = 0.5  # seconds: the runaway tools' timeout
+
+
+class JobSettings(BaseModel):
+    """The settings a test may give these tools as their plugin's (``Plugin(ALL, settings=JobSettings)``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    label: str = "default"
 
 
 class Job(BaseModel):
@@ -37,12 +44,14 @@ class Ran(BaseModel):
     attempt: int
     remaining: float
     conversation_id: str | None = None
+    label: str | None = None  # ``JobSettings.label`` of the context's settings, if it holds them
 
 
 def ran(args: Job, ctx: ToolContext) -> Ran:
     return Ran(pid=os.getpid(), principal=ctx.principal.id, tenant=ctx.principal.tenant, request_id=ctx.request_id,
                idempotency_key=ctx.idempotency_key, attempt=ctx.attempt, remaining=ctx.time_remaining(),
-               conversation_id=ctx.conversation_id)
+               conversation_id=ctx.conversation_id,
+               label=ctx.settings.label if isinstance(ctx.settings, JobSettings) else None)
 
 
 def started(args: Job) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from sidecar.errors import PluginLoadError
 from sidecar.tools.registry import Registry
 from tests.support import tools
+from tests.support.installed import install, site
 
 TOOL_MODULE = '''
 from pydantic import BaseModel
@@ -26,21 +26,7 @@ TOOLS = [handler]
 NOT_A_TOOL = 42
 '''
 
-
-def install(site: Path, dist: str, module: str, entry_points: dict[str, str], source: str) -> None:
-    """Write a minimal installed distribution (dist-info + module) under ``site``."""
-    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-    lines = "\n".join(f"{name} = {target}" for name, target in entry_points.items())
-    (info / "entry_points.txt").write_text(f"[toolbooth.tools]\n{lines}\n")
-    (site / f"{module}.py").write_text(textwrap.dedent(source))
-
-
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+__all__ = ["site"]  # the fixture
 
 
 def test_loads_lists_and_single_tools(site: Path) -> None:
@@ -70,7 +56,7 @@ def test_import_failure_names_entry_point_and_distribution(site: Path) -> None:
 
 def test_entry_point_must_name_tools(site: Path) -> None:
     install(site, "tb-odd", "tb_odd", {"odd": "tb_odd:NOT_A_TOOL"}, TOOL_MODULE.format(name="odd_tool"))
-    with pytest.raises(PluginLoadError, match=r"entry point 'odd' of distribution 'tb-odd'.*must name a tool"):
+    with pytest.raises(PluginLoadError, match=r"entry point 'odd' of distribution 'tb-odd'.*must name a Plugin"):
         Registry.from_entry_points(allow=["odd"])
 
 

@@ -2,7 +2,8 @@
 
 ``settings`` is parametrized over SQLite (a file in ``tmp_path``) and PostgreSQL (a fresh schema of a
 database of this session on the test server; required when ``CI=true``, else skipped if unreachable), and
-points the ``TBDOCS_*`` variables at it, so the installed plugin's tools use the same index.
+points the plugin's variables (``TOOLBOOTH_PLUGINS__CONFIG__DOCUMENTS__*``) at it, so the installed plugin's
+tools and ``toolbooth-documents`` use the same index.
 """
 
 from __future__ import annotations
@@ -12,18 +13,25 @@ from pathlib import Path
 
 import pytest
 
-from plugins.documents.tests.support import Corpus, Sidecars
+from plugins.documents.tests.support import (
+    ENV_CURSOR_KEY_FILE,
+    ENV_DB,
+    ENV_POSTGRES_DSN,
+    Corpus,
+    Sidecars,
+    configured,
+)
 from tests.contract.conftest import postgres  # the session's database on the test server (required when CI=true)
 from tests.support.postgres import PostgresServer
 from toolbooth_documents.index import Index, open_index
-from toolbooth_documents.settings import ENV_CURSOR_KEY_FILE, ENV_DB, ENV_POSTGRES_DSN, IndexSettings
+from toolbooth_documents.settings import IndexSettings
 
 __all__ = ["postgres"]
 
 
 @pytest.fixture(autouse=True)
 def _environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No ``TBDOCS_*`` variable of whoever runs the tests; default paths inside ``tmp_path``."""
+    """None of the plugin's variables of whoever runs the tests; default paths inside ``tmp_path``."""
     for name in (ENV_DB, ENV_POSTGRES_DSN, ENV_CURSOR_KEY_FILE):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -36,7 +44,7 @@ def settings(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tm
     if request.param == "postgres":
         server: PostgresServer = request.getfixturevalue("postgres")
         monkeypatch.setenv(ENV_POSTGRES_DSN, server.new_schema())
-    return IndexSettings.from_env()
+    return configured()
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
-"""Helpers of the documents plugin's tests: tokens, a corpus on disk, a sidecar, a proxy that drops connections."""
+"""Helpers of the documents plugin's tests: the plugin's settings as variables, tokens, a corpus on disk, a sidecar, a
+proxy that drops connections."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -14,19 +16,38 @@ import jwt
 
 from sidecar.bootstrap import open_pipeline
 from sidecar.client import AsyncClient
-from sidecar.config import parse_settings
+from sidecar.config import load_settings, parse_settings
 from sidecar.contract import ToolResult
 from sidecar.pipeline import Pipeline
-from sidecar.plugin import ToolDefinition
+from sidecar.plugin import ToolDefinition, read_plugin_settings
 from sidecar.server import Sidecar, create_server
 from sidecar.tools.registry import Registry
 from toolbooth_documents.index import Index
 from toolbooth_documents.loader import load_directory
 from toolbooth_documents.records import Change
+from toolbooth_documents.settings import IndexSettings
 
 ISSUER, AUDIENCE = "https://issuer.example", "toolbooth"
 SECRET = "documents-plugin-tests-hmac-secret-0123456789abcdef0123456789abcdef"
 READER = ("documents:search", "documents:read")
+# The plugin's settings as an operator sets them in the environment (``plugins.config.documents``).
+ENV_PREFIX = "TOOLBOOTH_PLUGINS__CONFIG__DOCUMENTS__"
+ENV_DB, ENV_POSTGRES_DSN, ENV_CURSOR_KEY_FILE = (f"{ENV_PREFIX}SQLITE_PATH", f"{ENV_PREFIX}POSTGRES_DSN",
+                                                 f"{ENV_PREFIX}CURSOR_KEY_FILE")
+
+
+def configured() -> IndexSettings:
+    """The plugin's settings the variables of the test name, as the sidecar and ``toolbooth-documents`` read them."""
+    return read_plugin_settings("documents", IndexSettings, env=_plugin_variables())
+
+
+def configured_section() -> dict[str, Any]:
+    """``plugins.config.documents`` as the variables of the test set it."""
+    return load_settings(env=_plugin_variables()).plugins.config.get("documents", {})
+
+
+def _plugin_variables() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name.startswith(ENV_PREFIX)}
 
 
 def token(tenant: str = "acme", *, subject: str = "user-1", permissions: Iterable[str] = READER) -> str:
@@ -68,14 +89,16 @@ class Sidecars:
     running: list[tuple[Sidecar, Pipeline]] = field(default_factory=list)
 
     async def start(self, tools: list[ToolDefinition[Any, Any]] | None = None) -> str:
-        """A sidecar serving ``tools``, or the installed plugin's (its entry point); its address."""
+        """A sidecar serving ``tools``, or the installed plugin's (its entry point) configured by the variables of
+        the test; its address."""
         settings = parse_settings({
             "server": {"listen": ["127.0.0.1:0"], "shutdown_grace_seconds": 1},
             "store": {"sqlite_path": str(self.state / f"toolbooth-{len(self.running)}.db")},
             "auth": {"mode": "jwt", "jwt": {"algorithms": ["HS256"], "issuer": ISSUER, "audience": AUDIENCE,
                                             "key": SECRET, "leeway_seconds": 0}},
         })
-        registry = Registry.from_entry_points(allow=["documents"]) if tools is None else Registry.from_tools(tools)
+        registry = (Registry.from_entry_points(allow=["documents"], config={"documents": configured_section()})
+                    if tools is None else Registry.from_tools(tools))
         pipeline = await open_pipeline(settings, registry=registry)
         _, sidecar = await create_server(settings, pipeline)
         await sidecar.start()

@@ -136,9 +136,32 @@ def test_usage_errors_say_what_is_wrong(capsys: pytest.CaptureFixture[str], argv
 
 def test_a_bad_dsn_is_an_error_without_its_password(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "list", "--postgres-dsn", "host=x password=hunter2 bogus=1")
-    assert code == 1
+    assert code == 2
     assert err == ('toolbooth-documents: error: --postgres-dsn: not a PostgreSQL connection string: '
                    'invalid connection option "bogus"\n')
+
+
+def test_the_index_of_the_sidecars_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "toolbooth.yaml"
+    config.write_text(f"plugins:\n  config:\n    documents:\n      sqlite_path: {tmp_path / 'configured.db'}\n")
+    code, out, _ = run(capsys, "index", "--sample", "--config", str(config))
+    assert code == 0 and f"into sqlite {tmp_path / 'configured.db'} " in out
+    assert len(run(capsys, "list", "--config", str(config))[1].splitlines()) == 8
+
+
+@pytest.mark.parametrize(("yaml", "message"), [
+    ("plugins:\n  config:\n    documents:\n      sqlite: x.db\n",
+     "config error at plugins.config.documents.sqlite: unknown key"),
+    ("plugins:\n  config:\n    documents:\n      postgres_dsn: 'password=hunter2 nonsense'\n",
+     "config error at plugins.config.documents.postgres_dsn: not a PostgreSQL connection string: "),
+    ("plugins: [documents]\n", "config error at plugins: Input should be a valid dictionary"),
+])
+def test_a_bad_config_file_is_an_error_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      yaml: str, message: str) -> None:
+    config = tmp_path / "toolbooth.yaml"
+    config.write_text(yaml)
+    code, _, err = run(capsys, "list", "--config", str(config))
+    assert code == 2 and err.startswith(f"toolbooth-documents: error: {message}") and "hunter2" not in err
 
 
 def test_an_unreachable_database_is_an_error(postgres: PostgresServer, capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from plugins.documents.tests.support import Corpus, DroppingProxy, Sidecars, call
+from plugins.documents.tests.support import ENV_POSTGRES_DSN, Corpus, DroppingProxy, Sidecars, call
 from sidecar.contract import ErrorCode, Recovery, Status, ToolResult
 from tests.support.tcp_proxy import StallingProxy
-from toolbooth_documents.settings import ENV_POSTGRES_DSN, IndexSettings
+from toolbooth_documents.settings import IndexSettings
 from toolbooth_documents.sqlite_index import SqliteIndex
 from toolbooth_documents.tools import build_tools
 
@@ -72,7 +72,7 @@ async def test_retries_once_after_a_transient_sqlite_failure(settings: IndexSett
                                                              sidecars: Sidecars, tool: str) -> None:
     connect = FlakyConnect()
     index = SqliteIndex(settings.sqlite_path, connect=connect)
-    address = await sidecars.start(build_tools(lambda: index))
+    address = await sidecars.start(build_tools(lambda ctx: index))
     arguments = ARGUMENTS[tool](documents)
     succeeded(await call(address, tool, arguments), attempts=1)  # the cursor key is read once, here
     connect.failing, before = 1, connect.calls
@@ -112,9 +112,9 @@ async def test_a_locked_sqlite_index_is_unavailable_after_two_attempts(
 async def test_retries_once_after_a_dropped_postgres_connection(settings: IndexSettings, documents: Corpus,
                                                                 sidecars: Sidecars, tool: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    assert settings.postgres_dsn is not None
-    async with DroppingProxy.running(_upstream(settings.postgres_dsn)) as proxy:
-        monkeypatch.setenv(ENV_POSTGRES_DSN, make_conninfo(settings.postgres_dsn, host="127.0.0.1",
+    assert settings.dsn is not None
+    async with DroppingProxy.running(_upstream(settings.dsn)) as proxy:
+        monkeypatch.setenv(ENV_POSTGRES_DSN, make_conninfo(settings.dsn, host="127.0.0.1",
                                                            port=str(proxy.port)))
         address = await sidecars.start()
         arguments = ARGUMENTS[tool](documents)
@@ -133,9 +133,9 @@ async def test_retries_once_after_a_dropped_postgres_connection(settings: IndexS
 async def test_a_stalled_postgres_index_times_out_at_the_tools_timeout(settings: IndexSettings, documents: Corpus,
                                                                        sidecars: Sidecars, tool: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    assert settings.postgres_dsn is not None
-    async with StallingProxy.running(_upstream(settings.postgres_dsn)) as proxy:
-        monkeypatch.setenv(ENV_POSTGRES_DSN, make_conninfo(settings.postgres_dsn, host="127.0.0.1",
+    assert settings.dsn is not None
+    async with StallingProxy.running(_upstream(settings.dsn)) as proxy:
+        monkeypatch.setenv(ENV_POSTGRES_DSN, make_conninfo(settings.dsn, host="127.0.0.1",
                                                            port=str(proxy.port)))
         address = await sidecars.start()
         arguments = ARGUMENTS[tool](documents)

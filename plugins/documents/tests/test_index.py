@@ -135,13 +135,13 @@ async def test_listing_filters_by_tenant_and_project(corpus: Corpus) -> None:
 async def test_the_cursor_key_is_generated_once_and_kept_in_the_index(settings: IndexSettings) -> None:
     key = await open_index(settings).cursor_key()
     assert len(key) == 32
-    again = (PostgresIndex(settings.postgres_dsn) if settings.postgres_dsn else SqliteIndex(settings.sqlite_path))
+    again = (PostgresIndex(settings.dsn) if settings.dsn else SqliteIndex(settings.sqlite_path))
     assert await again.cursor_key() == key  # another object, another process: the same key
 
 
 async def test_a_configured_cursor_key_file_is_used(settings: IndexSettings, tmp_path: Path) -> None:
     (tmp_path / "key").write_bytes(b"configured-cursor-key-0123456789\n")
-    configured = IndexSettings(settings.sqlite_path, settings.postgres_dsn, tmp_path / "key")
+    configured = settings.model_copy(update={"cursor_key_file": tmp_path / "key"})
     assert await open_index(configured).cursor_key() == b"configured-cursor-key-0123456789"
 
 
@@ -174,16 +174,16 @@ async def test_an_unreachable_postgres_index_is_unavailable(postgres: PostgresSe
 async def test_an_index_of_another_schema_version_is_refused(settings: IndexSettings) -> None:
     index = open_index(settings)
     await index.add_project("acme", "alpha")
-    if settings.postgres_dsn is None:
+    if settings.dsn is None:
         with sqlite3.connect(settings.sqlite_path) as conn:
             conn.execute("UPDATE toolbooth_documents_meta SET value = '9' WHERE name = 'schema_version'")
         fresh: Index = SqliteIndex(settings.sqlite_path)
     else:
         import psycopg
 
-        with psycopg.connect(settings.postgres_dsn, autocommit=True) as conn:
+        with psycopg.connect(settings.dsn, autocommit=True) as conn:
             conn.execute("UPDATE toolbooth_documents_meta SET value = '9' WHERE name = 'schema_version'")
-        fresh = PostgresIndex(settings.postgres_dsn)
+        fresh = PostgresIndex(settings.dsn)
     with pytest.raises(ConfigurationError, match="has schema version 9; this toolbooth-documents knows version 1"):
         await fresh.documents(None, None)
 

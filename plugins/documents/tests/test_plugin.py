@@ -9,22 +9,17 @@ from pathlib import Path
 import pytest
 
 import toolbooth_documents
-from sidecar.config import load_settings
-from sidecar.plugin import ErrorCode, SideEffect, ToolDefinition
-from toolbooth_documents import TOOLS, read_document, search_documents
+from plugins.documents.tests.support import ENV_POSTGRES_DSN
+from sidecar.errors import ConfigError
+from sidecar.plugin import ErrorCode, SideEffect, ToolDefinition, read_plugin_settings
+from toolbooth_documents import PLUGIN, TOOLS, read_document, search_documents
 from toolbooth_documents.models import (
     ReadDocumentInput,
     ReadDocumentOutput,
     SearchDocumentsInput,
     SearchDocumentsOutput,
 )
-from toolbooth_documents.settings import (
-    ENV_CURSOR_KEY_FILE,
-    ENV_DB,
-    ENV_POSTGRES_DSN,
-    ConfigurationError,
-    IndexSettings,
-)
+from toolbooth_documents.settings import ConfigurationError, IndexSettings
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
@@ -48,50 +43,58 @@ def test_tool_metadata() -> None:
 def test_entry_point_and_command_are_declared() -> None:
     project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
     assert project["name"] == "toolbooth-documents"
-    assert project["entry-points"]["toolbooth.tools"] == {"documents": "toolbooth_documents:TOOLS"}
+    assert project["entry-points"]["toolbooth.tools"] == {"documents": "toolbooth_documents:PLUGIN"}
     assert project["scripts"] == {"toolbooth-documents": "toolbooth_documents.cli:main"}
 
 
 def test_installed_entry_points_load_the_tools_and_the_command() -> None:
     (tools,) = metadata.entry_points(group="toolbooth.tools", name="documents")
-    assert tools.load() is TOOLS and tools.dist is not None and tools.dist.name == "toolbooth-documents"
+    assert tools.load() is PLUGIN and list(PLUGIN.tools) == TOOLS
+    assert tools.dist is not None and tools.dist.name == "toolbooth-documents"
     (command,) = metadata.entry_points(group="console_scripts", name="toolbooth-documents")
     assert command.load() is toolbooth_documents.cli.main
 
 
-def test_settings_come_from_the_environment() -> None:
-    default = IndexSettings.from_env({"XDG_STATE_HOME": "/state"})
-    assert default == IndexSettings(Path("/state/toolbooth/documents.db"))
-    assert default.describe() == "sqlite /state/toolbooth/documents.db"
-    env = {ENV_DB: "/data/docs.db", ENV_POSTGRES_DSN: "postgresql://app:hunter2@db.internal/docs",
-           ENV_CURSOR_KEY_FILE: "/run/secrets/cursor-key"}
-    settings = IndexSettings.from_env(env)
-    assert settings == IndexSettings(Path("/data/docs.db"), env[ENV_POSTGRES_DSN], Path("/run/secrets/cursor-key"))
+def test_settings_are_the_plugins_section_of_the_sidecars_configuration(tmp_path: Path) -> None:
+    env = {"XDG_STATE_HOME": "/state"}
+    config = tmp_path / "toolbooth.yaml"
+    config.write_text("plugins:\n  config:\n    documents:\n      sqlite_path: /data/docs.db\n")
+    settings = read_plugin_settings("documents", IndexSettings, config, env=env)
+    assert settings == IndexSettings(sqlite_path=Path("/data/docs.db"))
+    assert settings.describe() == "sqlite /data/docs.db"
+    env[ENV_POSTGRES_DSN] = "postgresql://app:hunter2@db.internal/docs"
+    settings = read_plugin_settings("documents", IndexSettings, config, env=env)
+    assert settings.dsn == env[ENV_POSTGRES_DSN] and "hunter2" not in repr(settings)
     assert settings.describe() == "postgres user=app password=*** dbname=docs host=db.internal"
-    assert IndexSettings.from_env(env, db=Path("/other.db")).postgres_dsn is None  # the indexer's --db wins
-    assert IndexSettings.from_env(env, postgres_dsn="dbname=x").postgres_dsn == "dbname=x"
 
 
-def test_a_bad_dsn_is_refused_without_showing_it() -> None:
-    with pytest.raises(ConfigurationError) as caught:
-        IndexSettings.from_env({ENV_POSTGRES_DSN: "password=hunter2 nonsense"})
-    assert str(caught.value).startswith("TBDOCS_POSTGRES_DSN: not a PostgreSQL connection string: ")
+def test_the_default_index_is_in_the_state_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", "/state")
+    assert IndexSettings().sqlite_path == Path("/state/toolbooth/documents.db")
+
+
+@pytest.mark.parametrize(("section", "message"), [
+    ({"postgres_dsn": "password=hunter2 nonsense"},
+     "config error at plugins.config.documents.postgres_dsn: not a PostgreSQL connection string: "),
+    ({"db": "/tmp/x.db"}, "config error at plugins.config.documents.db: unknown key"),
+    ({"cursor_key_file": "/nonexistent/key"},
+     "config error at plugins.config.documents.cursor_key_file: cannot read /nonexistent/key: No such file"),
+])
+def test_bad_settings_are_refused_naming_the_key_never_the_password(section: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        PLUGIN.configure("documents", section)
+    assert str(caught.value).startswith(message)
     assert "hunter2" not in str(caught.value)
 
 
-def test_a_cursor_key_file_must_be_readable_and_long_enough(tmp_path: Path) -> None:
+def test_a_cursor_key_file_must_be_long_enough(tmp_path: Path) -> None:
     key = tmp_path / "key"
-    settings = IndexSettings(tmp_path / "db", cursor_key_file=key)
-    with pytest.raises(ConfigurationError, match=f"TBDOCS_CURSOR_KEY_FILE: cannot read {key}: No such file"):
-        settings.read_cursor_key()
     key.write_text("short\n")
-    with pytest.raises(ConfigurationError, match="holds fewer than 16 bytes"):
-        settings.read_cursor_key()
+    with pytest.raises(ConfigError, match=f"cursor_key_file: {key} holds fewer than 16 bytes"):
+        PLUGIN.configure("documents", {"cursor_key_file": str(key)})
     key.write_text("  sixteen-bytes-or-more  \n")
+    settings = IndexSettings(cursor_key_file=key)
     assert settings.read_cursor_key() == b"sixteen-bytes-or-more"
-
-
-def test_the_plugins_variables_do_not_disturb_the_sidecars_settings(tmp_path: Path) -> None:
-    env = {ENV_DB: str(tmp_path / "docs.db"), ENV_POSTGRES_DSN: "dbname=docs", ENV_CURSOR_KEY_FILE: "/k",
-           "XDG_STATE_HOME": str(tmp_path)}
-    assert load_settings(env=env).store.postgres_dsn is None
+    key.unlink()  # gone after start-up: the index cannot open
+    with pytest.raises(ConfigurationError, match=f"plugins.config.documents.cursor_key_file: cannot read {key}"):
+        settings.read_cursor_key()

@@ -5,8 +5,10 @@
     toolbooth-documents delete DOCUMENT_ID
     toolbooth-documents list [--tenant T] [--project P]
 
-Every command takes ``--db PATH`` or ``--postgres-dsn DSN`` (else ``TBDOCS_DB``, ``TBDOCS_POSTGRES_DSN``: the
-index the sidecar's tools use). Exit codes: 0 done, 1 a file was skipped or the index failed, 2 bad usage.
+Every command works on the index the sidecar's tools use: ``plugins.config.documents`` of the sidecar's config
+file ``--config FILE`` and its ``TOOLBOOTH_*`` variables (``read_plugin_settings``), unless ``--db PATH`` or
+``--postgres-dsn DSN`` names another. Exit codes: 0 done, 1 a file was skipped or the index failed, 2 bad usage
+or a configuration error.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from sidecar.errors import ConfigError
+from sidecar.plugin import read_plugin_settings
 from toolbooth_documents.index import Index, open_index
 from toolbooth_documents.loader import load_directory
 from toolbooth_documents.records import DOCUMENT_ID_PATTERN, Change, IndexUnavailable, Listed, check_name, rfc3339
@@ -39,7 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        settings = IndexSettings.from_env(db=args.db, postgres_dsn=args.postgres_dsn)
+        settings = _settings(args)
+    except ConfigError as exc:
+        print(f"toolbooth-documents: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         index = open_index(settings)
         if args.command == "index":
             return asyncio.run(_index(parser, args, index, settings))
@@ -49,6 +59,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigurationError, IndexUnavailable) as exc:
         print(f"toolbooth-documents: error: {exc}", file=sys.stderr)
         return 1
+
+
+def _settings(args: argparse.Namespace) -> IndexSettings:
+    """The plugin's settings of ``--config`` and the environment; ``--db`` or ``--postgres-dsn`` replace its index."""
+    configured = read_plugin_settings("documents", IndexSettings, args.config)
+    if args.db is not None:
+        return configured.model_copy(update={"sqlite_path": args.db, "postgres_dsn": None})
+    if args.postgres_dsn is None:
+        return configured
+    try:
+        return IndexSettings.model_validate({**dict(configured), "postgres_dsn": args.postgres_dsn})
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"--postgres-dsn: {problem}") from None
 
 
 async def _index(parser: argparse.ArgumentParser, args: argparse.Namespace, index: Index,
@@ -112,9 +136,12 @@ def _row(doc: Listed) -> tuple[str, ...]:
 def _parser() -> argparse.ArgumentParser:
     where = argparse.ArgumentParser(add_help=False)
     backend = where.add_mutually_exclusive_group()
-    backend.add_argument("--db", type=Path, help="the SQLite index file (default: TBDOCS_DB, else "
+    where.add_argument("--config", type=Path, metavar="FILE",
+                       help="the sidecar's YAML config file: its plugins.config.documents names the index "
+                            "(default: none; TOOLBOOTH_PLUGINS__CONFIG__DOCUMENTS__* variables apply either way)")
+    backend.add_argument("--db", type=Path, help="the SQLite index file (default: the configured one, else "
                                                  "$XDG_STATE_HOME/toolbooth/documents.db)")
-    backend.add_argument("--postgres-dsn", help="a PostgreSQL database for the index (default: TBDOCS_POSTGRES_DSN)")
+    backend.add_argument("--postgres-dsn", help="a PostgreSQL database for the index (default: the configured one)")
     parser = argparse.ArgumentParser(prog="toolbooth-documents", description="Fill and inspect the index that "
                                      "the search_documents and read_document tools search.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -57,10 +57,10 @@ class Index(Protocol):
 @functools.lru_cache(maxsize=16)
 def open_index(settings: IndexSettings) -> Index:
     """The index ``settings`` name (one object per setting: it keeps its schema check and key)."""
-    if settings.postgres_dsn is not None:
+    if settings.dsn is not None:
         from toolbooth_documents.postgres_index import PostgresIndex
 
-        return PostgresIndex(settings.postgres_dsn, settings.read_cursor_key())
+        return PostgresIndex(settings.dsn, settings.read_cursor_key())
     from toolbooth_documents.sqlite_index import SqliteIndex
 
     return SqliteIndex(settings.sqlite_path, settings.read_cursor_key())

@@ -1,4 +1,5 @@
-"""The two tools, over any ``Index``: ``build_tools(index)`` defines them (the plugin's over the configured one).
+"""The two tools, over any ``Index``: ``build_tools(index)`` defines them (the plugin's over the one its settings
+name).
 
 Access: a caller sees only documents of its own tenant (``ctx.principal.tenant``). Another tenant's
 document, a deleted one and one that never existed are the same ``RESOURCE_NOT_FOUND``, so an id
@@ -44,18 +45,18 @@ READ_DESCRIPTION = (
 )
 
 
-def build_tools(index: Callable[[], Index]) -> list[ToolDefinition[Any, Any]]:
-    """``search_documents`` and ``read_document`` over the index ``index()`` gives at each call."""
+def build_tools(index: Callable[[ToolContext], Index]) -> list[ToolDefinition[Any, Any]]:
+    """``search_documents`` and ``read_document`` over the index ``index(ctx)`` gives at each call."""
 
     @tool(name="search_documents", version="1.0.0", side_effect=SideEffect.NONE, permissions=("documents:search",),
           timeout=3.0, retry=RETRY, description=SEARCH_DESCRIPTION)
     async def search_documents(args: SearchDocumentsInput, ctx: ToolContext) -> SearchDocumentsOutput:
-        return await search(index(), args, ctx)
+        return await search(index(ctx), args, ctx)
 
     @tool(name="read_document", version="1.0.0", side_effect=SideEffect.NONE, permissions=("documents:read",),
           timeout=2.0, retry=RETRY, description=READ_DESCRIPTION)
     async def read_document(args: ReadDocumentInput, ctx: ToolContext) -> ReadDocumentOutput:
-        return await read(index(), args, ctx)
+        return await read(index(ctx), args, ctx)
 
     return [search_documents, read_document]
 

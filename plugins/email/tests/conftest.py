@@ -3,9 +3,10 @@
 ``mail_server`` records every message it accepts (``received``: envelope and parsed message), refuses at
 RCPT the addresses in ``refuse`` with 550, and, while ``hold`` is set, takes the message but keeps its
 reply to DATA back until ``release`` is set (a server whose 250 never reaches the client); ``data_reply``
-replaces its 250 to DATA with a refusal.
-``configure(**keys)`` writes the plugin's TOML config (SMTP pointed at the server, drafts in ``tmp_path``)
-and names it in the environment. The sidecar fixtures are those of ``tests/integration/conftest.py``.
+replaces its 250 to DATA with a refusal; ``down()`` stops it listening and ``up()`` starts it again.
+``configure(**sections)`` makes the plugin's section ``plugins.config.email`` (SMTP pointed at the server,
+drafts in ``tmp_path``) and validates it as the sidecar does; ``make_context`` gives a handler the settings of
+the latest. The sidecar fixtures are those of ``tests/integration/conftest.py``.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from typing import Any
 import pytest
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from sidecar.plugin import Principal, ToolContext
+from sidecar.plugin import Principal, ToolContext, ToolDefinition
 from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_key, socket_path
-from toolbooth_email.settings import EmailSettings, load_settings
+from toolbooth_email import PLUGIN
+from toolbooth_email.settings import EmailSettings
 
 __all__ = ["jwt_auth", "make_settings", "make_token", "rsa_key", "socket_path"]
 
@@ -51,6 +53,20 @@ class MailServer:
     release: asyncio.Event = field(default_factory=asyncio.Event)
     data_started: asyncio.Event = field(default_factory=asyncio.Event)
     received: list[Received] = field(default_factory=list)
+    server: asyncio.Server | None = None
+
+    async def up(self) -> None:
+        """Listen (again) on 127.0.0.1 at ``port`` (any free port the first time)."""
+        self.server = await asyncio.get_running_loop().create_server(lambda: SMTP(self, hostname="mx.test"),
+                                                                     "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def down(self) -> None:
+        """Stop listening: a connection is refused, as by a server that is down."""
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+            self.server = None
 
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope, address: str,
                           rcpt_options: list[str]) -> str:
@@ -75,61 +91,56 @@ class MailServer:
 @pytest.fixture
 async def mail_server() -> AsyncIterator[MailServer]:
     handler = MailServer()
-    server = await asyncio.get_running_loop().create_server(lambda: SMTP(handler, hostname="mx.test"),
-                                                            "127.0.0.1", 0)
-    handler.port = server.sockets[0].getsockname()[1]
+    await handler.up()
     yield handler
     handler.release.set()
-    server.close()
-    await server.wait_closed()
+    await handler.down()
 
 
-Configure = Callable[..., EmailSettings]
+@dataclass
+class Configure:
+    """``configure(rules={...}, smtp={...})``: the plugin's section ``plugins.config.email`` of these keys (SMTP
+    at ``mail_server``, drafts in ``drafts``), validated as the sidecar validates it; the latest is ``section``
+    and ``settings``, and ``tools()`` the plugin's tools configured with it."""
+
+    mail_server: MailServer
+    drafts: Path
+    section: dict[str, Any] = field(default_factory=dict)
+    settings: EmailSettings = field(default_factory=EmailSettings)
+
+    def __call__(self, **sections: dict[str, Any]) -> EmailSettings:
+        smtp = {"host": "127.0.0.1", "port": self.mail_server.port, "security": "none", "timeout_seconds": 5,
+                **sections.pop("smtp", {})}
+        section: dict[str, Any] = {"drafts_path": str(self.drafts), "smtp": smtp, **sections}
+        [configured, *_] = PLUGIN.configure("email", section)
+        assert isinstance(configured.settings, EmailSettings)
+        self.section, self.settings = section, configured.settings
+        return self.settings
+
+    def tools(self) -> tuple[ToolDefinition[Any, Any], ...]:
+        return PLUGIN.configure("email", self.section)
 
 
 @pytest.fixture
-def configure(tmp_path: Path, mail_server: MailServer, monkeypatch: pytest.MonkeyPatch) -> Configure:
-    """``configure(rules={...}, smtp={...})``: the plugin's settings, written as its config file and named in
-    the environment; SMTP goes to ``mail_server``, drafts to ``tmp_path``."""
-
-    def write(**sections: dict[str, Any]) -> EmailSettings:
-        smtp = {"host": "127.0.0.1", "port": mail_server.port, "security": "none", "timeout_seconds": 5,
-                **sections.pop("smtp", {})}
-        lines = [f"drafts_path = {str(tmp_path / 'drafts.db')!r}", "[smtp]", *_toml(smtp)]
-        for name, values in sections.items():
-            lines += [f"[{name}]", *_toml(values)]
-        path = tmp_path / f"email-{time.monotonic_ns()}.toml"
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        monkeypatch.setenv("TOOLBOOTH_EMAIL_CONFIG", str(path))
-        return load_settings()
-
-    write()
-    return write
-
-
-def _toml(values: dict[str, Any]) -> list[str]:
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, list | tuple):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return repr(v) if isinstance(v, str) else str(v)
-
-    return [f"{key} = {value(v)}" for key, v in values.items()]
+def configure(tmp_path: Path, mail_server: MailServer) -> Configure:
+    configured = Configure(mail_server, tmp_path / "drafts.db")
+    configured()
+    return configured
 
 
 MakeContext = Callable[..., ToolContext]
 
 
 @pytest.fixture
-def make_context() -> MakeContext:
+def make_context(configure: Configure) -> MakeContext:
     """``make_context(principal, key=, approved=, seconds=)``: a context as the pipeline builds one (alice of
-    acme, a developer, by default)."""
-    return _context
+    acme, a developer, by default), with the plugin's settings ``configure`` made last."""
 
+    def make(principal: Principal | None = None, *, key: str | None = "key-1", approved: dict[str, Any] | None = None,
+             seconds: float = 10.0) -> ToolContext:
+        return ToolContext(principal=principal or Principal(id="alice", tenant="acme", roles=("developer",)),
+                           request_id="req-1", deadline=time.monotonic() + seconds, idempotency_key=key, attempt=1,
+                           logger=logging.LoggerAdapter(logging.getLogger("test.email"), {}), approved_preview=approved,
+                           settings=configure.settings)
 
-def _context(principal: Principal | None = None, *, key: str | None = "key-1",
-             approved: dict[str, Any] | None = None, seconds: float = 10.0) -> ToolContext:
-    return ToolContext(principal=principal or Principal(id="alice", tenant="acme", roles=("developer",)),
-                       request_id="req-1", deadline=time.monotonic() + seconds, idempotency_key=key, attempt=1,
-                       logger=logging.LoggerAdapter(logging.getLogger("test.email"), {}), approved_preview=approved)
+    return make

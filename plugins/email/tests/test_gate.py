@@ -13,7 +13,8 @@ import pytest
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, Status, ToolResult
 from tests.support.gated import World, gated
-from toolbooth_email import TOOLS
+
+from .conftest import Configure
 
 pytestmark = pytest.mark.integration
 
@@ -23,9 +24,18 @@ MAIL: dict[str, Any] = {"recipients": [{"email": "Ana@Example.com", "display_nam
 
 
 @pytest.fixture
-async def world(configure: Any, tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
+def email_config(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The sections of the plugin's settings the sidecar of a test starts with (``indirect`` parameter)."""
+    return getattr(request, "param", {})
+
+
+@pytest.fixture
+async def world(configure: Configure, email_config: dict[str, Any], tmp_path: Path,
+                make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
                 make_token: Callable[..., str]) -> AsyncIterator[World]:
-    async with gated(TOOLS, make_settings(auth=jwt_auth), make_token, tmp_path / "store.db") as w:
+    """A sidecar serving the plugin configured with ``configure(**email_config)``."""
+    configure(**email_config)
+    async with gated(configure.tools(), make_settings(auth=jwt_auth), make_token, tmp_path / "store.db") as w:
         yield w
 
 
@@ -114,15 +124,14 @@ async def test_partial_delivery_through_the_gate(world: World, mail_server: Any)
     assert len(mail_server.received) == 1
 
 
-async def test_server_down_then_the_same_approved_call_sends_once(world: World, configure: Any,
-                                                                  mail_server: Any) -> None:
+async def test_server_down_then_the_same_approved_call_sends_once(world: World, mail_server: Any) -> None:
     first = await held(world)
     await approve(world, first)
-    configure(smtp={"port": 1})  # nothing listens there
+    await mail_server.down()  # nothing listens there
     down = await execute_approved(world, first)
     assert down.error is not None and (down.error.code, down.error.retryable) == (ErrorCode.SERVICE_UNAVAILABLE, True)
     assert "nothing was sent" in down.error.message
-    configure()
+    await mail_server.up()
     sent = await execute_approved(world, first)  # the key was released and the approval given back
     assert sent.status is Status.SUCCESS, sent
     assert len(mail_server.received) == 1
@@ -144,9 +153,9 @@ async def test_the_external_permission_is_checked_again_when_sending(world: Worl
     assert mail_server.received == []
 
 
-async def test_blocked_domains_and_too_many_recipients_are_refused(world: World, configure: Any,
-                                                                   mail_server: Any) -> None:
-    configure(rules={"blocked_domains": ["ops.example.com"], "max_recipients": 2})
+@pytest.mark.parametrize("email_config", [{"rules": {"blocked_domains": ["ops.example.com"], "max_recipients": 2}}],
+                         indirect=True)
+async def test_blocked_domains_and_too_many_recipients_are_refused(world: World, mail_server: Any) -> None:
     blocked = await world.agent.execute("send_email_preview", {**MAIL, "cc": [{"email": "x@ops.example.com"}]})
     assert blocked.error is not None and blocked.error.code is ErrorCode.POLICY_VIOLATION
     assert blocked.error.details == {"blocked_domains": ["ops.example.com"]}

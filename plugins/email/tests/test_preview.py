@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from sidecar.plugin import ErrorCode, Principal, SideEffect, ToolError
-from toolbooth_email import TOOLS, send_email, send_email_preview
+from sidecar.errors import ConfigError
+from sidecar.plugin import ErrorCode, Principal, SideEffect, ToolError, read_plugin_settings
+from toolbooth_email import PLUGIN, TOOLS, send_email, send_email_preview
 from toolbooth_email.access import content_hash
 from toolbooth_email.drafts import DraftStore
 from toolbooth_email.models import SendEmailPreviewInput, SendEmailPreviewOutput
-from toolbooth_email.settings import ConfigError, load_settings
+from toolbooth_email.settings import EmailSettings
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 MAIL: dict[str, Any] = {"recipients": [{"email": " Ana@EXAMPLE.com ", "display_name": "Ana"}],
@@ -54,7 +55,7 @@ async def test_does_not_send_an_email_and_stores_the_draft(configure: Any, make_
                                                            mail_server: Any) -> None:
     out = await preview(make_context)
     assert mail_server.received == [] and not mail_server.data_started.is_set()
-    draft = await DraftStore(load_settings().drafts_path).get(out.preview_id)
+    draft = await DraftStore(configure.settings.drafts_path).get(out.preview_id)
     assert draft is not None and draft.state == "pending" and draft.preview == out
     assert (draft.tenant, draft.principal_id) == ("acme", "alice")
 
@@ -134,26 +135,40 @@ def test_invalid_arguments_are_refused_with_their_field(change: dict[str, Any], 
 # --- configuration --------------------------------------------------------------
 
 
-def test_the_smtp_password_comes_from_the_environment_or_a_file(configure: Any, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_smtp_password_is_inline_or_read_from_its_file(configure: Any, tmp_path: Path) -> None:
     secret = tmp_path / "smtp-password"
     secret.write_text("s3cret\n", encoding="utf-8")
     settings = configure(smtp={"username": "mailer", "password_file": str(secret)})
     assert settings.smtp.password is not None and settings.smtp.password.get_secret_value() == "s3cret"
     assert "s3cret" not in repr(settings)
-    monkeypatch.setenv("TOOLBOOTH_EMAIL_SMTP_PASSWORD", "from-env")
-    password = load_settings().smtp.password
+    env = {"TOOLBOOTH_PLUGINS__CONFIG__EMAIL__SMTP__PASSWORD": "from-env"}  # e.g. a Kubernetes secret
+    password = read_plugin_settings("email", EmailSettings, env=env).smtp.password
     assert password is not None and password.get_secret_value() == "from-env"
 
 
-def test_a_password_in_the_config_file_is_refused(configure: Any) -> None:
-    with pytest.raises(ConfigError, match=r"smtp\.password is not read from the config file"):
-        configure(smtp={"password": "plain"})
+@pytest.mark.parametrize(("smtp", "message"), [
+    ({"password": "inline", "password_file": "/run/secrets/smtp"},
+     "config error at plugins.config.email.smtp: set at most one of 'password' or 'password_file'"),
+    ({"password_file": "/nonexistent/smtp-password"},
+     "config error at plugins.config.email.smtp: password_file: cannot read /nonexistent/smtp-password: "
+     "No such file or directory"),
+    ({"security": "ssl"}, "config error at plugins.config.email.smtp.security: Input should be 'starttls', 'tls' "
+                          "or 'none'"),
+    ({"port": 0}, "config error at plugins.config.email.smtp.port: Input should be greater than or equal to 1"),
+    ({"passwd": "x"}, "config error at plugins.config.email.smtp.passwd: unknown key"),
+])
+def test_a_bad_config_names_the_key(configure: Any, smtp: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        configure(smtp=smtp)
+    assert str(caught.value) == message
+    assert "inline" not in str(caught.value)
 
 
-def test_a_bad_config_names_the_key(configure: Any) -> None:
-    with pytest.raises(ConfigError, match=r"smtp.security: Input should be 'starttls', 'tls' or 'none'"):
-        configure(smtp={"security": "ssl"})
+def test_bad_policy_data_is_named(configure: Any, tmp_path: Path) -> None:
+    (tmp_path / "data.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^config error at plugins\.config\.email\.rules: policy_data: "
+                                          rf"{tmp_path / 'data.json'} is not policy data with toolbooth\.email"):
+        configure(rules={"policy_data": str(tmp_path / "data.json")})
 
 
 def test_the_rules_can_come_from_the_policy_data(configure: Any, tmp_path: Path) -> None:
@@ -181,6 +196,7 @@ def test_tool_metadata() -> None:
 
 def test_installed_entry_point_loads_the_tools() -> None:
     project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
-    assert project["entry-points"]["toolbooth.tools"] == {"email": "toolbooth_email:TOOLS"}
+    assert project["entry-points"]["toolbooth.tools"] == {"email": "toolbooth_email:PLUGIN"}
     (entry_point,) = metadata.entry_points(group="toolbooth.tools", name="email")
-    assert entry_point.load() is TOOLS and TOOLS == [send_email_preview, send_email]
+    assert entry_point.load() is PLUGIN and list(PLUGIN.tools) == TOOLS == [send_email_preview, send_email]
+    assert PLUGIN.settings is EmailSettings

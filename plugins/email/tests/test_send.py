@@ -14,7 +14,8 @@ from sidecar.plugin import ErrorCode, Partial, Principal, ToolError
 from toolbooth_email import render_send_email, send_email, send_email_preview
 from toolbooth_email.drafts import DraftStore
 from toolbooth_email.models import SendEmailInput, SendEmailOutput, SendEmailPreviewInput, SendEmailPreviewOutput
-from toolbooth_email.settings import load_settings
+
+from .conftest import Configure
 
 MAIL: dict[str, Any] = {"recipients": [{"email": "ana@example.com", "display_name": "Ana Lima"}],
                         "cc": [{"email": "ops@example.com"}], "bcc": [{"email": "audit@example.com"}],
@@ -44,8 +45,8 @@ async def send_error(make_context: Any, approved: dict[str, Any], **kw: Any) -> 
     return caught.value
 
 
-async def state(preview_id: str) -> str:
-    found = await DraftStore(load_settings().drafts_path).get(preview_id)
+async def state(configure: Configure, preview_id: str) -> str:
+    found = await DraftStore(configure.settings.drafts_path).get(preview_id)
     assert found is not None
     return found.state
 
@@ -64,7 +65,7 @@ async def test_sends_exactly_the_previewed_content_once(configure: Any, make_con
                                                                   "Deployment complete")
     assert message["Bcc"] is None and message["Message-ID"] == result.provider_message_id
     assert message.get_content().replace("\r\n", "\n") == "The new version has been deployed.\n"
-    assert await state(approved["preview_id"]) == "sent"
+    assert await state(configure, approved["preview_id"]) == "sent"
     again = await send_error(make_context, approved, key="key-2")  # another key: the draft is spent
     assert again.code is ErrorCode.INVALID_ARGUMENT and again.safe_details == {"state": "sent"}
     assert len(mail_server.received) == 1
@@ -80,7 +81,7 @@ async def test_a_concurrent_send_with_another_key_does_not_send_again(configure:
     assert second.code is ErrorCode.OPERATION_IN_PROGRESS and second.safe_details == {"state": "sending"}
     mail_server.release.set()
     assert isinstance(await first, SendEmailOutput)
-    assert len(mail_server.received) == 1 and await state(approved["preview_id"]) == "sent"
+    assert len(mail_server.received) == 1 and await state(configure, approved["preview_id"]) == "sent"
 
 
 async def test_reports_accepted_and_rejected_recipients_separately(configure: Any, make_context: Any,
@@ -107,7 +108,7 @@ async def test_every_recipient_refused_sends_nothing_and_spends_the_draft(config
     assert error.code is ErrorCode.INVALID_ARGUMENT and "refused every recipient" in error.message
     assert error.safe_details is not None and error.safe_details["state"] == "refused"
     assert len(error.safe_details["rejected_recipients"]) == 3
-    assert mail_server.received == [] and await state(approved["preview_id"]) == "refused"
+    assert mail_server.received == [] and await state(configure, approved["preview_id"]) == "refused"
 
 
 @pytest.mark.parametrize(("reply", "code", "retryable", "after"), [
@@ -122,7 +123,7 @@ async def test_a_refusal_of_the_data_is_known_to_have_sent_nothing(configure: An
     error = await send_error(make_context, approved)
     assert (error.code, bool(error.retryable)) == (code, retryable) and reply in error.message
     assert "nothing was sent" in error.message
-    assert mail_server.received == [] and await state(approved["preview_id"]) == after
+    assert mail_server.received == [] and await state(configure, approved["preview_id"]) == after
 
 
 def _closed_port() -> int:
@@ -139,7 +140,7 @@ async def test_server_down_is_retryable_and_nothing_is_marked_sent(configure: An
     error = await send_error(make_context, approved)
     assert (error.code, error.retryable) == (ErrorCode.SERVICE_UNAVAILABLE, True)
     assert "could not be reached" in error.message and "nothing was sent" in error.message
-    assert await state(approved["preview_id"]) == "pending"
+    assert await state(configure, approved["preview_id"]) == "pending"
     configure()  # the server is back: the same approved draft goes out, once
     result = await send(make_context, approved)
     assert isinstance(result, SendEmailOutput) and len(mail_server.received) == 1
@@ -153,7 +154,7 @@ async def test_prevents_duplicate_delivery_after_a_timeout(configure: Any, make_
     error = await send_error(make_context, approved)
     assert (error.code, error.retryable) == (ErrorCode.SERVICE_UNAVAILABLE, False)
     assert "may have been delivered" in error.message and error.safe_details == {"state": "unknown"}
-    assert await state(approved["preview_id"]) == "unknown" and len(mail_server.received) == 1
+    assert await state(configure, approved["preview_id"]) == "unknown" and len(mail_server.received) == 1
     mail_server.release.set()
     again = await send_error(make_context, approved, key="key-2")
     assert again.code is ErrorCode.INVALID_ARGUMENT and again.safe_details == {"state": "unknown"}
@@ -169,7 +170,7 @@ async def test_does_not_allow_recipients_to_be_changed_during_execution(configur
     other = await draft(make_context, {**MAIL, "subject": "Other"})
     swapped = {**other, "preview_id": approved["preview_id"]}  # another approved message for this draft
     assert (await send_error(make_context, swapped)).code is ErrorCode.PERMISSION_DENIED
-    assert mail_server.received == [] and await state(approved["preview_id"]) == "pending"
+    assert mail_server.received == [] and await state(configure, approved["preview_id"]) == "pending"
 
 
 async def test_rechecks_external_recipient_policy_at_send_time(configure: Any, make_context: Any,
@@ -181,7 +182,7 @@ async def test_rechecks_external_recipient_policy_at_send_time(configure: Any, m
     configure(rules={"blocked_domains": ["partner.org"]})  # or the organization blocked the domain since
     blocked = await send_error(make_context, approved, principal=ADMIN)
     assert blocked.code is ErrorCode.POLICY_VIOLATION
-    assert mail_server.received == [] and await state(approved["preview_id"]) == "pending"
+    assert mail_server.received == [] and await state(configure, approved["preview_id"]) == "pending"
 
 
 async def test_rejects_unapproved_previews(configure: Any, make_context: Any, mail_server: Any) -> None:
@@ -204,7 +205,7 @@ async def test_only_its_owner_sends_an_unexpired_draft(configure: Any, make_cont
 
 async def test_an_expired_draft_is_not_sent(configure: Any, make_context: Any, mail_server: Any) -> None:
     approved = await draft(make_context)
-    with sqlite3.connect(load_settings().drafts_path) as db:
+    with sqlite3.connect(configure.settings.drafts_path) as db:
         db.execute("UPDATE email_drafts SET expires_at = 0")
     error = await send_error(make_context, approved)
     assert (error.code, error.field) == (ErrorCode.PREVIEW_EXPIRED, "preview_id")

@@ -1,9 +1,10 @@
-"""The plugin's configuration: where drafts live, the SMTP server and its credentials, and the sending rules.
+"""The plugin's settings, ``plugins.config.email`` of the sidecar's configuration (``EmailSettings``): where drafts
+live, the SMTP server and its credentials, and the sending rules.
 
-Read from a TOML file named by ``TOOLBOOTH_EMAIL_CONFIG`` (optional; every key has a default), then from
-the environment: ``TOOLBOOTH_EMAIL_DB`` (the SQLite file of the drafts), ``TOOLBOOTH_EMAIL_SMTP_USERNAME``
-and ``TOOLBOOTH_EMAIL_SMTP_PASSWORD``. The password comes from that variable or from the file
-``smtp.password_file`` names, never from the config file itself nor from a tool's arguments.
+Every key has a default and can be set by ``TOOLBOOTH_PLUGINS__CONFIG__EMAIL__<SECTION>__<KEY>`` too. The SMTP
+password is ``smtp.password`` (best from that variable, e.g. a Kubernetes secret) or the file
+``smtp.password_file`` names (a mounted secret; read when the settings are validated), never a tool's
+argument.
 
 The rules mirror the policy data of the sidecar (``data.toolbooth.email``): ``rules.policy_data`` may name
 that ``data.json``, and its ``internal_domains``, ``external_permission`` and the roles granting that
@@ -15,23 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-__all__ = ["ConfigError", "EmailSettings", "Rules", "Sender", "SmtpSettings", "load_settings"]
-
-CONFIG_ENV = "TOOLBOOTH_EMAIL_CONFIG"
-DB_ENV = "TOOLBOOTH_EMAIL_DB"
-USERNAME_ENV = "TOOLBOOTH_EMAIL_SMTP_USERNAME"
-PASSWORD_ENV = "TOOLBOOTH_EMAIL_SMTP_PASSWORD"
-
-
-class ConfigError(ValueError):
-    """The plugin's configuration cannot be used; the message names the file and the key."""
+__all__ = ["EmailSettings", "Rules", "Sender", "SmtpSettings"]
 
 
 class _Section(BaseModel):
@@ -53,11 +43,26 @@ class SmtpSettings(_Section):
     port: int = Field(default=25, ge=1, le=65535)
     security: Literal["starttls", "tls", "none"] = "none"
     username: str | None = None
+    password: SecretStr | None = None  # inline, or read from password_file: at most one of them
     password_file: Path | None = None
-    password: SecretStr | None = Field(default=None, exclude=True)  # set from the env or password_file only
     timeout_seconds: float = Field(default=8.0, gt=0, le=60)
     validate_certs: bool = True
     cert_bundle: Path | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _password_from_its_file(cls, data: Any) -> Any:
+        """``password_file``'s text (stripped) becomes ``password``."""
+        if not isinstance(data, dict) or data.get("password_file") is None:
+            return data
+        if data.get("password") is not None:
+            raise ValueError("set at most one of 'password' or 'password_file'")
+        path = Path(str(data["password_file"]))
+        try:
+            secret = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(f"password_file: cannot read {path}: {exc.strerror or exc}") from None
+        return {**data, "password": secret}
 
 
 class Rules(_Section):
@@ -71,6 +76,25 @@ class Rules(_Section):
     require_approval: bool = True  # send_email sends only a rendering a person approved
     policy_data: Path | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_policy_data(cls, data: Any) -> Any:
+        """``policy_data``'s ``internal_domains``, ``external_permission`` and the roles granting it win."""
+        if not isinstance(data, dict) or data.get("policy_data") is None:
+            return data
+        path = Path(str(data["policy_data"]))
+        try:
+            policy = json.loads(path.read_text(encoding="utf-8"))["toolbooth"]
+            email = policy["email"]
+            permission = str(email["external_permission"])
+            roles = sorted(role for role, granted in policy.get("role_permissions", {}).items()
+                           if permission in granted)
+            domains = [str(domain) for domain in email["internal_domains"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"policy_data: {path} is not policy data with toolbooth.email "
+                             f"(internal_domains, external_permission): {exc!r}") from None
+        return {**data, "internal_domains": domains, "external_permission": permission, "external_roles": roles}
+
 
 class EmailSettings(_Section):
     """The whole configuration."""
@@ -80,67 +104,6 @@ class EmailSettings(_Section):
     rules: Rules = Rules()
     drafts_path: Path = Field(default_factory=lambda: _state_dir() / "email-drafts.db")
     draft_ttl_seconds: int = Field(default=900, ge=1, le=7 * 24 * 3600)
-
-
-def load_settings() -> EmailSettings:
-    """The configuration the environment names now (cached per environment)."""
-    return _load(os.environ.get(CONFIG_ENV), os.environ.get(DB_ENV), os.environ.get(USERNAME_ENV),
-                 os.environ.get(PASSWORD_ENV))
-
-
-@lru_cache(maxsize=8)
-def _load(config: str | None, db: str | None, username: str | None, password: str | None) -> EmailSettings:
-    raw: dict[str, Any] = _read_toml(Path(config)) if config else {}
-    if db:
-        raw["drafts_path"] = db
-    smtp = dict(raw.get("smtp") or {})
-    if "password" in smtp:
-        raise ConfigError(f"{config}: smtp.password is not read from the config file; set {PASSWORD_ENV} "
-                          "or smtp.password_file")
-    if username:
-        smtp["username"] = username
-    secret = password if password is not None else _read_secret(smtp.get("password_file"), config)
-    raw["smtp"] = {**smtp, **({"password": secret} if secret is not None else {})}
-    try:
-        settings = EmailSettings.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                             for e in exc.errors(include_url=False, include_input=False))
-        raise ConfigError(f"{config or 'the email plugin configuration'}: {problems}") from None
-    if settings.rules.policy_data is not None:
-        settings = settings.model_copy(update={"rules": _with_policy_data(settings.rules)})
-    return settings
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the email plugin configuration: {exc}") from None
-
-
-def _read_secret(path: object, config: str | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        return Path(str(path)).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"{config}: smtp.password_file cannot be read: {exc.strerror}") from None
-
-
-def _with_policy_data(rules: Rules) -> Rules:
-    assert rules.policy_data is not None
-    try:
-        data = json.loads(rules.policy_data.read_text(encoding="utf-8"))["toolbooth"]
-        email = data["email"]
-        permission = str(email["external_permission"])
-        roles = tuple(sorted(role for role, granted in data.get("role_permissions", {}).items()
-                             if permission in granted))
-        return rules.model_copy(update={"internal_domains": tuple(map(str, email["internal_domains"])),
-                                        "external_permission": permission, "external_roles": roles})
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{rules.policy_data}: not policy data with toolbooth.email "
-                          f"(internal_domains, external_permission): {exc!r}") from None
 
 
 def _state_dir() -> Path:

@@ -29,7 +29,7 @@ from toolbooth_email.models import (
     SendEmailPreviewOutput,
 )
 from toolbooth_email.rules import check_message, check_sender, deduplicated, warnings
-from toolbooth_email.settings import load_settings
+from toolbooth_email.settings import EmailSettings
 
 __all__ = ["render_send_email", "send_email", "send_email_preview"]
 
@@ -54,7 +54,7 @@ SEND_DESCRIPTION = (
       description=PREVIEW_DESCRIPTION, title="Preview an email")
 async def send_email_preview(args: SendEmailPreviewInput, ctx: ToolContext) -> SendEmailPreviewOutput:
     """Validate and render the email, keep it as the caller's draft and return it; send nothing."""
-    settings = load_settings()
+    settings = ctx.plugin_settings(EmailSettings)
     (recipients, cc, bcc), duplicates = deduplicated([args.recipients, args.cc, args.bcc])
     sender = Mailbox(email=settings.sender.email, display_name=settings.sender.display_name)
     content = EmailContent.model_validate({"from": sender, "recipients": recipients, "cc": cc, "bcc": bcc,
@@ -75,7 +75,8 @@ async def send_email_preview(args: SendEmailPreviewInput, ctx: ToolContext) -> S
 
 async def render_send_email(args: SendEmailInput, ctx: ToolContext) -> SendEmailPreviewOutput:
     """What ``send_email`` will send, for its approver: the caller's stored draft (no effect)."""
-    draft = await find_draft(DraftStore(load_settings().drafts_path), args.preview_id, ctx.principal, time.time())
+    store = DraftStore(ctx.plugin_settings(EmailSettings).drafts_path)
+    draft = await find_draft(store, args.preview_id, ctx.principal, time.time())
     return draft.preview
 
 
@@ -83,7 +84,7 @@ async def render_send_email(args: SendEmailInput, ctx: ToolContext) -> SendEmail
       timeout=10.0, preview=render_send_email, description=SEND_DESCRIPTION, title="Send an email")
 async def send_email(args: SendEmailInput, ctx: ToolContext) -> SendEmailOutput | Partial[SendEmailOutput]:
     """Send the approved draft once; report accepted and rejected recipients."""
-    settings = load_settings()
+    settings = ctx.plugin_settings(EmailSettings)
     store = DraftStore(settings.drafts_path)
     draft = await find_draft(store, args.preview_id, ctx.principal, time.time())
     message = _approved(draft, ctx, require_approval=settings.rules.require_approval)

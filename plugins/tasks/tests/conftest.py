@@ -1,5 +1,7 @@
 """Fixtures of the tasks plugin's tests: every test runs on SQLite and on PostgreSQL (``backend``), with its own
-database; ``tasks_db`` runs SQL on it. The sidecar fixtures are those of ``tests/integration``."""
+database; ``TasksDb`` runs SQL on it. ``SECTION`` is the plugin's ``plugins.config.tasks`` of the test (changed in
+place by the fixtures and tests), ``configured()`` its settings. The sidecar fixtures are those of
+``tests/integration``."""
 
 from __future__ import annotations
 
@@ -16,9 +18,18 @@ from tests.contract.conftest import postgres
 from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_key, socket_path
 from tests.support.postgres import PostgresServer
 from toolbooth_tasks import config
+from toolbooth_tasks.config import TasksSettings
 from toolbooth_tasks.directory import BUNDLED
 
-__all__ = ["TasksDb", "jwt_auth", "make_settings", "make_token", "postgres", "rsa_key", "socket_path"]
+__all__ = ["SECTION", "TasksDb", "configured", "jwt_auth", "make_settings", "make_token", "postgres", "rsa_key",
+           "socket_path"]
+
+SECTION: dict[str, Any] = {}
+
+
+def configured() -> TasksSettings:
+    """The plugin's settings of the test, as the sidecar validates ``SECTION``."""
+    return TasksSettings.model_validate(SECTION)
 
 
 class TasksDb:
@@ -45,23 +56,22 @@ class TasksDb:
 def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TasksDb]:
     """The plugin configured for this test's own database of each kind."""
     config.reset()
-    monkeypatch.delenv(config.ENV_DIRECTORY, raising=False)
-    monkeypatch.delenv(config.ENV_TTL, raising=False)
+    SECTION.clear()
     if request.param == "postgres":
         server: PostgresServer = request.getfixturevalue("postgres")
         dsn = server.new_schema()
-        monkeypatch.setenv(config.ENV_DSN, dsn)
+        SECTION["postgres_dsn"] = dsn
         db = TasksDb(None, dsn)
     else:
-        monkeypatch.delenv(config.ENV_DSN, raising=False)
-        monkeypatch.setenv(config.ENV_DB, str(tmp_path / "tasks" / "tasks.db"))
+        SECTION["sqlite_path"] = str(tmp_path / "tasks" / "tasks.db")
         db = TasksDb(tmp_path / "tasks" / "tasks.db", None)
     yield db
+    SECTION.clear()
     config.reset()
 
 
 @pytest.fixture
-def directory_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def directory_file(tmp_path: Path) -> Path:
     """A copy of the bundled directory, as JSON, that the plugin uses from now on (tests may change it)."""
     from importlib import resources
 
@@ -70,5 +80,5 @@ def directory_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     data = yaml.safe_load(resources.files("toolbooth_tasks").joinpath(BUNDLED).read_text(encoding="utf-8"))
     path = tmp_path / "directory.json"
     path.write_text(json.dumps(data), encoding="utf-8")
-    monkeypatch.setenv(config.ENV_DIRECTORY, str(path))
+    SECTION["directory"] = str(path)
     return path

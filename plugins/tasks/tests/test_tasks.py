@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from sidecar.errors import ConfigError
 from sidecar.plugin import ErrorCode, Principal, SideEffect, ToolContext, ToolError
 from toolbooth_tasks import (
+    PLUGIN,
     TOOLS,
     CreateTaskInput,
     CreateTaskOutput,
@@ -30,7 +32,7 @@ from toolbooth_tasks import (
 )
 from toolbooth_tasks.directory import DirectoryError, load_directory
 
-from .conftest import TasksDb
+from .conftest import SECTION, TasksDb, configured
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 ALICE = Principal(id="alice", tenant="acme", roles=("developer",))
@@ -44,7 +46,7 @@ def context(principal: Principal = ALICE, conversation: str | None = "c-1",
             approved: dict[str, Any] | None = None) -> ToolContext:
     return ToolContext(principal=principal, request_id="req-1", deadline=time.monotonic() + 5, idempotency_key="k-1",
                        attempt=1, logger=logging.LoggerAdapter(logging.getLogger("t"), {}),
-                       approved_preview=approved, conversation_id=conversation)
+                       approved_preview=approved, conversation_id=conversation, settings=configured())
 
 
 async def preview(ctx: ToolContext | None = None, **changes: Any) -> CreateTaskPreviewOutput:
@@ -230,15 +232,32 @@ async def test_an_expired_preview_is_refused(backend: TasksDb) -> None:
     assert backend.task_count() == 0
 
 
-async def test_previews_live_as_long_as_configured(backend: TasksDb, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(config.ENV_TTL, "60")
+async def test_previews_live_as_long_as_configured(backend: TasksDb) -> None:
+    SECTION["preview_ttl_seconds"] = 60
     shown = await preview()
     [(created, expires)] = backend.execute("SELECT created_at, expires_at FROM task_previews")
     assert expires - created == pytest.approx(60)
-    monkeypatch.setenv(config.ENV_TTL, "forever")
-    with pytest.raises(config.ConfigError, match="TOOLBOOTH_TASKS_PREVIEW_TTL_SECONDS must be a number"):
-        await preview()
     assert shown.expires_at.endswith("Z")
+
+
+@pytest.mark.parametrize(("section", "message"), [
+    ({"preview_ttl_seconds": "forever"},
+     "config error at plugins.config.tasks.preview_ttl_seconds: Input should be a valid number, unable to parse "
+     "string as a number"),
+    ({"preview_ttl_seconds": 0},
+     "config error at plugins.config.tasks.preview_ttl_seconds: Input should be greater than or equal to 1"),
+    ({"base_url": ""}, "config error at plugins.config.tasks.base_url: String should have at least 1 character"),
+    ({"postgres_dsn": ""}, "config error at plugins.config.tasks.postgres_dsn: Value should have at least 1 item "
+                           "after validation, not 0"),
+    ({"db": "/tmp/tasks.db"}, "config error at plugins.config.tasks.db: unknown key"),
+    ({"directory": "/nonexistent/directory.yaml"}, "config error at plugins.config.tasks.directory: cannot read the "
+                                                   "tasks directory /nonexistent/directory.yaml: No such file or "
+                                                   "directory"),
+])
+def test_bad_settings_are_refused_naming_the_key(section: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        PLUGIN.configure("tasks", section)
+    assert str(caught.value) == message
 
 
 async def test_the_approved_rendering_is_what_is_created(backend: TasksDb) -> None:
@@ -262,15 +281,16 @@ async def test_project_access_is_checked_again_when_creating(backend: TasksDb, d
     assert backend.task_count() == 0
 
 
-async def test_an_unreachable_database_is_service_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_unreachable_database_is_service_unavailable() -> None:
     from tests.support.postgres import ADMIN_DSN, closed_port_dsn
 
     config.reset()
-    monkeypatch.setenv(config.ENV_DSN, closed_port_dsn(ADMIN_DSN + "?password=pw-secret"))
+    SECTION["postgres_dsn"] = closed_port_dsn(ADMIN_DSN + "?password=pw-secret")
     error = await refused(preview())
     assert error.code is ErrorCode.SERVICE_UNAVAILABLE
     assert error.message == "the task store is unavailable; nothing was stored"
     config.reset()
+    SECTION.clear()
 
 
 # --- the directory file -------------------------------------------------------------------
@@ -304,9 +324,10 @@ def test_tool_metadata() -> None:
 
 def test_entry_point_is_declared_and_installed() -> None:
     project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
-    assert project["entry-points"]["toolbooth.tools"] == {"tasks": "toolbooth_tasks:TOOLS"}
+    assert project["entry-points"]["toolbooth.tools"] == {"tasks": "toolbooth_tasks:PLUGIN"}
     (entry_point,) = metadata.entry_points(group="toolbooth.tools", name="tasks")
-    assert entry_point.load() is TOOLS and TOOLS == [create_task_preview, create_task]
+    assert entry_point.load() is PLUGIN and PLUGIN.tools == (create_task_preview, create_task)
+    assert PLUGIN.settings is config.TasksSettings and list(PLUGIN.tools) == TOOLS
 
 
 def test_create_tasks_schema_allows_strict_mode() -> None:

@@ -8,19 +8,22 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sidecar.cli import main
-from sidecar.config import Settings
+from sidecar.config import Settings, load_settings
 from sidecar.contract import ErrorCode, Preview, Status, ToolResult
+from sidecar.tools.registry import Registry
 from tests.support.approvals import policies
 from tests.support.gated import World, gated
-from toolbooth_tasks import TOOLS
+from toolbooth_tasks import PLUGIN
 
-from .conftest import TasksDb
+from .conftest import SECTION, TasksDb
 
 pytestmark = pytest.mark.integration
 
@@ -30,9 +33,12 @@ CONVERSATION = "conv-1"
 
 
 @pytest.fixture
-async def world(backend: TasksDb, tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
-                make_token: Callable[..., str]) -> AsyncIterator[World]:
-    async with gated(TOOLS, make_settings(auth=jwt_auth), make_token, tmp_path / "store.db") as w:
+async def world(backend: TasksDb, directory_file: Path, tmp_path: Path, make_settings: Callable[..., Settings],
+                jwt_auth: dict[str, Any], make_token: Callable[..., str]) -> AsyncIterator[World]:
+    """A sidecar serving the plugin configured with ``SECTION``: the test's database, a directory file it may
+    change."""
+    async with gated(PLUGIN.configure("tasks", SECTION), make_settings(auth=jwt_auth), make_token,
+                     tmp_path / "store.db") as w:
         yield w
 
 
@@ -203,10 +209,52 @@ async def test_without_approval_two_keys_for_one_preview_make_one_task(
         backend: TasksDb, tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
         make_token: Callable[..., str]) -> None:
     engine = policies(tmp_path / "policies")  # approval configured for another tool only
-    async with gated(TOOLS, make_settings(auth=jwt_auth), make_token, tmp_path / "store.db", engine=engine) as w:
+    async with gated(PLUGIN.configure("tasks", SECTION), make_settings(auth=jwt_auth), make_token,
+                     tmp_path / "store.db", engine=engine) as w:
         preview_id = (await previewed(w))["preview_id"]
         results = await asyncio.gather(*(create(w, preview_id, f"key-{n}") for n in range(4)))
     assert all(r.status is Status.SUCCESS for r in results), results
     assert sorted(r.data["created"] for r in results) == [False, False, False, True]
     assert len({r.data["task"]["id"] for r in results}) == 1
     assert backend.task_count() == 1
+
+
+# --- configured by the sidecar's config file -----------------------------------------------------------------
+
+
+def config_file(tmp_path: Path, jwt_auth: dict[str, Any], tasks: dict[str, Any]) -> Path:
+    """A sidecar config file in ``tmp_path`` with the plugin section ``tasks``."""
+    path = tmp_path / "toolbooth.yaml"
+    path.write_text(yaml.safe_dump({
+        "server": {"listen": [f"unix://{tmp_path}/tb.sock", "127.0.0.1:0"], "shutdown_grace_seconds": 1},
+        "store": {"sqlite_path": str(tmp_path / "toolbooth.db")}, "auth": jwt_auth,
+        "plugins": {"allow": ["tasks"], "config": {"tasks": tasks}}}))
+    return path
+
+
+async def test_a_sidecar_configured_by_file_and_variables_gives_the_plugin_its_settings(
+        backend: TasksDb, tmp_path: Path, jwt_auth: dict[str, Any], make_token: Callable[..., str]) -> None:
+    path = config_file(tmp_path, jwt_auth, {**SECTION, "base_url": "https://tasks.acme.test/t/"})
+    settings = load_settings(path, env={"TOOLBOOTH_PLUGINS__CONFIG__TASKS__PREVIEW_TTL_SECONDS": "120"})
+    async with gated(list(Registry.for_settings(settings)), settings, make_token, tmp_path / "store.db") as w:
+        before = time.time()
+        data = await previewed(w)
+        preview = (await create(w, data["preview_id"], "create-file")).preview
+        assert preview is not None and (await w.approver.approve(preview.preview_id, preview.preview_hash)).ok
+        made = await create(w, data["preview_id"], "create-file", approval_id=preview.preview_id)
+    expires = datetime.fromisoformat(data["expires_at"]).timestamp()
+    assert before + 119 <= expires <= time.time() + 121
+    assert made.status is Status.SUCCESS, made
+    assert made.data["task"]["url"] == f"https://tasks.acme.test/t/{made.data['task']['id']}"
+    assert backend.task_count() == 1
+
+
+def test_config_validate_refuses_a_bad_plugin_section_naming_its_key(
+        tmp_path: Path, jwt_auth: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    path = config_file(tmp_path, jwt_auth, {"preview_ttl_seconds": 90_000, "sqlite_path": str(tmp_path / "t.db")})
+    assert main(["config", "validate", "--config", str(path)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "config error at plugins.config.tasks.preview_ttl_seconds: Input should be less than or equal to 86400")
+    path = config_file(tmp_path, jwt_auth, {"sqlite_path": str(tmp_path / "t.db")})
+    assert main(["config", "validate", "--config", str(path)]) == 0
+    assert "plugins:  tasks (toolbooth-tasks" in capsys.readouterr().out

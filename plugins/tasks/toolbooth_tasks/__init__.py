@@ -4,15 +4,17 @@
 preview of the caller's, in its conversation; ``create_task(preview_id)`` creates exactly that task, once. The
 default approval policy holds ``create_task`` for a person's approval: the approver sees the task as
 ``render`` shows it, and the handler creates the approved rendering. Exposed to the sidecar through the
-``toolbooth.tools`` entry point ``tasks``, which names ``TOOLS``.
+``toolbooth.tools`` entry point ``tasks``, which names ``PLUGIN``: the two tools and their settings,
+``plugins.config.tasks`` (``toolbooth_tasks.config.TasksSettings``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sidecar.plugin import ErrorCode, RetryPolicy, SideEffect, ToolContext, ToolDefinition, tool
+from sidecar.plugin import ErrorCode, Plugin, RetryPolicy, SideEffect, ToolContext, ToolDefinition, tool
 from toolbooth_tasks import service
+from toolbooth_tasks.config import TasksSettings
 from toolbooth_tasks.models import (
     CreateTaskInput,
     CreateTaskOutput,
@@ -22,12 +24,14 @@ from toolbooth_tasks.models import (
 )
 
 __all__ = [
+    "PLUGIN",
     "TOOLS",
     "CreateTaskInput",
     "CreateTaskOutput",
     "CreateTaskPreviewInput",
     "CreateTaskPreviewOutput",
     "TaskRendering",
+    "TasksSettings",
     "create_task",
     "create_task_preview",
     "render_task",
@@ -67,3 +71,4 @@ async def create_task(args: CreateTaskInput, ctx: ToolContext) -> CreateTaskOutp
 
 
 TOOLS: list[ToolDefinition[Any, Any]] = [create_task_preview, create_task]
+PLUGIN = Plugin(TOOLS, settings=TasksSettings)

@@ -1,57 +1,74 @@
-"""The plugin's configuration, from environment variables read when a tool first needs them.
+"""The plugin's settings, ``plugins.config.tasks`` of the sidecar's configuration (``TasksSettings``), and the
+store and directory they name.
 
-| variable | meaning | default |
+| key | meaning | default |
 | --- | --- | --- |
-| ``TOOLBOOTH_TASKS_POSTGRES_DSN`` | keep tasks in this PostgreSQL database | unset: SQLite |
-| ``TOOLBOOTH_TASKS_DB`` | the SQLite file | ``tasks.db`` in Toolbooth's state directory |
-| ``TOOLBOOTH_TASKS_DIRECTORY`` | the directory file (YAML or JSON) | the bundled ``data/directory.yaml`` |
-| ``TOOLBOOTH_TASKS_PREVIEW_TTL_SECONDS`` | how long a preview can be used | 900 |
-| ``TOOLBOOTH_TASKS_BASE_URL`` | a task's ``url`` is this, ``/`` and its id | ``https://tasks.example.com/tasks`` |
+| ``postgres_dsn`` | keep tasks in this PostgreSQL database | unset: SQLite |
+| ``sqlite_path`` | the SQLite file | ``tasks.db`` in Toolbooth's state directory |
+| ``directory`` | the directory file (YAML or JSON) | the bundled ``data/directory.yaml`` |
+| ``preview_ttl_seconds`` | how long a preview can be used (1-86400) | 900 |
+| ``base_url`` | a task's ``url`` is this, ``/`` and its id | ``https://tasks.example.com/tasks`` |
 
-The store is made once per database; the directory is read again whenever its file changes.
+Each key can be set by ``TOOLBOOTH_PLUGINS__CONFIG__TASKS__<KEY>`` too. The store is made once per database;
+the directory file is checked when the settings are validated, and read again whenever it changes.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
 from sidecar.config import default_state_dir
+from sidecar.plugin import ToolContext
 from toolbooth_tasks.directory import Directory, load_directory
 from toolbooth_tasks.store import PostgresTasks, SqliteTasks, TaskStore
 
-__all__ = ["ConfigError", "base_url", "directory", "preview_ttl", "reset", "store"]
-
-ENV_DSN = "TOOLBOOTH_TASKS_POSTGRES_DSN"
-ENV_DB = "TOOLBOOTH_TASKS_DB"
-ENV_DIRECTORY = "TOOLBOOTH_TASKS_DIRECTORY"
-ENV_TTL = "TOOLBOOTH_TASKS_PREVIEW_TTL_SECONDS"
-ENV_BASE_URL = "TOOLBOOTH_TASKS_BASE_URL"
+__all__ = ["TasksSettings", "directory", "reset", "settings", "store"]
 
 _stores: dict[tuple[str, str], TaskStore] = {}
 _directories: dict[tuple[str, int, int], Directory] = {}
 
 
-class ConfigError(ValueError):
-    """An environment variable of the plugin has a value it cannot use; the message names it."""
+class TasksSettings(BaseModel):
+    """Where tasks are kept, who may be assigned them, how long a preview lasts, what a task's url is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    postgres_dsn: SecretStr | None = Field(default=None, min_length=1)
+    sqlite_path: Path = Field(default_factory=lambda: default_state_dir() / "tasks.db")
+    directory: Path | None = None
+    preview_ttl_seconds: float = Field(default=900.0, ge=1, le=86_400)
+    base_url: str = Field(default="https://tasks.example.com/tasks", min_length=1)
+
+    @field_validator("directory")
+    @classmethod
+    def _a_valid_directory(cls, value: Path | None) -> Path | None:
+        """Read now, so that a bad file stops start-up (it is read again whenever it changes)."""
+        if value is not None:
+            load_directory(value)
+        return value
 
 
-def store() -> TaskStore:
-    """The task store the environment names."""
-    dsn = os.environ.get(ENV_DSN, "").strip()
-    where = ("postgres", dsn) if dsn else ("sqlite", os.environ.get(ENV_DB, "").strip()
-                                            or str(default_state_dir() / "tasks.db"))
+def settings(ctx: ToolContext) -> TasksSettings:
+    """The settings of the call's plugin."""
+    return ctx.plugin_settings(TasksSettings)
+
+
+def store(configured: TasksSettings) -> TaskStore:
+    """The task store the settings name."""
+    dsn = configured.postgres_dsn.get_secret_value() if configured.postgres_dsn is not None else ""
+    where = ("postgres", dsn) if dsn else ("sqlite", str(configured.sqlite_path))
     if where not in _stores:
-        _stores[where] = PostgresTasks(dsn) if dsn else SqliteTasks(Path(where[1]))
+        _stores[where] = PostgresTasks(dsn) if dsn else SqliteTasks(configured.sqlite_path)
     return _stores[where]
 
 
-def directory() -> Directory:
-    """The directory the environment names, as its file is now."""
-    named = os.environ.get(ENV_DIRECTORY, "").strip()
-    if not named:
+def directory(configured: TasksSettings) -> Directory:
+    """The directory the settings name, as its file is now."""
+    path = configured.directory
+    if path is None:
         return _cached(("", 0, 0), None)
-    path = Path(named)
     try:
         status = path.stat()
     except OSError:
@@ -66,24 +83,7 @@ def _cached(key: tuple[str, int, int], path: Path | None) -> Directory:
     return _directories[key]
 
 
-def preview_ttl() -> float:
-    """Seconds a preview can be used for."""
-    text = os.environ.get(ENV_TTL, "").strip() or "900"
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not 1 <= seconds <= 86_400:
-        raise ConfigError(f"{ENV_TTL} must be a number of seconds from 1 to 86400, got {text!r}")
-    return seconds
-
-
-def base_url() -> str:
-    """What a task's url starts with."""
-    return (os.environ.get(ENV_BASE_URL, "").strip() or "https://tasks.example.com/tasks").rstrip("/")
-
-
 def reset() -> None:
-    """Forget the stores and directories made so far (tests, or after changing the environment)."""
+    """Forget the stores and directories made so far (tests)."""
     _stores.clear()
     _directories.clear()

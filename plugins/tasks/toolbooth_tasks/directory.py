@@ -1,6 +1,6 @@
 """The directory of organizations, workspaces, projects and people that tasks are resolved against.
 
-A YAML (or JSON) file, ``data/directory.yaml`` of this package unless ``TOOLBOOTH_TASKS_DIRECTORY`` names
+A YAML (or JSON) file, ``data/directory.yaml`` of this package unless the setting ``directory`` names
 another; read again when it changes. An organization is a tenant: a caller sees only the projects of the
 organization whose id is its principal's tenant, and of those only the ones whose ``members`` (if set) name it.
 A task's assignee must be a person of its project's workspace.

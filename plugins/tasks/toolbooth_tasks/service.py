@@ -48,7 +48,7 @@ def preview_hash(task: ProposedTask) -> str:
 async def make_preview(args: CreateTaskPreviewInput, ctx: ToolContext) -> CreateTaskPreviewOutput:
     """Resolve ``args`` into the task it would create, store it as a preview of the caller's and return it."""
     now = time.time()
-    expires_at = now + config.preview_ttl()
+    expires_at = now + config.settings(ctx).preview_ttl_seconds
     resolved = _project(ctx, args.project_id, ErrorCode.RESOURCE_NOT_FOUND)
     person = _assignee(resolved, args.assignee_id)
     task = ProposedTask(
@@ -59,19 +59,19 @@ async def make_preview(args: CreateTaskPreviewInput, ctx: ToolContext) -> Create
                               warnings=_warnings(args.due_at, person, now), expires_at=_stamp(expires_at))
     stored = StoredPreview(rendering.preview_id, ctx.principal.id, ctx.principal.tenant, ctx.conversation_id,
                            rendering.preview_hash, rendering.model_dump_json(), now, expires_at)
-    await _guarded(_store().save_preview(stored), "nothing was stored")
+    await _guarded(_store(ctx).save_preview(stored), "nothing was stored")
     return CreateTaskPreviewOutput.model_validate(rendering.model_dump())
 
 
 async def render(args: CreateTaskInput, ctx: ToolContext) -> TaskRendering:
     """What ``create_task`` will create for ``args``: the caller's stored, unexpired preview. No effect."""
-    stored = await _owned(_store(), args.preview_id, ctx)
+    stored = await _owned(_store(ctx), args.preview_id, ctx)
     return TaskRendering.model_validate_json(stored.rendering)
 
 
 async def commit(args: CreateTaskInput, ctx: ToolContext) -> CreateTaskOutput:
     """Create the task of the caller's preview ``args.preview_id`` — the approved rendering, if approved — once."""
-    store = _store()
+    store = _store(ctx)
     stored = await _owned(store, args.preview_id, ctx)
     approved = ctx.approved_preview
     rendering = TaskRendering.model_validate_json(stored.rendering) if approved is None else (
@@ -88,15 +88,15 @@ async def commit(args: CreateTaskInput, ctx: ToolContext) -> CreateTaskOutput:
     made = await _guarded(store.create(row), "the task may or may not have been created; retry with the same key")
     return CreateTaskOutput(created=made.task_id == row.task_id, task=CreatedTask(
         id=made.task_id, title=made.title, project_id=made.project_id, assignee_id=made.assignee_id,
-        due_at=made.due_at, priority=task.priority, url=f"{config.base_url()}/{made.task_id}"))
+        due_at=made.due_at, priority=task.priority, url=f"{config.settings(ctx).base_url.rstrip('/')}/{made.task_id}"))
 
 
-def _store() -> TaskStore:
-    return config.store()
+def _store(ctx: ToolContext) -> TaskStore:
+    return config.store(config.settings(ctx))
 
 
 def _project(ctx: ToolContext, project_id: str, code: ErrorCode) -> Resolved:
-    resolved = config.directory().project(ctx.principal, project_id)
+    resolved = config.directory(config.settings(ctx)).project(ctx.principal, project_id)
     if resolved is not None:
         return resolved
     if code is ErrorCode.PERMISSION_DENIED:

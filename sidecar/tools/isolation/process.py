@@ -107,7 +107,7 @@ class Worker:
         """Run ``tool``'s handler in the worker: what it returned; ``ToolError`` or ``HandlerFailed``."""
         request = Request(tool, args, ctx.principal, ctx.request_id, ctx.time_remaining(), ctx.idempotency_key,
                           ctx.attempt, ctx.logger.logger.name, dict(ctx.logger.extra or {}), ctx.approved_preview,
-                          ctx.conversation_id)
+                          ctx.conversation_id, ctx.settings)
         frame = encode(request)  # one that does not pickle fails here, before the worker sees anything
         try:
             reply = await self._ask(frame)

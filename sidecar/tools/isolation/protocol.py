@@ -68,6 +68,7 @@ class Request:
     log_extra: Mapping[str, Any]
     approved_preview: Mapping[str, Any] | None = None
     conversation_id: str | None = None
+    settings: BaseModel | None = None  # the plugin's settings, as the handler's context holds them
 
 
 @dataclass(frozen=True)

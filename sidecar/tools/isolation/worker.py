@@ -75,7 +75,7 @@ def _run(handler: Handler, request: Request) -> Returned | Refused | Raised:
                       deadline=time.monotonic() + request.remaining, idempotency_key=request.idempotency_key,
                       attempt=request.attempt, logger=logger,
                       approved_preview=None if request.approved_preview is None else dict(request.approved_preview),
-                      conversation_id=request.conversation_id)
+                      conversation_id=request.conversation_id, settings=request.settings)
     try:
         return Returned(handler(request.args, ctx))
     except ToolError as exc:
