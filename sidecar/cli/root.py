@@ -9,6 +9,9 @@ parses, runs the chosen handler and turns the outcome into an exit code (``sidec
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import sys
 from collections.abc import Sequence
 
 from sidecar import __version__
@@ -16,7 +19,9 @@ from sidecar.cli import approvals, audit, batch, config, mcp_stdio, operations, 
 from sidecar.cli.common import EXIT_USAGE, CommandError, Handler, fail
 from sidecar.errors import ConfigError
 
-__all__ = ["GROUPS", "build_parser", "main"]
+__all__ = ["EXIT_BROKEN_PIPE", "GROUPS", "build_parser", "main"]
+
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a command killed by SIGPIPE
 
 # In the order ``toolbooth --help`` lists them.
 GROUPS = (serve, tools, batch, mcp_stdio, config, policy, audit, approvals, operations, token)
@@ -31,11 +36,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     handler: Handler = args.handler
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # here, so that a reader gone away (``| head``) is seen here and not at exit
+    except BrokenPipeError:
+        return _stdout_closed()
     except CommandError as exc:
         return fail(str(exc), exc.exit_code)
     except ConfigError as exc:
         return fail(str(exc), EXIT_USAGE)
+    return code
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``toolbooth audit tail | head``): stop quietly, as a command killed by
+    SIGPIPE would, with that exit status; stdout goes to /dev/null so that nothing fails at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
 
 
 def build_parser() -> argparse.ArgumentParser:

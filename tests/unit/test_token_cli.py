@@ -1,17 +1,21 @@
 """``toolbooth token``: what it signs is what the sidecar of the same configuration accepts, and what it refuses.
 
-Also ``--field``, the output of one field of a printed result (``sidecar.cli.common.print_result``).
+Also ``--field``, the output of one field of a printed result (``sidecar.cli.common.print_result``), and what any
+command does when the reader of its output goes away.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jwt
 import pytest
 
 from sidecar.cli.common import CommandError, print_result
-from sidecar.cli.root import main
+from sidecar.cli.root import EXIT_BROKEN_PIPE, main
 from sidecar.config import load_settings
 from sidecar.contract import Principal
 from sidecar.server.auth import Authenticator
@@ -111,3 +115,17 @@ def test_a_missing_field_is_an_error_that_says_so(path: str) -> None:
     with pytest.raises(CommandError, match=f"--field {path}: the result has no such field") as raised:
         print_result({"status": "error", "data": None}, path)
     assert raised.value.exit_code == 1
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``toolbooth … | head``: stdout closed before the command writes is SIGPIPE's exit status and no traceback."""
+    config = _config(tmp_path, HMAC.format(dir=tmp_path))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written
+    env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
+    try:
+        done = subprocess.run([sys.executable, "-m", "sidecar", "token", "--config", str(config), "--subject", "a"],
+                              stdout=write_end, stderr=subprocess.PIPE, env=env, timeout=60, check=False)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (EXIT_BROKEN_PIPE, b"")
