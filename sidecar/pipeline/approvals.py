@@ -347,7 +347,8 @@ def to_preview(record: PreviewRecord) -> Preview:
                    reason=record.reason, expires_at=_rfc3339(record.expires_at), state=record.state,
                    approver_roles=record.approver_roles, decided_by=decided_by,
                    decided_at=None if record.decided_at is None else _rfc3339(record.decided_at),
-                   comment=record.comment, rendering_json=_rendering_json(record.call_json))
+                   comment=record.comment, rendering_json=_rendering_json(record.call_json),
+                   created_at=_rfc3339(record.created_at))
 
 
 def _rendering_json(call_json: str) -> str | None:
