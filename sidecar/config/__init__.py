@@ -9,6 +9,7 @@ are parsed as YAML, so ``[a, b]`` is a list and ``true`` a boolean).
 
 from __future__ import annotations
 
+from sidecar.config.approvals_ui import ApprovalsUiSettings
 from sidecar.config.auth import AuthMode, AuthSettings, JwtSettings
 from sidecar.config.base import (
     CLIENT_VARIABLES,
@@ -67,6 +68,7 @@ __all__ = [
     "MCP_PATH",
     "MIN_MASK_KEY_BYTES",
     "UNIX_PREFIX",
+    "ApprovalsUiSettings",
     "AuditSettings",
     "AuthMode",
     "AuthSettings",

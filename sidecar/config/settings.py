@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 
+from sidecar.config.approvals_ui import ApprovalsUiSettings
 from sidecar.config.auth import AuthMode, AuthSettings
 from sidecar.config.base import (
     CLIENT_VARIABLES,
@@ -230,6 +231,7 @@ class Settings(Section):
     plugins: PluginSettings = Field(default_factory=PluginSettings)
     isolation: IsolationSettings = Field(default_factory=IsolationSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
+    approvals_ui: ApprovalsUiSettings = Field(default_factory=ApprovalsUiSettings)
     log_level: str = "INFO"
 
     @field_validator("log_level", mode="before")
@@ -242,10 +244,13 @@ class Settings(Section):
 
     @model_validator(mode="after")
     def _dev_mode_stays_local(self) -> Settings:
-        """Dev mode trusts every caller, so it may only listen where no one else can reach (gRPC and MCP alike)."""
+        """Dev mode trusts every caller, so it may only listen where no one else can reach (gRPC, MCP and the
+        approval inbox alike)."""
         if self.auth.effective_mode is AuthMode.DEV:
             addresses = [("server.listen", address) for address in self.server.listen]
             addresses += [("mcp.listen", self.mcp.listen)] if self.mcp.listen is not None else []
+            if self.approvals_ui.listen is not None:
+                addresses.append(("approvals_ui.listen", self.approvals_ui.listen))
             for key, address in addresses:
                 if not parse_listen(address).is_local:
                     raise ValueError(
