@@ -8,6 +8,7 @@ policy engine and revision, listeners. With a chain key (``audit.chain_key``) it
 audit checkpoint (``sidecar.state.checkpoint``) at an interval and, once the last calls are
 recorded, at shutdown. With ``mcp.listen`` it serves MCP too (``sidecar.server.mcp_http``), on the same
 event loop: started before gRPC, stopped first at shutdown, each within ``server.shutdown_grace_seconds``.
+With ``approvals_ui.listen`` it serves the approval inbox (``sidecar.server.approvals_ui``) the same way.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
         _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals)
         reloader.on_status = sidecar.report_policy
         try:
-            async with _mcp_endpoint(settings, pipeline):
+            async with _mcp_endpoint(settings, pipeline), _approvals_inbox(settings, pipeline.approvals):
                 await sidecar.start()
                 _log_start(settings, pipeline, reloader, sidecar)
                 checkpoints = checkpointer.run if checkpointer else None
@@ -183,6 +184,23 @@ async def _mcp_endpoint(settings: Settings, gateway: ToolGateway) -> AsyncIterat
         yield
     finally:
         await endpoint.stop()
+
+
+@contextlib.asynccontextmanager
+async def _approvals_inbox(settings: Settings, approvals: ApprovalGateway) -> AsyncIterator[None]:
+    """The approval inbox of ``approvals_ui.listen`` served while the body runs, then stopped; nothing when it
+    is off (its web stack is imported only then)."""
+    if settings.approvals_ui.listen is None:
+        yield
+        return
+    from sidecar.server.approvals_ui.endpoint import ApprovalsInbox
+
+    inbox = ApprovalsInbox.open(settings, approvals)
+    await inbox.start()
+    try:
+        yield
+    finally:
+        await inbox.stop()
 
 
 @contextlib.asynccontextmanager
