@@ -9,68 +9,23 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sidecar.bootstrap import assemble
 from sidecar.canonical import canonical_json, sha256_hex
-from sidecar.client import AsyncClient
-from sidecar.config import Limits, Settings
-from sidecar.contract import ErrorCode, Preview, PreviewState, Status
-from sidecar.pipeline import Pipeline
-from sidecar.server import create_server
-from sidecar.server.approvals_ui import ApprovalsInbox
+from sidecar.config import Settings
+from sidecar.contract import ErrorCode, PreviewState, Status
 from sidecar.server.approvals_ui.pages import CHANGED, FORGED
 from sidecar.server.approvals_ui.security import HEADERS
-from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
-from tests.support import contract_tools, tools
-from tests.support.approvals import NOTE, policies
-from tests.support.inbox import Browser, Page
+from tests.support import tools
+from tests.support.approvals import NOTE
+from tests.support.inbox import MAIL, Browser, Page, World, served_inbox
 from tests.support.waiting import past, until
 
 pytestmark = pytest.mark.integration
-
-Tokens = Callable[..., str]
-MAIL = {"recipients": [{"email": "ana@example.com"}], "cc": [], "subject": "Deployment complete",
-        "body_text": "The new version has been deployed.\nRollback plan attached."}
-
-
-@dataclass
-class World:
-    """A running sidecar with its inbox: gRPC clients and browsers of any principal."""
-
-    inbox: ApprovalsInbox
-    target: str
-    tokens: Tokens
-    store: SqliteStore
-    clients: list[AsyncClient] = field(default_factory=list)
-    browsers: list[Browser] = field(default_factory=list)
-
-    def client(self, sub: str = "alice", roles: tuple[str, ...] = ("developer",)) -> AsyncClient:
-        self.clients.append(client := AsyncClient(self.target, token=self.tokens(sub=sub, roles=list(roles))))
-        return client
-
-    def browser(self) -> Browser:
-        self.browsers.append(browser := Browser(self.inbox.url))
-        return browser
-
-    async def signed_in(self, sub: str = "bob", roles: tuple[str, ...] = ("approver",)) -> Browser:
-        browser = self.browser()
-        page = await browser.sign_in(self.tokens(sub=sub, roles=list(roles)))
-        assert (page.status, page.location) == (303, "/inbox"), page.text
-        return browser
-
-    async def held_note(self, key: str = "k-1") -> Preview:
-        result = await self.client().execute("file_note", NOTE, idempotency_key=key)
-        assert result.status is Status.APPROVAL_REQUIRED and result.preview is not None, result
-        return result.preview
-
-    async def pending(self) -> list[Preview]:
-        return await self.client("bob", ("approver",)).previews()
 
 
 @pytest.fixture
@@ -81,24 +36,10 @@ def ui() -> dict[str, Any]:
 
 @pytest.fixture
 async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
-                make_token: Tokens, ui: dict[str, Any]) -> AsyncIterator[World]:
+                make_token: Callable[..., str], ui: dict[str, Any]) -> AsyncIterator[World]:
     settings = make_settings(auth=jwt_auth, approvals_ui={"listen": "127.0.0.1:0", **ui})
-    store = await SqliteStore.open(tmp_path / "store.db")
-    registry = Registry.from_tools([tools.file_note, contract_tools.send_email_preview, contract_tools.send_email])
-    engine = policies(tmp_path / "policies", mask=["/body"])
-    pipeline: Pipeline = assemble(registry=registry, policy=engine, store=store, limits=Limits())
-    inbox = ApprovalsInbox.open(settings, pipeline.approvals)
-    _, sidecar = await create_server(settings, pipeline, approvals=pipeline.approvals)
-    await sidecar.start()
-    await inbox.start()
-    world = World(inbox, sidecar.addresses[-1], make_token, store)
-    try:
+    async with served_inbox(settings, make_token, tmp_path) as world:
         yield world
-    finally:
-        await asyncio.gather(*(c.close() for c in world.clients), *(b.close() for b in world.browsers))
-        await inbox.stop()
-        await sidecar.stop(None)
-        await pipeline.aclose()
 
 
 def strict(page: Page) -> None:
