@@ -5,6 +5,7 @@ once), and every forged, stale or unauthorized form changes nothing; every respo
 from __future__ import annotations
 
 import asyncio
+import calendar
 import json
 import logging
 import time
@@ -35,10 +36,16 @@ def ui() -> dict[str, Any]:
 
 
 @pytest.fixture
+def approval() -> dict[str, Any]:
+    """Approval data merged into the test policies (a test parametrizes it to change them)."""
+    return {}
+
+
+@pytest.fixture
 async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
-                make_token: Callable[..., str], ui: dict[str, Any]) -> AsyncIterator[World]:
+                make_token: Callable[..., str], ui: dict[str, Any], approval: dict[str, Any]) -> AsyncIterator[World]:
     settings = make_settings(auth=jwt_auth, approvals_ui={"listen": "127.0.0.1:0", **ui})
-    async with served_inbox(settings, make_token, tmp_path) as world:
+    async with served_inbox(settings, make_token, tmp_path, **approval) as world:
         yield world
 
 
@@ -193,6 +200,22 @@ async def test_approving_a_preview_changed_since_the_page_was_shown_is_refused(w
     assert stale.hidden("preview_hash") == sha256_hex(call)  # the page now shows the current one
 
 
+@pytest.mark.parametrize("approval", [{"preview_ttl_seconds": 2}])
+async def test_an_expired_preview_cannot_be_approved(world: World) -> None:
+    preview = await world.held_note()
+    bob = await world.signed_in()
+    detail = await bob.get(f"/previews/{preview.preview_id}")
+    assert "left)" in detail.text
+    await past(calendar.timegm(time.strptime(preview.expires_at, "%Y-%m-%dT%H:%M:%SZ")) + 1)  # shown in whole seconds
+    late = await bob.post(f"/previews/{preview.preview_id}/approve",
+                          {"csrf": detail.hidden("csrf"), "preview_hash": detail.hidden("preview_hash")})
+    assert late.status == 410 and "Nothing was decided: the preview expired." in late.text
+    assert preview.preview_id not in (await bob.get("/inbox")).text
+    assert (await bob.get(f"/previews/{preview.preview_id}")).status == 404
+    retry = await world.client().execute("file_note", NOTE, idempotency_key="k-2", approval_id=preview.preview_id)
+    assert retry.error is not None and retry.error.code is ErrorCode.PREVIEW_EXPIRED
+
+
 async def test_sign_in_refuses_bad_tokens_and_forged_forms(world: World) -> None:
     browser = world.browser()
     for token, message in [("not-a-jwt", "invalid token"), (world.tokens(exp=int(time.time()) - 5), "token expired"),
@@ -252,7 +275,8 @@ async def test_the_inbox_filters_by_tool_and_requester(world: World) -> None:
     notes = await bob.get("/inbox?tool=file_note")
     assert "3 pending" in notes.text and all(p.preview_id in notes.text for p in previews)
     assert (await bob.get("/inbox?requester=nobody")).text.count("/previews/") == 0
-    assert "4 pending" in (await bob.get("/inbox")).text
+    everything = await bob.get("/inbox")
+    assert "4 pending" in everything.text and '<meta http-equiv="refresh" content="30">' in everything.text
 
 
 @pytest.mark.parametrize("ui", [{"page_size": 2}])

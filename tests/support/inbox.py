@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from http.cookies import Morsel, SimpleCookie
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from multidict import CIMultiDictProxy
@@ -136,11 +137,12 @@ class World:
 
 
 @asynccontextmanager
-async def served_inbox(settings: Settings, tokens: Tokens, root: Path) -> AsyncIterator[World]:
-    """A started sidecar and inbox (store and policies under ``root``), stopped when the block ends."""
+async def served_inbox(settings: Settings, tokens: Tokens, root: Path, **approval: Any) -> AsyncIterator[World]:
+    """A started sidecar and inbox (store and policies under ``root``, ``approval`` merged into the policies'
+    approval data), stopped when the block ends."""
     store = await SqliteStore.open(root / "store.db")
     registry = Registry.from_tools([tools.file_note, contract_tools.send_email_preview, contract_tools.send_email])
-    pipeline = assemble(registry=registry, policy=policies(root / "policies", mask=["/body"]), store=store,
+    pipeline = assemble(registry=registry, policy=policies(root / "policies", mask=["/body"], **approval), store=store,
                         limits=Limits())
     try:
         inbox = ApprovalsInbox.open(settings, pipeline.approvals)
