@@ -18,6 +18,7 @@ import pytest
 from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, PreviewState, Status
+from sidecar.errors import StoreUnavailableError
 from sidecar.server.approvals_ui.pages import CHANGED, FORGED
 from sidecar.server.approvals_ui.security import HEADERS
 from sidecar.tools.registry import Registry
@@ -214,6 +215,28 @@ async def test_an_expired_preview_cannot_be_approved(world: World) -> None:
     assert (await bob.get(f"/previews/{preview.preview_id}")).status == 404
     retry = await world.client().execute("file_note", NOTE, idempotency_key="k-2", approval_id=preview.preview_id)
     assert retry.error is not None and retry.error.code is ErrorCode.PREVIEW_EXPIRED
+
+
+async def test_a_failing_store_is_a_503_page_and_changes_nothing(world: World, monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    preview = await world.held_note()
+    bob = await world.signed_in()
+    detail = await bob.get(f"/previews/{preview.preview_id}")
+
+    async def down(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailableError("database is locked (secret detail)")
+
+    monkeypatch.setattr(world.store, "list_previews", down)
+    monkeypatch.setattr(world.store, "get_preview", down)
+    inbox = await bob.get("/inbox")
+    strict(inbox)
+    assert inbox.status == 503 and "The approvals cannot be read right now" in inbox.text
+    assert "secret detail" not in inbox.text and "secret detail" in caplog.text
+    approved = await bob.post(f"/previews/{preview.preview_id}/approve",
+                              {"csrf": detail.hidden("csrf"), "preview_hash": detail.hidden("preview_hash")})
+    assert approved.status == 503 and "Nothing was decided" in approved.text
+    monkeypatch.undo()
+    assert [p.state for p in await world.pending()] == [PreviewState.PENDING]
 
 
 async def test_sign_in_refuses_bad_tokens_and_forged_forms(world: World) -> None:

@@ -5,12 +5,14 @@ Every decision goes through the ``ApprovalDesk`` the ``ApprovalService`` RPCs us
 approve binds the ``preview_hash`` the page showed, deny needs a reason, and both are audited with the
 principal as approver by ``sidecar.pipeline.approvals``. Pages are rendered on the server (Jinja2, every
 value escaped); a form that changes something must carry the session's CSRF token, the sign-in form a
-one-time token of its own cookie. Refusals are pages that say what happened and that nothing changed.
+one-time token of its own cookie. Refusals are pages that say what happened and that nothing changed; a
+failing store or approver policy is a 503 page (fail closed: the details go to the log only).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import secrets
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from sidecar.contract import ApprovalResult, ErrorCode, Preview
-from sidecar.errors import AuthenticationError
+from sidecar.errors import AuthenticationError, DependencyError
 from sidecar.server.approvals_ui.security import FormError, read_form
 from sidecar.server.approvals_ui.sessions import Session, Sessions, csrf_matches
 from sidecar.server.approvals_ui.signin import SignIn
@@ -31,6 +33,8 @@ from sidecar.server.approvals_ui.views import PreviewView
 from sidecar.server.roles import MAX_LIST_LIMIT, ApprovalDesk
 
 __all__ = ["Inbox"]
+
+log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
 _SIGN_IN_SECONDS = 600  # the sign-in form's own token lasts this long
@@ -65,7 +69,7 @@ class Inbox:
             Route("/previews/{preview_id}/approve", self._approve, methods=["POST"]),
             Route("/previews/{preview_id}/deny", self._deny, methods=["POST"]),
             Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
-        ])
+        ], exception_handlers={DependencyError: self._unavailable})
 
     # --- signing in and out
 
@@ -175,6 +179,11 @@ class Inbox:
         status = _STATUS.get(error.code, 409)
         return self._page("message.html", session, status, title="Not decided",
                           message=f"Nothing was decided: {error.message}.")
+
+    async def _unavailable(self, request: Request, exc: Exception) -> Response:
+        log.error("approval inbox: %s %s failed: %s", request.method, request.url.path, exc)
+        return self._page("message.html", self._session(request), 503, title="Unavailable",
+                          message="The approvals cannot be read right now, so nothing changed. Try again shortly.")
 
     # --- sessions, forms, pages
 
