@@ -134,6 +134,28 @@ async def test_denying_needs_a_reason_and_refuses_the_agents_retry(world: World)
     assert twice.status == 409 and "the preview is already denied" in twice.text
 
 
+async def test_the_history_shows_ones_own_decisions_and_whether_the_call_ran(world: World) -> None:
+    ran, waiting, denied = [await world.held_note(key=f"k-{n}") for n in range(3)]
+    bob = await world.signed_in()
+    csrf = (await bob.get("/inbox")).hidden("csrf")
+    for preview in (ran, waiting):
+        fields = {"csrf": csrf, "preview_hash": preview.preview_hash, "comment": f"ok {preview.preview_id}"}
+        assert (await bob.post(f"/previews/{preview.preview_id}/approve", fields)).status == 200
+    refused = await bob.post(f"/previews/{denied.preview_id}/deny", {"csrf": csrf, "reason": "wrong project"})
+    assert refused.status == 200
+    done = await world.client().execute("file_note", NOTE, idempotency_key="k-9", approval_id=ran.preview_id)
+    assert done.status is Status.SUCCESS
+    history = await bob.get("/history")
+    strict(history)
+    text = history.text
+    assert history.status == 200 and text.count('class="card preview"') == 3
+    assert text.index("wrong project") < text.index(f"ok {waiting.preview_id}") < text.index(f"ok {ran.preview_id}")
+    assert "approved, and the call ran" in text and "approved, not used yet" in text and ">denied<" in text
+    assert "Decided by</dt><dd>bob" in text
+    dave = await world.signed_in("dave", ("approver",))  # another approver: not bob's decisions
+    assert "No decisions yet." in (await dave.get("/history")).text
+
+
 async def test_a_principal_without_the_approver_role_sees_and_decides_nothing(world: World) -> None:
     preview = await world.held_note()
     carol = await world.signed_in("carol", ("developer",))

@@ -1,9 +1,10 @@
-"""The inbox's pages and forms: sign in, the pending previews, one preview, approve, deny, sign out.
+"""The inbox's pages and forms: sign in, the pending previews, one preview, approve, deny, history, sign out.
 
 Every decision goes through the ``ApprovalDesk`` the ``ApprovalService`` RPCs use: the list is what
 ``ListPreviews`` returns for the signed-in principal (the approver policy decides, operators see all),
 approve binds the ``preview_hash`` the page showed, deny needs a reason, and both are audited with the
-principal as approver by ``sidecar.pipeline.approvals``. Pages are rendered on the server (Jinja2, every
+principal as approver by ``sidecar.pipeline.approvals``; the history lists the principal's own decisions
+(an operator's: everyone's). Pages are rendered on the server (Jinja2, every
 value escaped); a form that changes something must carry the session's CSRF token, the sign-in form a
 one-time token of its own cookie. Refusals are pages that say what happened and that nothing changed; a
 failing store or approver policy is a 503 page (fail closed: the details go to the log only).
@@ -65,6 +66,7 @@ class Inbox:
             Route("/sign-in", self._signing_in, methods=["POST"]),
             Route("/sign-out", self._sign_out, methods=["POST"]),
             Route("/inbox", self._inbox, methods=["GET"]),
+            Route("/history", self._history, methods=["GET"]),
             Route("/previews/{preview_id}", self._preview, methods=["GET"]),
             Route("/previews/{preview_id}/approve", self._approve, methods=["POST"]),
             Route("/previews/{preview_id}/deny", self._deny, methods=["POST"]),
@@ -126,6 +128,13 @@ class Inbox:
         start = (page - 1) * self._page_size
         return self._page("inbox.html", session, 200, previews=shown[start:start + self._page_size], total=len(shown),
                           page=page, pages=pages, tools=tools, requesters=requesters, tool=tool, requester=requester)
+
+    async def _history(self, request: Request) -> Response:
+        session = self._session(request)
+        if session is None:
+            return _see("/sign-in")
+        decided = [PreviewView.of(p) for p in await self._desk.decided(session.principal)]
+        return self._page("history.html", session, 200, previews=decided)
 
     async def _preview(self, request: Request) -> Response:
         session = self._session(request)

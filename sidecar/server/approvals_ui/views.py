@@ -25,6 +25,8 @@ _FIRST = ("title", "subject", "from", "sender", "to", "recipients", "cc", "bcc",
           "priority", "body", "body_text", "text", "description", "body_html")
 _LABELS = {"cc": "Cc", "bcc": "Bcc", "due_at": "Due", "body_text": "Body", "body_html": "Body (HTML, as text)",
            "expires_at": "Expires"}
+_OUTCOMES = {"approved": "approved, not used yet", "used": "approved, and the call ran", "denied": "denied",
+             "pending": "pending"}
 _LONG = 120  # characters: a longer string is shown as a block of text
 _COMPACT_KEYS = 3  # a nested object of at most this many plain values is shown on one line
 _ONE_LINE_ORDER = ("name", "title", "email", "code", "message", "id")
@@ -59,6 +61,9 @@ class PreviewView:
     rendered: bool  # whether ``shown`` is the tool's rendering (else the call's arguments)
     shown: tuple[Item, ...]
     state: str
+    decided_by: str | None = None
+    decided_at: dt.datetime | None = None
+    comment: str | None = None
 
     @classmethod
     def of(cls, preview: Preview) -> PreviewView:
@@ -72,7 +77,14 @@ class PreviewView:
                    conversation=call.get("conversation_id"), reason=preview.reason,
                    created_at=None if preview.created_at is None else _time(preview.created_at),
                    expires_at=_time(preview.expires_at), approver_roles=preview.approver_roles,
-                   rendered=rendering is not None, shown=items(shown), state=preview.state.value)
+                   rendered=rendering is not None, shown=items(shown), state=preview.state.value,
+                   decided_by=preview.decided_by, comment=preview.comment,
+                   decided_at=None if preview.decided_at is None else _time(preview.decided_at))
+
+    @property
+    def outcome(self) -> str:
+        """What became of a decided preview, for people."""
+        return _OUTCOMES.get(self.state, self.state)
 
     @property
     def requester_id(self) -> str:
