@@ -289,6 +289,20 @@ async def test_the_session_cookie_is_http_only_strict_and_ends_with_the_token(wo
     assert (await bob.get("/inbox")).location == "/sign-in"  # the session ended with the token
 
 
+@pytest.mark.parametrize("ui", [{"listen": "0.0.0.0:0"}])
+async def test_off_loopback_the_cookies_are_secure_host_cookies(world: World) -> None:
+    port = world.inbox.url.rpartition(":")[2]
+    browser = Browser(f"http://127.0.0.1:{port}")
+    world.browsers.append(browser)
+    form = await browser.get("/sign-in", headers={"Host": f"inbox.example:{port}"})  # any host name: a proxy's
+    assert form.status == 200 and form.set_cookies["__Host-toolbooth-sign-in"]["secure"] is True
+    page = await browser.sign_in(world.tokens(sub="bob", roles=["approver"]))
+    cookie = page.set_cookies["__Host-toolbooth-session"]
+    assert cookie["secure"] is True and cookie["httponly"] is True and cookie["samesite"] == "strict"
+    assert cookie["path"] == "/" and not cookie["domain"]  # what the __Host- prefix requires
+    assert "Signed in as <strong>bob</strong>" in (await browser.get("/inbox")).text
+
+
 async def test_signing_out_ends_the_session(world: World) -> None:
     bob = await world.signed_in()
     kept = dict(bob.cookies)
