@@ -261,6 +261,19 @@ async def test_a_failing_store_is_a_503_page_and_changes_nothing(world: World, m
     assert [p.state for p in await world.pending()] == [PreviewState.PENDING]
 
 
+async def test_a_preview_changed_into_unreadable_json_is_shown_so_and_cannot_be_approved(world: World) -> None:
+    preview = await world.held_note()
+    await world.store.driver.execute("UPDATE previews SET call_json = ? WHERE preview_id = ?",
+                                     ("{not json", preview.preview_id))
+    bob = await world.signed_in()
+    assert (await bob.get("/inbox")).status == 200
+    detail = await bob.get(f"/previews/{preview.preview_id}")
+    assert detail.status == 200 and "this stored preview is not readable" in detail.text
+    tried = await bob.post(f"/previews/{preview.preview_id}/approve",
+                           {"csrf": detail.hidden("csrf"), "preview_hash": preview.preview_hash})
+    assert tried.status == 403 and "the stored preview no longer matches its hash" in tried.text
+
+
 async def test_sign_in_refuses_bad_tokens_and_forged_forms(world: World) -> None:
     browser = world.browser()
     for token, message in [("not-a-jwt", "invalid token"), (world.tokens(exp=int(time.time()) - 5), "token expired"),

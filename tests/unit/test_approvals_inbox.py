@@ -82,6 +82,14 @@ def test_a_session_ends_with_its_token_or_after_the_longest_session() -> None:
     assert sessions.get(long.id) is None and sessions.get(None) is None and sessions.get("guess") is None
 
 
+def test_past_the_most_sessions_the_one_ending_first_is_ended() -> None:
+    sessions = Sessions(60, max_open=2, clock=Clock())
+    first = sessions.open(SignedIn(BOB, "token", until=1030.0))
+    second = sessions.open(SignedIn(BOB, "token", until=1010.0))
+    third = sessions.open(SignedIn(BOB, "token", until=1020.0))
+    assert sessions.get(second.id) is None and sessions.get(first.id) == first and sessions.get(third.id) == third
+
+
 def test_csrf_tokens_must_match_exactly() -> None:
     assert csrf_matches("abc", "abc")
     assert not csrf_matches("abc", None) and not csrf_matches("abc", "") and not csrf_matches("abc", "abd")
@@ -134,3 +142,13 @@ def test_a_preview_reads_who_asked_where_and_until_when() -> None:
     now = view.created_at
     assert now is not None and view.age(now) == "under a minute" and view.expires_in(now) == "15 min"
     assert view.expires_in(view.expires_at) == "expired"
+
+
+def test_a_preview_changed_into_unreadable_json_reads_as_unreadable() -> None:
+    preview = Preview(preview_id="p", preview_hash="sha256:x", call_json="{not json", reason="why",
+                      expires_at="2026-12-01T10:15:00Z", rendering_json="[1]")
+    view = PreviewView.of(preview)
+    assert (view.tool, view.requester, view.created_at) == ("", "?", None)
+    assert view.rendered and view.shown == (Item("Unreadable", "this stored preview is not readable (it was changed in "
+                                                               "the store); it cannot be approved"),)
+    assert PreviewView.of(preview.model_copy(update={"rendering_json": None})).shown == view.shown

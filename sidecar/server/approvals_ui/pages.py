@@ -98,6 +98,8 @@ class Inbox:
         except AuthenticationError as exc:
             return await self._sign_in_form(request, error=f"Not signed in: {exc}.", status=401)
         session = self._sessions.open(signed_in)
+        log.info("approval inbox: %s (tenant %r) signed in (%s)", signed_in.principal.id, signed_in.principal.tenant,
+                 signed_in.method)
         response = _see("/inbox")
         self._set_cookie(response, self.session_cookie, session.id, self._sessions.seconds_left(session))
         response.delete_cookie(self.sign_in_cookie, path="/", secure=self._secure, httponly=True, samesite="strict")
@@ -109,6 +111,7 @@ class Inbox:
             return checked
         session, _ = checked
         self._sessions.close(session.id)
+        log.info("approval inbox: %s (tenant %r) signed out", session.principal.id, session.principal.tenant)
         response = _see("/sign-in")
         response.delete_cookie(self.session_cookie, path="/", secure=self._secure, httponly=True, samesite="strict")
         return response

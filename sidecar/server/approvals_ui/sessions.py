@@ -5,6 +5,7 @@ later) proves who the person is and until when; ``Sessions.open`` then keeps tha
 id for at most ``approvals_ui.session_seconds`` and never past ``until`` (the token's expiry). The browser
 gets only the id, in an ``HttpOnly`` cookie; each session has its own CSRF token, which every form that
 changes something must carry (``csrf_matches``). Sessions live in this process: a restart signs everyone out.
+At most ``max_open`` are kept: past that, the one that would end first is ended.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 
 from sidecar.contract import Principal
 
-__all__ = ["Session", "Sessions", "SignedIn", "csrf_matches"]
+__all__ = ["MAX_OPEN_SESSIONS", "Session", "Sessions", "SignedIn", "csrf_matches"]
+
+MAX_OPEN_SESSIONS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,14 +46,17 @@ class Session:
 class Sessions:
     """The open sessions of one inbox, in memory; expired ones are dropped when seen or when one is opened."""
 
-    def __init__(self, max_seconds: float, *, clock: Callable[[], float] = time.time) -> None:
-        self._max_seconds, self._clock = max_seconds, clock
+    def __init__(self, max_seconds: float, *, max_open: int = MAX_OPEN_SESSIONS,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._max_seconds, self._max_open, self._clock = max_seconds, max_open, clock
         self._open: dict[str, Session] = {}
 
     def open(self, signed_in: SignedIn) -> Session:
         """A new session for ``signed_in``, ending at its ``until`` or after ``max_seconds``, whichever is first."""
         now = self._clock()
         self._open = {key: s for key, s in self._open.items() if s.expires_at > now}
+        while len(self._open) >= self._max_open:
+            del self._open[min(self._open.values(), key=lambda s: s.expires_at).id]
         ends = now + self._max_seconds if signed_in.until is None else min(signed_in.until, now + self._max_seconds)
         session = Session(secrets.token_urlsafe(32), signed_in.principal, signed_in.method, secrets.token_urlsafe(32),
                           ends)

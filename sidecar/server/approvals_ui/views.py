@@ -27,6 +27,7 @@ _LABELS = {"cc": "Cc", "bcc": "Bcc", "due_at": "Due", "body_text": "Body", "body
            "expires_at": "Expires"}
 _OUTCOMES = {"approved": "approved, not used yet", "used": "approved, and the call ran", "denied": "denied",
              "pending": "pending"}
+_UNREADABLE = "this stored preview is not readable (it was changed in the store); it cannot be approved"
 _LONG = 120  # characters: a longer string is shown as a block of text
 _COMPACT_KEYS = 3  # a nested object of at most this many plain values is shown on one line
 _ONE_LINE_ORDER = ("name", "title", "email", "code", "message", "id")
@@ -67,11 +68,11 @@ class PreviewView:
 
     @classmethod
     def of(cls, preview: Preview) -> PreviewView:
-        call: dict[str, Any] = json.loads(preview.call_json)
+        call = _object(preview.call_json)
         principal = call.get("principal") or {}
         requester = str(principal.get("id", "?")) + (f" ({principal['tenant']})" if principal.get("tenant") else "")
-        rendering = None if preview.rendering_json is None else json.loads(preview.rendering_json)
-        shown = rendering if rendering is not None else call.get("arguments")
+        rendering = None if preview.rendering_json is None else _object(preview.rendering_json)
+        shown = rendering if rendering is not None else call.get("arguments", call)
         return cls(preview_id=preview.preview_id, preview_hash=preview.preview_hash, tool=str(call.get("tool", "")),
                    version=str(call.get("version", "")), requester=requester,
                    conversation=call.get("conversation_id"), reason=preview.reason,
@@ -154,6 +155,15 @@ def _text(value: Any) -> str:
 
 def _label(key: str) -> str:
     return _LABELS.get(key) or key.replace("_", " ").capitalize()
+
+
+def _object(text: str) -> dict[str, Any]:
+    """A stored JSON object; a stored text that is not one (changed in the store) reads as unreadable."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {"unreadable": _UNREADABLE}
 
 
 def _time(text: str) -> dt.datetime:
