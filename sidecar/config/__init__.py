@@ -9,7 +9,7 @@ are parsed as YAML, so ``[a, b]`` is a list and ``true`` a boolean).
 
 from __future__ import annotations
 
-from sidecar.config.approvals_ui import ApprovalsUiSettings
+from sidecar.config.approvals_ui import ApprovalsUiSettings, OidcSettings
 from sidecar.config.auth import AuthMode, AuthSettings, JwtSettings
 from sidecar.config.base import (
     CLIENT_VARIABLES,
@@ -82,6 +82,7 @@ __all__ = [
     "ListenAddress",
     "ListenKind",
     "McpSettings",
+    "OidcSettings",
     "OpaSettings",
     "OpaTlsSettings",
     "PluginSettings",

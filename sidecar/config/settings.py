@@ -251,6 +251,9 @@ class Settings(Section):
             addresses += [("mcp.listen", self.mcp.listen)] if self.mcp.listen is not None else []
             if self.approvals_ui.listen is not None:
                 addresses.append(("approvals_ui.listen", self.approvals_ui.listen))
+            if self.approvals_ui.oidc is not None:
+                raise ValueError("approvals_ui.oidc: signing in through an identity provider needs auth.jwt, which "
+                                 "verifies the tokens it issues (auth mode 'dev' trusts a static principal)")
             for key, address in addresses:
                 if not parse_listen(address).is_local:
                     raise ValueError(

@@ -1,7 +1,8 @@
 """The approval inbox in a real browser: Debian's headless Chromium, driven by Playwright, against a real sidecar.
 
 A person signs in by pasting a token, reads the held email as the tool rendered it, approves it with the
-keyboard and the agent's retry over gRPC sends it once; another call is denied with a reason. The page's
+keyboard and the agent's retry over gRPC sends it once; another call is denied with a reason; a person
+signs in through an identity provider (the authorization code flow with PKCE, a local test issuer). The page's
 script cannot read the session cookie, and its style sheet loads under the strict Content-Security-Policy.
 """
 
@@ -19,7 +20,8 @@ from sidecar.config import Settings
 from sidecar.contract import ErrorCode, Status
 from tests.support.approvals import NOTE
 from tests.support.contract_tools import SENT
-from tests.support.inbox import MAIL, World, served_inbox
+from tests.support.inbox import MAIL, World, free_port, served_inbox
+from tests.support.oidc_issuer import CLIENT_ID, oidc_issuer
 
 pytestmark = pytest.mark.integration
 
@@ -100,3 +102,23 @@ async def test_deny_with_a_reason_in_the_browser(chromium: Browser, world: World
     retry = await world.client().execute("file_note", NOTE, idempotency_key="k-9",
                                          approval_id=preview.preview_id)
     assert retry.error is not None and "not this week" in retry.error.message
+
+
+async def test_sign_in_through_the_identity_provider(chromium: Browser, tmp_path: Path,
+                                                     make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
+                                                     make_token: Callable[..., str]) -> None:
+    async with oidc_issuer(make_token) as issuer:
+        port = free_port()
+        issuer.redirect_uri = f"http://127.0.0.1:{port}/sign-in/callback"
+        settings = make_settings(auth=jwt_auth, approvals_ui={"listen": f"127.0.0.1:{port}", "oidc": {
+            "issuer": issuer.url, "client_id": CLIENT_ID, "redirect_uri": issuer.redirect_uri}})
+        async with served_inbox(settings, make_token, tmp_path / "oidc") as world:
+            preview = await world.held_note()
+            page = await (await chromium.new_context()).new_page()
+            await page.goto(world.inbox.url + "/sign-in")
+            await page.get_by_role("link", name="Sign in with your identity provider").click()
+            await page.get_by_role("heading", name="Waiting for your decision").wait_for()  # via the signed-in page
+            assert page.url == world.inbox.url + "/inbox" and len(issuer.authorizations) == 1
+            assert "Signed in as bob (acme)" in await page.locator("header").inner_text()
+            assert preview.preview_id in await page.content()
+            assert await page.evaluate("document.cookie") == ""

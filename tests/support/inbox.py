@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import html
 import re
+import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from sidecar.tools.registry import Registry
 from tests.support import contract_tools, tools
 from tests.support.approvals import NOTE, policies
 
-__all__ = ["MAIL", "Browser", "Page", "World", "served_inbox"]
+__all__ = ["MAIL", "Browser", "Page", "World", "free_port", "served_inbox"]
 
 Tokens = Callable[..., str]
 MAIL = {"recipients": [{"email": "ana@example.com"}], "cc": [], "subject": "Deployment complete",
@@ -158,3 +159,10 @@ async def served_inbox(settings: Settings, tokens: Tokens, root: Path, **approva
             await sidecar.stop(None)
     finally:
         await pipeline.aclose()
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free right now (for an inbox whose URL must be known before it listens)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

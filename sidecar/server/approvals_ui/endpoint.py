@@ -13,10 +13,12 @@ import socket
 import uvicorn
 
 from sidecar.config import Settings
+from sidecar.server.approvals_ui.oidc import OidcSignIn
 from sidecar.server.approvals_ui.pages import Inbox
 from sidecar.server.approvals_ui.security import Guarded
 from sidecar.server.approvals_ui.sessions import Sessions
 from sidecar.server.approvals_ui.signin import SignIn
+from sidecar.server.auth import Authenticator
 from sidecar.server.listeners import tcp_socket
 from sidecar.server.roles import ApprovalDesk, ApprovalGateway, Operators
 
@@ -46,9 +48,10 @@ class ApprovalsInbox:
         ui = settings.approvals_ui
         endpoint = ui.endpoint
         assert endpoint is not None, "approvals_ui.listen is not set"
-        desk = ApprovalDesk(approvals, Operators(settings.auth))
-        inbox = Inbox(desk, SignIn(settings.auth), Sessions(ui.session_seconds), secure=not endpoint.is_loopback,
-                      page_size=ui.page_size)
+        desk, authenticator = ApprovalDesk(approvals, Operators(settings.auth)), Authenticator(settings.auth)
+        oidc = None if ui.oidc is None else OidcSignIn(ui.oidc, authenticator)
+        inbox = Inbox(desk, SignIn(settings.auth, authenticator), Sessions(ui.session_seconds),
+                      secure=not endpoint.is_loopback, page_size=ui.page_size, oidc=oidc)
         host = endpoint.host.removeprefix("[").removesuffix("]")
         bound = tcp_socket(f"approvals_ui.listen {ui.listen}", host, endpoint.port)
         return cls(inbox, bound, host=endpoint.host, loopback=endpoint.is_loopback)
@@ -69,3 +72,4 @@ class ApprovalsInbox:
         """Stop taking connections; close the open ones within a moment."""
         await self._server.shutdown()
         self._socket.close()
+        await self.inbox.aclose()

@@ -1,4 +1,5 @@
-"""The inbox's pages and forms: sign in, the pending previews, one preview, approve, deny, history, sign out.
+"""The inbox's pages and forms: sign in (a pasted token, dev mode, an identity provider), the pending previews,
+one preview, approve, deny, history, sign out.
 
 Every decision goes through the ``ApprovalDesk`` the ``ApprovalService`` RPCs use: the list is what
 ``ListPreviews`` returns for the signed-in principal (the approver policy decides, operators see all),
@@ -25,10 +26,12 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from sidecar.config.approvals_ui import CALLBACK_PATH
 from sidecar.contract import ApprovalResult, ErrorCode, Preview
 from sidecar.errors import AuthenticationError, DependencyError
+from sidecar.server.approvals_ui.oidc import OidcSignIn
 from sidecar.server.approvals_ui.security import FormError, read_form
-from sidecar.server.approvals_ui.sessions import Session, Sessions, csrf_matches
+from sidecar.server.approvals_ui.sessions import Session, Sessions, SignedIn, csrf_matches
 from sidecar.server.approvals_ui.signin import SignIn
 from sidecar.server.approvals_ui.views import PreviewView
 from sidecar.server.roles import MAX_LIST_LIMIT, ApprovalDesk
@@ -52,11 +55,12 @@ class Inbox:
     """The inbox's ASGI app over one ``ApprovalDesk``; session cookies ``Secure`` when ``secure``."""
 
     def __init__(self, desk: ApprovalDesk, sign_in: SignIn, sessions: Sessions, *, secure: bool,
-                 page_size: int) -> None:
-        self._desk, self._sign_in, self._sessions = desk, sign_in, sessions
+                 page_size: int, oidc: OidcSignIn | None = None) -> None:
+        self._desk, self._sign_in, self._sessions, self._oidc = desk, sign_in, sessions, oidc
         self._secure, self._page_size = secure, page_size
         prefix = "__Host-" if secure else ""  # __Host-: Secure, Path=/, no Domain, enforced by the browser
         self.session_cookie, self.sign_in_cookie = f"{prefix}toolbooth-session", f"{prefix}toolbooth-sign-in"
+        self.login_cookie = f"{prefix}toolbooth-login"  # an OIDC login's state, until the provider sends it back
         self._templates = jinja2.Environment(loader=jinja2.FileSystemLoader(_HERE / "templates"),
                                              autoescape=True, undefined=jinja2.StrictUndefined)
         self._templates.filters["utc"] = lambda moment: moment.strftime("%Y-%m-%d %H:%M UTC")
@@ -64,6 +68,8 @@ class Inbox:
             Route("/", self._home),
             Route("/sign-in", self._sign_in_form, methods=["GET"]),
             Route("/sign-in", self._signing_in, methods=["POST"]),
+            Route("/sign-in/oidc", self._oidc_begin, methods=["GET"]),
+            Route(CALLBACK_PATH, self._oidc_callback, methods=["GET"]),
             Route("/sign-out", self._sign_out, methods=["POST"]),
             Route("/inbox", self._inbox, methods=["GET"]),
             Route("/history", self._history, methods=["GET"]),
@@ -82,7 +88,8 @@ class Inbox:
         if error is None and self._session(request) is not None:
             return _see("/inbox")
         nonce = secrets.token_urlsafe(32)
-        response = self._page("sign_in.html", None, status, csrf=nonce, method=self._sign_in.method, error=error)
+        response = self._page("sign_in.html", None, status, csrf=nonce, method=self._sign_in.method, error=error,
+                              oidc=self._oidc is not None)
         self._set_cookie(response, self.sign_in_cookie, nonce, _SIGN_IN_SECONDS)
         return response
 
@@ -97,13 +104,53 @@ class Inbox:
             signed_in = await self._sign_in.sign_in(form.get("token"))
         except AuthenticationError as exc:
             return await self._sign_in_form(request, error=f"Not signed in: {exc}.", status=401)
+        return self._signed_in(signed_in, _see("/inbox"))
+
+    async def _oidc_begin(self, request: Request) -> Response:
+        # A link, not a form: a form's redirect to the provider would break "form-action 'self'". Starting a
+        # login changes nothing but a pending state, which only the browser holding its cookie can finish.
+        if self._oidc is None:
+            return _see("/sign-in")
+        try:
+            state, url = await self._oidc.begin()
+        except AuthenticationError as exc:
+            return await self._sign_in_form(request, error=f"Not signed in: {exc}.", status=503)
+        response = _see(url)
+        # Lax, not Strict: the provider sends the browser back by a cross-site redirect, which carries Lax cookies only
+        response.set_cookie(self.login_cookie, state, max_age=600, path="/", secure=self._secure, httponly=True,
+                            samesite="lax")
+        return response
+
+    async def _oidc_callback(self, request: Request) -> Response:
+        query, state = request.query_params, request.cookies.get(self.login_cookie)
+        if self._oidc is None or not state or not csrf_matches(state, query.get("state")):
+            return await self._sign_in_form(request, error="This sign-in did not start in this browser, or it "
+                                            "already finished; nothing changed. Sign in again.", status=403)
+        if query.get("error"):
+            return await self._sign_in_form(request, status=401, error="The identity provider refused the sign-in: "
+                                            f"{query['error'][:200]}.")
+        try:
+            signed_in = await self._oidc.finish(state, query.get("code", ""))
+        except AuthenticationError as exc:
+            return await self._sign_in_form(request, error=f"Not signed in: {exc}.", status=401)
+        # A page, not a redirect: the session cookie is Strict, and this request came from the provider's site.
+        response = self._page("signed_in.html", None, 200)
+        response.delete_cookie(self.login_cookie, path="/", secure=self._secure, httponly=True, samesite="lax")
+        return self._signed_in(signed_in, response)
+
+    def _signed_in(self, signed_in: SignedIn, response: Response) -> Response:
+        """``response`` with the cookie of a new session for ``signed_in``."""
         session = self._sessions.open(signed_in)
         log.info("approval inbox: %s (tenant %r) signed in (%s)", signed_in.principal.id, signed_in.principal.tenant,
                  signed_in.method)
-        response = _see("/inbox")
         self._set_cookie(response, self.session_cookie, session.id, self._sessions.seconds_left(session))
         response.delete_cookie(self.sign_in_cookie, path="/", secure=self._secure, httponly=True, samesite="strict")
         return response
+
+    async def aclose(self) -> None:
+        """Close what the sign-in methods hold open (the identity provider's HTTP connections)."""
+        if self._oidc is not None:
+            await self._oidc.aclose()
 
     async def _sign_out(self, request: Request) -> Response:
         checked = await self._checked(request)
