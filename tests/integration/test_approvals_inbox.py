@@ -8,6 +8,7 @@ import asyncio
 import calendar
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -349,6 +350,20 @@ async def test_the_inbox_filters_by_tool_and_requester(world: World) -> None:
     assert (await bob.get("/inbox?requester=nobody")).text.count("/previews/") == 0
     everything = await bob.get("/inbox")
     assert "4 pending" in everything.text and '<meta http-equiv="refresh" content="30">' in everything.text
+
+
+async def test_a_port_in_use_is_a_start_up_error_naming_the_setting(make_settings: Callable[..., Settings],
+                                                                    make_token: Callable[..., str],
+                                                                    tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError) as raised:
+            async with served_inbox(make_settings(approvals_ui={"listen": f"127.0.0.1:{port}"}), make_token, tmp_path):
+                pass
+    assert str(raised.value) == f"cannot listen on approvals_ui.listen 127.0.0.1:{port}: the port is in use " \
+                                "(another process is listening there)"
 
 
 @pytest.mark.parametrize("ui", [{"page_size": 2}])

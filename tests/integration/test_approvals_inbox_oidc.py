@@ -120,8 +120,9 @@ async def test_a_refusal_by_the_provider_is_said(oidc: Oidc) -> None:
     oidc.issuer.deny = True
     browser = oidc.world.browser()
     page = await oidc.signed_in(browser)
-    assert page.status == 401 and "The identity provider refused the sign-in: access_denied." in page.text
-    assert "toolbooth-session" not in page.set_cookies
+    assert page.status == 401
+    assert "Not signed in: the identity provider refused the sign-in: access_denied." in page.text
+    assert "toolbooth-session" not in page.set_cookies and "toolbooth-login" not in browser.cookies
 
 
 async def test_a_token_for_someone_without_the_role_shows_nothing(oidc: Oidc) -> None:

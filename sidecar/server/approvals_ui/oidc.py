@@ -1,7 +1,7 @@
 """Signing in through an identity provider: OpenID Connect's authorization code flow with PKCE (RFC 7636).
 
 ``begin`` reads the issuer's discovery document (once), keeps a fresh ``state`` with its PKCE code
-verifier for ``_LOGIN_SECONDS`` and returns the authorization URL the browser is sent to (``S256``
+verifier for ``LOGIN_SECONDS`` and returns the authorization URL the browser is sent to (``S256``
 challenge). ``finish`` takes the ``state`` and ``code`` the provider sent back, forgets the state (a login
 finishes once), redeems the code with the verifier at the token endpoint (HTTP Basic with a
 ``client_secret``, else as a public client) and verifies the access token with the sidecar's own
@@ -28,12 +28,12 @@ from sidecar.server.approvals_ui.sessions import SignedIn
 from sidecar.server.approvals_ui.signin import token_expiry
 from sidecar.server.auth import Authenticator
 
-__all__ = ["MAX_PENDING_LOGINS", "OidcSignIn"]
+__all__ = ["LOGIN_SECONDS", "MAX_PENDING_LOGINS", "OidcSignIn"]
 
 log = logging.getLogger(__name__)
 
 MAX_PENDING_LOGINS = 10_000
-_LOGIN_SECONDS = 600  # a login started must come back within this
+LOGIN_SECONDS = 600  # a login started must come back within this
 _UNREACHABLE = "the identity provider cannot be reached; try again shortly"
 
 
@@ -55,7 +55,7 @@ class OidcSignIn:
         while len(self._pending) >= MAX_PENDING_LOGINS:
             del self._pending[min(self._pending, key=lambda state: self._pending[state][1])]
         state, verifier = secrets.token_urlsafe(32), secrets.token_urlsafe(64)
-        self._pending[state] = (verifier, now + _LOGIN_SECONDS)
+        self._pending[state] = (verifier, now + LOGIN_SECONDS)
         query = {"response_type": "code", "client_id": self._settings.client_id,
                  "redirect_uri": self._settings.redirect_uri, "scope": " ".join(self._settings.scopes),
                  "state": state, "code_challenge": _challenge(verifier), "code_challenge_method": "S256"}
@@ -71,6 +71,10 @@ class OidcSignIn:
         token = await self._redeem(code, pending[0])
         principal = await self._authenticator.authenticate([("authorization", f"Bearer {token}")])
         return SignedIn(principal, "oidc", until=token_expiry(token))
+
+    def forget(self, state: str) -> None:
+        """Drop the login ``state`` (the provider refused it)."""
+        self._pending.pop(state, None)
 
     async def aclose(self) -> None:
         if self._http is not None:

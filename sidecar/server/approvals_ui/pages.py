@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from sidecar.config.approvals_ui import CALLBACK_PATH
 from sidecar.contract import ApprovalResult, ErrorCode, Preview
 from sidecar.errors import AuthenticationError, DependencyError
-from sidecar.server.approvals_ui.oidc import OidcSignIn
+from sidecar.server.approvals_ui.oidc import LOGIN_SECONDS, OidcSignIn
 from sidecar.server.approvals_ui.security import FormError, read_form
 from sidecar.server.approvals_ui.sessions import Session, Sessions, SignedIn, csrf_matches
 from sidecar.server.approvals_ui.signin import SignIn
@@ -117,8 +117,8 @@ class Inbox:
             return await self._sign_in_form(request, error=f"Not signed in: {exc}.", status=503)
         response = _see(url)
         # Lax, not Strict: the provider sends the browser back by a cross-site redirect, which carries Lax cookies only
-        response.set_cookie(self.login_cookie, state, max_age=600, path="/", secure=self._secure, httponly=True,
-                            samesite="lax")
+        response.set_cookie(self.login_cookie, state, max_age=LOGIN_SECONDS, path="/", secure=self._secure,
+                            httponly=True, samesite="lax")
         return response
 
     async def _oidc_callback(self, request: Request) -> Response:
@@ -126,17 +126,17 @@ class Inbox:
         if self._oidc is None or not state or not csrf_matches(state, query.get("state")):
             return await self._sign_in_form(request, error="This sign-in did not start in this browser, or it "
                                             "already finished; nothing changed. Sign in again.", status=403)
-        if query.get("error"):
-            return await self._sign_in_form(request, status=401, error="The identity provider refused the sign-in: "
-                                            f"{query['error'][:200]}.")
         try:
+            if query.get("error"):
+                self._oidc.forget(state)
+                raise AuthenticationError(f"the identity provider refused the sign-in: {query['error'][:200]}")
             signed_in = await self._oidc.finish(state, query.get("code", ""))
         except AuthenticationError as exc:
-            return await self._sign_in_form(request, error=f"Not signed in: {exc}.", status=401)
-        # A page, not a redirect: the session cookie is Strict, and this request came from the provider's site.
-        response = self._page("signed_in.html", None, 200)
+            response = await self._sign_in_form(request, error=f"Not signed in: {exc}.", status=401)
+        else:  # a page, not a redirect: the session cookie is Strict, and this request came from the provider's site
+            response = self._signed_in(signed_in, self._page("signed_in.html", None, 200))
         response.delete_cookie(self.login_cookie, path="/", secure=self._secure, httponly=True, samesite="lax")
-        return self._signed_in(signed_in, response)
+        return response
 
     def _signed_in(self, signed_in: SignedIn, response: Response) -> Response:
         """``response`` with the cookie of a new session for ``signed_in``."""
