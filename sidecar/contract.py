@@ -201,6 +201,7 @@ class Preview(_Frozen):
     decided_at: str | None = None
     comment: str | None = None
     rendering_json: str | None = None
+    created_at: str | None = None  # RFC 3339, UTC: when the call was held
 
 
 class ToolResult(_Frozen):

@@ -108,7 +108,7 @@ RECOVERY = EnumMap(Recovery, pb.Recovery)
 SIDE_EFFECT = EnumMap(SideEffect, pb.SideEffect)
 PREVIEW_STATE = EnumMap(PreviewState, pb.PreviewState)
 OPERATION_STATE = EnumMap(OperationState, pb.OperationState)
-_OPTIONAL_PREVIEW_FIELDS = ("decided_by", "decided_at", "comment", "rendering_json")
+_OPTIONAL_PREVIEW_FIELDS = ("decided_by", "decided_at", "comment", "rendering_json", "created_at")
 
 
 def _dumps(value: Any) -> str:

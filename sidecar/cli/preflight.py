@@ -82,6 +82,7 @@ def check_files_named(settings: Settings) -> None:
     if settings.server.tls is not None:
         CertificateFiles(settings.server.tls)  # the certificate and key parse and match, the client CA parses
     settings.mcp.check_installed()
+    settings.approvals_ui.check_installed()
     settings.audit.read_mask_key()
     settings.audit.read_chain_key()
     policy = settings.policy

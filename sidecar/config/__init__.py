@@ -9,6 +9,7 @@ are parsed as YAML, so ``[a, b]`` is a list and ``true`` a boolean).
 
 from __future__ import annotations
 
+from sidecar.config.approvals_ui import ApprovalsUiSettings, OidcSettings
 from sidecar.config.auth import AuthMode, AuthSettings, JwtSettings
 from sidecar.config.base import (
     CLIENT_VARIABLES,
@@ -69,6 +70,7 @@ __all__ = [
     "METRICS_PATH",
     "MIN_MASK_KEY_BYTES",
     "UNIX_PREFIX",
+    "ApprovalsUiSettings",
     "AuditSettings",
     "AuthMode",
     "AuthSettings",
@@ -83,6 +85,7 @@ __all__ = [
     "ListenKind",
     "McpSettings",
     "MetricsSettings",
+    "OidcSettings",
     "OpaSettings",
     "OpaTlsSettings",
     "PluginSettings",

@@ -17,7 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 
 __all__ = ["LISTEN_FORMS", "MAX_PORT", "MAX_SOCKET_PATH_BYTES", "Endpoint", "ListenAddress", "ListenKind",
-           "is_loopback", "parse_listen", "socket_path"]
+           "is_loopback", "one_tcp_endpoint", "parse_listen", "socket_path"]
 
 LISTEN_FORMS = ("unix:PATH, unix:///ABSOLUTE/PATH, unix-abstract:NAME, HOST:PORT, [IPV6]:PORT, "
                 "dns:[///]HOST:PORT, ipv4:ADDRESS:PORT[,...] or ipv6:[ADDRESS]:PORT[,...]; PORT 1-65535, 0 for any")
@@ -99,6 +99,14 @@ def parse_listen(text: str) -> ListenAddress:
         endpoints = tuple(_ip_endpoint(text, part, version=int(scheme[-1])) for part in rest.split(","))
         return ListenAddress(text, ListenKind.TCP, endpoints=endpoints)
     return ListenAddress(text, ListenKind.TCP, endpoints=(_endpoint(text, text),))
+
+
+def one_tcp_endpoint(text: str, what: str) -> Endpoint:
+    """The one TCP endpoint ``text`` names; ``ValueError`` if it is not one TCP address (``what`` listens there)."""
+    address = parse_listen(text)
+    if address.kind is not ListenKind.TCP or len(address.endpoints) != 1:
+        raise ValueError(f"{text!r}: {what} listens on one TCP address, HOST:PORT or [IPV6]:PORT")
+    return address.endpoints[0]
 
 
 def socket_path(target: str) -> Path | None:

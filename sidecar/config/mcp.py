@@ -15,7 +15,7 @@ import importlib.util
 from pydantic import field_validator
 
 from sidecar.config.base import Section
-from sidecar.config.listen import Endpoint, ListenKind, parse_listen
+from sidecar.config.listen import Endpoint, one_tcp_endpoint
 from sidecar.errors import ConfigError
 
 __all__ = ["MCP_PATH", "McpSettings"]
@@ -35,15 +35,13 @@ class McpSettings(Section):
     @classmethod
     def _one_tcp_address(cls, value: str | None) -> str | None:
         if value is not None:
-            address = parse_listen(value)
-            if address.kind is not ListenKind.TCP or len(address.endpoints) != 1:
-                raise ValueError(f"{value!r}: the MCP endpoint listens on one TCP address, HOST:PORT or [IPV6]:PORT")
+            one_tcp_endpoint(value, "the MCP endpoint")
         return value
 
     @property
     def endpoint(self) -> Endpoint | None:
         """The host and port to listen on, ``None`` when the endpoint is off."""
-        return None if self.listen is None else parse_listen(self.listen).endpoints[0]
+        return None if self.listen is None else one_tcp_endpoint(self.listen, "the MCP endpoint")
 
     def check_installed(self) -> None:
         """``ConfigError`` when the endpoint is on but the MCP SDK (the ``mcp`` extra) is not installed."""

@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from sidecar.config.approvals_ui import ApprovalsUiSettings
 from sidecar.config.auth import AuthMode, AuthSettings
 from sidecar.config.base import (
     CLIENT_VARIABLES,
@@ -255,6 +256,7 @@ class Settings(Section):
     isolation: IsolationSettings = Field(default_factory=IsolationSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    approvals_ui: ApprovalsUiSettings = Field(default_factory=ApprovalsUiSettings)
     log_level: str = "INFO"
     _origins: Origins = PrivateAttr(default_factory=dict)
 
@@ -273,10 +275,16 @@ class Settings(Section):
 
     @model_validator(mode="after")
     def _dev_mode_stays_local(self) -> Settings:
-        """Dev mode trusts every caller, so it may only listen where no one else can reach (gRPC and MCP alike)."""
+        """Dev mode trusts every caller, so it may only listen where no one else can reach (gRPC, MCP and the
+        approval inbox alike)."""
         if self.auth.effective_mode is AuthMode.DEV:
             addresses = [("server.listen", address) for address in self.server.listen]
             addresses += [("mcp.listen", self.mcp.listen)] if self.mcp.listen is not None else []
+            if self.approvals_ui.listen is not None:
+                addresses.append(("approvals_ui.listen", self.approvals_ui.listen))
+            if self.approvals_ui.oidc is not None:
+                raise ValueError("approvals_ui.oidc: signing in through an identity provider needs auth.jwt, which "
+                                 "verifies the tokens it issues (auth mode 'dev' trusts a static principal)")
             for key, address in addresses:
                 if not parse_listen(address).is_local:
                     raise ValueError(

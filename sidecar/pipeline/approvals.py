@@ -146,6 +146,16 @@ class Approvals:
             records = [r for r in records if (await self._approver_decision(principal, r)).allow]
         return [to_preview(r) for r in records]
 
+    async def decided(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]:
+        """Previews that were decided (approved, denied, or approved and then used by their call), the latest
+        decision first: those ``principal`` decided, or every one (``all_of_them``, for operators); of each
+        state the ``limit`` newest are looked at."""
+        records = [r for state in _DECIDED for r in await self.store.list_previews(state, limit=limit)]
+        if not all_of_them:
+            records = [r for r in records if r.decided_by is not None and _same(principal, r.decided_by)]
+        records.sort(key=lambda r: r.decided_at or 0.0, reverse=True)
+        return [to_preview(r) for r in records[:limit]]
+
     async def check(self, approval_id: str, call: CallToApprove, decision: Decision, *,
                     key: str | None = None) -> Refusal | Approved:
         """Whether the approval ``approval_id`` lets ``call`` go on (``decision``: the approval policy's, now);
@@ -270,8 +280,15 @@ class Approvals:
         return await self.policy.decide(Stage.APPROVER, PolicyInput.of(document))
 
 
+_DECIDED = (PreviewState.APPROVED, PreviewState.USED, PreviewState.DENIED)
 _CHANGED = ("the stored preview no longer matches its hash: it was changed after it was made, so it is neither "
             "approved nor run; ask for a new approval")
+
+
+def _same(principal: Principal, decided_by: str) -> bool:
+    """Whether the approver stored as ``decided_by`` (a principal as JSON) is ``principal`` (same id and tenant)."""
+    approver = Principal.model_validate_json(decided_by)
+    return (approver.id, approver.tenant) == (principal.id, principal.tenant)
 
 
 def _stored_call(record: PreviewRecord) -> dict[str, Any] | None:
@@ -350,7 +367,8 @@ def to_preview(record: PreviewRecord) -> Preview:
                    reason=record.reason, expires_at=_rfc3339(record.expires_at), state=record.state,
                    approver_roles=record.approver_roles, decided_by=decided_by,
                    decided_at=None if record.decided_at is None else _rfc3339(record.decided_at),
-                   comment=record.comment, rendering_json=_rendering_json(record.call_json))
+                   comment=record.comment, rendering_json=_rendering_json(record.call_json),
+                   created_at=_rfc3339(record.created_at))
 
 
 def _rendering_json(call_json: str) -> str | None:

@@ -10,6 +10,7 @@ recorded, at shutdown. With ``mcp.listen`` it serves MCP too (``sidecar.server.m
 event loop: started before gRPC, stopped first at shutdown, each within ``server.shutdown_grace_seconds``.
 With ``metrics.listen`` it serves Prometheus metrics (``sidecar.server.metrics_http``), also on that loop:
 started first, stopped last, so a scrape sees the whole shutdown.
+With ``approvals_ui.listen`` it serves the approval inbox (``sidecar.server.approvals_ui``) the same way.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
                                              metrics=pipeline.metrics)
             reloader.on_status = sidecar.report_policy
             try:
-                async with _mcp_endpoint(settings, pipeline):
+                async with _mcp_endpoint(settings, pipeline), _approvals_inbox(settings, pipeline.approvals):
                     await sidecar.start()
                     _log_start(settings, pipeline, reloader, sidecar)
                     checkpoints = checkpointer.run if checkpointer else None
@@ -206,6 +207,23 @@ async def _metrics_endpoint(settings: Settings, metrics: Metrics | None) -> Asyn
         yield
     finally:
         await endpoint.stop()
+
+
+@contextlib.asynccontextmanager
+async def _approvals_inbox(settings: Settings, approvals: ApprovalGateway) -> AsyncIterator[None]:
+    """The approval inbox of ``approvals_ui.listen`` served while the body runs, then stopped; nothing when it
+    is off (its web stack is imported only then)."""
+    if settings.approvals_ui.listen is None:
+        yield
+        return
+    from sidecar.server.approvals_ui.endpoint import ApprovalsInbox
+
+    inbox = ApprovalsInbox.open(settings, approvals)
+    await inbox.start()
+    try:
+        yield
+    finally:
+        await inbox.stop()
 
 
 @contextlib.asynccontextmanager

@@ -72,11 +72,13 @@ class ApprovalGateway(Protocol):
 
     async def pending(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]: ...
 
+    async def decided(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]: ...
+
 
 class ApprovalDesk:
     """The approvals as a caller uses them: operators list every pending preview, others those they may
-    approve (the approval policy decides); a list holds ``DEFAULT_LIST_LIMIT`` unless asked, at most
-    ``MAX_LIST_LIMIT``."""
+    approve (the approval policy decides), and the decided ones (operators all, others their own); a list
+    holds ``DEFAULT_LIST_LIMIT`` unless asked, at most ``MAX_LIST_LIMIT``."""
 
     def __init__(self, approvals: ApprovalGateway, operators: Operators) -> None:
         self._approvals, self._operators = approvals, operators
@@ -93,4 +95,9 @@ class ApprovalDesk:
     async def pending(self, principal: Principal, limit: int = 0) -> list[Preview]:
         """The pending previews ``principal`` may see, newest first; ``limit`` 0 means the default."""
         return await self._approvals.pending(principal, all_of_them=self._operators.includes(principal),
+                                             limit=min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT))
+
+    async def decided(self, principal: Principal, limit: int = 0) -> list[Preview]:
+        """The decided previews ``principal`` may see (their own decisions; operators every one), the latest first."""
+        return await self._approvals.decided(principal, all_of_them=self._operators.includes(principal),
                                              limit=min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT))

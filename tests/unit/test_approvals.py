@@ -171,3 +171,25 @@ async def test_a_bound_preview_matches_only_its_rfc8785_hash(tmp_path: Path) -> 
     legacy = _stored(call, "sha256:" + hashlib.sha256(sorted_json(bound).encode()).hexdigest(), sorted_json(bound))
     assert await _check(tmp_path / "legacy", legacy, call) is ErrorCode.INVALID_ARGUMENT
     assert await _check(tmp_path / "jcs", _stored(call, preview_hash(bound), canonical_json(bound)), call) is None
+
+
+async def test_decided_lists_ones_own_decisions_latest_first_and_all_of_them_for_operators(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "store.db")
+    try:
+        approvals = Approvals(store, FailingApprover(PolicyEvaluationError("unused")))  # type: ignore[arg-type]
+        bob, carol = Principal(id="bob", tenant="acme"), Principal(id="carol", tenant="acme")
+        other_bob = Principal(id="bob", tenant="other")
+        ids = [(await approvals.open_preview(CALL, Decision(required=True))).preview_id for _ in range(4)]
+        for number, (who, state) in enumerate([(bob, PreviewState.APPROVED), (carol, PreviewState.DENIED),
+                                               (other_bob, PreviewState.APPROVED), (bob, PreviewState.DENIED)]):
+            assert await store.decide_preview(ids[number], state, decided_by=who.model_dump_json(),
+                                              comment=f"c{number}", now=1000.0 + number)
+        mine = await approvals.decided(bob, all_of_them=False)
+        assert [(p.preview_id, p.state, p.decided_by, p.comment) for p in mine] == [
+            (ids[3], PreviewState.DENIED, "bob", "c3"), (ids[0], PreviewState.APPROVED, "bob", "c0")]
+        every = await approvals.decided(bob, all_of_them=True)
+        assert [p.preview_id for p in every] == ids[::-1]
+        assert [p.preview_id for p in await approvals.decided(bob, all_of_them=True, limit=2)] == ids[:1:-1]
+        assert await approvals.decided(Principal(id="dave", tenant="acme"), all_of_them=False) == []
+    finally:
+        await store.aclose()

@@ -168,7 +168,7 @@ class Operation(_message.Message):
     def __init__(self, state: _Optional[_Union[OperationState, str]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ...) -> None: ...
 
 class Preview(_message.Message):
-    __slots__ = ("preview_id", "preview_hash", "call_json", "reason", "expires_at", "state", "approver_roles", "decided_by", "decided_at", "comment", "rendering_json")
+    __slots__ = ("preview_id", "preview_hash", "call_json", "reason", "expires_at", "state", "approver_roles", "decided_by", "decided_at", "comment", "rendering_json", "created_at")
     PREVIEW_ID_FIELD_NUMBER: _ClassVar[int]
     PREVIEW_HASH_FIELD_NUMBER: _ClassVar[int]
     CALL_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,7 @@ class Preview(_message.Message):
     DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
     COMMENT_FIELD_NUMBER: _ClassVar[int]
     RENDERING_JSON_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     preview_id: str
     preview_hash: str
     call_json: str
@@ -191,7 +192,8 @@ class Preview(_message.Message):
     decided_at: str
     comment: str
     rendering_json: str
-    def __init__(self, preview_id: _Optional[str] = ..., preview_hash: _Optional[str] = ..., call_json: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[str] = ..., state: _Optional[_Union[PreviewState, str]] = ..., approver_roles: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., decided_at: _Optional[str] = ..., comment: _Optional[str] = ..., rendering_json: _Optional[str] = ...) -> None: ...
+    created_at: str
+    def __init__(self, preview_id: _Optional[str] = ..., preview_hash: _Optional[str] = ..., call_json: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[str] = ..., state: _Optional[_Union[PreviewState, str]] = ..., approver_roles: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., decided_at: _Optional[str] = ..., comment: _Optional[str] = ..., rendering_json: _Optional[str] = ..., created_at: _Optional[str] = ...) -> None: ...
 
 class ApproveOperationRequest(_message.Message):
     __slots__ = ("preview_id", "preview_hash", "comment")

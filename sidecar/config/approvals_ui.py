@@ -1,0 +1,102 @@
+"""``approvals_ui``: the approval inbox, web pages where a person approves or denies held calls; off unless
+``listen`` is set.
+
+``listen`` is one TCP address (``HOST:PORT``, ``[IPV6]:PORT``; port 0 for any free port), read as
+``mcp.listen`` is. In ``dev`` mode it must be loopback (checked with the whole ``Settings``). Session
+cookies are ``Secure`` unless the address is loopback: outside loopback the pages must be reached over
+HTTPS (a TLS-terminating proxy in front). A session lasts at most ``session_seconds``, and never longer
+than the token it was signed in with. Serving it needs the ``approvals-ui`` extra (``check_installed``).
+
+``oidc`` adds signing in through an identity provider (OpenID Connect authorization code flow with PKCE,
+``sidecar.server.approvals_ui.oidc``): ``issuer`` (its discovery document is at
+``ISSUER/.well-known/openid-configuration``; ``https``, or ``http`` on a loopback host), ``client_id``,
+``client_secret`` for a confidential client (none: a public client), ``redirect_uri`` (the inbox's own
+``…/sign-in/callback`` as the browser reaches it), ``scopes``. The access token it issues is verified
+by ``auth.jwt`` as an agent's token is, so it needs ``auth.jwt`` (checked with the whole ``Settings``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
+
+from sidecar.config.base import Section
+from sidecar.config.listen import Endpoint, is_loopback, one_tcp_endpoint
+from sidecar.errors import ConfigError
+
+__all__ = ["CALLBACK_PATH", "ApprovalsUiSettings", "OidcSettings"]
+
+_NEEDS = ("starlette", "uvicorn", "jinja2")
+CALLBACK_PATH = "/sign-in/callback"
+
+
+class OidcSettings(Section):
+    """The identity provider people sign in with, and this inbox as its client."""
+
+    issuer: str
+    client_id: str = Field(min_length=1)
+    client_secret: SecretStr | None = None
+    redirect_uri: str
+    scopes: tuple[str, ...] = ("openid",)
+    timeout_seconds: float = Field(default=10.0, gt=0)
+
+    @field_validator("issuer")
+    @classmethod
+    def _issuer_url(cls, value: str) -> str:
+        _secure_url(value, "the issuer")
+        return value.rstrip("/")
+
+    @field_validator("redirect_uri")
+    @classmethod
+    def _callback_url(cls, value: str) -> str:
+        if urlsplit(value).path != CALLBACK_PATH:
+            raise ValueError(f"{value!r}: the redirect URI is the inbox's own {CALLBACK_PATH}, "
+                             f"e.g. https://approvals.example.com{CALLBACK_PATH}")
+        _secure_url(value, "the redirect URI")
+        return value
+
+    @field_validator("scopes")
+    @classmethod
+    def _openid_scope(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if "openid" not in value:
+            raise ValueError("the scopes must include 'openid'")
+        return value
+
+
+def _secure_url(value: str, what: str) -> None:
+    parts = urlsplit(value)
+    if parts.scheme not in ("https", "http") or not parts.hostname or parts.query or parts.fragment:
+        raise ValueError(f"{value!r}: {what} must be an absolute https:// URL without a query or fragment")
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
+        raise ValueError(f"{value!r}: {what} must use https:// (http:// only on a loopback host)")
+
+
+class ApprovalsUiSettings(Section):
+    """Where the approval inbox listens (``None``: nowhere, the default) and how long its sessions last."""
+
+    listen: str | None = None
+    session_seconds: int = Field(default=8 * 3600, gt=0)
+    page_size: int = Field(default=20, gt=0, le=200)  # previews on one inbox page
+    oidc: OidcSettings | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _one_tcp_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            one_tcp_endpoint(value, "the approval inbox")
+        return value
+
+    @property
+    def endpoint(self) -> Endpoint | None:
+        """The host and port to listen on, ``None`` when the inbox is off."""
+        return None if self.listen is None else one_tcp_endpoint(self.listen, "the approval inbox")
+
+    def check_installed(self) -> None:
+        """``ConfigError`` when the inbox is on but its web stack (the ``approvals-ui`` extra) is not installed."""
+        missing = [name for name in _NEEDS if importlib.util.find_spec(name) is None]
+        if self.listen is not None and missing:
+            raise ConfigError("config error at approvals_ui.listen: serving the approval inbox needs the "
+                              f"'approvals-ui' extra (pip install 'toolbooth[approvals-ui]'); missing: "
+                              f"{', '.join(missing)}")

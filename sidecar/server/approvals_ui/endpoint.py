@@ -1,0 +1,75 @@
+"""The approval inbox's listener (``approvals_ui.listen``): uvicorn serving ``Inbox`` on the sidecar's own loop.
+
+``ApprovalsInbox.open`` binds the socket (``OSError`` ``cannot listen on approvals_ui.listen …`` if it
+cannot be); ``start`` serves in a task of the running loop, with uvicorn's signal handling left to
+``serve``; ``stop`` stops taking connections and gives the open ones ``_CLOSE_SECONDS`` to finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import uvicorn
+
+from sidecar.config import Settings
+from sidecar.server.approvals_ui.oidc import OidcSignIn
+from sidecar.server.approvals_ui.pages import Inbox
+from sidecar.server.approvals_ui.security import Guarded
+from sidecar.server.approvals_ui.sessions import Sessions
+from sidecar.server.approvals_ui.signin import SignIn
+from sidecar.server.auth import Authenticator
+from sidecar.server.listeners import tcp_socket
+from sidecar.server.roles import ApprovalDesk, ApprovalGateway, Operators
+
+__all__ = ["ApprovalsInbox"]
+
+log = logging.getLogger(__name__)
+
+_CLOSE_SECONDS = 2
+
+
+class ApprovalsInbox:
+    """The inbox of one sidecar: bound by ``open``, then ``start`` and ``stop`` (each once)."""
+
+    def __init__(self, inbox: Inbox, bound: socket.socket, *, host: str, loopback: bool) -> None:
+        self.inbox, self._socket = inbox, bound
+        self.url = f"http://{host}:{bound.getsockname()[1]}"
+        config = uvicorn.Config(Guarded(inbox.app, loopback=loopback), lifespan="off", log_config=None,
+                                access_log=False, server_header=False, timeout_graceful_shutdown=_CLOSE_SECONDS)
+        config.load()
+        self._server = uvicorn.Server(config)
+        self._server.lifespan = config.lifespan_class(config)
+
+    @classmethod
+    def open(cls, settings: Settings, approvals: ApprovalGateway) -> ApprovalsInbox:
+        """The inbox of ``settings.approvals_ui`` over the pipeline's ``approvals``, deciding as the
+        ``ApprovalService`` does (the same ``ApprovalDesk``), its socket bound."""
+        ui = settings.approvals_ui
+        endpoint = ui.endpoint
+        assert endpoint is not None, "approvals_ui.listen is not set"
+        desk, authenticator = ApprovalDesk(approvals, Operators(settings.auth)), Authenticator(settings.auth)
+        oidc = None if ui.oidc is None else OidcSignIn(ui.oidc, authenticator)
+        inbox = Inbox(desk, SignIn(settings.auth, authenticator), Sessions(ui.session_seconds),
+                      secure=not endpoint.is_loopback, page_size=ui.page_size, oidc=oidc)
+        host = endpoint.host.removeprefix("[").removesuffix("]")
+        bound = tcp_socket(f"approvals_ui.listen {ui.listen}", host, endpoint.port)
+        return cls(inbox, bound, host=endpoint.host, loopback=endpoint.is_loopback)
+
+    async def start(self) -> None:
+        """Serve on this loop; returns once it accepts connections."""
+        try:
+            await self._server.startup(sockets=[self._socket])
+        except BaseException:
+            self._socket.close()
+            raise
+        if self._server.should_exit:  # uvicorn logs why and asks to exit instead of raising
+            self._socket.close()
+            raise OSError(f"cannot listen on approvals_ui.listen {self.url}")
+        log.info("approval inbox listening on %s", self.url)
+
+    async def stop(self) -> None:
+        """Stop taking connections; close the open ones within a moment."""
+        await self._server.shutdown()
+        self._socket.close()
+        await self.inbox.aclose()

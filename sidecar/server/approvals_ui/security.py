@@ -1,0 +1,88 @@
+"""Security of every inbox response and request: strict headers, the expected ``Host``, bounded form bodies.
+
+Every response gets a Content-Security-Policy that allows no script at all and only the inbox's own
+style sheet, may not be framed (``frame-ancestors 'none'``, ``X-Frame-Options: DENY``), sends no referrer,
+is not sniffed and is not cached. On a loopback listener a request must name a loopback host (a page
+that rebinds its own name to 127.0.0.1 cannot reach the inbox). A form body is read up to
+``MAX_FORM_BYTES`` and only as ``application/x-www-form-urlencoded``.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs
+
+from starlette.datastructures import MutableHeaders
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sidecar.config import is_loopback
+
+__all__ = ["HEADERS", "MAX_FORM_BYTES", "FormError", "Guarded", "is_loopback_host", "read_form"]
+
+MAX_FORM_BYTES = 64 * 1024
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+
+
+class FormError(Exception):
+    """A form body that is too large or not URL-encoded; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Guarded:
+    """ASGI: the security headers on every response; on loopback, requests for another host refused (421)."""
+
+    def __init__(self, app: ASGIApp, *, loopback: bool) -> None:
+        self._app, self._loopback = app, loopback
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+
+        async def send_guarded(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in HEADERS.items():
+                    headers[name] = value
+            await send(message)
+
+        if self._loopback and not is_loopback_host(Request(scope).headers.get("host", "")):
+            response = PlainTextResponse("this inbox answers only to a loopback host name", status_code=421)
+            await response(scope, receive, send_guarded)
+            return
+        await self._app(scope, receive, send_guarded)
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """The fields of a URL-encoded form body (the first value of each), or ``FormError``."""
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        raise FormError(415, "a form must be sent as application/x-www-form-urlencoded")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise FormError(413, f"a form may hold at most {MAX_FORM_BYTES} bytes")
+    try:
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+    except UnicodeDecodeError:
+        raise FormError(400, "a form must be UTF-8") from None
+    return {name: values[0] for name, values in fields.items()}
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a ``Host`` header (``name:port``, ``[v6]:port``) names a loopback host."""
+    name = host.rpartition(":")[0] if not host.endswith("]") and ":" in host else host
+    return bool(name) and is_loopback(name)

@@ -1,0 +1,128 @@
+"""The approval inbox in a real browser: Debian's headless Chromium, driven by Playwright, against a real sidecar.
+
+A person signs in by pasting a token, reads the held email as the tool rendered it, approves it with the
+keyboard and the agent's retry over gRPC sends it once; another call is denied with a reason; a person
+signs in through an identity provider (the authorization code flow with PKCE, a local test issuer). The page's
+script cannot read the session cookie, and its style sheet loads under the strict Content-Security-Policy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright
+
+from sidecar.config import Settings
+from sidecar.contract import ErrorCode, Status
+from tests.support.approvals import NOTE
+from tests.support.contract_tools import SENT
+from tests.support.inbox import MAIL, World, free_port, served_inbox
+from tests.support.oidc_issuer import CLIENT_ID, oidc_issuer
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's package (.ci/run installs it)
+
+
+@pytest.fixture
+async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
+                make_token: Callable[..., str]) -> AsyncIterator[World]:
+    settings = make_settings(auth=jwt_auth, approvals_ui={"listen": "127.0.0.1:0"})
+    async with served_inbox(settings, make_token, tmp_path) as world:
+        yield world
+
+
+@pytest.fixture
+async def chromium() -> AsyncIterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        message = "no Chromium at /usr/bin/chromium (apt-get install chromium)"
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            pytest.fail(f"{message} (CI=true: the browser tests must run; .ci/run installs it)")
+        pytest.skip(message)
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+async def signed_in(chromium: Browser, world: World) -> Page:
+    page = await (await chromium.new_context()).new_page()
+    await page.goto(world.inbox.url + "/sign-in")
+    await page.get_by_label("Access token").fill(world.tokens(sub="bob", roles=["approver"]))
+    await page.get_by_role("button", name="Sign in").click()
+    await page.wait_for_url("**/inbox")
+    return page
+
+
+async def test_sign_in_read_the_email_approve_it_and_the_agents_retry_sends_it_once(
+        chromium: Browser, world: World) -> None:
+    draft = await world.client().execute("send_email_preview", MAIL)
+    arguments = {"preview_id": draft.data["preview_id"]}
+    held = await world.client().execute("send_email", arguments, idempotency_key="m-1", conversation_id="c-9")
+    assert held.preview is not None
+    page = await signed_in(chromium, world)
+    await page.get_by_role("heading", name="Waiting for your decision").wait_for()
+    assert await page.evaluate("document.cookie") == ""  # HttpOnly: no script can read the session
+    header = await page.locator("header.bar").evaluate("e => getComputedStyle(e).backgroundColor")
+    assert header == "rgb(18, 38, 63)"  # the style sheet loaded under the CSP
+    await page.get_by_role("link", name="Review and decide on send_email by alice (acme)").click()
+    await page.get_by_role("heading", name="What it will do").wait_for()
+    body = await page.locator("main").inner_text()
+    assert "Deployment complete" in body and "ana@example.com" in body and "Rollback plan attached." in body
+    assert "c-9" in body and "alice (acme)" in body
+    await page.get_by_label("Comment (optional)").focus()
+    await page.keyboard.type("checked the recipients")
+    await page.keyboard.press("Tab")  # to the Approve button
+    await page.keyboard.press("Enter")
+    await page.get_by_role("status").wait_for()
+    assert "You approved send_email requested by alice (acme): “checked the recipients”." == \
+        await page.get_by_role("status").inner_text()
+    before = len(SENT)
+    sent = await world.client().execute("send_email", arguments, idempotency_key="m-2", conversation_id="c-9",
+                                        approval_id=held.preview.preview_id)
+    assert sent.status is Status.SUCCESS and len(SENT) == before + 1
+    again = await world.client().execute("send_email", arguments, idempotency_key="m-3", conversation_id="c-9",
+                                         approval_id=held.preview.preview_id)
+    assert again.error is not None and again.error.code is ErrorCode.PERMISSION_DENIED and len(SENT) == before + 1
+
+
+async def test_deny_with_a_reason_in_the_browser(chromium: Browser, world: World) -> None:
+    preview = await world.held_note()
+    page = await signed_in(chromium, world)
+    await page.goto(f"{world.inbox.url}/previews/{preview.preview_id}")
+    await page.get_by_role("button", name="Deny").click()  # the reason is required: the browser keeps the form
+    assert page.url.endswith(f"/previews/{preview.preview_id}")
+    await page.get_by_label("Reason (required)").fill("not this week")
+    await page.get_by_role("button", name="Deny").click()
+    await page.get_by_role("status").wait_for()
+    assert "You denied file_note" in await page.get_by_role("status").inner_text()
+    retry = await world.client().execute("file_note", NOTE, idempotency_key="k-9",
+                                         approval_id=preview.preview_id)
+    assert retry.error is not None and "not this week" in retry.error.message
+
+
+async def test_sign_in_through_the_identity_provider(chromium: Browser, tmp_path: Path,
+                                                     make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
+                                                     make_token: Callable[..., str]) -> None:
+    async with oidc_issuer(make_token) as issuer:
+        port = free_port()
+        issuer.redirect_uri = f"http://127.0.0.1:{port}/sign-in/callback"
+        settings = make_settings(auth=jwt_auth, approvals_ui={"listen": f"127.0.0.1:{port}", "oidc": {
+            "issuer": issuer.url, "client_id": CLIENT_ID, "redirect_uri": issuer.redirect_uri}})
+        async with served_inbox(settings, make_token, tmp_path / "oidc") as world:
+            preview = await world.held_note()
+            page = await (await chromium.new_context()).new_page()
+            await page.goto(world.inbox.url + "/sign-in")
+            await page.get_by_role("link", name="Sign in with your identity provider").click()
+            await page.get_by_role("heading", name="Waiting for your decision").wait_for()  # via the signed-in page
+            assert page.url == world.inbox.url + "/inbox" and len(issuer.authorizations) == 1
+            assert "Signed in as bob (acme)" in await page.locator("header").inner_text()
+            assert preview.preview_id in await page.content()
+            assert await page.evaluate("document.cookie") == ""

@@ -1,0 +1,154 @@
+"""The approval inbox's parts on their own: its config section, sessions, the Host check and how previews read."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from sidecar.config import parse_settings
+from sidecar.contract import Preview, Principal
+from sidecar.errors import ConfigError
+from sidecar.server.approvals_ui.security import is_loopback_host
+from sidecar.server.approvals_ui.sessions import Sessions, SignedIn, csrf_matches
+from sidecar.server.approvals_ui.views import Item, PreviewView, items
+
+BOB = Principal(id="bob", tenant="acme", roles=("approver",))
+JWT = {"algorithms": ["HS256"], "issuer": "i", "audience": "a", "key": "k" * 32}
+
+
+def test_the_inbox_is_off_by_default_and_listens_on_one_tcp_address() -> None:
+    assert parse_settings({}).approvals_ui.listen is None and parse_settings({}).approvals_ui.endpoint is None
+    endpoint = parse_settings({"approvals_ui": {"listen": "[::1]:8780"}}).approvals_ui.endpoint
+    assert endpoint is not None and (endpoint.host, endpoint.port, endpoint.is_loopback) == ("[::1]", 8780, True)
+    with pytest.raises(ConfigError, match=r"config error at approvals_ui\.listen: 'unix:///x\.sock': the approval "
+                                          r"inbox listens on one TCP address, HOST:PORT or \[IPV6\]:PORT"):
+        parse_settings({"approvals_ui": {"listen": "unix:///x.sock"}})
+    with pytest.raises(ConfigError, match=r"config error at approvals_ui\.listen: 'ipv4:127\.0\.0\.1:1,"
+                                          r"127\.0\.0\.1:2': the approval inbox listens on one TCP address"):
+        parse_settings({"approvals_ui": {"listen": "ipv4:127.0.0.1:1,127.0.0.1:2"}})
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("session_seconds", 0, "Input should be greater than 0"),
+    ("page_size", 500, "Input should be less than or equal to 200"),
+    ("theme", "dark", "unknown key"),
+])
+def test_bad_inbox_settings_name_the_key(key: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=rf"config error at approvals_ui\.{key}: {message}"):
+        parse_settings({"approvals_ui": {key: value}})
+
+
+def test_dev_mode_refuses_an_inbox_on_a_public_address() -> None:
+    with pytest.raises(ConfigError, match=r"approvals_ui\.listen: '0\.0\.0\.0:8780' is not a loopback address; "
+                                          r"auth mode 'dev' trusts a static principal"):
+        parse_settings({"approvals_ui": {"listen": "0.0.0.0:8780"}})
+    settings = parse_settings({"approvals_ui": {"listen": "0.0.0.0:8780"}, "auth": {"jwt": JWT}})
+    assert settings.approvals_ui.endpoint is not None and not settings.approvals_ui.endpoint.is_loopback
+
+
+def test_serving_the_inbox_without_its_web_stack_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jinja2" else real(name, *a))
+    settings = parse_settings({"approvals_ui": {"listen": "127.0.0.1:8780"}})
+    with pytest.raises(ConfigError, match=r"config error at approvals_ui\.listen: serving the approval inbox needs "
+                                          r"the 'approvals-ui' extra \(pip install 'toolbooth\[approvals-ui\]'\); "
+                                          r"missing: jinja2"):
+        settings.approvals_ui.check_installed()
+    parse_settings({}).approvals_ui.check_installed()  # off: nothing to need
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_session_ends_with_its_token_or_after_the_longest_session() -> None:
+    clock = Clock()
+    sessions = Sessions(60, clock=clock)
+    short = sessions.open(SignedIn(BOB, "token", until=1010.0))
+    long = sessions.open(SignedIn(BOB, "token", until=5000.0))
+    dev = sessions.open(SignedIn(BOB, "dev"))
+    assert (short.expires_at, long.expires_at, dev.expires_at) == (1010.0, 1060.0, 1060.0)
+    assert len({short.id, long.id, dev.id}) == 3 and short.csrf != long.csrf and len(short.id) >= 43
+    assert sessions.get(short.id) == short and sessions.seconds_left(short) == 10
+    clock.now = 1010.0
+    assert sessions.get(short.id) is None and sessions.get(long.id) == long
+    sessions.close(long.id)
+    assert sessions.get(long.id) is None and sessions.get(None) is None and sessions.get("guess") is None
+
+
+def test_past_the_most_sessions_the_one_ending_first_is_ended() -> None:
+    sessions = Sessions(60, max_open=2, clock=Clock())
+    first = sessions.open(SignedIn(BOB, "token", until=1030.0))
+    second = sessions.open(SignedIn(BOB, "token", until=1010.0))
+    third = sessions.open(SignedIn(BOB, "token", until=1020.0))
+    assert sessions.get(second.id) is None and sessions.get(first.id) == first and sessions.get(third.id) == third
+
+
+def test_csrf_tokens_must_match_exactly() -> None:
+    assert csrf_matches("abc", "abc")
+    assert not csrf_matches("abc", None) and not csrf_matches("abc", "") and not csrf_matches("abc", "abd")
+    assert not csrf_matches("abc", "ábc")
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1:8780", True), ("localhost:1", True), ("[::1]:8780", True), ("[::1]", True), ("localhost", True),
+    ("evil.example:8780", False), ("127.0.0.1.evil.example", False), ("", False), (":80", False),
+])
+def test_the_host_header_of_a_loopback_inbox(host: str, loopback: bool) -> None:
+    assert is_loopback_host(host) is loopback
+
+
+def test_an_email_rendering_reads_headline_first_with_its_body_as_written() -> None:
+    shown = items({"body": "Hello,\nthe release is out.", "cc": [], "subject": "Release",
+                   "to": ["a@x.test", "b@x.test"],
+                   "warnings": [{"code": "EXTERNAL", "message": "outside the organization"}]})
+    assert shown == (Item("Subject", "Release"), Item("To", "a@x.test, b@x.test"),
+                     Item("Cc", "none"), Item("Body", "Hello,\nthe release is out.", block=True),
+                     Item("Warnings", "EXTERNAL · outside the organization"))
+
+
+def test_a_task_rendering_nests_its_task_and_shows_small_objects_on_one_line() -> None:
+    [task] = items({"task": {"title": "Write notes", "project": {"id": "p-1", "name": "Website"},
+                             "assignee": None, "due_at": "2026-12-02T17:00:00Z", "priority": "high"}})
+    assert task.label == "Task" and task.children == (
+        Item("Title", "Write notes"), Item("Project", "Website · p-1"), Item("Assignee", "none"),
+        Item("Due", "2026-12-02T17:00:00Z"), Item("Priority", "high"))
+
+
+def test_masked_values_are_marked_and_shown_masked() -> None:
+    masked = "hmac-sha256:" + "0" * 64
+    assert items({"token": masked, "keys": [masked]}) == (
+        Item("Keys", masked, masked=True), Item("Token", masked, masked=True))
+    assert items("plain") == (Item("Value", "plain"),)
+    assert items({"n": 3, "ok": True, "deep": [{"a": [1, 2]}]}) == (
+        Item("Deep", children=(Item("1", children=(Item("A", "1, 2"),)),)), Item("N", "3"), Item("Ok", "yes"))
+
+
+def test_a_preview_reads_who_asked_where_and_until_when() -> None:
+    call = {"tool": "file_note", "version": "1.0.0", "arguments": {"title": "t"}, "conversation_id": "c-1",
+            "principal": {"id": "alice", "tenant": "acme"}, "policy_revision": "r"}
+    preview = Preview(preview_id="p", preview_hash="sha256:x", call_json=json.dumps(call), reason="why",
+                      expires_at="2026-12-01T10:15:00Z", created_at="2026-12-01T10:00:00Z")
+    view = PreviewView.of(preview)
+    assert (view.tool, view.requester, view.requester_id, view.conversation, view.rendered) == (
+        "file_note", "alice (acme)", "alice", "c-1", False)
+    assert view.shown == (Item("Title", "t"),)
+    now = view.created_at
+    assert now is not None and view.age(now) == "under a minute" and view.expires_in(now) == "15 min"
+    assert view.expires_in(view.expires_at) == "expired"
+
+
+def test_a_preview_changed_into_unreadable_json_reads_as_unreadable() -> None:
+    preview = Preview(preview_id="p", preview_hash="sha256:x", call_json="{not json", reason="why",
+                      expires_at="2026-12-01T10:15:00Z", rendering_json="[1]")
+    view = PreviewView.of(preview)
+    assert (view.tool, view.requester, view.created_at) == ("", "?", None)
+    assert view.rendered and view.shown == (Item("Unreadable", "this stored preview is not readable (it was changed in "
+                                                               "the store); it cannot be approved"),)
+    assert PreviewView.of(preview.model_copy(update={"rendering_json": None})).shown == view.shown
