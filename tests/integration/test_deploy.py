@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,7 @@ VARIANTS = {
     "manifests": _manifests,
     "chart": _chart,
     "chart with a JWKS": lambda: _chart(auth={"jwksUrl": "https://issuer.example/.well-known/jwks.json"}),
+    "chart without metrics": lambda: _chart(metricsPort=0),
     "chart with a bundle URL": lambda: _chart(policies={"bundleUrl": "https://bundles.example/toolbooth.tar.gz",
                                                         "bundleVerification": {"keys": {"signer": SIGNER}}}),
 }
@@ -150,7 +152,22 @@ def test_the_probes_are_grpc_on_the_health_only_port(docs: list[Doc]) -> None:
     probes = {name: sidecar[f"{name}Probe"] for name in ("startup", "readiness", "liveness")}
     assert all(probe["grpc"]["port"] == health.port for probe in probes.values())
     assert probes["readiness"]["grpc"]["service"] == "toolbooth.v1.ToolService"
-    assert [port["containerPort"] for port in sidecar["ports"]] == [health.port]  # no port of the tool API
+    assert sidecar["ports"][0] == {"name": "health", "containerPort": health.port}
+    assert {port["name"] for port in sidecar["ports"]} <= {"health", "metrics"}  # no port of the tool API
+
+
+def test_metrics_are_on_their_own_port_with_the_annotations_prometheus_discovers(docs: list[Doc]) -> None:
+    (sidecar,) = _pod(docs)["initContainers"]
+    ports = {port["name"]: port["containerPort"] for port in sidecar["ports"]}
+    annotations = _one(docs, "Deployment")["spec"]["template"]["metadata"].get("annotations", {})
+    listen = _config(docs).get("metrics", {}).get("listen")
+    if listen is None:  # the chart's metricsPort: 0
+        assert "metrics" not in ports and not any(name.startswith("prometheus.io/") for name in annotations)
+        return
+    metrics = parse_listen(listen).endpoints[0]
+    assert (metrics.host, ports["metrics"]) == ("0.0.0.0", metrics.port)
+    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics.port),
+                           "prometheus.io/path": "/metrics"}
 
 
 def test_policies_come_from_a_configmap_or_a_bundle_url(docs: list[Doc]) -> None:
@@ -249,7 +266,9 @@ def test_toolbooth_serve_runs_the_pods_configuration(pod_root: Path, jwt_key: rs
     loopback and a free port): the kubelet's probe is answered, the agent's call through the socket runs."""
     port = _free_port()
     config = pod_root / "toolbooth.yaml"
-    config.write_text(_moved(_manifests(), pod_root).replace('"0.0.0.0:8081"', f'"127.0.0.1:{port}"'))
+    metrics_port = _free_port()
+    config.write_text(_moved(_manifests(), pod_root).replace('"0.0.0.0:8081"', f'"127.0.0.1:{port}"')
+                      .replace('"0.0.0.0:9464"', f'"127.0.0.1:{metrics_port}"'))
     env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
     env.update(PYTHONPATH=str(REPO), XDG_STATE_HOME=str(pod_root / "var/lib"), XDG_RUNTIME_DIR=str(pod_root / "run"))
     log = pod_root / "serve.log"
@@ -270,6 +289,9 @@ def test_toolbooth_serve_runs_the_pods_configuration(pod_root: Path, jwt_key: rs
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel, pytest.raises(grpc.RpcError) as refused:
             pb_grpc.ToolServiceStub(channel).ListTools(pb.ListToolsRequest(), timeout=5)
         assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED  # type: ignore[attr-defined]
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as scraped:
+            assert 'toolbooth_tool_calls_total{code="none",status="success",tool="calculate"} 1.0' in \
+                scraped.read().decode()
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=30)
