@@ -239,3 +239,16 @@ async def test_export_as_opa_decision_logs(log: Log, capsys: pytest.CaptureFixtu
     assert denied[1]["result"]["allow"] is False and denied[1]["result"]["code"] == "PERMISSION_DENIED"
     hidden = by_record[log.id_of("admin_console")]
     assert [(e["path"], e["result"]["allow"]) for e in hidden] == [("toolbooth/availability/decision", False)]
+
+
+async def test_a_candidate_whose_decision_fails_reports_an_error(log: Log, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    failing = edited(log.policies, tmp_path / "failing", lambda data: None)
+    (failing / "authz.rego").write_text('package toolbooth.authz\n\nimport rego.v1\n\ndecision := {"allow": "yes"}\n')
+    code, report = await asyncio.to_thread(replay, capsys, log, "--policies", str(failing), "--tool", "echo", "--json")
+    assert code == 3
+    [change] = report["changes"]  # the invalid call never reached authz
+    assert (change["before"], change["after"]) == ("would_run", "policy_error")
+    [(stage, before, after)] = [(s["stage"], s["before"], s["after"]) for s in change["changes"]]
+    assert (stage, before, after) == ("authz", "allow", "error")
+    assert "data.toolbooth.authz.decision.allow must be a boolean" in change["changes"][0]["reason"]
