@@ -69,8 +69,10 @@ class Recorded:
     def of(cls, record: AuditRecord) -> Recorded | Skip:
         """The call of ``record``, or why it cannot be replayed."""
         event = record.event
+        if event.decision_ids is None:
+            return Skip.BEFORE_DECISION_LOG
         if event.decision_input is None:
-            return Skip.BEFORE_DECISION_LOG if event.decision_ids is None else Skip.NO_DECISION
+            return Skip.NO_DECISION
         parts = InputParts.from_recorded(event.decision_input, event.conversation_id)
         tool = json.loads(parts.tool)
         if not tool["version"]:  # decided on a stand-in, and unavailable whatever the answer

@@ -115,7 +115,7 @@ class AuditEvent:
     error_code: str | None
     duration_ms: int
     arguments_json: str | None = None  # the validated arguments, sensitive values masked (``sidecar.tools.masking``)
-    decision_ids: str | None = None  # JSON: stage -> the UUID of its decision (the decision log's ``decision_id``)
+    decision_ids: str | None = None  # JSON: stage -> the UUID of its decision (``{}``: none; ``None``: written before)
     decision_input: str | None = None  # JSON: the policy input's principal, tool and time (``InputParts.recorded``)
 
 

@@ -40,6 +40,7 @@ CALLS: list[tuple[str, Any, dict[str, str]]] = [  # (tool, arguments, request fi
     ("delete_records", {"text": "x"}, {}),  # denied: missing permission
     ("send_email", {"text": "x"}, {"idempotency_key": "mail-1"}),  # needs approval
     ("create_note", {"text": "n"}, {"idempotency_key": "note-1"}),  # a write: dispatching, then its outcome
+    ("echo", {"text": "x"}, {"call_id": "bad\nid"}),  # refused before any decision
 ]
 
 
@@ -129,7 +130,7 @@ async def test_an_edited_policy_reports_exactly_what_would_change(log: Log, tmp_
             ("approval", "not required", "required")]),
     }
     assert (report["replayed"], report["changed"]) == (6, 5)
-    assert report["skipped"] == {"unknown_tool": 1, "same_call": 1}
+    assert report["skipped"] == {"no_decision": 1, "unknown_tool": 1, "same_call": 1}
     denied = next(c for c in report["changes"] if c["tool"] == "delete_records")
     assert denied["principal"] == {"id": "dev", "tenant": "dev", "roles": ["developer"], "permissions": []}
     assert denied["changes"][0]["reason"] == "all required permissions are held"  # the candidate's reason
@@ -144,7 +145,7 @@ async def test_an_edited_policy_reports_exactly_what_would_change(log: Log, tmp_
     assert denied_row.startswith(f"{log.id_of('delete_records')} ") and "denied" in denied_row
     assert any("authz" in line and "deny -> allow" in line for line in lines)
     assert lines[-1].startswith(f"replayed 6 call(s) against revision {report['revision']}: 5 would change; "
-                                "skipped 2 (")
+                                "skipped 3 (")
 
 
 async def test_the_unchanged_policies_report_nothing_and_exit_0(log: Log, capsys: pytest.CaptureFixture[str]) -> None:
@@ -152,7 +153,8 @@ async def test_the_unchanged_policies_report_nothing_and_exit_0(log: Log, capsys
     assert (code, report["changes"], report["replayed"]) == (0, [], 6)
     code, table = await asyncio.to_thread(replay, capsys, log, "--policies", str(log.policies))
     assert code == 0 and table.startswith("replayed 6 call(s) against revision ")
-    assert ": 0 would change; skipped 2 (1 a tool no plugin had, 1 the same call's later event)" in table
+    assert (": 0 would change; skipped 3 (1 a tool no plugin had, 1 refused before any decision, 1 the same call's "
+            "later event)") in table
 
 
 async def test_a_masked_value_replays_as_its_mask(log: Log, tmp_path: Path,

@@ -1,11 +1,14 @@
-"""OPA decision-log entries of audit events (``sidecar.pipeline.decision_log``): the ones a real sidecar writes
-are checked in ``tests/integration/test_policy_replay.py``; here the edges."""
+"""Reading audit events back: OPA decision-log entries (``sidecar.pipeline.decision_log``) and the calls replay
+takes from them (``sidecar.pipeline.replay``). Events a real sidecar writes are checked in
+``tests/integration/test_policy_replay.py``; here the edges."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from sidecar.pipeline.decision_log import decision_entries
+from sidecar.pipeline.replay import Recorded, Skip
 from sidecar.state import AuditEvent, AuditRecord
 
 PRINCIPAL = {"id": "dev-1", "tenant": "acme", "roles": ["developer"], "permissions": []}
@@ -39,3 +42,13 @@ def test_a_deny_shows_its_flag_and_events_before_the_decision_log_have_no_entrie
     [denied] = decision_entries(record({"availability": {"reason": "hidden"}}, {"availability": "id-a"}))
     assert denied["result"] == {"allow": False, "reason": "hidden"}
     assert list(decision_entries(record({"availability": {"allow": True}}, None))) == []
+
+
+def test_replay_skips_events_without_decisions_and_says_why() -> None:
+    assert Recorded.of(record({}, None)) is Skip.BEFORE_DECISION_LOG
+    refused = record({}, {})
+    refused = AuditRecord(refused.id, replace(refused.event, decision_input=None), None, None)
+    assert Recorded.of(refused) is Skip.NO_DECISION
+    cancelled = record({"availability": {"allow": True}}, {"availability": "id-a"},  # cancelled during authz
+                       arguments='{"text": "x"}')
+    assert Recorded.of(cancelled) is Skip.INCOMPLETE

@@ -41,7 +41,7 @@ class Auditor:
             idempotency_key=request.idempotency_key, call_id=request.call_id,
             conversation_id=request.conversation_id, status=status, error_code=error_code,
             duration_ms=call.elapsed_ms, arguments_json=arguments,
-            decision_ids=json.dumps(call.decision_ids, sort_keys=True) if call.decision_ids else None,
+            decision_ids=json.dumps(call.decision_ids, sort_keys=True),
             decision_input=None if call.inputs is None else call.inputs.recorded())
 
     def outcome(self, call: Call, result: ToolResult) -> None:
