@@ -2,7 +2,8 @@
 
 These commands open the store of ``--config`` (``sidecar.cli.common.with_store``), not a
 running sidecar, so they work while it is stopped too. Records print as JSON lines: ``id``,
-the event's fields, ``prev_hash`` and ``hash``.
+the event's fields, ``prev_hash`` and ``hash``; ``export --format opa`` prints each decision as
+an OPA decision-log entry instead (``sidecar.pipeline.decision_log``).
 
 ``verify`` checks keyed links with ``audit.chain_key`` and the chain against the signed checkpoint
 the sidecar writes (``audit.checkpoint_file``); without a chain key it checks the unkeyed chain
@@ -26,11 +27,13 @@ from dataclasses import asdict
 
 from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError, Subparsers, config_flag, with_store
 from sidecar.config import load_settings
+from sidecar.pipeline.decision_log import decision_log
 from sidecar.state import AuditRecord, Store
 from sidecar.state.chain import ChainReport, verify_store
 from sidecar.state.checkpoint import Checkpoint, CheckpointError, compare, read_checkpoint
 
-__all__ = ["FOLLOW_INTERVAL_SECONDS", "PAGE", "add_commands", "cmd_export", "cmd_tail", "cmd_verify", "record_json"]
+__all__ = ["FOLLOW_INTERVAL_SECONDS", "PAGE", "add_commands", "all_records", "cmd_export", "cmd_tail", "cmd_verify",
+           "record_json", "utc_event_time"]
 
 PAGE = 1000
 FOLLOW_INTERVAL_SECONDS = 1.0
@@ -47,8 +50,10 @@ def add_commands(commands: Subparsers) -> None:
     tail.add_argument("--follow", action="store_true", help="then keep printing new events until interrupted")
     tail.set_defaults(handler=cmd_tail)
     export = actions.add_parser("export", help="print every event as JSON lines")
-    export.add_argument("--since", type=_utc_time, metavar="TIME",
+    export.add_argument("--since", type=utc_event_time, metavar="TIME",
                         help="only events at or after this ISO 8601 time (UTC if no offset is given)")
+    export.add_argument("--format", choices=("records", "opa"), default="records",
+                        help="records: the events as stored (default); opa: one OPA decision-log entry per decision")
     export.set_defaults(handler=cmd_export)
     for parser in (verify, tail, export):
         config_flag(parser)
@@ -105,11 +110,16 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """``toolbooth audit export``: every event (at or after ``--since``) as JSON lines, oldest first."""
+    """``toolbooth audit export``: every event (at or after ``--since``) as JSON lines, oldest first; with
+    ``--format opa`` every decision of those events as an OPA decision-log entry."""
 
     async def export(store: Store) -> None:
-        async for record in _all_records(store):
-            if args.since is None or record.event.time >= args.since:
+        records = _since(all_records(store), args.since)
+        if args.format == "opa":
+            async for entry in decision_log(records):
+                print(json.dumps(entry, ensure_ascii=False))
+        else:
+            async for record in records:
                 print(record_json(record))
 
     with_store(args.config, export)
@@ -122,12 +132,19 @@ def record_json(record: AuditRecord) -> str:
     return json.dumps(line, ensure_ascii=False)
 
 
-async def _all_records(store: Store) -> AsyncIterator[AuditRecord]:
+async def all_records(store: Store) -> AsyncIterator[AuditRecord]:
+    """Every stored event, oldest first, read ``PAGE`` at a time."""
     after = 0
     while records := await store.audit_records(after_id=after, limit=PAGE):
         for record in records:
             yield record
         after = records[-1].id
+
+
+async def _since(records: AsyncIterator[AuditRecord], since: str | None) -> AsyncIterator[AuditRecord]:
+    async for record in records:
+        if since is None or record.event.time >= since:
+            yield record
 
 
 def _print_records(records: Iterable[AuditRecord], *, after: int) -> int:
@@ -149,7 +166,7 @@ def _describe(report: ChainReport) -> str:
             f"the {report.checked} event(s) before it are intact{old}")
 
 
-def _utc_time(text: str) -> str:
+def utc_event_time(text: str) -> str:
     """``text`` (ISO 8601) in the form events store their time, for comparing as text."""
     try:
         moment = dt.datetime.fromisoformat(text)

@@ -1,4 +1,4 @@
-"""``toolbooth policy test | check | eval``: the security team's commands (``docs/policies.md``).
+"""``toolbooth policy test | check | eval | replay``: the security team's commands (``docs/policies.md``).
 
 A thin shell like the rest of ``sidecar.cli``: ``sidecar.policy.devtools.runner`` runs the Rego tests and
 ``sidecar.policy.devtools.dry_run`` evaluates decisions; this module parses flags, prints text
@@ -10,6 +10,8 @@ Exit codes:
   check  0 no problem; 1 a problem (including policies that do not load)
   eval   0 the call would run; 1 a policy failed; 2 usage error or policies that do not load;
          3 the call would be denied or its arguments are invalid; 4 it would need approval
+  replay 0 no recorded decision would change; 3 some would; 1 the store cannot be read; 2 usage error or
+         a candidate that does not load (``sidecar.cli.replay``)
 
 A command group is one ``_add_*`` function that takes the ``policy`` subparsers;
 ``add_commands`` lists them.
@@ -41,6 +43,7 @@ from sidecar.cli.common import (
     read_arguments,
     with_client,
 )
+from sidecar.cli.replay import add_replay_command
 from sidecar.config import Settings, load_settings
 from sidecar.contract import Principal
 from sidecar.errors import PluginLoadError, PolicyLoadError
@@ -79,9 +82,9 @@ _TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 def add_commands(commands: Subparsers) -> None:
     """Add ``policy`` and its subcommands to the ``toolbooth`` parser."""
-    policy = commands.add_parser("policy", help="test, check and dry-run policies")
+    policy = commands.add_parser("policy", help="test, check, dry-run and replay policies")
     actions = policy.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for add in (_add_test, _add_check, _add_eval, _add_status, add_bundle_commands):
+    for add in (_add_test, _add_check, _add_eval, add_replay_command, _add_status, add_bundle_commands):
         add(actions)
 
 

@@ -5,7 +5,7 @@ A stage reads what earlier stages set and sets its own part: resolve sets ``tool
 of a tool that renders its calls), idempotency sets ``key`` and ``deadline``, dispatch
 sets ``attempts`` (and ``overran``, ``late`` for a handler that outlived the deadline). ``progress`` is
 where the handler's progress reports go (a streamed call's caller; ``None``: nowhere).
-``trail`` is the audit trail: every decision made for the call, by stage.
+``trail`` is the audit trail: every decision made for the call, by stage; ``decision_ids`` names each one.
 The accessors (``defn``, ``validated``) say which stage must have run, so a stage placed
 before the one it depends on fails loudly in tests rather than silently deciding on nothing.
 """
@@ -65,6 +65,7 @@ class Call:
     late: asyncio.Future[ToolResult] | None = None  # dispatch: that handler runs on; its own result when it ends
     detached: bool = False  # idempotency: a started write records its own outcome, even if the caller leaves
     trail: dict[str, Any] = field(default_factory=dict)  # decisions (as documents) and approval ids, by stage
+    decision_ids: dict[str, str] = field(default_factory=dict)  # stage -> the UUID of its decision (decision log)
     _request_hash: str | None = None
 
     @property

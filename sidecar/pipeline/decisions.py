@@ -1,6 +1,7 @@
 """Asking the policy engine on behalf of a call: one place that records decisions and fails closed.
 
-Every decision is written to the call's trail (the audit log shows it, failures included). An
+Every decision is written to the call's trail (the audit log shows it, failures included), under a
+decision id of its own (a UUID, as OPA's decision log names decisions). An
 engine that cannot answer refuses the call through ``sidecar.errors.refusal``: nothing after the
 stage that asked runs.
 """
@@ -8,6 +9,7 @@ stage that asked runs.
 from __future__ import annotations
 
 import logging
+import uuid
 
 from sidecar.errors import CallRefused, PolicyEvaluationError, refusal
 from sidecar.pipeline.call import Call
@@ -31,6 +33,7 @@ class Decider:
         """``stage``'s decision for ``call`` (``input.call`` once its arguments are valid)."""
         assert call.inputs is not None, "the resolve stage must run first"
         call_json = call.arguments.call_json if call.arguments is not None else None
+        call.decision_ids[stage.value] = str(uuid.uuid4())
         try:
             decision = await self.policy.decide(stage, call.inputs.build(stage, call_json))
         except PolicyEvaluationError as exc:

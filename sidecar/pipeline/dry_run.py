@@ -4,6 +4,8 @@
 availability, validation, authz, approval (``sidecar.pipeline.order``) — so the
 policies get exactly the input they get in the sidecar, and the run stops where the sidecar
 would. Where the call would run, a last stage ends it instead; no preview is opened.
+``decide`` is the same over any registry and request (``toolbooth policy replay``, ``sidecar.pipeline.replay``);
+``steps_of`` reads the steps from a call's trail, the one a dry run left or one the audit log kept.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from sidecar.policy.input import tool_json
 from sidecar.tools.definition import ToolDefinition
 from sidecar.tools.registry import Registry
 
-__all__ = ["STEPS", "VALIDATION", "DryRun", "Step", "Verdict", "dry_run"]
+__all__ = ["STEPS", "VALIDATION", "DryRun", "Step", "Verdict", "decide", "dry_run", "steps_of", "verdict_of"]
 
 VALIDATION = "validation"
 STEPS = (Stage.AVAILABILITY.value, VALIDATION, Stage.AUTHZ.value, Stage.APPROVAL.value)
@@ -67,6 +69,16 @@ class Step:
         flag = "required" if self.name == Stage.APPROVAL else "allow"
         return {flag: self.decision.get(flag, False), **self.decision}
 
+    @property
+    def passed(self) -> bool:
+        """Whether the call goes on past this step."""
+        if self.failure:
+            return False
+        if self.decision is None:
+            return self.arguments is not None
+        return not self.decision.get("required", False) if self.name == Stage.APPROVAL else bool(
+            self.decision.get("allow", False))
+
 
 @dataclass(frozen=True, slots=True)
 class DryRun:
@@ -101,32 +113,49 @@ class _WouldRun:
 async def dry_run(engine: PolicyEngine, defn: ToolDefinition[Any, Any], principal: Principal, arguments_json: str,
                   *, limits: Limits, time: str) -> DryRun:
     """Availability, validation, authz, approval of one call, by the sidecar's own stages; nothing executes."""
-    chain = Chain([*DecidingStages.build(Registry.from_tools([defn]), Decider(engine), limits), _WouldRun()])
-    call = Call(principal, CallRequest(tool=defn.name, arguments_json=arguments_json), engine.revision, time=time)
+    request = CallRequest(tool=defn.name, arguments_json=arguments_json)
+    run = await decide(engine, Registry.from_tools([defn]), principal, request, limits=limits, time=time)
+    return DryRun(json.loads(tool_json(defn)), principal, run.revision, time, run.steps, run.verdict)
+
+
+async def decide(engine: PolicyEngine, registry: Registry, principal: Principal, request: CallRequest, *,
+                 limits: Limits, time: str) -> DryRun:
+    """The decisions of ``request`` by the deciding stages over ``registry`` at ``time``; nothing executes."""
+    chain = Chain([*DecidingStages.build(registry, Decider(engine), limits), _WouldRun()])
+    call = Call(principal, request, engine.revision, time=time)
     result = await chain(call)
-    steps = _steps(call, result)
+    arguments = None if call.arguments is None else call.arguments.data
+    steps = steps_of(call.trail, resolved=call.tool is not None, arguments=arguments, errors=result.errors)
     verdict = Verdict.WOULD_RUN if result.status is Status.SUCCESS else _verdict(steps[-1])
-    return DryRun(json.loads(tool_json(defn)), principal, engine.revision, time, steps, verdict)
+    tool = json.loads(call.inputs.tool) if call.inputs is not None else {"name": request.tool}
+    return DryRun(tool, principal, engine.revision, time, steps, verdict)
 
 
-def _steps(call: Call, result: ToolResult) -> tuple[Step, ...]:
-    """The steps ``call`` reached, from what the stages recorded on it."""
+def steps_of(trail: dict[str, Any], *, resolved: bool, arguments: dict[str, Any] | None,
+             errors: tuple[ErrorInfo, ...] = ()) -> tuple[Step, ...]:
+    """The steps a call reached, from its trail: whether the tool resolved (was available), its validated
+    arguments (``None``: not valid) and the validation's errors."""
     steps: list[Step] = []
     for name in STEPS:
         if name == VALIDATION:
-            if call.tool is None:
+            if not resolved:
                 break
-            if call.arguments is None:
-                failed = call.trail.get(AUDIT_MASKS)
-                steps.append(Step(name, failure=failed["error"]) if failed else Step(name, errors=result.errors))
+            if arguments is None:
+                failed = trail.get(AUDIT_MASKS)
+                steps.append(Step(name, failure=failed["error"]) if failed else Step(name, errors=errors))
                 break
-            steps.append(Step(name, arguments=call.arguments.data))
+            steps.append(Step(name, arguments=arguments))
             continue
-        document = call.trail.get(name)
+        document = trail.get(name)
         if document is None:
             break
         steps.append(Step(name, failure=document["error"]) if "error" in document else Step(name, decision=document))
     return tuple(steps)
+
+
+def verdict_of(steps: tuple[Step, ...]) -> Verdict:
+    """The verdict of a complete run of ``steps``: it ran past them all, or stopped at the last."""
+    return Verdict.WOULD_RUN if len(steps) == len(STEPS) and steps[-1].passed else _verdict(steps[-1])
 
 
 def _verdict(last: Step) -> Verdict:

@@ -72,6 +72,16 @@ class InputParts:
         key = (self.principal, self.tool, self.conversation_id or "", call or "")
         return PolicyInput(f'{{"principal":{self.principal},"tool":{self.tool},"context":{context}{tail}}}', key)
 
+    def recorded(self) -> str:
+        """The parts but the conversation id, as one JSON object: what the audit log keeps of them."""
+        return f'{{"principal":{self.principal},"tool":{self.tool},"time":{_dumps(self.time)}}}'
+
+    @classmethod
+    def from_recorded(cls, recorded: str, conversation_id: str | None) -> InputParts:
+        """The parts again, from ``recorded()`` and the call's conversation id."""
+        document = json.loads(recorded)
+        return cls(_dumps(document["principal"]), _dumps(document["tool"]), document["time"], conversation_id)
+
 
 def principal_json(principal: Principal) -> str:
     """``input.principal``."""

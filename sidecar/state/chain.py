@@ -8,6 +8,8 @@ appends under a lock (``chained`` inside its write transaction), so one store's 
 whoever writes. ``ChainVerifier`` walks stored records in id order and names the first link that
 does not hold: a changed event no longer matches its hash; a removed or reordered one breaks
 the next ``prev_hash``.
+Columns added after the chain existed (``LATER_COLUMNS``) are hashed only when they hold a value, so the
+links written before them still verify; clearing one of a newer event still breaks its link.
 Unkeyed links may precede keyed ones (the key was configured later), never follow them.
 Removing the newest events leaves a shorter valid chain: a signed checkpoint kept outside
 the database (``sidecar.state.checkpoint``) notices that.
@@ -29,6 +31,7 @@ __all__ = [
     "EVENT_COLUMNS",
     "GENESIS_HASH",
     "KEYED_PREFIX",
+    "LATER_COLUMNS",
     "ChainBreak",
     "ChainReport",
     "ChainVerifier",
@@ -40,12 +43,15 @@ __all__ = [
 GENESIS_HASH = "sha256:" + "0" * 64
 KEYED_PREFIX = "hmac-sha256:"
 EVENT_COLUMNS = tuple(f.name for f in fields(AuditEvent))
+LATER_COLUMNS = frozenset({"decision_ids", "decision_input"})  # added after the chain: hashed only when set
 
 
 def event_hash(row: Row, prev_hash: str, key: bytes | None = None) -> str:
     """The hash of an event (its values in ``EVENT_COLUMNS`` order) linked after ``prev_hash``:
     ``hmac-sha256:`` keyed with ``key``, or ``sha256:`` without one."""
-    linked = {**dict(zip(EVENT_COLUMNS, row, strict=True)), "prev_hash": prev_hash}
+    linked = {name: value for name, value in zip(EVENT_COLUMNS, row, strict=True)
+              if value is not None or name not in LATER_COLUMNS}
+    linked["prev_hash"] = prev_hash
     if key is None:
         return sha256_hex(linked)
     return KEYED_PREFIX + hmac.new(key, canonical_bytes(linked), hashlib.sha256).hexdigest()

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.errors import StoreUnavailableError
+from sidecar.state.chain import EVENT_COLUMNS, LATER_COLUMNS
 from sidecar.state.driver import Row
 from sidecar.state.records import KeyScope
 
@@ -266,7 +267,13 @@ def _decoded(entry: dict[str, Any]) -> Write:
         return Completion(KeyScope(*entry["scope"]), entry["request_id"], entry["result"])
     if kind == "release":
         return Release(KeyScope(*entry["scope"]), entry["request_id"])
-    return AuditRows(tuple(tuple(row) for row in entry["rows"]))
+    return AuditRows(tuple(_with_later_columns(row) for row in entry["rows"]))
+
+
+def _with_later_columns(row: list[Any]) -> Row:
+    """A kept audit row; one kept by a release before ``LATER_COLUMNS`` gets them, unset."""
+    later = len(LATER_COLUMNS)
+    return (*row, *[None] * later) if len(row) == len(EVENT_COLUMNS) - later else tuple(row)
 
 
 def _scope(scope: KeyScope) -> list[str]:

@@ -96,7 +96,8 @@ def result_state(result_json: str) -> OperationState:
 
 @dataclass(frozen=True, slots=True)
 class AuditEvent:
-    """One step of a call as the audit log records it: arguments as a hash and, masked, as JSON."""
+    """One step of a call as the audit log records it: arguments as a hash and, masked, as JSON; with the
+    decision ids and the rest of the policy input, its decisions can be exported and replayed."""
 
     request_id: str
     time: str
@@ -114,6 +115,8 @@ class AuditEvent:
     error_code: str | None
     duration_ms: int
     arguments_json: str | None = None  # the validated arguments, sensitive values masked (``sidecar.tools.masking``)
+    decision_ids: str | None = None  # JSON: stage -> the UUID of its decision (``{}``: none; ``None``: written before)
+    decision_input: str | None = None  # JSON: the policy input's principal, tool and time (``InputParts.recorded``)
 
 
 @dataclass(frozen=True, slots=True)

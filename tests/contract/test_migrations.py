@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from psycopg import AsyncConnection
 
+from sidecar.canonical import sha256_hex
 from sidecar.contract import OperationState
 from sidecar.errors import StoreUnavailableError
+from sidecar.state.chain import EVENT_COLUMNS, GENESIS_HASH, LATER_COLUMNS, verify_store
 from sidecar.state.driver import Driver
 from sidecar.state.migrate import migrate, migrations
 from sidecar.state.postgres import PostgresDriver
@@ -109,3 +111,29 @@ async def test_many_stores_opening_a_new_sqlite_file_at_once_all_open(tmp_path: 
             if isinstance(result, SqliteStore):
                 await result.aclose()
         assert not failures, failures
+
+
+async def test_events_chained_before_the_decision_log_still_verify_after_it(stores: Stores) -> None:
+    """Version 6 adds ``decision_ids`` and ``decision_input``: links hashed before them still hold, links with
+    them cover them (clearing one breaks the link)."""
+    async with driver_of(stores) as driver:
+        assert await migrate(driver, target=5) == 5
+    old = [event(n) for n in (1, 2)]
+    prev = GENESIS_HASH
+    columns = [c for c in EVENT_COLUMNS if c not in LATER_COLUMNS]
+    for past in old:  # as version 5 linked them: the hash over the columns it had
+        values = tuple(getattr(past, c) for c in columns)
+        digest = sha256_hex({**dict(zip(columns, values, strict=True)), "prev_hash": prev})
+        names = [*columns, "prev_hash", "hash"]
+        stores.backend.execute(f"INSERT INTO audit ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))})",
+                               (*values, prev, digest))
+        prev = digest
+    store = await stores.open()
+    new = event(3, decision_ids='{"authz": "0b7c…"}', decision_input='{"principal":{},"tool":{},"time":"t"}')
+    await store.record_audit(new)
+    assert await store.audit_events() == [*old, new]
+    report = await verify_store(store)
+    assert (report.checked, report.broken) == (3, None)
+    stores.backend.execute("UPDATE audit SET decision_input = NULL WHERE request_id = 'req-3'")
+    broken = (await verify_store(store)).broken
+    assert broken is not None and "do not match its hash" in broken.problem

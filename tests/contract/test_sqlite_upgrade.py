@@ -100,7 +100,7 @@ async def test_an_unversioned_file_is_upgraded_keeping_every_record(tmp_path: Pa
         assert await store.decide_preview("p-new", PreviewState.APPROVED, decided_by="{}", comment=None, now=1.0)
         assert await store.consume_approval("p-new", now=2.0, key="fresh")
         await store.record_audit(event(6))
-        store.queue_audit(event(7))
+        store.queue_audit(event(7, decision_ids='{"availability": "d-7"}', decision_input='{"time": "t"}'))
         await store.flush_audit()
         report = await verify_store(store)
         assert report.broken is None and report.checked == (7 if chained else 2)

@@ -12,8 +12,9 @@ import sqlite3
 from dataclasses import astuple
 from pathlib import Path
 
+from sidecar.canonical import sha256_hex
 from sidecar.state import AuditEvent, PreviewRecord
-from sidecar.state.chain import EVENT_COLUMNS, chained
+from sidecar.state.chain import EVENT_COLUMNS, GENESIS_HASH
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS idempotency (
@@ -95,8 +96,18 @@ def insert_events(db: sqlite3.Connection, events: list[AuditEvent]) -> None:
     rows = [tuple(getattr(e, c) for c in names) for e in events]
     if "hash" in have:
         last = db.execute("SELECT hash FROM audit ORDER BY id DESC LIMIT 1").fetchone()
-        rows, names = list(chained(last[0] if last else None, rows)), [*names, "prev_hash", "hash"]
+        rows, names = _old_chain(last[0] if last else GENESIS_HASH, names, rows), [*names, "prev_hash", "hash"]
     db.executemany(f"INSERT INTO audit ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", rows)
+
+
+def _old_chain(prev: str, names: list[str], rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+    """``rows`` linked as those releases linked them: SHA-256 over the columns they had, and ``prev_hash``."""
+    linked = []
+    for row in rows:
+        digest = sha256_hex({**dict(zip(names, row, strict=True)), "prev_hash": prev})
+        linked.append((*row, prev, digest))
+        prev = digest
+    return linked
 
 
 def insert_preview(db: sqlite3.Connection, preview: PreviewRecord) -> None:

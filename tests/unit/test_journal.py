@@ -12,6 +12,7 @@ from sidecar.config import parse_settings
 from sidecar.errors import StoreRefusedError, StoreUnavailableError
 from sidecar.state import AuditEvent, KeyScope, lasting
 from sidecar.state.audit import AuditBatcher
+from sidecar.state.chain import EVENT_COLUMNS, LATER_COLUMNS
 from sidecar.state.driver import Row
 from sidecar.state.journal import AuditRows, Completion, Journal, Release, Write
 from sidecar.state.lasting import Lasting
@@ -214,3 +215,13 @@ async def test_a_batch_nothing_can_take_is_dropped_whole_not_row_by_row(caplog: 
                                error_code=None, duration_ms=1, arguments_json=None))
     await batcher.flush()
     assert tries == [3] and "3 audit event(s) could not be written, dropped" in caplog.text
+
+
+async def test_audit_rows_kept_before_the_decision_log_get_its_columns_unset(tmp_path: Path) -> None:
+    """A journal written by a release before ``decision_ids`` and ``decision_input`` holds rows without them."""
+    former = tuple(f"v{n}" for n in range(len(EVENT_COLUMNS) - len(LATER_COLUMNS)))
+    kept = journal(tmp_path)
+    await kept.keep(AuditRows((former,)))
+    kept.close()
+    [entry] = await journal(tmp_path).entries()
+    assert entry.write == AuditRows(((*former, None, None),))

@@ -17,6 +17,7 @@ from sidecar.config import Limits, bundled_policy_dir, parse_settings
 from sidecar.contract import CallRequest, Status
 from sidecar.errors import ConfigError, PolicyLoadError
 from sidecar.pipeline.dry_run import Verdict, dry_run
+from sidecar.pipeline.replay import Recorded, replay
 from sidecar.plugin import SideEffect, ToolContext, tool
 from sidecar.policy import Decision, DelegatingEngine, PolicyEngine, Stage, parse_audit_masks
 from sidecar.policy.cache import CachingEngine
@@ -232,3 +233,33 @@ async def test_an_output_that_does_not_fit_is_logged_without_its_values(tmp_path
     assert result.status is Status.ERROR
     assert "returned a value that does not fit Count: count: Input should be a valid integer" in caplog.text
     assert PASSWORD not in caplog.text
+
+
+async def test_a_replay_gives_the_policies_the_recorded_inputs_with_the_masks(tmp_path: Path,
+                                                                               default_engine: Any) -> None:
+    engine = RecordingEngine(default_engine)
+    store = await SqliteStore.open(tmp_path / "store.db")
+    pipeline = assemble(registry=Registry.from_tools([login]), policy=engine, store=store, limits=Limits(),
+                        mask_key=KEY)
+    try:
+        request = CallRequest(tool="login", arguments_json=json.dumps(ARGUMENTS), conversation_id="conv-1",
+                              idempotency_key="k-1", call_id="c-1")
+        assert (await pipeline.execute(DEVELOPER, request)).status is Status.SUCCESS
+        await store.flush_audit()
+        [record] = await store.audit_records()
+    finally:
+        await pipeline.aclose()
+    then = engine.seen[-3:]  # availability, authz, approval
+    recorded = Recorded.of(record)
+    assert isinstance(recorded, Recorded)
+    again = RecordingEngine(EmbeddedEngine.load(bundled_policy_dir()))
+    assert await replay(again, recorded) is None
+    masker = Masker(KEY)
+    masked = {"recipients": [{"email": "a@example.com", "password": masker.mask_value(PASSWORD)}],
+              "note": masker.mask_value(NOTE), "subject": "hi"}
+    for before, now in zip(then, again.seen, strict=True):  # the very inputs, the sensitive values masked
+        if "call" in before:
+            assert before["call"]["arguments"] == ARGUMENTS and now["call"]["arguments"] == masked
+            before["call"]["arguments"] = masked
+        assert now == before
+    assert len(again.seen) == 3 and again.seen[1]["call"]["conversation_id"] == "conv-1"

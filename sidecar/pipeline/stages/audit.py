@@ -28,7 +28,8 @@ class Auditor:
         self._store, self._masker = store, masker
 
     def event(self, call: Call, status: str, error_code: str | None = None) -> AuditEvent:
-        """The event of ``call`` at ``status``: who, which tool and version, hashes, decisions, timing."""
+        """The event of ``call`` at ``status``: who, which tool and version, hashes, decisions and their ids,
+        the policy input's parts the other fields lack (for ``toolbooth policy replay``), timing."""
         request = call.request
         arguments = None if call.arguments is None else sorted_json(
             self._masker.mask(call.arguments.data, call.arguments.sensitive))
@@ -39,7 +40,9 @@ class Auditor:
             decisions_json=json.dumps(call.trail, sort_keys=True), policy_revision=call.policy_revision,
             idempotency_key=request.idempotency_key, call_id=request.call_id,
             conversation_id=request.conversation_id, status=status, error_code=error_code,
-            duration_ms=call.elapsed_ms, arguments_json=arguments)
+            duration_ms=call.elapsed_ms, arguments_json=arguments,
+            decision_ids=json.dumps(call.decision_ids, sort_keys=True),
+            decision_input=None if call.inputs is None else call.inputs.recorded())
 
     def outcome(self, call: Call, result: ToolResult) -> None:
         """Queue the event of ``result`` (written soon, in order), with the code of its primary error (for a

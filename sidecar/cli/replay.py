@@ -1,0 +1,101 @@
+"""``toolbooth policy replay``: what a candidate policy set would decide otherwise, on the audit log's calls.
+
+A thin shell over ``sidecar.pipeline.replay``: it loads the candidate (a policy directory, or a bundle
+file, read without checking its signature: ``policy bundle verify`` does that), reads the audit log of
+the store of ``--config`` as ``toolbooth audit`` does, and prints the calls that would change as a
+table, or everything as JSON (``--json``).
+
+Exit codes: 0 no replayed decision changes; 3 at least one would change; 1 the store cannot be read;
+2 usage error, or a candidate that does not load.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sidecar.cli.audit import all_records, utc_event_time
+from sidecar.cli.common import (
+    EXIT_OK,
+    EXIT_TOOL_ERROR,
+    EXIT_USAGE,
+    CommandError,
+    Subparsers,
+    config_flag,
+    dump_json,
+    with_store,
+)
+from sidecar.errors import PolicyLoadError
+from sidecar.pipeline.replay import ReplayReport, replay_log
+from sidecar.policy.bundle import load_bundle
+from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.state import Store
+
+__all__ = ["EXIT_CHANGED", "add_replay_command", "cmd_replay", "format_report", "load_candidate"]
+
+EXIT_CHANGED = EXIT_TOOL_ERROR
+
+
+def add_replay_command(policy_actions: Subparsers) -> None:
+    """Add ``replay`` under ``toolbooth policy``."""
+    replay = policy_actions.add_parser(
+        "replay", help="re-decide the audit log's calls with a candidate policy set; exit 3 if any would change")
+    replay.add_argument("--policies", required=True, type=Path, metavar="CANDIDATE",
+                        help="the candidate: a policy directory or a bundle file (.tar.gz)")
+    replay.add_argument("--since", type=utc_event_time, metavar="TIME",
+                        help="only calls audited at or after this ISO 8601 time (UTC if no offset is given)")
+    replay.add_argument("--tool", metavar="NAME", help="only calls of this tool")
+    replay.add_argument("--json", action="store_true", help="print the report as JSON")
+    config_flag(replay)
+    replay.set_defaults(handler=cmd_replay)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """``toolbooth policy replay``: 0 when nothing would change, 3 when something would."""
+    engine = load_candidate(args.policies)
+
+    async def run(store: Store) -> ReplayReport:
+        try:
+            return await replay_log(engine, all_records(store), since=args.since, tool=args.tool)
+        finally:
+            await engine.aclose()
+
+    report = with_store(args.config, run)
+    print(dump_json(report.document()) if args.json else format_report(report))
+    return EXIT_CHANGED if report.changes else EXIT_OK
+
+
+def load_candidate(path: Path) -> EmbeddedEngine:
+    """The candidate policy set at ``path``, a directory or a bundle file; a usage error saying why it does not
+    load."""
+    try:
+        if path.is_dir():
+            return EmbeddedEngine.load(path)
+        if not path.exists():
+            raise PolicyLoadError(f"no policy directory or bundle at {path}")
+        return EmbeddedEngine.from_bundle(load_bundle(path, skip_verification=True))
+    except PolicyLoadError as exc:
+        raise CommandError(f"--policies {path}: {exc}", EXIT_USAGE) from None
+
+
+def format_report(report: ReplayReport) -> str:
+    """The changes as a table (one row per step that changes), then a summary line."""
+    rows = [("ID", "TIME", "TOOL", "PRINCIPAL", "BEFORE", "AFTER", "STAGE", "CHANGE", "REASON")]
+    for change in report.changes:
+        event, first = change.recorded.record.event, True
+        for stage in change.stages:
+            head = (str(change.recorded.record.id), event.time, event.tool, event.principal_id, change.before,
+                    change.after) if first else ("",) * 6
+            rows.append((*head, stage.stage, f"{stage.before} -> {stage.after}", stage.reason))
+            first = False
+    lines = []
+    if report.changes:
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+        lines = ["  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]]).rstrip()
+                 for row in rows]
+        lines.append("")
+    skipped = sum(report.skipped.values())
+    kinds = ", ".join(f"{count} {reason.value}" for reason, count in sorted(report.skipped.items()))
+    lines.append(f"replayed {report.replayed} call(s) against revision {report.revision}: "
+                 f"{len(report.changes)} would change" + (f"; skipped {skipped} ({kinds})" if skipped else ""))
+    return "\n".join(lines)
