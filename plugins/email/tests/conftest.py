@@ -4,8 +4,10 @@
 RCPT the addresses in ``refuse`` with 550, and, while ``hold`` is set, takes the message but keeps its
 reply to DATA back until ``release`` is set (a server whose 250 never reaches the client); ``data_reply``
 replaces its 250 to DATA with a refusal.
-``configure(**keys)`` writes the plugin's TOML config (SMTP pointed at the server, drafts in ``tmp_path``)
-and names it in the environment. The sidecar fixtures are those of ``tests/integration/conftest.py``.
+``configure(**keys)`` writes the plugin's TOML config (SMTP pointed at the server, drafts in this test's own
+database) and names it in the environment. Every test that configures the plugin runs twice, with its drafts in
+SQLite and in PostgreSQL (``drafts_db``, which also runs SQL on that database; the server is the suite's own,
+``tests/contract/conftest.py``). The sidecar fixtures are those of ``tests/integration/conftest.py``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import email
 import email.policy
 import logging
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -21,14 +24,17 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from sidecar.plugin import Principal, ToolContext
+from tests.contract.conftest import postgres
 from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_key, socket_path
+from tests.support.postgres import PostgresServer
 from toolbooth_email.settings import EmailSettings, load_settings
 
-__all__ = ["jwt_auth", "make_settings", "make_token", "rsa_key", "socket_path"]
+__all__ = ["jwt_auth", "make_settings", "make_token", "postgres", "rsa_key", "socket_path"]
 
 
 @dataclass
@@ -84,18 +90,50 @@ async def mail_server() -> AsyncIterator[MailServer]:
     await server.wait_closed()
 
 
+@dataclass(frozen=True)
+class DraftsDb:
+    """The database of this test's drafts: a SQLite file, or a PostgreSQL schema (``dsn``)."""
+
+    path: Path
+    dsn: str | None = None
+
+    def keys(self) -> dict[str, str]:
+        """The plugin's config keys that name it."""
+        return {"drafts_path": str(self.path), **({"drafts_dsn": self.dsn} if self.dsn else {})}
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement (``?`` placeholders) on it; its rows."""
+        if self.dsn is not None:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                cursor = conn.execute(sql.replace("?", "%s").encode(), params)
+                return cursor.fetchall() if cursor.description else []
+        with sqlite3.connect(self.path, isolation_level=None) as conn:
+            return conn.execute(sql, params).fetchall()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def drafts_db(request: pytest.FixtureRequest, tmp_path: Path) -> DraftsDb:
+    """Where this test's drafts are, on each backend."""
+    if request.param == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres")
+        return DraftsDb(tmp_path / "drafts.db", server.new_schema())
+    return DraftsDb(tmp_path / "drafts.db")
+
+
 Configure = Callable[..., EmailSettings]
 
 
 @pytest.fixture
-def configure(tmp_path: Path, mail_server: MailServer, monkeypatch: pytest.MonkeyPatch) -> Configure:
-    """``configure(rules={...}, smtp={...})``: the plugin's settings, written as its config file and named in
-    the environment; SMTP goes to ``mail_server``, drafts to ``tmp_path``."""
+def configure(tmp_path: Path, mail_server: MailServer, drafts_db: DraftsDb,
+              monkeypatch: pytest.MonkeyPatch) -> Configure:
+    """``configure(rules={...}, smtp={...}, key=value)``: the plugin's settings, written as its config file and
+    named in the environment; SMTP goes to ``mail_server``, drafts to ``drafts_db``."""
 
-    def write(**sections: dict[str, Any]) -> EmailSettings:
+    def write(**sections: Any) -> EmailSettings:
         smtp = {"host": "127.0.0.1", "port": mail_server.port, "security": "none", "timeout_seconds": 5,
                 **sections.pop("smtp", {})}
-        lines = [f"drafts_path = {str(tmp_path / 'drafts.db')!r}", "[smtp]", *_toml(smtp)]
+        top = {**drafts_db.keys(), **{k: sections.pop(k) for k in list(sections) if not isinstance(sections[k], dict)}}
+        lines = [*_toml(top), "[smtp]", *_toml(smtp)]
         for name, values in sections.items():
             lines += [f"[{name}]", *_toml(values)]
         path = tmp_path / f"email-{time.monotonic_ns()}.toml"

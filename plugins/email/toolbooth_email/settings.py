@@ -1,7 +1,8 @@
 """The plugin's configuration: where drafts live, the SMTP server and its credentials, and the sending rules.
 
-Read from a TOML file named by ``TOOLBOOTH_EMAIL_CONFIG`` (optional; every key has a default), then from
-the environment: ``TOOLBOOTH_EMAIL_DB`` (the SQLite file of the drafts), ``TOOLBOOTH_EMAIL_SMTP_USERNAME``
+Read from a TOML file named by ``TOOLBOOTH_EMAIL_CONFIG`` (optional; every key has a default; ``drafts_dsn``
+puts the drafts in PostgreSQL), then from the environment: ``TOOLBOOTH_EMAIL_DB`` (the SQLite file of the
+drafts), ``TOOLBOOTH_EMAIL_SMTP_USERNAME``
 and ``TOOLBOOTH_EMAIL_SMTP_PASSWORD``. The password comes from that variable or from the file
 ``smtp.password_file`` names, never from the config file itself nor from a tool's arguments.
 
@@ -13,6 +14,7 @@ plugin's re-check of a draft at send time.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import tomllib
@@ -20,9 +22,20 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FilePath,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-__all__ = ["ConfigError", "EmailSettings", "Rules", "Sender", "SmtpSettings", "load_settings"]
+__all__ = ["ConfigError", "EmailSettings", "Rules", "Sender", "SmtpSettings", "is_loopback", "load_settings"]
 
 CONFIG_ENV = "TOOLBOOTH_EMAIL_CONFIG"
 DB_ENV = "TOOLBOOTH_EMAIL_DB"
@@ -46,8 +59,11 @@ class Sender(_Section):
 
 
 class SmtpSettings(_Section):
-    """The server every message goes to. ``security``: ``starttls`` (upgrade, required), ``tls`` (implicit
-    TLS from the first byte, usually port 465) or ``none`` (plain text: a local relay only)."""
+    """The server every message goes to. ``security``: ``starttls`` (upgrade, required: a server that does not
+    offer it gets nothing), ``tls`` (implicit TLS from the first byte, usually port 465) or ``none`` (plain
+    text: a local relay only). The server's certificate is verified (``validate_certs``) against the system's
+    CAs, or those of ``cert_bundle``. Credentials go only over TLS; ``allow_plaintext_login`` lets them go
+    in clear to a loopback relay, and nowhere else."""
 
     host: str = "localhost"
     port: int = Field(default=25, ge=1, le=65535)
@@ -57,7 +73,24 @@ class SmtpSettings(_Section):
     password: SecretStr | None = Field(default=None, exclude=True)  # set from the env or password_file only
     timeout_seconds: float = Field(default=8.0, gt=0, le=60)
     validate_certs: bool = True
-    cert_bundle: Path | None = None
+    cert_bundle: FilePath | None = None  # a PEM file of the CAs to trust instead of the system's
+    allow_plaintext_login: bool = False
+
+    @model_validator(mode="after")
+    def _plaintext_login_to_loopback_only(self) -> SmtpSettings:
+        if self.allow_plaintext_login and not is_loopback(self.host):
+            raise ValueError(f"allow_plaintext_login is allowed only for a loopback host, not {self.host!r}")
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine (``localhost`` or a loopback address): traffic that never leaves it."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class Rules(_Section):
@@ -79,7 +112,19 @@ class EmailSettings(_Section):
     smtp: SmtpSettings = SmtpSettings()
     rules: Rules = Rules()
     drafts_path: Path = Field(default_factory=lambda: _state_dir() / "email-drafts.db")
+    drafts_dsn: SecretStr | None = None  # a PostgreSQL database for the drafts, instead of the SQLite file
     draft_ttl_seconds: int = Field(default=900, ge=1, le=7 * 24 * 3600)
+
+    @field_validator("drafts_dsn")
+    @classmethod
+    def _a_dsn(cls, dsn: SecretStr | None) -> SecretStr | None:
+        if dsn is not None:
+            try:
+                conninfo_to_dict(dsn.get_secret_value())
+            except psycopg.ProgrammingError:  # its message quotes the string, password included: not passed on
+                raise ValueError("not a PostgreSQL connection string (postgresql://USER@HOST:PORT/DBNAME or "
+                                 "key=value pairs)") from None
+        return dsn
 
 
 def load_settings() -> EmailSettings:

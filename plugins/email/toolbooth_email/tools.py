@@ -19,7 +19,7 @@ import time
 from sidecar.plugin import ErrorCode, Partial, RetryPolicy, SideEffect, ToolContext, ToolError, tool
 from toolbooth_email.access import content_hash, find_draft, rfc3339, store_errors, unavailable_draft
 from toolbooth_email.delivery import DeliveryUnknown, NotSent, deliver
-from toolbooth_email.drafts import Draft, DraftStore, DraftStoreError, State
+from toolbooth_email.drafts import Draft, DraftStore, DraftStoreError, State, open_drafts
 from toolbooth_email.models import (
     EmailContent,
     Mailbox,
@@ -68,14 +68,14 @@ async def send_email_preview(args: SendEmailPreviewInput, ctx: ToolContext) -> S
                                      warnings=[*warnings(content, settings.rules), *duplicates],
                                      expires_at=rfc3339(expires))
     with store_errors():
-        await DraftStore(settings.drafts_path).save(Draft(preview.preview_id, ctx.principal.tenant, ctx.principal.id,
+        await open_drafts(settings).save(Draft(preview.preview_id, ctx.principal.tenant, ctx.principal.id,
                                                           preview, now, expires))
     return preview
 
 
 async def render_send_email(args: SendEmailInput, ctx: ToolContext) -> SendEmailPreviewOutput:
     """What ``send_email`` will send, for its approver: the caller's stored draft (no effect)."""
-    draft = await find_draft(DraftStore(load_settings().drafts_path), args.preview_id, ctx.principal, time.time())
+    draft = await find_draft(open_drafts(load_settings()), args.preview_id, ctx.principal, time.time())
     return draft.preview
 
 
@@ -84,7 +84,7 @@ async def render_send_email(args: SendEmailInput, ctx: ToolContext) -> SendEmail
 async def send_email(args: SendEmailInput, ctx: ToolContext) -> SendEmailOutput | Partial[SendEmailOutput]:
     """Send the approved draft once; report accepted and rejected recipients."""
     settings = load_settings()
-    store = DraftStore(settings.drafts_path)
+    store = open_drafts(settings)
     draft = await find_draft(store, args.preview_id, ctx.principal, time.time())
     message = _approved(draft, ctx, require_approval=settings.rules.require_approval)
     check_message(message.email, settings.rules)  # the rules and permissions of now, not of the preview
