@@ -1,9 +1,11 @@
 """A real SMTP server in the test's event loop (``aiosmtpd``), the plugin configured for it, and contexts.
 
-``mail_server`` records every message it accepts (``received``: envelope and parsed message), refuses at
+``mail_server`` records every message it accepts (``received``: envelope, parsed message, whether it came over
+TLS) and every login (``logins``), refuses at
 RCPT the addresses in ``refuse`` with 550, and, while ``hold`` is set, takes the message but keeps its
 reply to DATA back until ``release`` is set (a server whose 250 never reaches the client); ``data_reply``
-replaces its 250 to DATA with a refusal.
+replaces its 250 to DATA with a refusal. ``serving(...)`` starts another such server: with implicit TLS, or
+offering (and requiring) STARTTLS; ``certificate`` is a self-signed one made for the test.
 ``configure(**keys)`` writes the plugin's TOML config (SMTP pointed at the server, drafts in this test's own
 database) and names it in the environment. Every test that configures the plugin runs twice, with its drafts in
 SQLite and in PostgreSQL (``drafts_db``, which also runs SQL on that database; the server is the suite's own,
@@ -15,18 +17,26 @@ from __future__ import annotations
 import asyncio
 import email
 import email.policy
+import ipaddress
 import logging
 import sqlite3
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from aiosmtpd.smtp import SMTP, Envelope, Session
+from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from sidecar.plugin import Principal, ToolContext
 from tests.contract.conftest import postgres
@@ -44,6 +54,7 @@ class Received:
     mail_from: str
     rcpt_tos: list[str]
     message: EmailMessage
+    encrypted: bool  # the session was over TLS (implicit or STARTTLS)
 
 
 @dataclass
@@ -57,6 +68,22 @@ class MailServer:
     release: asyncio.Event = field(default_factory=asyncio.Event)
     data_started: asyncio.Event = field(default_factory=asyncio.Event)
     received: list[Received] = field(default_factory=list)
+    logins: list[tuple[str, str, bool]] = field(default_factory=list)  # (user, password, over TLS)
+    mail_commands: int = 0  # MAIL FROM commands: a transaction begun, whether or not it ended with a message
+
+    async def handle_MAIL(self, server: SMTP, session: Session, envelope: Envelope, address: str,
+                          mail_options: list[str]) -> str:
+        self.mail_commands += 1
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
+
+    def authenticate(self, server: SMTP, session: Session, envelope: Envelope, mechanism: str,
+                     auth_data: Any) -> AuthResult:
+        """The server's authenticator: every login succeeds, and is recorded."""
+        assert isinstance(auth_data, LoginPassword)
+        self.logins.append((auth_data.login.decode(), auth_data.password.decode(), _encrypted(server)))
+        return AuthResult(success=True)
 
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope, address: str,
                           rcpt_options: list[str]) -> str:
@@ -72,22 +99,82 @@ class MailServer:
         assert isinstance(envelope.content, bytes) and envelope.mail_from is not None
         parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
         assert isinstance(parsed, EmailMessage)
-        self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), parsed))
+        self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), parsed, _encrypted(server)))
         if self.hold:  # it has the message, but its reply is late: the client cannot know
             await self.release.wait()
         return "250 2.0.0 queued"
 
 
+def _encrypted(server: SMTP) -> bool:
+    return server.transport is not None and server.transport.get_extra_info("cipher") is not None
+
+
+@asynccontextmanager
+async def serving(*, tls: ssl.SSLContext | None = None, **options: Any) -> AsyncIterator[MailServer]:
+    """A recording server on a free loopback port: implicit TLS with ``tls``; ``options`` go to aiosmtpd's
+    ``SMTP`` (``tls_context`` and ``require_starttls`` for STARTTLS, ``auth_require_tls``)."""
+    handler = MailServer()
+    server = await asyncio.get_running_loop().create_server(
+        lambda: SMTP(handler, hostname="mx.test", authenticator=handler.authenticate, **options), "127.0.0.1", 0,
+        ssl=tls)
+    handler.port = server.sockets[0].getsockname()[1]
+    try:
+        yield handler
+    finally:
+        handler.release.set()
+        server.close()
+        await server.wait_closed()
+
+
 @pytest.fixture
 async def mail_server() -> AsyncIterator[MailServer]:
-    handler = MailServer()
-    server = await asyncio.get_running_loop().create_server(lambda: SMTP(handler, hostname="mx.test"),
-                                                            "127.0.0.1", 0)
-    handler.port = server.sockets[0].getsockname()[1]
-    yield handler
-    handler.release.set()
-    server.close()
-    await server.wait_closed()
+    """A plain-text server (no STARTTLS, no AUTH offered)."""
+    async with serving() as handler:
+        yield handler
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """A self-signed server certificate for ``localhost`` and ``127.0.0.1`` (or ``names``), and its key."""
+
+    cert: Path
+    key: Path
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.cert, self.key)
+        return context
+
+
+def self_signed(folder: Path, *names: str) -> Certificate:
+    """A new certificate in ``folder``, valid for an hour, for the DNS names and IP addresses ``names``."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
+    now = datetime.now(UTC)
+    alternatives: list[x509.GeneralName] = []
+    for name in names:
+        try:
+            alternatives.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            alternatives.append(x509.DNSName(name))
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(minutes=1))
+            .not_valid_after(now + timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    folder.mkdir(parents=True, exist_ok=True)
+    made = Certificate(folder / "cert.pem", folder / "key.pem")
+    made.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    made.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return made
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> Certificate:
+    """The mail server's certificate, for ``127.0.0.1`` and ``localhost``; trust it with ``smtp.cert_bundle``."""
+    return self_signed(tmp_path / "tls", "localhost", "127.0.0.1")
 
 
 @dataclass(frozen=True)

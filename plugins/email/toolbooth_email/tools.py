@@ -18,7 +18,7 @@ import time
 
 from sidecar.plugin import ErrorCode, Partial, RetryPolicy, SideEffect, ToolContext, ToolError, tool
 from toolbooth_email.access import content_hash, find_draft, rfc3339, store_errors, unavailable_draft
-from toolbooth_email.delivery import DeliveryUnknown, NotSent, deliver
+from toolbooth_email.delivery import DeliveryUnknown, NotSent, TransportRefused, deliver
 from toolbooth_email.drafts import Draft, DraftStore, DraftStoreError, State, open_drafts
 from toolbooth_email.models import (
     EmailContent,
@@ -151,5 +151,8 @@ def _not_sent(exc: NotSent) -> ToolError:
         details = {"state": "refused", "rejected_recipients": [r.model_dump() for r in exc.rejected]}
         return ToolError(ErrorCode.INVALID_ARGUMENT, f"{exc.reason}; nothing was sent (make a new preview)",
                          field="preview_id", safe_details=details)
+    if isinstance(exc, TransportRefused):  # the server or the configuration must change: not retryable
+        return ToolError(ErrorCode.SERVICE_UNAVAILABLE, exc.reason, retryable=False,
+                         safe_details={"state": "pending", "transport": exc.cause})
     return ToolError(ErrorCode.SERVICE_UNAVAILABLE, f"{exc.reason}; nothing was sent", retryable=exc.retryable,
                      safe_details={"state": "pending"})
