@@ -9,7 +9,8 @@ offering (and requiring) STARTTLS; ``certificate`` is a self-signed one made for
 ``configure(**keys)`` writes the plugin's TOML config (SMTP pointed at the server, drafts in this test's own
 database) and names it in the environment. Every test that configures the plugin runs twice, with its drafts in
 SQLite and in PostgreSQL (``drafts_db``, which also runs SQL on that database; the server is the suite's own,
-``tests/contract/conftest.py``). The sidecar fixtures are those of ``tests/integration/conftest.py``.
+``tests/contract/conftest.py``). ``draft``, ``send``, ``send_error`` and ``state`` drive ``send_email`` on an
+approved draft. The sidecar fixtures are those of ``tests/integration/conftest.py``.
 """
 
 from __future__ import annotations
@@ -38,10 +39,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from sidecar.plugin import Principal, ToolContext
+from sidecar.plugin import Partial, Principal, ToolContext, ToolError
 from tests.contract.conftest import postgres
 from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_key, socket_path
 from tests.support.postgres import PostgresServer
+from toolbooth_email import render_send_email, send_email, send_email_preview
+from toolbooth_email.drafts import open_drafts
+from toolbooth_email.models import SendEmailInput, SendEmailOutput, SendEmailPreviewInput, SendEmailPreviewOutput
 from toolbooth_email.settings import EmailSettings, load_settings
 
 __all__ = ["jwt_auth", "make_settings", "make_token", "postgres", "rsa_key", "socket_path"]
@@ -258,3 +262,39 @@ def _context(principal: Principal | None = None, *, key: str | None = "key-1",
     return ToolContext(principal=principal or Principal(id="alice", tenant="acme", roles=("developer",)),
                        request_id="req-1", deadline=time.monotonic() + seconds, idempotency_key=key, attempt=1,
                        logger=logging.LoggerAdapter(logging.getLogger("test.email"), {}), approved_preview=approved)
+
+
+# --- sending: a draft, its approved rendering, and send_email on it --------------------------
+
+MAIL: dict[str, Any] = {"recipients": [{"email": "ana@example.com", "display_name": "Ana Lima"}],
+                        "cc": [{"email": "ops@example.com"}], "bcc": [{"email": "audit@example.com"}],
+                        "subject": "Deployment complete", "body_text": "The new version has been deployed.\n"}
+
+
+async def draft(make_context: Any, mail: dict[str, Any] = MAIL, principal: Principal | None = None) -> dict[str, Any]:
+    """A stored draft, and its rendering as the approver approves it (``ctx.approved_preview``)."""
+    out = await send_email_preview.handler(SendEmailPreviewInput.model_validate(mail), make_context(principal))
+    assert isinstance(out, SendEmailPreviewOutput)
+    rendered = await render_send_email(SendEmailInput(preview_id=out.preview_id), make_context(principal))
+    return rendered.model_dump(mode="json")
+
+
+async def send(make_context: Any, approved: dict[str, Any], *, key: str = "key-1", principal: Principal | None = None,
+               seconds: float = 10.0) -> SendEmailOutput | Partial[SendEmailOutput]:
+    result = await send_email.handler(SendEmailInput(preview_id=approved["preview_id"]),
+                                      make_context(principal, key=key, approved=approved, seconds=seconds))
+    assert isinstance(result, SendEmailOutput | Partial)
+    return result
+
+
+async def send_error(make_context: Any, approved: dict[str, Any], **kw: Any) -> ToolError:
+    with pytest.raises(ToolError) as caught:
+        await send(make_context, approved, **kw)
+    return caught.value
+
+
+async def state(preview_id: str) -> str:
+    """Where the draft is in its life now."""
+    found = await open_drafts(load_settings()).get(preview_id)
+    assert found is not None
+    return found.state

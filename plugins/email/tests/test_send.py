@@ -10,43 +10,12 @@ from typing import Any
 import pytest
 
 from sidecar.plugin import ErrorCode, Partial, Principal, ToolError
-from toolbooth_email import render_send_email, send_email, send_email_preview
-from toolbooth_email.drafts import open_drafts
-from toolbooth_email.models import SendEmailInput, SendEmailOutput, SendEmailPreviewInput, SendEmailPreviewOutput
-from toolbooth_email.settings import load_settings
+from toolbooth_email import send_email
+from toolbooth_email.models import SendEmailInput, SendEmailOutput
 
-MAIL: dict[str, Any] = {"recipients": [{"email": "ana@example.com", "display_name": "Ana Lima"}],
-                        "cc": [{"email": "ops@example.com"}], "bcc": [{"email": "audit@example.com"}],
-                        "subject": "Deployment complete", "body_text": "The new version has been deployed.\n"}
+from .conftest import MAIL, draft, send, send_error, state
+
 ADMIN = Principal(id="alice", tenant="acme", roles=("admin",))
-
-
-async def draft(make_context: Any, mail: dict[str, Any] = MAIL, principal: Principal | None = None) -> dict[str, Any]:
-    """A stored draft, and its rendering as the approver approves it (``ctx.approved_preview``)."""
-    out = await send_email_preview.handler(SendEmailPreviewInput.model_validate(mail), make_context(principal))
-    assert isinstance(out, SendEmailPreviewOutput)
-    rendered = await render_send_email(SendEmailInput(preview_id=out.preview_id), make_context(principal))
-    return rendered.model_dump(mode="json")
-
-
-async def send(make_context: Any, approved: dict[str, Any], *, key: str = "key-1", principal: Principal | None = None,
-               seconds: float = 10.0) -> SendEmailOutput | Partial[SendEmailOutput]:
-    result = await send_email.handler(SendEmailInput(preview_id=approved["preview_id"]),
-                                      make_context(principal, key=key, approved=approved, seconds=seconds))
-    assert isinstance(result, SendEmailOutput | Partial)
-    return result
-
-
-async def send_error(make_context: Any, approved: dict[str, Any], **kw: Any) -> ToolError:
-    with pytest.raises(ToolError) as caught:
-        await send(make_context, approved, **kw)
-    return caught.value
-
-
-async def state(preview_id: str) -> str:
-    found = await open_drafts(load_settings()).get(preview_id)
-    assert found is not None
-    return found.state
 
 
 async def test_sends_exactly_the_previewed_content_once(configure: Any, make_context: Any, mail_server: Any) -> None:

@@ -15,8 +15,7 @@ from tests.support.waiting import until
 from toolbooth_email.models import SendEmailOutput
 from toolbooth_email.settings import ConfigError
 
-from .conftest import Certificate, MailServer, self_signed, serving
-from .test_send import draft, send, send_error, state
+from .conftest import Certificate, MailServer, draft, self_signed, send, send_error, serving, state
 
 pytestmark = pytest.mark.parametrize("drafts_db", ["sqlite"], indirect=True)
 
