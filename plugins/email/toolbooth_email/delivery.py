@@ -29,14 +29,18 @@ import ssl
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.utils import formataddr, formatdate, make_msgid
+from typing import Literal
 
 import aiosmtplib
 from email_validator import validate_email
 
 from toolbooth_email.models import EmailContent, Mailbox, RejectedRecipient
-from toolbooth_email.settings import SmtpSettings, is_loopback
+from toolbooth_email.settings import SmtpSettings
 
-__all__ = ["Delivery", "DeliveryUnknown", "NotSent", "TransportRefused", "build_message", "deliver"]
+__all__ = ["Delivery", "DeliveryUnknown", "Insecurity", "NotSent", "TransportRefused", "build_message", "deliver"]
+
+Insecurity = Literal["starttls_not_offered", "certificate_untrusted", "tls_failed", "login_in_clear"]
+"""Why a connection was not secure enough to send over (``details.transport`` of the tool's error)."""
 
 _MAX_REASON = 300
 _QUIT_SECONDS = 1.0
@@ -65,10 +69,9 @@ class NotSent(Exception):
 
 
 class TransportRefused(NotSent):
-    """The connection could not be made as secure as configured; nothing was sent (not retryable). ``cause``:
-    ``starttls_not_offered``, ``certificate_untrusted``, ``tls_failed`` or ``login_in_clear``."""
+    """The connection could not be made as secure as configured (``cause``); nothing was sent (not retryable)."""
 
-    def __init__(self, reason: str, cause: str) -> None:
+    def __init__(self, reason: str, cause: Insecurity) -> None:
         super().__init__(reason, retryable=False)
         self.cause = cause
 
@@ -159,8 +162,7 @@ async def _open(client: aiosmtplib.SMTP, smtp: SmtpSettings) -> None:
         raise
     if smtp.username is None:
         return
-    if client.get_transport_info("sslcontext") is None and not (smtp.allow_plaintext_login
-                                                                and is_loopback(smtp.host)):
+    if client.get_transport_info("sslcontext") is None and not smtp.allow_plaintext_login:  # (loopback only)
         raise TransportRefused(f"the connection to {smtp.host} is not encrypted, and credentials are sent only over "
                                "TLS (smtp.security); nothing was sent", "login_in_clear")
     await client.login(smtp.username, smtp.password.get_secret_value() if smtp.password else "")
@@ -176,8 +178,7 @@ def _tls_refusal(exc: BaseException, host: str) -> TransportRefused | None:
                                 f"({cause.verify_message}); nothing was sent", "certificate_untrusted")
     if isinstance(cause, ssl.SSLError):
         return TransportRefused(f"TLS with the mail server {host} failed ({cause.reason or type(cause).__name__}); "
-                                "nothing was sent",
-                                "tls_failed")
+                                "nothing was sent", "tls_failed")
     return None
 
 

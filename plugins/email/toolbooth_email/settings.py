@@ -2,9 +2,9 @@
 
 Read from a TOML file named by ``TOOLBOOTH_EMAIL_CONFIG`` (optional; every key has a default; ``drafts_dsn``
 puts the drafts in PostgreSQL), then from the environment: ``TOOLBOOTH_EMAIL_DB`` (the SQLite file of the
-drafts), ``TOOLBOOTH_EMAIL_SMTP_USERNAME``
-and ``TOOLBOOTH_EMAIL_SMTP_PASSWORD``. The password comes from that variable or from the file
-``smtp.password_file`` names, never from the config file itself nor from a tool's arguments.
+drafts), ``TOOLBOOTH_EMAIL_SMTP_USERNAME`` and ``TOOLBOOTH_EMAIL_SMTP_PASSWORD``. The password comes from
+that variable or from the file ``smtp.password_file`` names, never from the config file itself nor from a
+tool's arguments.
 
 The rules mirror the policy data of the sidecar (``data.toolbooth.email``): ``rules.policy_data`` may name
 that ``data.json``, and its ``internal_domains``, ``external_permission`` and the roles granting that
@@ -35,7 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-__all__ = ["ConfigError", "EmailSettings", "Rules", "Sender", "SmtpSettings", "is_loopback", "load_settings"]
+__all__ = ["ConfigError", "EmailSettings", "Rules", "Sender", "SmtpSettings", "load_settings"]
 
 CONFIG_ENV = "TOOLBOOTH_EMAIL_CONFIG"
 DB_ENV = "TOOLBOOTH_EMAIL_DB"
@@ -78,12 +78,12 @@ class SmtpSettings(_Section):
 
     @model_validator(mode="after")
     def _plaintext_login_to_loopback_only(self) -> SmtpSettings:
-        if self.allow_plaintext_login and not is_loopback(self.host):
+        if self.allow_plaintext_login and not _is_loopback(self.host):
             raise ValueError(f"allow_plaintext_login is allowed only for a loopback host, not {self.host!r}")
         return self
 
 
-def is_loopback(host: str) -> bool:
+def _is_loopback(host: str) -> bool:
     """Whether ``host`` names this machine (``localhost`` or a loopback address): traffic that never leaves it."""
     if host.lower() == "localhost":
         return True
