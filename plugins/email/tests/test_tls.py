@@ -63,6 +63,16 @@ async def test_a_server_without_starttls_gets_nothing_in_clear(configure: Any, m
     assert await state(approved["preview_id"]) == "pending"
 
 
+async def test_implicit_tls_to_a_plain_text_server_fails_as_tls(configure: Any, make_context: Any,
+                                                                mail_server: MailServer) -> None:
+    configure(smtp={"security": "tls", **LOGIN})
+    approved = await draft(make_context)
+    error = await send_error(make_context, approved)
+    assert (error.code, error.retryable) == (ErrorCode.SERVICE_UNAVAILABLE, False)
+    assert error.safe_details == {"state": "pending", "transport": "tls_failed"}
+    assert (mail_server.mail_commands, mail_server.logins, mail_server.received) == (0, [], [])
+
+
 @pytest.mark.parametrize("security", ["starttls", "tls"])
 @pytest.mark.parametrize("why", ["unknown issuer", "another host's name"])
 async def test_an_untrusted_certificate_is_refused_and_nothing_is_sent(configure: Any, make_context: Any,
