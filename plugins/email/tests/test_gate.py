@@ -3,6 +3,7 @@ writes, bob (an approver) approves; a real SMTP server receives."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -164,3 +165,26 @@ async def test_blocked_domains_and_too_many_recipients_are_refused(world: World,
     assert crowded.error is not None and crowded.error.code is ErrorCode.POLICY_VIOLATION
     assert crowded.error.details == {"max_recipients": 2, "recipient_count": 3}
     assert mail_server.received == []
+
+
+async def test_two_sidecars_sharing_the_drafts_send_one_approved_draft_once(
+        configure: Configure, tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
+        make_token: Callable[..., str], mail_server: Any) -> None:
+    """Two replicas with stores of their own (no shared idempotency record): each holds the send of one draft,
+    each approver approves it, and both execute at once. Only the plugin's draft store stands between them."""
+    settings = make_settings(auth=jwt_auth, server={"listen": ["127.0.0.1:0"]})
+    async with (gated(configure.tools(), settings, make_token, tmp_path / "a.db") as a,
+                gated(configure.tools(), settings, make_token, tmp_path / "b.db") as b):
+        on_a = await held(a)
+        assert on_a.preview is not None
+        preview_id = json.loads(on_a.preview.call_json)["arguments"]["preview_id"]
+        on_b = await b.agent.execute("send_email", {"preview_id": preview_id}, idempotency_key=f"send-{preview_id}")
+        assert on_b.status is Status.APPROVAL_REQUIRED, on_b
+        await approve(a, on_a)
+        await approve(b, on_b)
+        results = await asyncio.gather(execute_approved(a, on_a), execute_approved(b, on_b))
+    assert sorted(r.status for r in results) == [Status.ERROR, Status.SUCCESS], results
+    [lost] = [r for r in results if r.error is not None]
+    assert lost.error is not None and (lost.error.code, lost.error.details) in (
+        (ErrorCode.OPERATION_IN_PROGRESS, {"state": "sending"}), (ErrorCode.INVALID_ARGUMENT, {"state": "sent"}))
+    assert len(mail_server.received) == 1

@@ -16,7 +16,7 @@ from sidecar.errors import ConfigError
 from sidecar.plugin import ErrorCode, Principal, SideEffect, ToolError, read_plugin_settings
 from toolbooth_email import PLUGIN, TOOLS, send_email, send_email_preview
 from toolbooth_email.access import content_hash
-from toolbooth_email.drafts import DraftStore
+from toolbooth_email.drafts import open_drafts
 from toolbooth_email.models import SendEmailPreviewInput, SendEmailPreviewOutput
 from toolbooth_email.settings import EmailSettings
 
@@ -55,7 +55,7 @@ async def test_does_not_send_an_email_and_stores_the_draft(configure: Any, make_
                                                            mail_server: Any) -> None:
     out = await preview(make_context)
     assert mail_server.received == [] and not mail_server.data_started.is_set()
-    draft = await DraftStore(configure.settings.drafts_path).get(out.preview_id)
+    draft = await open_drafts(configure.settings).get(out.preview_id)
     assert draft is not None and draft.state == "pending" and draft.preview == out
     assert (draft.tenant, draft.principal_id) == ("acme", "alice")
 

@@ -5,50 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sqlite3
 from typing import Any
 
 import pytest
 
 from sidecar.plugin import ErrorCode, Partial, Principal, ToolError
-from toolbooth_email import render_send_email, send_email, send_email_preview
-from toolbooth_email.drafts import DraftStore
-from toolbooth_email.models import SendEmailInput, SendEmailOutput, SendEmailPreviewInput, SendEmailPreviewOutput
+from toolbooth_email import send_email
+from toolbooth_email.models import SendEmailInput, SendEmailOutput
 
-from .conftest import Configure
+from .conftest import MAIL, DraftsDb, draft, send, send_error, state
 
-MAIL: dict[str, Any] = {"recipients": [{"email": "ana@example.com", "display_name": "Ana Lima"}],
-                        "cc": [{"email": "ops@example.com"}], "bcc": [{"email": "audit@example.com"}],
-                        "subject": "Deployment complete", "body_text": "The new version has been deployed.\n"}
 ADMIN = Principal(id="alice", tenant="acme", roles=("admin",))
-
-
-async def draft(make_context: Any, mail: dict[str, Any] = MAIL, principal: Principal | None = None) -> dict[str, Any]:
-    """A stored draft, and its rendering as the approver approves it (``ctx.approved_preview``)."""
-    out = await send_email_preview.handler(SendEmailPreviewInput.model_validate(mail), make_context(principal))
-    assert isinstance(out, SendEmailPreviewOutput)
-    rendered = await render_send_email(SendEmailInput(preview_id=out.preview_id), make_context(principal))
-    return rendered.model_dump(mode="json")
-
-
-async def send(make_context: Any, approved: dict[str, Any], *, key: str = "key-1", principal: Principal | None = None,
-               seconds: float = 10.0) -> SendEmailOutput | Partial[SendEmailOutput]:
-    result = await send_email.handler(SendEmailInput(preview_id=approved["preview_id"]),
-                                      make_context(principal, key=key, approved=approved, seconds=seconds))
-    assert isinstance(result, SendEmailOutput | Partial)
-    return result
-
-
-async def send_error(make_context: Any, approved: dict[str, Any], **kw: Any) -> ToolError:
-    with pytest.raises(ToolError) as caught:
-        await send(make_context, approved, **kw)
-    return caught.value
-
-
-async def state(configure: Configure, preview_id: str) -> str:
-    found = await DraftStore(configure.settings.drafts_path).get(preview_id)
-    assert found is not None
-    return found.state
 
 
 async def test_sends_exactly_the_previewed_content_once(configure: Any, make_context: Any, mail_server: Any) -> None:
@@ -81,6 +48,20 @@ async def test_a_concurrent_send_with_another_key_does_not_send_again(configure:
     assert second.code is ErrorCode.OPERATION_IN_PROGRESS and second.safe_details == {"state": "sending"}
     mail_server.release.set()
     assert isinstance(await first, SendEmailOutput)
+    assert len(mail_server.received) == 1 and await state(configure, approved["preview_id"]) == "sent"
+
+
+async def test_two_sidecars_racing_to_send_one_draft_send_it_once(configure: Any, make_context: Any,
+                                                                 mail_server: Any) -> None:
+    approved = await draft(make_context)
+    outcomes = await asyncio.gather(*(send(make_context, approved, key=f"key-{n}") for n in range(4)),
+                                    return_exceptions=True)
+    sent = [o for o in outcomes if isinstance(o, SendEmailOutput)]
+    refused = [o for o in outcomes if isinstance(o, ToolError)]
+    assert len(sent) == 1 and len(refused) == 3, outcomes
+    for error in refused:  # still sending, or already sent: never a second message
+        assert (error.code, error.safe_details) in ((ErrorCode.OPERATION_IN_PROGRESS, {"state": "sending"}),
+                                                    (ErrorCode.INVALID_ARGUMENT, {"state": "sent"}))
     assert len(mail_server.received) == 1 and await state(configure, approved["preview_id"]) == "sent"
 
 
@@ -203,10 +184,10 @@ async def test_only_its_owner_sends_an_unexpired_draft(configure: Any, make_cont
     assert mail_server.received == []
 
 
-async def test_an_expired_draft_is_not_sent(configure: Any, make_context: Any, mail_server: Any) -> None:
+async def test_an_expired_draft_is_not_sent(configure: Any, make_context: Any, mail_server: Any,
+                                           drafts_db: DraftsDb) -> None:
     approved = await draft(make_context)
-    with sqlite3.connect(configure.settings.drafts_path) as db:
-        db.execute("UPDATE email_drafts SET expires_at = 0")
+    drafts_db.execute("UPDATE email_drafts SET expires_at = 0")
     error = await send_error(make_context, approved)
     assert (error.code, error.field) == (ErrorCode.PREVIEW_EXPIRED, "preview_id")
     assert "make a new one" in error.message and mail_server.received == []

@@ -1,6 +1,13 @@
 """One SMTP transaction with ``aiosmtplib``: connect (TLS or STARTTLS, login), MAIL, one RCPT per recipient,
 DATA — and a precise account of what happened.
 
+The connection is as secure as ``smtp.security`` says, or nothing is sent: ``tls`` speaks TLS from the first
+byte; ``starttls`` upgrades before anything else, and a server that does not offer STARTTLS gets no message
+in clear; the certificate is verified (``smtp.validate_certs``, against ``smtp.cert_bundle`` or the system's
+CAs). Credentials are sent only over TLS, or in clear to a loopback relay when ``smtp.allow_plaintext_login``
+says so. A connection that cannot be made that secure is ``TransportRefused``: nothing was sent, and trying
+again will not help until the server or the configuration changes.
+
 What can be known about a failure decides what may happen next:
 
 - **Before DATA** (connecting, TLS, login, MAIL, RCPT) nothing was handed over: the server has no message.
@@ -18,9 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import email.policy
+import ssl
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.utils import formataddr, formatdate, make_msgid
+from typing import Literal
 
 import aiosmtplib
 from email_validator import validate_email
@@ -28,7 +37,10 @@ from email_validator import validate_email
 from toolbooth_email.models import EmailContent, Mailbox, RejectedRecipient
 from toolbooth_email.settings import SmtpSettings
 
-__all__ = ["Delivery", "DeliveryUnknown", "NotSent", "build_message", "deliver"]
+__all__ = ["Delivery", "DeliveryUnknown", "Insecurity", "NotSent", "TransportRefused", "build_message", "deliver"]
+
+Insecurity = Literal["starttls_not_offered", "certificate_untrusted", "tls_failed", "login_in_clear"]
+"""Why a connection was not secure enough to send over (``details.transport`` of the tool's error)."""
 
 _MAX_REASON = 300
 _QUIT_SECONDS = 1.0
@@ -54,6 +66,14 @@ class NotSent(Exception):
         self.retryable = retryable
         self.refused = refused
         self.rejected = rejected or []
+
+
+class TransportRefused(NotSent):
+    """The connection could not be made as secure as configured (``cause``); nothing was sent (not retryable)."""
+
+    def __init__(self, reason: str, cause: Insecurity) -> None:
+        super().__init__(reason, retryable=False)
+        self.cause = cause
 
 
 class DeliveryUnknown(Exception):
@@ -101,15 +121,14 @@ async def deliver(content: EmailContent, smtp: SmtpSettings, *, timeout: float) 
     options = ["SMTPUTF8"] if utf8 else []
     envelope = [address if utf8 else _ascii(address) or address for address in content.envelope()]
     sender = content.from_.email if utf8 else _ascii(content.from_.email) or content.from_.email
-    client = aiosmtplib.SMTP(
-        hostname=smtp.host, port=smtp.port, use_tls=smtp.security == "tls", start_tls=smtp.security == "starttls",
-        username=smtp.username, password=smtp.password.get_secret_value() if smtp.password else None,
+    client = aiosmtplib.SMTP(  # STARTTLS and login are done by _open, which checks each step
+        hostname=smtp.host, port=smtp.port, use_tls=smtp.security == "tls", start_tls=False,
         timeout=smtp.timeout_seconds, validate_certs=smtp.validate_certs,
         cert_bundle=str(smtp.cert_bundle) if smtp.cert_bundle else None)
     transaction = _Transaction()
     try:
         async with asyncio.timeout(timeout):
-            await client.connect()
+            await _open(client, smtp)
             await _transfer(client, sender, envelope, content.envelope(), message.as_bytes(), options, transaction)
     except (NotSent, DeliveryUnknown):
         raise
@@ -125,6 +144,42 @@ async def deliver(content: EmailContent, smtp: SmtpSettings, *, timeout: float) 
     finally:
         await _quit(client)
     return Delivery(message_id, transaction.accepted, transaction.rejected)
+
+
+async def _open(client: aiosmtplib.SMTP, smtp: SmtpSettings) -> None:
+    """Connect, secured as ``smtp.security`` says, and log in; ``TransportRefused`` when that cannot be done."""
+    try:
+        await client.connect()
+        if smtp.security == "starttls":
+            await client.ehlo()
+            if not client.supports_extension("starttls"):
+                raise TransportRefused(f"the mail server {smtp.host} does not offer STARTTLS, which smtp.security "
+                                       "requires; nothing was sent in clear", "starttls_not_offered")
+            await client.starttls()
+    except (aiosmtplib.SMTPException, OSError) as exc:
+        if (refused := _tls_refusal(exc, smtp.host)) is not None:
+            raise refused from None
+        raise
+    if smtp.username is None:
+        return
+    if client.get_transport_info("sslcontext") is None and not smtp.allow_plaintext_login:  # (loopback only)
+        raise TransportRefused(f"the connection to {smtp.host} is not encrypted, and credentials are sent only over "
+                               "TLS (smtp.security); nothing was sent", "login_in_clear")
+    await client.login(smtp.username, smtp.password.get_secret_value() if smtp.password else "")
+
+
+def _tls_refusal(exc: BaseException, host: str) -> TransportRefused | None:
+    """The TLS failure behind ``exc`` (aiosmtplib wraps the handshake's error of implicit TLS), if it is one."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ssl.SSLError):
+        cause = cause.__cause__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return TransportRefused(f"the certificate of the mail server {host} is not trusted "
+                                f"({cause.verify_message}); nothing was sent", "certificate_untrusted")
+    if isinstance(cause, ssl.SSLError):
+        return TransportRefused(f"TLS with the mail server {host} failed ({cause.reason or type(cause).__name__}); "
+                                "nothing was sent", "tls_failed")
+    return None
 
 
 async def _transfer(client: aiosmtplib.SMTP, sender: str, envelope: list[str], shown: list[str], data: bytes,

@@ -18,8 +18,8 @@ import time
 
 from sidecar.plugin import ErrorCode, Partial, RetryPolicy, SideEffect, ToolContext, ToolError, tool
 from toolbooth_email.access import content_hash, find_draft, rfc3339, store_errors, unavailable_draft
-from toolbooth_email.delivery import DeliveryUnknown, NotSent, deliver
-from toolbooth_email.drafts import Draft, DraftStore, DraftStoreError, State
+from toolbooth_email.delivery import DeliveryUnknown, NotSent, TransportRefused, deliver
+from toolbooth_email.drafts import Draft, DraftStore, DraftStoreError, State, open_drafts
 from toolbooth_email.models import (
     EmailContent,
     Mailbox,
@@ -68,14 +68,14 @@ async def send_email_preview(args: SendEmailPreviewInput, ctx: ToolContext) -> S
                                      warnings=[*warnings(content, settings.rules), *duplicates],
                                      expires_at=rfc3339(expires))
     with store_errors():
-        await DraftStore(settings.drafts_path).save(Draft(preview.preview_id, ctx.principal.tenant, ctx.principal.id,
-                                                          preview, now, expires))
+        await open_drafts(settings).save(Draft(preview.preview_id, ctx.principal.tenant, ctx.principal.id,
+                                               preview, now, expires))
     return preview
 
 
 async def render_send_email(args: SendEmailInput, ctx: ToolContext) -> SendEmailPreviewOutput:
     """What ``send_email`` will send, for its approver: the caller's stored draft (no effect)."""
-    store = DraftStore(ctx.plugin_settings(EmailSettings).drafts_path)
+    store = open_drafts(ctx.plugin_settings(EmailSettings))
     draft = await find_draft(store, args.preview_id, ctx.principal, time.time())
     return draft.preview
 
@@ -85,7 +85,7 @@ async def render_send_email(args: SendEmailInput, ctx: ToolContext) -> SendEmail
 async def send_email(args: SendEmailInput, ctx: ToolContext) -> SendEmailOutput | Partial[SendEmailOutput]:
     """Send the approved draft once; report accepted and rejected recipients."""
     settings = ctx.plugin_settings(EmailSettings)
-    store = DraftStore(settings.drafts_path)
+    store = open_drafts(settings)
     draft = await find_draft(store, args.preview_id, ctx.principal, time.time())
     message = _approved(draft, ctx, require_approval=settings.rules.require_approval)
     check_message(message.email, settings.rules)  # the rules and permissions of now, not of the preview
@@ -152,5 +152,8 @@ def _not_sent(exc: NotSent) -> ToolError:
         details = {"state": "refused", "rejected_recipients": [r.model_dump() for r in exc.rejected]}
         return ToolError(ErrorCode.INVALID_ARGUMENT, f"{exc.reason}; nothing was sent (make a new preview)",
                          field="preview_id", safe_details=details)
+    if isinstance(exc, TransportRefused):  # the server or the configuration must change: not retryable
+        return ToolError(ErrorCode.SERVICE_UNAVAILABLE, exc.reason, retryable=False,
+                         safe_details={"state": "pending", "transport": exc.cause})
     return ToolError(ErrorCode.SERVICE_UNAVAILABLE, f"{exc.reason}; nothing was sent", retryable=exc.retryable,
                      safe_details={"state": "pending"})
