@@ -6,13 +6,15 @@ and policies, opens the store from ``Settings`` (its audit chain keyed with ``au
 starts the worker processes of the isolated tools (``isolation``); ``assemble`` wires given parts
 (tests and tools pass their own) into the chain of ``sidecar.pipeline.order``. Nothing else
 constructs the sidecar's collaborators (engine, store, approvals, dispatcher and its worker pools, masker).
+Each pipeline has its own tracing (``sidecar.telemetry.tracing``): from the ``OTEL_*`` variables unless one is
+given (a test's in-memory exporter), closed, its spans flushed, with the pipeline.
 """
 
 from __future__ import annotations
 
 import secrets
 
-from sidecar.config import IsolationSettings, Limits, Settings
+from sidecar.config import IsolationSettings, Limits, LogFormat, Settings
 from sidecar.pipeline.approvals import Approvals
 from sidecar.pipeline.decisions import Decider
 from sidecar.pipeline.gate import Pipeline
@@ -25,6 +27,7 @@ from sidecar.policy.factory import open_reloading, with_cache
 from sidecar.policy.reload import ReloadingEngine
 from sidecar.state import Expiry, Store
 from sidecar.state.factory import open_store
+from sidecar.telemetry.tracing import Tracing
 from sidecar.tools.dispatch import Dispatcher
 from sidecar.tools.isolation.plan import isolation_plan
 from sidecar.tools.isolation.pool import ProcessPools
@@ -34,37 +37,47 @@ from sidecar.tools.registry import Registry
 __all__ = ["assemble", "open_pipeline", "open_sidecar"]
 
 
-async def open_sidecar(settings: Settings, *, registry: Registry | None = None) -> tuple[ReloadingEngine, Pipeline]:
+async def open_sidecar(settings: Settings, *, registry: Registry | None = None,
+                       tracing: Tracing | None = None) -> tuple[ReloadingEngine, Pipeline]:
     """The reloading policy engine and the pipeline deciding with it (through the decision cache)."""
     reloader = await open_reloading(settings.policy)
     try:
-        return reloader, await open_pipeline(settings, registry=registry, policy=with_cache(reloader, settings.policy))
+        return reloader, await open_pipeline(settings, registry=registry, policy=with_cache(reloader, settings.policy),
+                                             tracing=tracing)
     except BaseException:
         await reloader.aclose()
         raise
 
 
 async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
-                        policy: PolicyEngine | None = None) -> Pipeline:
+                        policy: PolicyEngine | None = None, tracing: Tracing | None = None) -> Pipeline:
     """Load plugins (unless ``registry`` is given) and policies (unless ``policy`` is), open the store, start
-    the isolated tools' worker processes."""
+    the isolated tools' worker processes; trace as the ``OTEL_*`` variables say unless ``tracing`` is given."""
     if registry is None:
         registry = Registry.from_entry_points(allow=settings.plugins.allow)
-    engine = policy or with_cache(await open_reloading(settings.policy), settings.policy)
+    tracing = Tracing.from_env() if tracing is None else tracing
+    try:
+        engine = policy or with_cache(await open_reloading(settings.policy), settings.policy)
+    except BaseException:
+        await tracing.aclose()
+        raise
     try:
         store = await open_store(settings.store)
     except BaseException:
         await engine.aclose()
+        await tracing.aclose()
         raise
     try:
         mask_key = settings.audit.read_mask_key() or await store.audit_mask_key(secrets.token_bytes(32))
         store.use_chain_key(settings.audit.read_chain_key())  # HMAC-keyed links; unkeyed SHA-256 without one
         pipeline = assemble(registry=registry, policy=engine, store=store, limits=settings.limits,
                             mask_key=mask_key, retention_hours=settings.store.idempotency_retention_hours,
-                            isolation=settings.isolation)
+                            isolation=settings.isolation, tracing=tracing,
+                            log_context=settings.logging.format is LogFormat.JSON)
     except BaseException:
         await store.aclose()
         await engine.aclose()
+        await tracing.aclose()
         raise
     try:
         await pipeline.dispatcher.start()
@@ -76,11 +89,14 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
 
 def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits,
              mask_key: bytes | None = None, retention_hours: float = 24.0,
-             isolation: IsolationSettings | None = None) -> Pipeline:
+             isolation: IsolationSettings | None = None, tracing: Tracing | None = None,
+             log_context: bool = False) -> Pipeline:
     """The pipeline over these parts. ``mask_key`` masks sensitive values in the audit log and previews
     (default: a random key of this pipeline); finished idempotency records older than ``retention_hours``
     are deleted; the tools ``isolation`` names run in worker processes (``ConfigError`` if it names a tool
-    that cannot), started by ``open_pipeline`` or else at their first call."""
+    that cannot), started by ``open_pipeline`` or else at their first call. Calls are traced with ``tracing``
+    (default: not at all); with ``log_context`` their log lines carry their fields (JSON logs)."""
+    tracing = Tracing() if tracing is None else tracing
     decider, masker = Decider(policy), Masker(mask_key or secrets.token_bytes(32))
     approvals, auditor = Approvals(store, policy), Auditor(store, masker)
     isolation = isolation or IsolationSettings()
@@ -89,7 +105,8 @@ def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: 
     expiry = Expiry(store, retention_hours * 3600)
     deciding = DecidingStages.build(registry, decider, limits, approvals, masker)
     idempotency = IdempotencyStage(store, auditor, expiry)
-    chain = call_chain(auditor, deciding, idempotency, DispatchStage(dispatcher, limits))
+    chain = call_chain(auditor, deciding, idempotency, DispatchStage(dispatcher, limits), tracer=tracing.tracer,
+                       log_context=log_context)
     return Pipeline(registry=registry, policy=policy, store=store, limits=limits, approvals=approvals, chain=chain,
                     resolve=deciding.resolve, idempotency=idempotency, dispatcher=dispatcher, expiry=expiry,
-                    auditor=auditor)
+                    auditor=auditor, tracing=tracing)

@@ -28,6 +28,7 @@ from sidecar.config.base import (
 )
 from sidecar.config.isolation import IsolationSettings
 from sidecar.config.listen import LISTEN_FORMS, ListenAddress, ListenKind, is_loopback, parse_listen, socket_path
+from sidecar.config.logs import LogFormat, LoggingSettings
 from sidecar.config.mcp import MCP_PATH, McpSettings
 from sidecar.config.policy import (
     BundleKeySettings,
@@ -79,6 +80,8 @@ __all__ = [
     "Limits",
     "ListenAddress",
     "ListenKind",
+    "LogFormat",
+    "LoggingSettings",
     "McpSettings",
     "OpaSettings",
     "OpaTlsSettings",

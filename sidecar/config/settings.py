@@ -23,6 +23,7 @@ from sidecar.config.base import (
 from sidecar.config.dsn import dsn_parts, redact_dsn
 from sidecar.config.isolation import IsolationSettings
 from sidecar.config.listen import ListenKind, parse_listen
+from sidecar.config.logs import LoggingSettings
 from sidecar.config.mcp import McpSettings
 from sidecar.config.policy import PolicySettings
 from sidecar.config.tls import ServerTlsSettings
@@ -230,6 +231,7 @@ class Settings(Section):
     plugins: PluginSettings = Field(default_factory=PluginSettings)
     isolation: IsolationSettings = Field(default_factory=IsolationSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
     log_level: str = "INFO"
 
     @field_validator("log_level", mode="before")

@@ -6,6 +6,9 @@ of a tool that renders its calls), idempotency sets ``key`` and ``deadline``, di
 sets ``attempts`` (and ``overran``, ``late`` for a handler that outlived the deadline). ``progress`` is
 where the handler's progress reports go (a streamed call's caller; ``None``: nowhere).
 ``trail`` is the audit trail: every decision made for the call, by stage.
+``trace_headers`` is the trace context its caller sent (``sidecar.telemetry.propagation``); the trace stage
+sets ``tracer`` when the sidecar traces, and ``span`` makes the stages' own spans, children of the call's
+(nothing at all when it does not trace).
 The accessors (``defn``, ``validated``) say which stage must have run, so a stage placed
 before the one it depends on fails loudly in tests rather than silently deciding on nothing.
 """
@@ -13,12 +16,15 @@ before the one it depends on fails loudly in tests rather than silently deciding
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import uuid
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from time import monotonic
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -28,7 +34,12 @@ from sidecar.policy.input import InputParts, now_utc
 from sidecar.state import KeyScope
 from sidecar.tools.definition import ProgressSink, ToolContext, ToolDefinition
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
+
 __all__ = ["Arguments", "Call"]
+
+_NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +76,8 @@ class Call:
     late: asyncio.Future[ToolResult] | None = None  # dispatch: that handler runs on; its own result when it ends
     detached: bool = False  # idempotency: a started write records its own outcome, even if the caller leaves
     trail: dict[str, Any] = field(default_factory=dict)  # decisions (as documents) and approval ids, by stage
+    trace_headers: Mapping[str, str] | None = None  # the transport's: the caller's trace context
+    tracer: Tracer | None = None  # trace: the sidecar's, when it traces
     _request_hash: str | None = None
 
     @property
@@ -101,6 +114,13 @@ class Call:
     def _hashed(self) -> dict[str, Any]:
         arguments: Any = self.request.arguments_json if self.arguments is None else self.arguments.data
         return {"tool": self.request.tool, "version": self.tool.version if self.tool else "", "arguments": arguments}
+
+    def span(self, kind: str, name: str) -> AbstractContextManager[Span | None]:
+        """A span ``{kind} {name}`` (``policy authz``, ``store claim``, ``handler calculate``) inside the call's,
+        current while the block runs; ``None`` (and nothing made) when the sidecar does not trace."""
+        if self.tracer is None:
+            return _NO_SPAN
+        return self.tracer.start_as_current_span(f"{kind} {name}")
 
     def context(self, deadline: float) -> ToolContext:
         """What the tool's handler (or its preview renderer) may know of this call, to end by ``deadline``."""

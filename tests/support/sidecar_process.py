@@ -81,7 +81,7 @@ def main(argv: Sequence[str]) -> None:
     if DEADLINE_GRACE_ENV in os.environ:
         records.DEADLINE_GRACE_SECONDS = float(os.environ[DEADLINE_GRACE_ENV])
     settings = load_settings(Path(argv[0]))
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.logging.format)
     asyncio.run(serve(settings, registry=Registry.from_tools(TOOLS)))
 
 
