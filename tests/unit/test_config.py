@@ -69,6 +69,8 @@ def test_jwt_mode_is_chosen_by_a_jwt_section() -> None:
     ({"policy": {"opa": {"url": "https://o", "tls": {"cert_file": "/no/such/cert.pem"}}}},
      "config error at policy.opa.tls.cert_file: Path does not point to a file"),
     ({"log_level": "LOUD"}, "config error at log_level"),
+    ({"logging": {"format": "xml"}}, "config error at logging.format: Input should be 'text' or 'json'"),
+    ({"logging": {"level": "DEBUG"}}, "config error at logging.level: unknown key"),
     ({"policy": {"reload_interval_seconds": -1}}, "config error at policy.reload_interval_seconds"),
     ({"policy": {"cache": {"ttl_seconds": 0}}}, "config error at policy.cache.ttl_seconds"),
     ({"policy": {"cache": {"max_entries": 0}}}, "config error at policy.cache.max_entries"),
