@@ -7,8 +7,8 @@ sets ``attempts`` (and ``overran``, ``late`` for a handler that outlived the dea
 where the handler's progress reports go (a streamed call's caller; ``None``: nowhere).
 ``trail`` is the audit trail: every decision made for the call, by stage.
 ``trace_headers`` is the trace context its caller sent (``sidecar.telemetry.propagation``); the trace stage
-sets ``tracer`` when the sidecar traces, and ``span`` makes the stages' own spans, children of the call's
-(nothing at all when it does not trace).
+sets ``trace`` (the call's span) when the sidecar traces, and ``span`` makes the stages' own spans, children
+of the call's (nothing at all when it does not trace).
 The accessors (``defn``, ``validated``) say which stage must have run, so a stage placed
 before the one it depends on fails loudly in tests rather than silently deciding on nothing.
 """
@@ -35,7 +35,9 @@ from sidecar.state import KeyScope
 from sidecar.tools.definition import ProgressSink, ToolContext, ToolDefinition
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Span
+
+    from sidecar.telemetry.spans import CallTrace
 
 __all__ = ["Arguments", "Call"]
 
@@ -77,7 +79,7 @@ class Call:
     detached: bool = False  # idempotency: a started write records its own outcome, even if the caller leaves
     trail: dict[str, Any] = field(default_factory=dict)  # decisions (as documents) and approval ids, by stage
     trace_headers: Mapping[str, str] | None = None  # the transport's: the caller's trace context
-    tracer: Tracer | None = None  # trace: the sidecar's, when it traces
+    trace: CallTrace | None = None  # trace: the call's span, when the sidecar traces
     _request_hash: str | None = None
 
     @property
@@ -116,11 +118,11 @@ class Call:
         return {"tool": self.request.tool, "version": self.tool.version if self.tool else "", "arguments": arguments}
 
     def span(self, kind: str, name: str) -> AbstractContextManager[Span | None]:
-        """A span ``{kind} {name}`` (``policy authz``, ``store claim``, ``handler calculate``) inside the call's,
-        current while the block runs; ``None`` (and nothing made) when the sidecar does not trace."""
-        if self.tracer is None:
+        """A span ``{kind} {name}`` (``policy authz``, ``store claim``, ``handler calculate``), child of the call's,
+        while the block runs; ``None`` (and nothing made) when the sidecar does not trace."""
+        if self.trace is None:
             return _NO_SPAN
-        return self.tracer.start_as_current_span(f"{kind} {name}")
+        return self.trace.part(f"{kind} {name}")
 
     def context(self, deadline: float) -> ToolContext:
         """What the tool's handler (or its preview renderer) may know of this call, to end by ``deadline``."""

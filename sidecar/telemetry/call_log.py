@@ -2,7 +2,7 @@
 when a line is actually written (``call_fields``), so a call costs one context variable, not a line's fields.
 
 Each JSON line written during a call carries ``request_id``, ``tool``, ``principal`` (the caller's id) and,
-when the sidecar traces, the ``trace_id`` and ``span_id`` of the span it is written in.
+when the sidecar traces, the ``trace_id`` and ``span_id`` of the call's span.
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ def in_call(call: Call) -> Iterator[None]:
 
 
 def call_fields(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """structlog processor: the fields of the call being served, and of the current span, added to ``event``."""
+    """structlog processor: the fields of the call being served, and of its span, added to ``event``."""
     call = _call.get()
-    if call is not None:
-        event.setdefault("request_id", call.request_id)
-        event.setdefault("tool", call.request.tool)
-        event.setdefault("principal", call.principal.id)
-    span = trace.get_current_span().get_span_context()
-    if span.is_valid:
+    if call is None:
+        return event
+    event.setdefault("request_id", call.request_id)
+    event.setdefault("tool", call.request.tool)
+    event.setdefault("principal", call.principal.id)
+    if call.trace is not None:
+        span = call.trace.span.get_span_context()
         event.setdefault("trace_id", trace.format_trace_id(span.trace_id))
         event.setdefault("span_id", trace.format_span_id(span.span_id))
     return event

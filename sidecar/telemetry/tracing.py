@@ -1,12 +1,13 @@
 """``Tracing``: one sidecar's OpenTelemetry tracer provider, configured from the standard ``OTEL_*`` variables.
 
-``OTEL_TRACES_EXPORTER`` names the exporters (comma-separated; ``console`` is the SDK's, ``otlp`` needs the
-``otlp`` extra), found by the entry points every exporter package registers (group
-``opentelemetry_traces_exporter``). Unset, ``none`` or ``OTEL_SDK_DISABLED=true``: the sidecar does not
-trace at all (``Tracing.enabled`` is false and no span is ever made). Everything else is the SDK's own
-reading of the environment: the sampler (``OTEL_TRACES_SAMPLER``, ``OTEL_TRACES_SAMPLER_ARG``), the
-resource (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``; the service is ``toolbooth`` unless they name
-one), the batching (``OTEL_BSP_*``) and each exporter's own variables (``OTEL_EXPORTER_OTLP_*``).
+``OTEL_TRACES_EXPORTER`` names the exporters (comma-separated; ``console`` is the SDK's, writing one JSON
+object per line to stdout; ``otlp`` needs the ``otlp`` extra), found by the entry points every exporter
+package registers (group ``opentelemetry_traces_exporter``); each gets a ``BatchSpanProcessor``. Unset,
+``none`` or ``OTEL_SDK_DISABLED=true``: the sidecar does not trace at all (``Tracing.enabled`` is false and
+no span is ever made). Everything else is the SDK's own reading of the environment: the sampler
+(``OTEL_TRACES_SAMPLER``, ``OTEL_TRACES_SAMPLER_ARG``), the resource (``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES``; the service is ``toolbooth`` unless they name one), the batching
+(``OTEL_BSP_*``) and each exporter's own variables (``OTEL_EXPORTER_OTLP_*``).
 
 The provider is this sidecar's, never the process-wide global one, so that two sidecars (or a test's
 in-memory exporter) trace apart; ``aclose`` flushes the spans still queued and stops the exporters.
@@ -23,8 +24,8 @@ from importlib.metadata import entry_points
 from opentelemetry.environment_variables import OTEL_TRACES_EXPORTER
 from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace import Tracer
 
 from sidecar.errors import ConfigError
@@ -95,7 +96,12 @@ def _exporter(name: str) -> SpanExporter:
         raise ConfigError(f"{OTEL_TRACES_EXPORTER}={name!r}: no such span exporter is installed{hint}; "
                           f"installed: {', '.join([*known, 'none'])}")
     exporter_class = next(iter(found)).load()
-    exporter = exporter_class()
+    exporter = exporter_class(formatter=_one_line) if exporter_class is ConsoleSpanExporter else exporter_class()
     if not isinstance(exporter, SpanExporter):
         raise ConfigError(f"{OTEL_TRACES_EXPORTER}={name!r}: {exporter_class!r} is not a span exporter")
     return exporter
+
+
+def _one_line(span: ReadableSpan) -> str:
+    """A span as the console exporter writes it: one JSON object per line (the SDK's default indents it)."""
+    return f"{span.to_json(indent=None)}\n"

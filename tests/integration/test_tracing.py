@@ -194,3 +194,14 @@ async def test_an_unauthenticated_call_makes_no_span(make_settings: Callable[...
             await services.tools.ExecuteTool(_request("echo"), metadata=(("traceparent", TRACEPARENT),))
     assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
     assert exporter.get_finished_spans() == ()
+
+
+async def test_the_sampler_of_the_environment_decides(make_settings: Callable[..., Settings],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    exporter = InMemorySpanExporter()
+    tracing = Tracing.exporting(SimpleSpanProcessor(exporter))
+    async with serving(make_settings(), Registry.from_tools(tools.ALL), tracing=tracing) as services:
+        reply = await services.tools.ExecuteTool(_request("create_note", idempotency_key="k-3"))
+    assert reply.status == pb.STATUS_SUCCESS
+    assert exporter.get_finished_spans() == ()

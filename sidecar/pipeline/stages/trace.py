@@ -2,9 +2,10 @@
 semantic conventions for tool execution).
 
 It continues the caller's trace when the transport got one (``Call.trace_headers``, extracted by the
-propagators of ``OTEL_PROPAGATORS``, W3C trace context by default), and makes the sidecar's tracer the
-call's (``Call.tracer``), so that the stages' own spans (``Call.span``: the policy decisions, the store's
-operations, the handler) are its children. Its attributes name the tool, the call and the outcome, never an
+propagators of ``OTEL_PROPAGATORS``, W3C trace context by default), and gives the call its span
+(``Call.trace``), so that the stages' own spans (``Call.span``: the policy decisions, the store's
+operations, the handler) are its children; a call the sampler leaves out (``OTEL_TRACES_SAMPLER``) makes
+none of them. Its attributes name the tool, the call and the outcome, never an
 argument value:
 
 =============================  ===============================================================
@@ -22,12 +23,15 @@ argument value:
 
 from __future__ import annotations
 
+from asyncio import CancelledError
+
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from sidecar.contract import ToolResult
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Next
+from sidecar.telemetry.spans import CallTrace
 
 __all__ = ["TOOL_TYPE", "TraceStage"]
 
@@ -48,13 +52,24 @@ class TraceStage:
                       "toolbooth.principal.id": call.principal.id, "toolbooth.policy.revision": call.policy_revision}
         if request.call_id:
             attributes["gen_ai.tool.call.id"] = request.call_id
-        with self._tracer.start_as_current_span(f"execute_tool {request.tool}", context=parent,
-                                                kind=SpanKind.INTERNAL, attributes=attributes) as span:
-            call.tracer = self._tracer
+        span = self._tracer.start_span(f"execute_tool {request.tool}", context=parent, kind=SpanKind.INTERNAL,
+                                       attributes=attributes, record_exception=False, set_status_on_exception=False)
+        if span.is_recording():  # a call the sampler left out makes no spans of its parts
+            call.trace = CallTrace(self._tracer, span)
+        try:
             result = await next(call)
-            span.set_attribute("toolbooth.status", result.status.value)
+        except BaseException as exc:  # the caller went away (cancelled), or a bug
+            span.set_attributes({"toolbooth.status": "cancelled" if isinstance(exc, CancelledError) else "raised",
+                                 "error.type": type(exc).__name__})
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
+        else:
             error = result.error or (result.errors[0] if result.errors else None)
-            if error is not None:
-                span.set_attribute("error.type", error.code.value)
+            if error is None:
+                span.set_attribute("toolbooth.status", result.status.value)
+            else:
+                span.set_attributes({"toolbooth.status": result.status.value, "error.type": error.code.value})
                 span.set_status(Status(StatusCode.ERROR, error.code.value))
             return result
+        finally:
+            span.end()
