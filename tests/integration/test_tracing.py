@@ -10,18 +10,23 @@ from typing import Any
 
 import grpc
 import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
+from sidecar.bootstrap import open_pipeline
 from sidecar.config import Settings
 from sidecar.errors import ConfigError
 from sidecar.pipeline.stages.trace import TraceStage
+from sidecar.server.mcp_http import McpEndpoint
 from sidecar.telemetry.tracing import Tracing
 from sidecar.tools.registry import Registry
 from tests.support import tools
+from tests.support.mcp import http_client
 from tests.support.services import Services, serving
 
 pytestmark = pytest.mark.integration
@@ -205,3 +210,27 @@ async def test_the_sampler_of_the_environment_decides(make_settings: Callable[..
         reply = await services.tools.ExecuteTool(_request("create_note", idempotency_key="k-3"))
     assert reply.status == pb.STATUS_SUCCESS
     assert exporter.get_finished_spans() == ()
+
+
+async def test_an_mcp_call_continues_the_trace_of_its_http_request(make_settings: Callable[..., Settings],
+                                                                   exporter: InMemorySpanExporter) -> None:
+    settings = make_settings(mcp={"listen": "127.0.0.1:0"})
+    tracing = Tracing.exporting(SimpleSpanProcessor(exporter))
+    pipeline = await open_pipeline(settings, registry=Registry.from_tools(tools.ALL), tracing=tracing)
+    endpoint = McpEndpoint.open(settings, pipeline)
+    try:
+        await endpoint.start()
+        async with http_client(headers={"traceparent": TRACEPARENT}) as http, \
+                streamable_http_client(endpoint.url, http_client=http) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            answer = await session.call_tool("echo", {"text": SECRET}, meta={"toolbooth/call_id": "mcp-1"})
+        assert not answer.is_error
+    finally:
+        await endpoint.stop()
+        await pipeline.aclose()
+    [root] = _named(exporter.get_finished_spans(), "execute_tool echo")
+    assert format(root.context.trace_id, "032x") == TRACE_ID
+    assert root.parent is not None and format(root.parent.span_id, "016x") == PARENT_ID
+    assert dict(root.attributes or {})["gen_ai.tool.call.id"] == "mcp-1"
+    assert not [span for span in exporter.get_finished_spans() if SECRET in span.to_json()]
