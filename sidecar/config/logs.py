@@ -1,7 +1,9 @@
-"""``logging``: how log lines are written (``format``); their level stays the top-level ``log_level``.
+"""``logging``: how log lines are written (``format``) and whether each RPC gets an access line (``access``);
+their level stays the top-level ``log_level``.
 
 ``text`` (the default) is one human-readable line per record; ``json`` is one JSON object per line
-(``sidecar.telemetry.logs``), for log pipelines.
+(``sidecar.telemetry.logs``), for log pipelines. The access line (``sidecar.server.interceptors.access``) is
+written at INFO; ``access: false`` leaves it out at any level, and with it its cost per RPC.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class LogFormat(StrEnum):
 
 
 class LoggingSettings(Section):
-    """The format of the sidecar's log lines."""
+    """The format of the sidecar's log lines and whether RPCs get an access line."""
 
     format: LogFormat = LogFormat.TEXT
+    access: bool = True

@@ -105,7 +105,8 @@ async def create_server(settings: Settings, gateway: ToolGateway, *, policy: Sta
     with ``trace_context`` (a tracing gateway) its calls continue the trace its metadata carries.
     """
     dev = settings.auth.effective_mode is AuthMode.DEV
-    chain = interceptors.chain(Authenticator(settings.auth), trace_context=trace_context)
+    chain = interceptors.chain(Authenticator(settings.auth), trace_context=trace_context,
+                               access_log=settings.logging.access)
     server = grpc.aio.server(interceptors=chain, options=_channel_options(settings.limits))
     pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway), server)
     names = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]

@@ -115,6 +115,14 @@ async def test_the_access_line_has_the_code_authentication_chose(
     assert _access(json_lines()) == [("ExecuteTool", "UNAUTHENTICATED")]
 
 
+async def test_access_false_leaves_the_access_line_out(make_settings: Callable[..., Settings],
+                                                       json_lines: Lines) -> None:
+    settings = make_settings(logging={"format": "json", "access": False})
+    async with serving(settings, Registry.from_tools(tools.ALL), tracing=Tracing()) as services:
+        await services.tools.ExecuteTool(pb.ExecuteToolRequest(tool="echo", arguments_json='{"text": "x"}'))
+    assert _access(json_lines()) == []
+
+
 def test_no_access_interceptor_when_its_lines_would_be_dropped(make_settings: Callable[..., Settings]) -> None:
     authenticator = Authenticator(make_settings().auth)
     access = logging.getLogger("toolbooth.access")

@@ -71,6 +71,7 @@ def test_jwt_mode_is_chosen_by_a_jwt_section() -> None:
     ({"log_level": "LOUD"}, "config error at log_level"),
     ({"logging": {"format": "xml"}}, "config error at logging.format: Input should be 'text' or 'json'"),
     ({"logging": {"level": "DEBUG"}}, "config error at logging.level: unknown key"),
+    ({"logging": {"access": "sometimes"}}, "config error at logging.access: Input should be a valid boolean"),
     ({"policy": {"reload_interval_seconds": -1}}, "config error at policy.reload_interval_seconds"),
     ({"policy": {"cache": {"ttl_seconds": 0}}}, "config error at policy.cache.ttl_seconds"),
     ({"policy": {"cache": {"max_entries": 0}}}, "config error at policy.cache.max_entries"),

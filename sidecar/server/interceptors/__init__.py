@@ -20,10 +20,13 @@ __all__ = ["AccessLogInterceptor", "AuthInterceptor", "StatusInterceptor", "Trac
            "UnaryInterceptor", "chain", "current_principal"]
 
 
-def chain(authenticator: Authenticator, *, trace_context: bool = False) -> list[UnaryInterceptor]:
+def chain(authenticator: Authenticator, *, trace_context: bool = False,
+          access_log: bool = True) -> list[UnaryInterceptor]:
     """The interceptors of the server, outermost first: the access log sees the status the mapping chose, the
-    status mapping sees what authentication raises. Each optional one is left out when it would do nothing."""
-    interceptors: list[UnaryInterceptor] = [AccessLogInterceptor()] if AccessLogInterceptor.wanted() else []
+    status mapping sees what authentication raises. Each optional one is left out when it would do nothing
+    (or, the access log, when ``access_log`` is false)."""
+    wanted = access_log and AccessLogInterceptor.wanted()
+    interceptors: list[UnaryInterceptor] = [AccessLogInterceptor()] if wanted else []
     interceptors.append(StatusInterceptor())
     if trace_context:
         interceptors.append(TraceContextInterceptor())

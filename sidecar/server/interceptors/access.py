@@ -4,7 +4,8 @@ The line says the method, the gRPC status code the caller got and how long the R
 (``/toolbooth.v1.ToolService/ExecuteTool OK 1.52 ms``) and, for JSON lines, as the fields ``method``,
 ``grpc_code`` and ``duration_ms``. It is the outermost interceptor, so the code is the one the status
 mapping chose, authentication failures included; a server stream's line comes after its last reply. It
-is in the server's chain only when that logger writes INFO lines (``log_level`` INFO or DEBUG).
+is in the server's chain only when that logger writes INFO lines (``log_level`` INFO or DEBUG) and
+``logging.access`` is true.
 """
 
 from __future__ import annotations
