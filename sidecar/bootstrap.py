@@ -7,15 +7,17 @@ starts the worker processes of the isolated tools (``isolation``); ``assemble`` 
 (tests and tools pass their own) into the chain of ``sidecar.pipeline.order``. With ``metrics.listen``,
 one ``Metrics`` (its own registry) is made here and given to every part that counts: the calls' stage,
 the engine the pipeline decides with, approvals, hot reload and the store; with metrics off none of them
-is put in place. Nothing else constructs the sidecar's collaborators (engine, store, approvals, dispatcher
-and its worker pools, masker).
+is put in place. Each pipeline has its own tracing (``sidecar.telemetry.tracing``): from the ``OTEL_*``
+variables unless one is given (a test's in-memory exporter), closed, its spans flushed, with the pipeline.
+Nothing else constructs the sidecar's collaborators (engine, store, approvals, dispatcher and its worker
+pools, masker).
 """
 
 from __future__ import annotations
 
 import secrets
 
-from sidecar.config import IsolationSettings, Limits, Settings
+from sidecar.config import IsolationSettings, Limits, LogFormat, Settings
 from sidecar.metrics import Metrics
 from sidecar.pipeline.approvals import Approvals
 from sidecar.pipeline.decisions import Decider
@@ -31,6 +33,7 @@ from sidecar.policy.metered import MeteredEngine
 from sidecar.policy.reload import ReloadingEngine
 from sidecar.state import Expiry, Store
 from sidecar.state.factory import open_store
+from sidecar.telemetry.tracing import Tracing
 from sidecar.tools.dispatch import Dispatcher
 from sidecar.tools.isolation.plan import isolation_plan
 from sidecar.tools.isolation.pool import ProcessPools
@@ -40,42 +43,53 @@ from sidecar.tools.registry import Registry
 __all__ = ["assemble", "open_pipeline", "open_sidecar"]
 
 
-async def open_sidecar(settings: Settings, *, registry: Registry | None = None) -> tuple[ReloadingEngine, Pipeline]:
+async def open_sidecar(settings: Settings, *, registry: Registry | None = None,
+                       tracing: Tracing | None = None) -> tuple[ReloadingEngine, Pipeline]:
     """The reloading policy engine and the pipeline deciding with it (through the decision cache); with
     ``metrics.listen``, both counting into the pipeline's ``metrics``."""
     reloader = await open_reloading(settings.policy)
     reloader.metrics = metrics = Metrics() if settings.metrics.listen is not None else None
     try:
         return reloader, await open_pipeline(settings, registry=registry, policy=with_cache(reloader, settings.policy),
-                                             metrics=metrics)
+                                             metrics=metrics, tracing=tracing)
     except BaseException:
         await reloader.aclose()
         raise
 
 
 async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
-                        policy: PolicyEngine | None = None, metrics: Metrics | None = None) -> Pipeline:
+                        policy: PolicyEngine | None = None, metrics: Metrics | None = None,
+                        tracing: Tracing | None = None) -> Pipeline:
     """Load plugins (unless ``registry`` is given) and policies (unless ``policy`` is), open the store, start
-    the isolated tools' worker processes; count into ``metrics`` (none: a new one with ``metrics.listen``)."""
+    the isolated tools' worker processes; count into ``metrics`` (none: a new one with ``metrics.listen``);
+    trace as the ``OTEL_*`` variables say unless ``tracing`` is given."""
     if metrics is None and settings.metrics.listen is not None:
         metrics = Metrics()
     if registry is None:
         registry = Registry.for_settings(settings)
-    engine = policy or with_cache(await open_reloading(settings.policy), settings.policy)
+    tracing = Tracing.from_env() if tracing is None else tracing
+    try:
+        engine = policy or with_cache(await open_reloading(settings.policy), settings.policy)
+    except BaseException:
+        await tracing.aclose()
+        raise
     try:
         store = await open_store(settings.store, metrics=metrics)
     except BaseException:
         await engine.aclose()
+        await tracing.aclose()
         raise
     try:
         mask_key = settings.audit.read_mask_key() or await store.audit_mask_key(secrets.token_bytes(32))
         store.use_chain_key(settings.audit.read_chain_key())  # HMAC-keyed links; unkeyed SHA-256 without one
         pipeline = assemble(registry=registry, policy=engine, store=store, limits=settings.limits,
                             mask_key=mask_key, retention_hours=settings.store.idempotency_retention_hours,
-                            isolation=settings.isolation, metrics=metrics)
+                            isolation=settings.isolation, metrics=metrics, tracing=tracing,
+                            log_context=settings.logging.format is LogFormat.JSON)
     except BaseException:
         await store.aclose()
         await engine.aclose()
+        await tracing.aclose()
         raise
     try:
         await pipeline.dispatcher.start()
@@ -87,14 +101,17 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
 
 def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits,
              mask_key: bytes | None = None, retention_hours: float = 24.0,
-             isolation: IsolationSettings | None = None, metrics: Metrics | None = None) -> Pipeline:
+             isolation: IsolationSettings | None = None, metrics: Metrics | None = None,
+             tracing: Tracing | None = None, log_context: bool = False) -> Pipeline:
     """The pipeline over these parts. ``mask_key`` masks sensitive values in the audit log and previews
     (default: a random key of this pipeline); finished idempotency records older than ``retention_hours``
     are deleted; the tools ``isolation`` names run in worker processes (``ConfigError`` if it names a tool
     that cannot), started by ``open_pipeline`` or else at their first call. With ``metrics``, its calls,
-    decisions and approvals are counted there."""
+    decisions and approvals are counted there. Calls are traced with ``tracing`` (default: not at all); with
+    ``log_context`` their log lines carry their fields (JSON logs)."""
     if metrics is not None:
         policy = MeteredEngine(policy, metrics)
+    tracing = Tracing() if tracing is None else tracing
     decider, masker = Decider(policy), Masker(mask_key or secrets.token_bytes(32))
     approvals, auditor = Approvals(store, policy, metrics), Auditor(store, masker)
     isolation = isolation or IsolationSettings()
@@ -104,7 +121,8 @@ def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: 
     deciding = DecidingStages.build(registry, decider, limits, approvals, masker)
     idempotency = IdempotencyStage(store, auditor, expiry)
     observers = [] if metrics is None else [MetricsStage(metrics)]
-    chain = call_chain(auditor, deciding, idempotency, DispatchStage(dispatcher, limits), observers=observers)
+    chain = call_chain(auditor, deciding, idempotency, DispatchStage(dispatcher, limits), observers=observers,
+                       tracer=tracing.tracer, log_context=log_context)
     return Pipeline(registry=registry, policy=policy, store=store, limits=limits, approvals=approvals, chain=chain,
                     resolve=deciding.resolve, idempotency=idempotency, dispatcher=dispatcher, expiry=expiry,
-                    auditor=auditor, metrics=metrics)
+                    auditor=auditor, tracing=tracing, metrics=metrics)

@@ -27,6 +27,7 @@ from sidecar.config import (
     ENV_TLS_KEY,
     ENV_TLS_SERVER_NAME,
     ENV_TOKEN,
+    LogFormat,
     load_settings,
     parse_listen,
     socket_path,
@@ -198,8 +199,14 @@ def fail(message: str, code: int) -> int:
     return code
 
 
-def setup_logging(level: str) -> None:
-    """Log to stderr with time, level, logger and message."""
+def setup_logging(level: str, format: LogFormat = LogFormat.TEXT) -> None:
+    """Log to stderr: text lines with time, level, logger and message, or JSON lines
+    (``sidecar.telemetry.logs``)."""
+    if format is LogFormat.JSON:
+        from sidecar.telemetry.logs import setup_json_logging  # structlog loads only for JSON lines
+
+        setup_json_logging(level)
+        return
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
 
 

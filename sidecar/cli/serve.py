@@ -46,7 +46,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--policies {args.policies}: no such policy directory or bundle file "
                           "(or give a bundle URL, http:// or https://)")
     settings = serve_settings(args.config, args.listen, args.policies)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.logging.format)
     from sidecar.server import serve  # the server, pipeline and policy engines load only to serve
 
     try:

@@ -29,6 +29,7 @@ from sidecar.config.base import (
 )
 from sidecar.config.isolation import IsolationSettings
 from sidecar.config.listen import LISTEN_FORMS, ListenAddress, ListenKind, is_loopback, parse_listen, socket_path
+from sidecar.config.logs import LogFormat, LoggingSettings
 from sidecar.config.mcp import MCP_PATH, McpSettings
 from sidecar.config.metrics import METRICS_PATH, MetricsSettings
 from sidecar.config.policy import (
@@ -83,6 +84,8 @@ __all__ = [
     "Limits",
     "ListenAddress",
     "ListenKind",
+    "LogFormat",
+    "LoggingSettings",
     "McpSettings",
     "MetricsSettings",
     "OidcSettings",

@@ -32,6 +32,7 @@ from sidecar.config.base import (
 from sidecar.config.dsn import dsn_parts, redact_dsn
 from sidecar.config.isolation import IsolationSettings
 from sidecar.config.listen import ListenKind, parse_listen
+from sidecar.config.logs import LoggingSettings
 from sidecar.config.mcp import McpSettings
 from sidecar.config.metrics import MetricsSettings
 from sidecar.config.policy import PolicySettings
@@ -257,6 +258,7 @@ class Settings(Section):
     mcp: McpSettings = Field(default_factory=McpSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     approvals_ui: ApprovalsUiSettings = Field(default_factory=ApprovalsUiSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
     log_level: str = "INFO"
     _origins: Origins = PrivateAttr(default_factory=dict)
 

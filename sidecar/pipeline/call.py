@@ -6,6 +6,9 @@ of a tool that renders its calls), idempotency sets ``key`` and ``deadline``, di
 sets ``attempts`` (and ``overran``, ``late`` for a handler that outlived the deadline). ``progress`` is
 where the handler's progress reports go (a streamed call's caller; ``None``: nowhere).
 ``trail`` is the audit trail: every decision made for the call, by stage; ``decision_ids`` names each one.
+``trace_headers`` is the trace context its caller sent (``sidecar.telemetry.propagation``); the trace stage
+sets ``trace`` (the call's span) when the sidecar traces, and ``span`` makes the stages' own spans, children
+of the call's (nothing at all when it does not trace).
 The accessors (``defn``, ``validated``) say which stage must have run, so a stage placed
 before the one it depends on fails loudly in tests rather than silently deciding on nothing.
 """
@@ -13,12 +16,15 @@ before the one it depends on fails loudly in tests rather than silently deciding
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import uuid
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from time import monotonic
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -28,7 +34,14 @@ from sidecar.policy.input import InputParts, now_utc
 from sidecar.state import KeyScope
 from sidecar.tools.definition import ProgressSink, ToolContext, ToolDefinition
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from sidecar.telemetry.spans import CallTrace
+
 __all__ = ["Arguments", "Call"]
+
+_NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +79,8 @@ class Call:
     detached: bool = False  # idempotency: a started write records its own outcome, even if the caller leaves
     trail: dict[str, Any] = field(default_factory=dict)  # decisions (as documents) and approval ids, by stage
     decision_ids: dict[str, str] = field(default_factory=dict)  # stage -> the UUID of its decision (decision log)
+    trace_headers: Mapping[str, str] | None = None  # the transport's: the caller's trace context
+    trace: CallTrace | None = None  # trace: the call's span, when the sidecar traces
     _request_hash: str | None = None
 
     @property
@@ -102,6 +117,13 @@ class Call:
     def _hashed(self) -> dict[str, Any]:
         arguments: Any = self.request.arguments_json if self.arguments is None else self.arguments.data
         return {"tool": self.request.tool, "version": self.tool.version if self.tool else "", "arguments": arguments}
+
+    def span(self, kind: str, name: str) -> AbstractContextManager[Span | None]:
+        """A span ``{kind} {name}`` (``policy authz``, ``store claim``, ``handler calculate``), child of the call's,
+        while the block runs; ``None`` (and nothing made) when the sidecar does not trace."""
+        if self.trace is None:
+            return _NO_SPAN
+        return self.trace.part(f"{kind} {name}")
 
     def context(self, deadline: float) -> ToolContext:
         """What the tool's handler (or its preview renderer) may know of this call, to end by ``deadline``."""

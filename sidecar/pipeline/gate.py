@@ -3,7 +3,8 @@
 It holds no stage logic: ``execute`` makes a ``Call`` and runs it through the chain that
 ``sidecar.bootstrap`` built; ``execute_batch`` makes one ``Call`` per call of a batch and runs each
 through that same chain (``sidecar.pipeline.batch``); ``execute_streamed`` is ``execute`` with a progress
-sink whose reports it sends on (``sidecar.pipeline.progress``). ``list_tools`` asks the resolve stage,
+sink whose reports it sends on (``sidecar.pipeline.progress``). Each ``Call`` carries the trace context the
+transport is serving the request in (``sidecar.telemetry.propagation``). ``list_tools`` asks the resolve stage,
 which owns availability at discovery as at execution. Denials and failures of a call are ``ToolResult``s;
 the only exceptions that leave ``list_tools`` and ``get_operation`` are ``InvalidRequestError`` for a
 malformed string field (``sidecar.pipeline.fields``: checked before any policy or store is asked) and
@@ -32,6 +33,8 @@ from sidecar.pipeline.stages.idempotency import IdempotencyStage
 from sidecar.pipeline.stages.resolve import ResolveStage
 from sidecar.policy import PolicyEngine
 from sidecar.state import Expiry, Store
+from sidecar.telemetry.propagation import incoming
+from sidecar.telemetry.tracing import Tracing
 from sidecar.tools.definition import ProgressSink
 from sidecar.tools.dispatch import Dispatcher
 from sidecar.tools.registry import Registry
@@ -56,6 +59,7 @@ class Pipeline:
     dispatcher: Dispatcher
     expiry: Expiry
     auditor: Auditor
+    tracing: Tracing
     metrics: Metrics | None = None  # what the sidecar counts (``metrics.listen``); ``None``: nothing
 
     async def list_tools(self, principal: Principal, *, conversation_id: str | None = None) -> ToolListing:
@@ -88,7 +92,7 @@ class Pipeline:
 
     def _call(self, principal: Principal, request: CallRequest, caller_deadline: float | None,
               progress: ProgressSink | None = None) -> Call:
-        return Call(principal, request, self.policy.revision, caller_deadline, progress)
+        return Call(principal, request, self.policy.revision, caller_deadline, progress, trace_headers=incoming())
 
     async def get_operation(self, principal: Principal, *, tool: str | None = None, key: str | None = None,
                             request_id: str | None = None) -> Operation:
@@ -102,9 +106,11 @@ class Pipeline:
 
     async def aclose(self) -> None:
         """Let started writes finish and be recorded, then release the handler pool and stop the worker
-        processes, close the store and the policy engine (each write is bounded by its own deadline)."""
+        processes, close the store and the policy engine (each write is bounded by its own deadline), and
+        export the spans still queued."""
         await self.idempotency.drain()
         await self.dispatcher.aclose()
         await self.expiry.aclose()
         await self.store.aclose()
         await self.policy.aclose()
+        await self.tracing.aclose()

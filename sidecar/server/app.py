@@ -4,7 +4,7 @@
 port 0 or a temporary socket; binding is ``sidecar.server.listeners``, TLS on TCP ``sidecar.server.tls``,
 the health-only listener of probes ``sidecar.server.probes``); ``serve`` runs the
 sidecar until SIGTERM/SIGINT and logs at start what it serves with: plugins, tools, store,
-policy engine and revision, listeners. With a chain key (``audit.chain_key``) it writes the signed
+policy engine and revision, listeners, trace exporters. With a chain key (``audit.chain_key``) it writes the signed
 audit checkpoint (``sidecar.state.checkpoint``) at an interval and, once the last calls are
 recorded, at shutdown. With ``mcp.listen`` it serves MCP too (``sidecar.server.mcp_http``), on the same
 event loop: started before gRPC, stopped first at shutdown, each within ``server.shutdown_grace_seconds``.
@@ -100,17 +100,20 @@ class Sidecar:
 
 async def create_server(settings: Settings, gateway: ToolGateway, *, policy: StatusProvider | None = None,
                         approvals: ApprovalGateway | None = None,
-                        metrics: Metrics | None = None) -> tuple[grpc.aio.Server, Sidecar]:
+                        metrics: Metrics | None = None,
+                        trace_context: bool = False) -> tuple[grpc.aio.Server, Sidecar]:
     """Build the server with every service and bind each ``settings.server.listen`` address.
 
     With ``policy`` (the reloading engine) the ``PolicyService`` answers status requests; with
     ``approvals`` (the pipeline's) the ``ApprovalService`` serves approvers. Every call of these
     services is authenticated, and its exceptions mapped to statuses, by ``sidecar.server.interceptors``
-    (and counted into ``metrics``, when given).
+    (and counted into ``metrics``, when given); with ``trace_context`` (a tracing gateway) its calls continue
+    the trace its metadata carries.
     """
     dev = settings.auth.effective_mode is AuthMode.DEV
-    server = grpc.aio.server(interceptors=interceptors.chain(Authenticator(settings.auth), metrics=metrics),
-                             options=_channel_options(settings.limits))
+    chain = interceptors.chain(Authenticator(settings.auth), metrics=metrics, trace_context=trace_context,
+                               access_log=settings.logging.access)
+    server = grpc.aio.server(interceptors=chain, options=_channel_options(settings.limits))
     pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway), server)
     names = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
     operators = Operators(settings.auth)
@@ -143,7 +146,7 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
         checkpointer = _checkpointer(settings, pipeline.store)
         async with _metrics_endpoint(settings, pipeline.metrics):
             _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals,
-                                             metrics=pipeline.metrics)
+                                             metrics=pipeline.metrics, trace_context=pipeline.tracing.enabled)
             reloader.on_status = sidecar.report_policy
             try:
                 async with _mcp_endpoint(settings, pipeline), _approvals_inbox(settings, pipeline.approvals):
@@ -164,16 +167,25 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
 
 
 def _log_start(settings: Settings, pipeline: Pipeline, reloader: ReloadingEngine, sidecar: Sidecar) -> None:
-    """What this sidecar serves with, logged once at start (the store without its password)."""
-    plugins = pipeline.registry.plugins
-    log.info("plugins: %s", "; ".join(map(str, plugins)) if plugins else "none from entry points")
-    log.info("tools: %s", ", ".join(defn.name for defn in pipeline.registry) or "none")
-    log.info("store: %s", settings.store.describe())
-    log.info("policy: engine %s, %s, revision %s", settings.policy.engine.value, reloader.status.source,
-             reloader.revision)
-    log.info("toolbooth listening on %s with policy revision %s", ", ".join(sidecar.addresses), reloader.revision)
+    """What this sidecar serves with, logged once at start (the store without its password); JSON lines carry
+    each as fields too."""
+    plugins = [str(plugin) for plugin in pipeline.registry.plugins]
+    tools = [defn.name for defn in pipeline.registry]
+    log.info("plugins: %s", "; ".join(plugins) if plugins else "none from entry points", extra={"plugins": plugins})
+    log.info("tools: %s", ", ".join(tools) or "none", extra={"tools": tools})
+    store = settings.store.describe()
+    log.info("store: %s", store, extra={"store": store})
+    engine, source = settings.policy.engine.value, reloader.status.source
+    log.info("policy: engine %s, %s, revision %s", engine, source, reloader.revision,
+             extra={"policy_engine": engine, "policy_source": source, "policy_revision": reloader.revision})
+    log.info("toolbooth listening on %s with policy revision %s", ", ".join(sidecar.addresses), reloader.revision,
+             extra={"listeners": list(sidecar.addresses)})
     if sidecar.probe_addresses:
-        log.info("health only (for probes) on %s", ", ".join(sidecar.probe_addresses))
+        log.info("health only (for probes) on %s", ", ".join(sidecar.probe_addresses),
+                 extra={"health_listeners": list(sidecar.probe_addresses)})
+    exporters = list(pipeline.tracing.exporters)
+    log.info("traces: %s", f"exported to {', '.join(exporters)}" if exporters else "off (OTEL_TRACES_EXPORTER)",
+             extra={"trace_exporters": exporters})
 
 
 @contextlib.asynccontextmanager

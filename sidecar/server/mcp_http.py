@@ -6,7 +6,8 @@ serves HTTP on the sidecar's loop, with its signal handling left to ``serve``. E
 ``Authorization`` header; dev mode: the static principal, on loopback only) and refused with 401
 and the authenticator's constant message otherwise. The principal of each request is the one its
 calls run as; a session can only be used by the principal that opened it (the SDK answers 404 to
-another). On a loopback address the SDK's DNS-rebinding protection is on (``Host`` and ``Origin``
+another). A request's trace headers (``traceparent``, ``tracestate``) are the trace its calls continue
+when the sidecar traces. On a loopback address the SDK's DNS-rebinding protection is on (``Host`` and ``Origin``
 must name the loopback host), so a web page cannot reach a dev-mode endpoint through the browser.
 
 ``McpEndpoint.stop`` stops taking connections, lets the calls in flight finish within the grace,
@@ -38,12 +39,14 @@ from sidecar.mcp.server import Context, SendProgress, build_server
 from sidecar.server.auth import Authenticator
 from sidecar.server.listeners import tcp_socket
 from sidecar.server.tool_service import ToolGateway
+from sidecar.telemetry.propagation import continuing, trace_headers
 
 __all__ = ["McpEndpoint", "principal_of"]
 
 log = logging.getLogger(__name__)
 
 _PRINCIPAL = "toolbooth.principal"  # the key of the request's principal in the ASGI scope's state
+_TRACE = "toolbooth.trace"  # and of its trace headers
 _CLOSE_SECONDS = 1  # once the sessions ended, what is left of the connections gets this long to close
 _LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
 
@@ -75,7 +78,7 @@ class McpEndpoint:
         if endpoint.is_loopback:
             security = TransportSecuritySettings(allowed_hosts=_LOOPBACK_HOSTS,
                                                  allowed_origins=[f"http://{h}" for h in _LOOPBACK_HOSTS])
-        server = build_server(lambda ctx: _CallerTools(gateway, principal_of(ctx)))
+        server = build_server(lambda ctx: _CallerTools(gateway, principal_of(ctx), _trace_headers_of(ctx)))
         manager = StreamableHTTPSessionManager(server, security_settings=security,
                                                json_response=settings.mcp.json_response,
                                                max_request_body_size=settings.limits.max_message_bytes)
@@ -127,19 +130,27 @@ def principal_of(ctx: Context) -> Principal:
     return principal
 
 
-class _CallerTools:
-    """The pipeline as one principal calls it."""
+def _trace_headers_of(ctx: Context) -> dict[str, str]:
+    """The trace headers of the HTTP request that carried this MCP request."""
+    request: Any = ctx.request
+    headers = None if request is None else request.scope.get("state", {}).get(_TRACE)
+    return headers if isinstance(headers, dict) else {}
 
-    def __init__(self, gateway: ToolGateway, principal: Principal) -> None:
-        self._gateway, self._principal = gateway, principal
+
+class _CallerTools:
+    """The pipeline as one principal calls it, continuing the trace of the request."""
+
+    def __init__(self, gateway: ToolGateway, principal: Principal, trace: dict[str, str]) -> None:
+        self._gateway, self._principal, self._trace = gateway, principal, trace
 
     async def list_tools(self, *, conversation_id: str | None = None) -> ToolListing:
         return await self._gateway.list_tools(self._principal, conversation_id=conversation_id)
 
     async def execute(self, request: CallRequest, *, progress: SendProgress | None = None) -> ToolResult:
-        if progress is None:
-            return await self._gateway.execute(self._principal, request)
-        return await self._gateway.execute_streamed(self._principal, request, progress)
+        with continuing(self._trace):
+            if progress is None:
+                return await self._gateway.execute(self._principal, request)
+            return await self._gateway.execute_streamed(self._principal, request, progress)
 
 
 class _Authenticated:
@@ -158,7 +169,8 @@ class _Authenticated:
                                     headers={"WWW-Authenticate": challenge})
             await response(scope, receive, send)
             return
-        scope.setdefault("state", {})[_PRINCIPAL] = principal
+        state = scope.setdefault("state", {})
+        state[_PRINCIPAL], state[_TRACE] = principal, trace_headers(metadata)
         # The SDK binds a session to the principal that opened it (client_id, issuer, subject).
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=principal.id, scopes=[],
                                                       subject=principal.id, claims={"iss": principal.tenant}))

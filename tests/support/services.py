@@ -22,6 +22,7 @@ from sidecar.pipeline import Pipeline
 from sidecar.server import create_server
 from sidecar.state import AuditEvent
 from sidecar.state.sql_store import SqlStore
+from sidecar.telemetry.tracing import Tracing
 from sidecar.tools.registry import Registry
 
 __all__ = ["METHODS", "Services", "serving"]
@@ -64,11 +65,13 @@ class Services:
 
 
 @asynccontextmanager
-async def serving(settings: Settings, registry: Registry) -> AsyncIterator[Services]:
-    """A started sidecar with every service over ``settings`` and ``registry``, stopped when the block ends."""
-    reloader, pipeline = await open_sidecar(settings, registry=registry)
+async def serving(settings: Settings, registry: Registry, *, tracing: Tracing | None = None) -> AsyncIterator[Services]:
+    """A started sidecar with every service over ``settings`` and ``registry``, stopped when the block ends;
+    tracing with ``tracing`` (default: as the ``OTEL_*`` variables say)."""
+    reloader, pipeline = await open_sidecar(settings, registry=registry, tracing=tracing)
     try:
-        _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals)
+        _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals,
+                                         trace_context=pipeline.tracing.enabled)
         await sidecar.start()
         try:
             async with grpc.aio.insecure_channel(sidecar.addresses[-1]) as channel:

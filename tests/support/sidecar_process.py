@@ -12,12 +12,13 @@ The sync tools of ``tests.support.isolated`` are served too, for ``isolation`` i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -81,7 +82,7 @@ def main(argv: Sequence[str]) -> None:
     if DEADLINE_GRACE_ENV in os.environ:
         records.DEADLINE_GRACE_SECONDS = float(os.environ[DEADLINE_GRACE_ENV])
     settings = load_settings(Path(argv[0]))
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.logging.format)
     asyncio.run(serve(settings, registry=Registry.from_tools(TOOLS)))
 
 
@@ -91,18 +92,21 @@ def appended(log: Path) -> list[str]:
 
 
 class SidecarProcess:
-    """``python -c LAUNCHER CONFIG``, listening on the Unix socket ``socket``; stderr goes to ``stderr``."""
+    """``python -c LAUNCHER CONFIG``, listening on the Unix socket ``socket``; stderr goes to ``stderr``, and so
+    does stdout unless it has a file of its own (``stdout``). ``env`` adds variables (``OTEL_*``) to the child's."""
 
     def __init__(self, config: Path, socket: Path, stderr: Path, append_log: Path, *,
-                 deadline_grace: float | None = None) -> None:
+                 deadline_grace: float | None = None, stdout: Path | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         self.socket, self.stderr = socket, stderr
-        env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
-        env.update(PYTHONPATH=str(REPO), **{APPEND_LOG_ENV: str(append_log)})
+        child_env = {name: value for name, value in os.environ.items() if not name.startswith(("TOOLBOOTH_", "OTEL_"))}
+        child_env.update(PYTHONPATH=str(REPO), **{APPEND_LOG_ENV: str(append_log)}, **(env or {}))
         if deadline_grace is not None:
-            env[DEADLINE_GRACE_ENV] = str(deadline_grace)
-        with stderr.open("wb") as err:
-            self.process = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(config)], cwd=REPO, env=env,
-                                            stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
+            child_env[DEADLINE_GRACE_ENV] = str(deadline_grace)
+        with stderr.open("wb") as err, (stdout.open("wb") if stdout else contextlib.nullcontext(err)) as out:
+            self.process = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(config)], cwd=REPO, env=child_env,
+                                            stdin=subprocess.DEVNULL, stdout=out,
+                                            stderr=err if stdout else subprocess.STDOUT)
 
     @property
     def target(self) -> str:

@@ -58,7 +58,8 @@ class ApprovalStage:
             preview = None
             if self._approvals is not None:
                 try:
-                    preview = await self._approvals.open_preview(self._to_approve(call), decision)
+                    with call.span("store", "open_preview"):
+                        preview = await self._approvals.open_preview(self._to_approve(call), decision)
                 except StoreUnavailableError as exc:
                     raise CallRefused(refusal(exc, consequence="nothing was executed")) from None
             reason = preview.reason if preview else decision.reason or "this call needs a person's approval"
@@ -96,7 +97,8 @@ class ConsumeApprovalStage:
         approval_id = call.request.approval_id
         if not approval_id or self._approvals is None:
             return await next(call)
-        denied = await self._approvals.consume(approval_id, key=_key(call))
+        with call.span("store", "consume_approval"):
+            denied = await self._approvals.consume(approval_id, key=_key(call))
         if denied is not None:
             raise _refused(denied)
         result = await next(call)

@@ -2,7 +2,8 @@
 
 The deadline is the tool's timeout or the caller's deadline, whichever comes first; retries,
 cancellation, the thread pool for sync handlers and the worker processes of isolated ones are
-``sidecar.tools.dispatch.Dispatcher``'s.
+``sidecar.tools.dispatch.Dispatcher``'s. When the sidecar traces, the handler runs in a span
+``handler {tool}`` (attribute ``toolbooth.attempts``).
 A handler that outlived the deadline sets ``call.overran``; one that runs on (a sync write's
 thread) sets ``call.late``, its own result once it ends, for the idempotency stage to store.
 """
@@ -28,7 +29,11 @@ class DispatchStage:
         self._dispatcher, self._limits = dispatcher, limits
 
     async def run(self, call: Call, next: Next) -> ToolResult:
-        outcome = await self._dispatcher.run(call.defn, call.validated.model, call.context(call.handler_deadline()))
+        with call.span("handler", call.defn.name) as span:
+            outcome = await self._dispatcher.run(call.defn, call.validated.model,
+                                                 call.context(call.handler_deadline()))
+            if span is not None:
+                span.set_attribute("toolbooth.attempts", outcome.attempts)
         call.attempts, call.overran = outcome.attempts, outcome.overran
         if outcome.late is not None:
             call.late = asyncio.ensure_future(self._late(call, outcome.late))

@@ -24,6 +24,8 @@ A key is released, not completed, when the call certainly had no effect (``had_n
 handler never started (a later stage refused it, e.g. its approval was already used, or its
 deadline passed while the key was being claimed) or its tool said nothing happened. A retry with
 the key then runs; a stored result would have burned the key with nothing run.
+
+Each store operation is a span ``store {operation}`` when the sidecar traces.
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ class IdempotencyStage:
     async def _claimed(self, call: Call, scope: KeyScope, next: Next) -> ToolResult:
         deadline_at = time.time() + (call.handler_deadline() - time.monotonic())
         try:
-            claim = await self._store.claim(scope, call.request_hash, call.request_id, deadline_at=deadline_at,
-                                            legacy_hash=call.legacy_request_hash)
+            with call.span("store", "claim"):
+                claim = await self._store.claim(scope, call.request_hash, call.request_id, deadline_at=deadline_at,
+                                                legacy_hash=call.legacy_request_hash)
         except StoreUnavailableError as exc:
             log.error("store unavailable: %s", exc)
             raise CallRefused(refusal(exc, consequence="nothing was executed")) from None
@@ -102,7 +105,8 @@ class IdempotencyStage:
 
     async def _record_dispatch(self, call: Call) -> None:
         try:
-            await self._auditor.dispatching(call)
+            with call.span("store", "record_audit"):
+                await self._auditor.dispatching(call)
         except StoreUnavailableError as exc:
             await self._release(call)
             log.error("audit write failed before dispatch of request %s: %s", call.request_id, exc)
@@ -116,7 +120,8 @@ class IdempotencyStage:
             await self._settle(call, result)
             return
         try:
-            await self._store.mark_overran(call.key, now=time.time())
+            with call.span("store", "mark_overran"):
+                await self._store.mark_overran(call.key, now=time.time())
         except StoreUnavailableError as exc:  # it turns unknown anyway, past its deadline plus the grace
             log.error("could not mark the key of request %s unknown: %s", call.request_id, exc)
         if call.late is not None:
@@ -138,7 +143,8 @@ class IdempotencyStage:
             await self._release(call)
             return
         try:
-            await self._store.complete(call.key, result.model_dump_json(), request_id=call.request_id)
+            with call.span("store", "complete"):
+                await self._store.complete(call.key, result.model_dump_json(), request_id=call.request_id)
         except StoreUnavailableError as exc:  # neither the store nor its local journal took it
             log.critical("the result of request %s could not be stored under its key, nor kept locally (%s): "
                          "its key turns unknown, never runs again, and an operator settles it", call.request_id, exc)
@@ -146,7 +152,8 @@ class IdempotencyStage:
     async def _release(self, call: Call) -> None:
         if call.key is not None:
             try:
-                await self._store.release(call.key, request_id=call.request_id)
+                with call.span("store", "release"):
+                    await self._store.release(call.key, request_id=call.request_id)
             except StoreUnavailableError as exc:  # neither the store nor its local journal took it
                 log.error("could not release idempotency key of request %s: %s; it turns unknown", call.request_id,
                           exc)

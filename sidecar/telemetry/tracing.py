@@ -1,0 +1,107 @@
+"""``Tracing``: one sidecar's OpenTelemetry tracer provider, configured from the standard ``OTEL_*`` variables.
+
+``OTEL_TRACES_EXPORTER`` names the exporters (comma-separated; ``console`` is the SDK's, writing one JSON
+object per line to stdout; ``otlp`` needs the ``otlp`` extra), found by the entry points every exporter
+package registers (group ``opentelemetry_traces_exporter``); each gets a ``BatchSpanProcessor``. Unset,
+``none`` or ``OTEL_SDK_DISABLED=true``: the sidecar does not trace at all (``Tracing.enabled`` is false and
+no span is ever made). Everything else is the SDK's own reading of the environment: the sampler
+(``OTEL_TRACES_SAMPLER``, ``OTEL_TRACES_SAMPLER_ARG``), the resource (``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES``; the service is ``toolbooth`` unless they name one), the batching
+(``OTEL_BSP_*``) and each exporter's own variables (``OTEL_EXPORTER_OTLP_*``).
+
+The provider is this sidecar's, never the process-wide global one, so that two sidecars (or a test's
+in-memory exporter) trace apart; ``aclose`` flushes the spans still queued and stops the exporters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+from opentelemetry.environment_variables import OTEL_TRACES_EXPORTER
+from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace import Tracer
+
+from sidecar.errors import ConfigError
+
+__all__ = ["EXPORTER_ENTRY_POINTS", "SERVICE", "Tracing"]
+
+EXPORTER_ENTRY_POINTS = "opentelemetry_traces_exporter"
+SERVICE = "toolbooth"
+_UNNAMED_SERVICE = "unknown_service"  # the SDK's service.name when the environment names none
+_OFF = ("", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class Tracing:
+    """A sidecar's tracer (``None``: it does not trace), the provider to flush at shutdown and the names of its
+    exporters (for the start-up log)."""
+
+    tracer: Tracer | None = None
+    provider: TracerProvider | None = None
+    exporters: tuple[str, ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this sidecar makes spans."""
+        return self.tracer is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Tracing:
+        """The tracing ``OTEL_TRACES_EXPORTER`` asks for (``ConfigError`` for an exporter that is not installed);
+        off when it is unset or ``none``, or when ``OTEL_SDK_DISABLED`` is true."""
+        env = os.environ if env is None else env
+        if env.get(OTEL_SDK_DISABLED, "").strip().lower() == "true":
+            return cls()
+        names = [name.strip() for name in env.get(OTEL_TRACES_EXPORTER, "").split(",")]
+        names = [name for name in names if name.lower() not in _OFF]
+        if not names:
+            return cls()
+        return cls.exporting(*(BatchSpanProcessor(_exporter(name)) for name in names), exporters=tuple(names))
+
+    @classmethod
+    def exporting(cls, *processors: SpanProcessor, exporters: tuple[str, ...] = ()) -> Tracing:
+        """Tracing whose spans go to ``processors`` (the sampler and resource from the environment)."""
+        provider = TracerProvider(resource=_resource())
+        for processor in processors:
+            provider.add_span_processor(processor)
+        return cls(provider.get_tracer(SERVICE), provider, exporters)
+
+    async def aclose(self) -> None:
+        """Export the spans still queued, then stop the exporters (in a thread: an exporter may block)."""
+        if self.provider is not None:
+            await asyncio.to_thread(self.provider.shutdown)
+
+
+def _resource() -> Resource:
+    """The SDK's resource from the environment, named ``toolbooth`` unless that names the service."""
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith(_UNNAMED_SERVICE):
+        resource = resource.merge(Resource({SERVICE_NAME: SERVICE}))
+    return resource
+
+
+def _exporter(name: str) -> SpanExporter:
+    """A new exporter of the package that registered ``name``."""
+    found = entry_points(group=EXPORTER_ENTRY_POINTS, name=name)
+    if not found:
+        known = sorted({point.name for point in entry_points(group=EXPORTER_ENTRY_POINTS)})
+        hint = " (install toolbooth[otlp] for otlp)" if name.startswith("otlp") else ""
+        raise ConfigError(f"{OTEL_TRACES_EXPORTER}={name!r}: no such span exporter is installed{hint}; "
+                          f"installed: {', '.join([*known, 'none'])}")
+    exporter_class = next(iter(found)).load()
+    exporter = exporter_class(formatter=_one_line) if exporter_class is ConsoleSpanExporter else exporter_class()
+    if not isinstance(exporter, SpanExporter):
+        raise ConfigError(f"{OTEL_TRACES_EXPORTER}={name!r}: {exporter_class!r} is not a span exporter")
+    return exporter
+
+
+def _one_line(span: ReadableSpan) -> str:
+    """A span as the console exporter writes it: one JSON object per line (the SDK's default indents it)."""
+    return f"{span.to_json(indent=None)}\n"
