@@ -37,6 +37,7 @@ from sidecar.errors import AuthenticationError
 from sidecar.mcp.server import Context, SendProgress, build_server
 from sidecar.server.auth import Authenticator
 from sidecar.server.listeners import tcp_socket
+from sidecar.server.mcp_transport import SessionManager
 from sidecar.server.tool_service import ToolGateway
 
 __all__ = ["McpEndpoint", "principal_of"]
@@ -76,9 +77,8 @@ class McpEndpoint:
             security = TransportSecuritySettings(allowed_hosts=_LOOPBACK_HOSTS,
                                                  allowed_origins=[f"http://{h}" for h in _LOOPBACK_HOSTS])
         server = build_server(lambda ctx: _CallerTools(gateway, principal_of(ctx)))
-        manager = StreamableHTTPSessionManager(server, security_settings=security,
-                                               json_response=settings.mcp.json_response,
-                                               max_request_body_size=settings.limits.max_message_bytes)
+        manager = SessionManager(server, security_settings=security, json_response=settings.mcp.json_response,
+                                 max_request_body_size=settings.limits.max_message_bytes)
         authenticated = _Authenticated(StreamableHTTPASGIApp(manager), Authenticator(settings.auth))
         app = Starlette(routes=[Route(MCP_PATH, endpoint=authenticated)])
         bound = tcp_socket(f"mcp.listen {settings.mcp.listen}", host, endpoint.port)
