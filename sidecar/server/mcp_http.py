@@ -1,6 +1,7 @@
 """The sidecar's MCP endpoint: Streamable HTTP at ``http://HOST:PORT/mcp`` (``mcp.listen``), in its own event loop.
 
-The MCP SDK's session manager serves the protocol (``sidecar.mcp.server`` over the pipeline); uvicorn
+The MCP SDK's session manager serves the protocol (``sidecar.mcp.server`` over the pipeline), each POST
+answered as JSON unless it asks for progress (``sidecar.server.mcp_transport``); uvicorn
 serves HTTP on the sidecar's loop, with its signal handling left to ``serve``. Every request to
 ``/mcp`` is authenticated first by the same ``Authenticator`` as gRPC calls (the bearer JWT of its
 ``Authorization`` header; dev mode: the static principal, on loopback only) and refused with 401
