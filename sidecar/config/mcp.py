@@ -3,8 +3,9 @@
 ``listen`` is one TCP address (``HOST:PORT``, ``[IPV6]:PORT``; port 0 for any free port). Callers
 authenticate as over gRPC (``auth``: a bearer JWT in the ``Authorization`` header); in ``dev`` mode
 the address must be loopback, as every gRPC one must (checked with the whole ``Settings``).
-``json_response: true`` answers each request with a plain JSON body rather than an event stream (less
-work per call; nothing is streamed before the result). Serving it needs the ``mcp`` extra
+By default a request is answered with one JSON body unless it asks for progress (a ``progressToken``),
+which gets an event stream (``sidecar.server.mcp_transport``); ``json_response: true`` answers every
+request as JSON (progress notifications are then dropped). Serving it needs the ``mcp`` extra
 (``check_installed``).
 """
 
@@ -27,8 +28,8 @@ class McpSettings(Section):
     """Where the MCP endpoint listens (``None``: nowhere, the default)."""
 
     listen: str | None = None
-    # Answer each POST with one JSON body instead of an event stream: cheaper per call, but nothing can be
-    # streamed before the result (no progress notifications).
+    # Answer every POST with one JSON body, even one asking for progress (its notifications are dropped); by
+    # default only a request with a progressToken gets an event stream.
     json_response: bool = False
 
     @field_validator("listen")

@@ -19,8 +19,9 @@ engine during a listing) ``INTERNAL_ERROR`` "service unavailable", a refused tok
 Progress: a ``tools/call`` whose ``_meta`` carries a ``progressToken`` is executed with a progress
 sender (``Tools.execute(..., progress=)``): the handler's ``ctx.report_progress`` reports, rate-limited
 as on ``ExecuteToolStream``, become ``notifications/progress`` for that token, related to the request so
-that Streamable HTTP sends them on its event stream (``mcp.json_response`` has none: they are dropped by
-the transport). Without a token the call runs as a unary one.
+that Streamable HTTP sends them on the event stream answering that request (``sidecar.server.mcp_transport``;
+``mcp.json_response`` has none: they are dropped by the transport). Without a token the call runs as a unary
+one, and this server sends nothing about it but its response.
 """
 
 from __future__ import annotations

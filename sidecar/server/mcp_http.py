@@ -1,6 +1,7 @@
 """The sidecar's MCP endpoint: Streamable HTTP at ``http://HOST:PORT/mcp`` (``mcp.listen``), in its own event loop.
 
-The MCP SDK's session manager serves the protocol (``sidecar.mcp.server`` over the pipeline); uvicorn
+The MCP SDK's session manager serves the protocol (``sidecar.mcp.server`` over the pipeline), each POST
+answered as JSON unless it asks for progress (``sidecar.server.mcp_transport``); uvicorn
 serves HTTP on the sidecar's loop, with its signal handling left to ``serve``. Every request to
 ``/mcp`` is authenticated first by the same ``Authenticator`` as gRPC calls (the bearer JWT of its
 ``Authorization`` header; dev mode: the static principal, on loopback only) and refused with 401
@@ -38,6 +39,7 @@ from sidecar.errors import AuthenticationError
 from sidecar.mcp.server import Context, SendProgress, build_server
 from sidecar.server.auth import Authenticator
 from sidecar.server.listeners import tcp_socket
+from sidecar.server.mcp_transport import SessionManager
 from sidecar.server.tool_service import ToolGateway
 from sidecar.telemetry.propagation import continuing, trace_headers
 
@@ -79,9 +81,8 @@ class McpEndpoint:
             security = TransportSecuritySettings(allowed_hosts=_LOOPBACK_HOSTS,
                                                  allowed_origins=[f"http://{h}" for h in _LOOPBACK_HOSTS])
         server = build_server(lambda ctx: _CallerTools(gateway, principal_of(ctx), _trace_headers_of(ctx)))
-        manager = StreamableHTTPSessionManager(server, security_settings=security,
-                                               json_response=settings.mcp.json_response,
-                                               max_request_body_size=settings.limits.max_message_bytes)
+        manager = SessionManager(server, security_settings=security, json_response=settings.mcp.json_response,
+                                 max_request_body_size=settings.limits.max_message_bytes)
         authenticated = _Authenticated(StreamableHTTPASGIApp(manager), Authenticator(settings.auth))
         app = Starlette(routes=[Route(MCP_PATH, endpoint=authenticated)])
         bound = tcp_socket(f"mcp.listen {settings.mcp.listen}", host, endpoint.port)

@@ -60,9 +60,10 @@ class World:
 
 
 @pytest.fixture
-async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
-                make_token: Tokens) -> AsyncIterator[World]:
-    settings = make_settings(auth=jwt_auth, mcp={"listen": "127.0.0.1:0"})
+async def world(request: pytest.FixtureRequest, tmp_path: Path, make_settings: Callable[..., Settings],
+                jwt_auth: dict[str, Any], make_token: Tokens) -> AsyncIterator[World]:
+    """The sidecar; ``mcp`` settings besides ``listen`` come from an indirect parameter, if any."""
+    settings = make_settings(auth=jwt_auth, mcp={"listen": "127.0.0.1:0", **getattr(request, "param", {})})
     store = await SqliteStore.open(tmp_path / "store.db")
     registry = Registry.from_tools([*tools.ALL, tools.held_note, tools.count_up])
     pipeline = assemble(registry=registry, policy=policies(tmp_path / "policies"), store=store, limits=Limits())
@@ -122,6 +123,60 @@ async def test_progress_reports_reach_a_client_that_asks_for_them(world: World) 
     assert seen and seen[-1] == (50, 50, "50 of 50")  # rate-limited, the last report always delivered
     assert [progress for progress, _, _ in seen] == sorted({progress for progress, _, _ in seen})
     assert len(seen) <= 50
+
+
+async def _session_headers(http: httpx2.AsyncClient, url: str) -> dict[str, str]:
+    """The headers of a session opened by hand: ``initialize``, then ``notifications/initialized``."""
+    opened = await http.post(url, json=INIT)
+    headers = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    initialized = await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+    assert initialized.status_code == 202
+    return headers
+
+
+def _count_up(request_id: int, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    params = {"name": "count_up", "arguments": {"count": 3}, **({"_meta": meta} if meta else {})}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+def _events(response: httpx2.Response) -> list[dict[str, Any]]:
+    """The JSON-RPC messages of an event-stream answer, in order."""
+    return [json.loads(line.removeprefix("data:")) for line in response.text.splitlines() if line.startswith("data:")]
+
+
+async def test_a_call_is_answered_as_json_unless_it_asks_for_progress(world: World) -> None:
+    """A POST without a ``progressToken`` gets one JSON body; one with a token an event stream carrying the
+    progress notifications, then the response."""
+    async with http_client(world.token(), ACCEPT) as http:
+        headers = await _session_headers(http, world.url)
+        plain = await http.post(world.url, json=_count_up(2), headers=headers)
+        streamed = await http.post(world.url, json=_count_up(3, {"progressToken": "p-3"}), headers=headers)
+        listed = await http.post(world.url, json={"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, headers=headers)
+    assert plain.headers["content-type"] == "application/json" == listed.headers["content-type"]
+    assert (plain.json()["id"], plain.json()["result"]["structuredContent"]["data"]) == (2, {"count": 3})
+    assert "count_up" in {tool["name"] for tool in listed.json()["result"]["tools"]}
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    *notifications, response = _events(streamed)
+    assert notifications and {note["method"] for note in notifications} == {"notifications/progress"}
+    assert notifications[-1]["params"] == {"progressToken": "p-3", "progress": 3, "total": 3, "message": "3 of 3"}
+    assert (response["id"], response["result"]["structuredContent"]["data"]) == (3, {"count": 3})
+
+
+@pytest.mark.parametrize("world", [{"json_response": True}], indirect=True)
+async def test_json_response_answers_even_a_call_asking_for_progress_as_json(world: World) -> None:
+    async with http_client(world.token(), ACCEPT) as http:
+        headers = await _session_headers(http, world.url)
+        answer = await http.post(world.url, json=_count_up(2, {"progressToken": 7}), headers=headers)
+    assert answer.headers["content-type"] == "application/json"  # the progress notifications are dropped
+    assert answer.json()["result"]["structuredContent"]["data"] == {"count": 3}
+    async with http_session(world.url, world.token()) as session:  # the SDK's client reads JSON answers as well
+        seen: list[float] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.append(progress)
+
+        reported = await session.call_tool("count_up", {"count": 5}, progress_callback=on_progress)
+    assert typed(reported.structured_content).data == {"count": 5} and seen == []
 
 
 async def test_invalid_arguments_are_an_error_result_naming_the_field(world: World) -> None:

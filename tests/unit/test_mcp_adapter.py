@@ -12,6 +12,7 @@ from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestE
 from sidecar.mcp.meta import META_KEYS, call_request, conversation_id
 from sidecar.mcp.results import call_result
 from sidecar.mcp.server import protocol_error
+from sidecar.server.mcp_transport import asks_for_progress
 
 
 def test_the_meta_keys_fill_the_calls_own_fields() -> None:
@@ -72,3 +73,17 @@ def test_failures_outside_a_call_are_json_rpc_errors_with_constant_messages() ->
     assert protocol_error(InvalidRequestError("tool is required")).error.code == -32602
     unavailable = protocol_error(DependencyError("db at 10.0.0.5 refused: password authentication failed"))
     assert (unavailable.error.code, unavailable.error.message) == (-32603, "service unavailable")
+
+
+@pytest.mark.parametrize(("body", "asks"), [
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","_meta":{"progressToken":"t"}}}', True),
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","_meta":{"progressToken":0}}}', True),
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","_meta":{"progressToken":true}}}', False),
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","_meta":{"toolbooth/call_id":"c"}}}', False),
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', False),
+    (b'{"jsonrpc":"2.0","method":"notifications/initialized"}', False),
+    (b'[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]', True),  # not one request: left to the SDK
+    (b'{"jsonrpc":', True),
+])
+def test_only_a_request_with_a_progress_token_is_answered_as_an_event_stream(body: bytes, asks: bool) -> None:
+    assert asks_for_progress(body) is asks
