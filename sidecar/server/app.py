@@ -23,7 +23,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -144,12 +144,13 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
     checkpointer: Checkpointer | None = None
     try:
         checkpointer = _checkpointer(settings, pipeline.store)
-        async with _metrics_endpoint(settings, pipeline.metrics):
+        async with _serving(_metrics_endpoint(settings, pipeline.metrics)):
             _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals,
                                              metrics=pipeline.metrics, trace_context=pipeline.tracing.enabled)
             reloader.on_status = sidecar.report_policy
             try:
-                async with _mcp_endpoint(settings, pipeline), _approvals_inbox(settings, pipeline.approvals):
+                async with _serving(_mcp_endpoint(settings, pipeline)), \
+                        _serving(_approvals_inbox(settings, pipeline.approvals)):
                     await sidecar.start()
                     _log_start(settings, pipeline, reloader, sidecar)
                     checkpoints = checkpointer.run if checkpointer else None
@@ -188,54 +189,52 @@ def _log_start(settings: Settings, pipeline: Pipeline, reloader: ReloadingEngine
              extra={"trace_exporters": exporters})
 
 
+class _Endpoint(Protocol):
+    """An HTTP listener of the sidecar's beside gRPC (MCP, metrics, the approval inbox)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 @contextlib.asynccontextmanager
-async def _mcp_endpoint(settings: Settings, gateway: ToolGateway) -> AsyncIterator[None]:
-    """The MCP endpoint of ``mcp.listen`` served while the body runs, then stopped (within the shutdown grace);
-    nothing when it is off (the MCP SDK is imported only then)."""
-    if settings.mcp.listen is None:
+async def _serving(endpoint: _Endpoint | None) -> AsyncIterator[None]:
+    """``endpoint`` served while the body runs, then stopped (each within its own bound); ``None``: nothing."""
+    if endpoint is None:
         yield
         return
+    await endpoint.start()
+    try:
+        yield
+    finally:
+        await endpoint.stop()
+
+
+def _mcp_endpoint(settings: Settings, gateway: ToolGateway) -> _Endpoint | None:
+    """The MCP endpoint of ``mcp.listen``; none when it is off (the MCP SDK is imported only then)."""
+    if settings.mcp.listen is None:
+        return None
     from sidecar.server.mcp_http import McpEndpoint
 
-    endpoint = McpEndpoint.open(settings, gateway)
-    await endpoint.start()
-    try:
-        yield
-    finally:
-        await endpoint.stop()
+    return McpEndpoint.open(settings, gateway)
 
 
-@contextlib.asynccontextmanager
-async def _metrics_endpoint(settings: Settings, metrics: Metrics | None) -> AsyncIterator[None]:
-    """The metrics endpoint of ``metrics.listen`` served while the body runs, then stopped; nothing when off."""
+def _metrics_endpoint(settings: Settings, metrics: Metrics | None) -> _Endpoint | None:
+    """The metrics endpoint of ``metrics.listen``; none when it is off (aiohttp's server is imported only then)."""
     if metrics is None:
-        yield
-        return
-    from sidecar.server.metrics_http import MetricsEndpoint  # aiohttp's server: only imported when on
+        return None
+    from sidecar.server.metrics_http import MetricsEndpoint
 
-    endpoint = MetricsEndpoint(metrics.registry, settings.metrics)
-    await endpoint.start()
-    try:
-        yield
-    finally:
-        await endpoint.stop()
+    return MetricsEndpoint(metrics.registry, settings.metrics)
 
 
-@contextlib.asynccontextmanager
-async def _approvals_inbox(settings: Settings, approvals: ApprovalGateway) -> AsyncIterator[None]:
-    """The approval inbox of ``approvals_ui.listen`` served while the body runs, then stopped; nothing when it
-    is off (its web stack is imported only then)."""
+def _approvals_inbox(settings: Settings, approvals: ApprovalGateway) -> _Endpoint | None:
+    """The approval inbox of ``approvals_ui.listen``; none when it is off (its web stack is imported only then)."""
     if settings.approvals_ui.listen is None:
-        yield
-        return
+        return None
     from sidecar.server.approvals_ui.endpoint import ApprovalsInbox
 
-    inbox = ApprovalsInbox.open(settings, approvals)
-    await inbox.start()
-    try:
-        yield
-    finally:
-        await inbox.stop()
+    return ApprovalsInbox.open(settings, approvals)
 
 
 @contextlib.asynccontextmanager
