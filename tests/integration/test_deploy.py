@@ -46,6 +46,7 @@ from sidecar.cli.preflight import check_files_named
 from sidecar.client import Client
 from sidecar.config import bundled_policy_dir, parse_listen, parse_settings, socket_path
 from tests.support.helm_lite import Unsupported, render, render_chart
+from tests.support.waiting import until_blocking
 
 pytestmark = pytest.mark.integration
 
@@ -276,11 +277,11 @@ def test_toolbooth_serve_runs_the_pods_configuration(pod_root: Path, jwt_key: rs
         process = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", "--config", str(config)], cwd=pod_root,
                                    env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
-        while _health(f"127.0.0.1:{port}", "toolbooth.v1.ToolService") != health_pb2.HealthCheckResponse.SERVING:
+        def probe_passes() -> bool:
             assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, f"the probe never passed:\n{log.read_text()}"
-            time.sleep(0.05)
+            return _health(f"127.0.0.1:{port}", "toolbooth.v1.ToolService") == health_pb2.HealthCheckResponse.SERVING
+
+        until_blocking(probe_passes, timeout=30, what="the readiness probe")
         token = jwt.encode({"sub": "alice", "iss": "https://issuer.example", "aud": "toolbooth", "tenant": "acme",
                             "roles": ["developer"], "exp": int(time.time()) + 300}, jwt_key, algorithm="RS256")
         with Client(f"unix://{pod_root}/run/toolbooth/toolbooth.sock", token=token, timeout=10) as client:

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,8 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.support.waiting import until_blocking
 
 pytestmark = pytest.mark.integration
 
@@ -113,11 +114,13 @@ class Reader:
         with self.log.open("ab") as out:
             self.sidecar = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=self.root, env=self.env,
                                             stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_TIMEOUT
-        while not (self.socket.exists() and _serving(f"unix://{self.socket}")):
-            if self.sidecar.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"{command!r} is not serving:\n{self.log.read_text()}")
-            time.sleep(0.05)  # the next look at the socket; the deadline bounds the wait
+        sidecar = self.sidecar
+
+        def serving() -> bool:
+            assert sidecar.poll() is None, f"{command!r} exited:\n{self.log.read_text()}"
+            return self.socket.exists() and _serving(f"unix://{self.socket}")
+
+        until_blocking(serving, timeout=START_TIMEOUT, what=f"{command!r} serving")
 
     def stop(self) -> None:
         if self.sidecar is not None and self.sidecar.poll() is None:

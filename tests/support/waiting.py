@@ -11,7 +11,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 
-__all__ = ["past", "until"]
+__all__ = ["past", "until", "until_blocking"]
 
 _LOOK_AGAIN = 0.005  # seconds between two looks at the condition
 
@@ -29,6 +29,17 @@ async def until(condition: Callable[[], bool | Awaitable[bool]], *, timeout: flo
                 await asyncio.sleep(_LOOK_AGAIN)
     except TimeoutError:
         raise AssertionError(f"{what} did not hold within {timeout} s") from None
+
+
+def until_blocking(condition: Callable[[], bool], *, timeout: float = 10.0, what: str = "the condition") -> None:
+    """``until`` for synchronous tests (a child process, a socket): return once ``condition()`` is true;
+    ``AssertionError`` naming ``what`` if it is not within ``timeout`` seconds. ``condition`` may raise to
+    end the wait at once (e.g. the process it waits for has exited)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout} s")
+        time.sleep(_LOOK_AGAIN)
 
 
 async def past(moment: float) -> None:
