@@ -5,7 +5,9 @@
 ``mcp.listen`` is. In ``dev`` mode it must be loopback (checked with the whole ``Settings``). Session
 cookies are ``Secure`` unless the address is loopback: outside loopback the pages must be reached over
 HTTPS (a TLS-terminating proxy in front). A session lasts at most ``session_seconds``, and never longer
-than the token it was signed in with. Serving it needs the ``approvals-ui`` extra (``check_installed``).
+than the token it was signed in with. An open page's live updates (server-sent events) look for arrived,
+expired and decided previews every ``live_seconds``. Serving it needs the ``approvals-ui`` extra
+(``check_installed``).
 
 ``oidc`` adds signing in through an identity provider (OpenID Connect authorization code flow with PKCE,
 ``sidecar.server.approvals_ui.oidc``): ``issuer`` (its discovery document is at
@@ -79,6 +81,7 @@ class ApprovalsUiSettings(Section):
     listen: str | None = None
     session_seconds: int = Field(default=8 * 3600, gt=0)
     page_size: int = Field(default=20, gt=0, le=200)  # previews on one inbox page
+    live_seconds: float = Field(default=2.0, ge=0.2, le=60)  # an open page's live updates look this often
     oidc: OidcSettings | None = None
 
     @field_validator("listen")

@@ -24,7 +24,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +35,10 @@ from sidecar.metrics import Metrics
 from sidecar.pipeline.fields import malformed_field
 from sidecar.policy import Decision, PolicyEngine, Stage
 from sidecar.policy.input import PolicyInput, now_utc
-from sidecar.state import AuditEvent, PreviewRecord, Store
+from sidecar.state import AuditEvent, AuditRecord, PreviewRecord, Store
 
 __all__ = [
+    "CALLS_LOOKBACK",
     "DEFAULT_APPROVER_ROLES",
     "DEFAULT_PREVIEW_TTL_SECONDS",
     "Approvals",
@@ -51,6 +52,7 @@ __all__ = [
 log = logging.getLogger("toolbooth.approvals")
 DEFAULT_PREVIEW_TTL_SECONDS = 15 * 60
 DEFAULT_APPROVER_ROLES = ("approver",)
+CALLS_LOOKBACK = 10_000  # audited steps of approved calls read for ``calls_with``
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +143,51 @@ class Approvals:
     async def pending(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]:
         """Unexpired pending previews ``principal`` may approve (``all_of_them``: every one, for operators)."""
         now = time.time()
-        records = [r for r in await self.store.list_previews(PreviewState.PENDING, limit=limit) if r.expires_at > now]
+        return await self._approvable(principal, all_of_them, limit, lambda r: r.expires_at > now)
+
+    async def expired(self, principal: Principal, *, all_of_them: bool, since: float,
+                      limit: int = 100) -> list[Preview]:
+        """Pending previews ``principal`` could have approved that expired undecided after ``since`` (epoch
+        seconds), newest first; of the ``limit`` newest pending ones."""
+        now = time.time()
+        return await self._approvable(principal, all_of_them, limit, lambda r: since < r.expires_at <= now)
+
+    async def visible(self, principal: Principal, preview_id: str, *, all_of_them: bool) -> Preview | None:
+        """The preview ``preview_id`` in any state, if ``principal`` may see it: a pending one (expired too) if
+        they may approve it, a decided one if they decided it; every one for operators (``all_of_them``)."""
+        if malformed_field(preview_id=preview_id):
+            return None
+        record = await self.store.get_preview(preview_id)
+        if record is None:
+            return None
+        if all_of_them:
+            return to_preview(record)
+        if record.state is PreviewState.PENDING:
+            allowed = (await self._approver_decision(principal, record)).allow
+        else:
+            allowed = record.decided_by is not None and _same(principal, record.decided_by)
+        return to_preview(record) if allowed else None
+
+    async def calls_with(self, previews: Sequence[Preview], *,
+                         limit: int = CALLS_LOOKBACK) -> dict[str, list[AuditRecord]]:
+        """The audited steps of the calls sent with each of ``previews``' approvals (the agent's retries: the one
+        that ran, and any refused), oldest first, by preview id. Read from the audit log since the oldest of
+        ``previews`` was held: its ``limit`` newest steps of calls sent with an approval."""
+        wanted = {p.preview_id for p in previews}
+        if not wanted:
+            return {}
+        held = min(_epoch(p.created_at or p.expires_at) for p in previews)
+        since = dt.datetime.fromtimestamp(held - 1, dt.UTC).isoformat(timespec="milliseconds")
+        calls: dict[str, list[AuditRecord]] = {}
+        for record in reversed(await self.store.approval_audit(since, limit=limit)):
+            approval_id = _approval_of(record.event)
+            if approval_id in wanted:
+                calls.setdefault(approval_id, []).append(record)
+        return calls
+
+    async def _approvable(self, principal: Principal, all_of_them: bool, limit: int,
+                          keep: Callable[[PreviewRecord], bool]) -> list[Preview]:
+        records = [r for r in await self.store.list_previews(PreviewState.PENDING, limit=limit) if keep(r)]
         if not all_of_them:
             records = [r for r in records if (await self._approver_decision(principal, r)).allow]
         return [to_preview(r) for r in records]
@@ -289,6 +335,20 @@ def _same(principal: Principal, decided_by: str) -> bool:
     """Whether the approver stored as ``decided_by`` (a principal as JSON) is ``principal`` (same id and tenant)."""
     approver = Principal.model_validate_json(decided_by)
     return (approver.id, approver.tenant) == (principal.id, principal.tenant)
+
+
+def _approval_of(event: AuditEvent) -> str | None:
+    """The approval id the audited call was sent with (its trail's ``approval_id``), if any."""
+    try:
+        trail = json.loads(event.decisions_json)
+    except ValueError:
+        return None
+    approval_id = trail.get("approval_id") if isinstance(trail, dict) else None
+    return approval_id if isinstance(approval_id, str) else None
+
+
+def _epoch(rfc3339: str) -> float:
+    return dt.datetime.strptime(rfc3339, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
 
 
 def _stored_call(record: PreviewRecord) -> dict[str, Any] | None:

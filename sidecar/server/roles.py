@@ -7,11 +7,13 @@ both deciding with the same ``Operators`` (``auth.operator_roles``; everyone in 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
 from sidecar.config import AuthMode, AuthSettings
 from sidecar.contract import ApprovalResult, Preview, Principal, ReloadStatus
+from sidecar.state import AuditRecord
 
 __all__ = [
     "DEFAULT_LIST_LIMIT",
@@ -74,6 +76,13 @@ class ApprovalGateway(Protocol):
 
     async def decided(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]: ...
 
+    async def expired(self, principal: Principal, *, all_of_them: bool, since: float,
+                      limit: int = 100) -> list[Preview]: ...
+
+    async def visible(self, principal: Principal, preview_id: str, *, all_of_them: bool) -> Preview | None: ...
+
+    async def calls_with(self, previews: Sequence[Preview]) -> dict[str, list[AuditRecord]]: ...
+
 
 class ApprovalDesk:
     """The approvals as a caller uses them: operators list every pending preview, others those they may
@@ -101,3 +110,18 @@ class ApprovalDesk:
         """The decided previews ``principal`` may see (their own decisions; operators every one), the latest first."""
         return await self._approvals.decided(principal, all_of_them=self._operators.includes(principal),
                                              limit=min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT))
+
+    async def expired(self, principal: Principal, since: float, limit: int = 0) -> list[Preview]:
+        """The pending previews ``principal`` could have approved (as for ``pending``) that expired undecided
+        after ``since`` (epoch seconds), newest first."""
+        return await self._approvals.expired(principal, all_of_them=self._operators.includes(principal), since=since,
+                                             limit=min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT))
+
+    async def visible(self, principal: Principal, preview_id: str) -> Preview | None:
+        """One preview in any state, if ``principal`` may see it (may approve it while pending, decided it;
+        operators every one), else ``None``."""
+        return await self._approvals.visible(principal, preview_id, all_of_them=self._operators.includes(principal))
+
+    async def calls_with(self, previews: Sequence[Preview]) -> dict[str, list[AuditRecord]]:
+        """The audited steps of the calls sent with the approvals of ``previews`` (which the caller may see)."""
+        return await self._approvals.calls_with(previews)

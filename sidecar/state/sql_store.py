@@ -38,6 +38,9 @@ AUDIT_LOCK = int.from_bytes(b"tb-audit", "big")
 # The row an INSERT conflicted with can be released before the SELECT reads it; then the claim starts over.
 # Each new start means another claim won meanwhile; a key churned this often fails as unavailable (retryable).
 CLAIM_ATTEMPTS = 10
+# The audited trail (``json.dumps(call.trail)``) of a call sent with an approval: a pattern that finds every
+# one (and perhaps more: its reader checks the trail's ``approval_id`` itself).
+_APPROVAL_TRAIL = '%"approval_id": %'
 
 
 class SqlStore:
@@ -181,6 +184,11 @@ class SqlStore:
         else:
             sql = self._sql.audit_after_newest if newest_first else self._sql.audit_after
             rows = await self.driver.fetch(sql, (after_id, limit))
+        return [audit_record(row) for row in rows]
+
+    async def approval_audit(self, since: str, *, limit: int) -> list[AuditRecord]:
+        """Stored events of calls that carried an approval, written at or after ``since``, newest first."""
+        rows = await self.driver.fetch(self._sql.audit_of_approvals, (0, since, _APPROVAL_TRAIL, limit))
         return [audit_record(row) for row in rows]
 
     async def audit_events(self) -> list[AuditEvent]:

@@ -43,6 +43,7 @@ class StoreStatements:
     audit_after_newest: str
     audit_all_after: str  # the same without a limit
     audit_all_after_newest: str
+    audit_of_approvals: str  # records of calls that carried an approval, since an audit time, newest first
     set_mask_key: str
     mask_key: str
 
@@ -85,6 +86,7 @@ class StoreStatements:
             audit_after_newest=f"{audit} ORDER BY id DESC LIMIT ?",
             audit_all_after=f"{audit} ORDER BY id ASC",
             audit_all_after_newest=f"{audit} ORDER BY id DESC",
+            audit_of_approvals=f"{audit} AND time >= ? AND decisions_json LIKE ? ORDER BY id DESC LIMIT ?",
             set_mask_key="INSERT INTO audit_mask_key (id, key) VALUES (1, ?) ON CONFLICT DO NOTHING",
             mask_key="SELECT key FROM audit_mask_key",
         )

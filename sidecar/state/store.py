@@ -115,6 +115,11 @@ class Store(Protocol):
         """Stored events with an id above ``after_id``, oldest first (or newest first), at most ``limit``."""
         ...
 
+    async def approval_audit(self, since: str, *, limit: int) -> list[AuditRecord]:
+        """Stored events of calls that carried an approval (their trail's ``approval_id``), written at or after
+        the audit time ``since``, newest first, at most ``limit``."""
+        ...
+
     async def audit_mask_key(self, candidate: bytes) -> bytes:
         """The store's key for masking audited values; ``candidate`` becomes it if it has none yet."""
         ...

@@ -8,6 +8,7 @@ import asyncio
 import calendar
 import json
 import logging
+import re
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,7 +21,7 @@ from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, PreviewState, Status
 from sidecar.errors import StoreUnavailableError
-from sidecar.server.approvals_ui.pages import CHANGED, FORGED
+from sidecar.server.approvals_ui.pages import CHANGED, EXPIRED, FORGED
 from sidecar.server.approvals_ui.security import HEADERS
 from sidecar.tools.registry import Registry
 from tests.support import tools
@@ -54,7 +55,9 @@ async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth
 def strict(page: Page) -> None:
     for name, value in HEADERS.items():
         assert page.headers.get(name) == value, (name, page.headers)
-    assert "script-src" not in HEADERS["Content-Security-Policy"]  # default-src 'none': no script at all
+    policy = dict(part.strip().partition(" ")[::2] for part in HEADERS["Content-Security-Policy"].split(";"))
+    assert policy["script-src"] == "'self'" and policy["connect-src"] == "'self'"  # the app's own script, no inline
+    assert all(tag.startswith('<script src="/static/') for tag in re.findall(r"<script[^>]*>", page.text))
 
 
 async def test_a_signed_in_approver_sees_the_pending_email_rendered(world: World) -> None:
@@ -233,9 +236,18 @@ async def test_an_expired_preview_cannot_be_approved(world: World) -> None:
     await past(calendar.timegm(time.strptime(preview.expires_at, "%Y-%m-%dT%H:%M:%SZ")) + 1)  # shown in whole seconds
     late = await bob.post(f"/previews/{preview.preview_id}/approve",
                           {"csrf": detail.hidden("csrf"), "preview_hash": detail.hidden("preview_hash")})
-    assert late.status == 410 and "Nothing was decided: the preview expired." in late.text
-    assert preview.preview_id not in (await bob.get("/inbox")).text
-    assert (await bob.get(f"/previews/{preview.preview_id}")).status == 404
+    assert late.status == 410 and EXPIRED in late.text and "/approve" not in late.text and "/deny" not in late.text
+    denied = await bob.post(f"/previews/{preview.preview_id}/deny", {"csrf": detail.hidden("csrf"), "reason": "late"})
+    assert denied.status == 410 and EXPIRED in denied.text
+    inbox = await bob.get("/inbox")  # not pending any more, but not vanished: listed as expired
+    assert "Nothing is waiting for you" in inbox.text and "Expired before anyone decided" in inbox.text
+    assert f'id="preview-{preview.preview_id}"' in inbox.text and "expired-badge" in inbox.text
+    page = await bob.get(f"/previews/{preview.preview_id}")
+    assert page.status == 200 and "<strong>Expired.</strong>" in page.text and "cannot be approved" in page.text
+    assert 'data-state="expired"' in page.text and "/approve" not in page.text
+    carol = await world.signed_in("carol", ("developer",))  # not an approver: not even that it expired
+    assert (await carol.get(f"/previews/{preview.preview_id}")).status == 404
+    assert preview.preview_id not in (await carol.get("/inbox")).text
     retry = await world.client().execute("file_note", NOTE, idempotency_key="k-2", approval_id=preview.preview_id)
     assert retry.error is not None and retry.error.code is ErrorCode.PREVIEW_EXPIRED
 

@@ -51,7 +51,8 @@ class ApprovalsInbox:
         desk, authenticator = ApprovalDesk(approvals, Operators(settings.auth)), Authenticator(settings.auth)
         oidc = None if ui.oidc is None else OidcSignIn(ui.oidc, authenticator)
         inbox = Inbox(desk, SignIn(settings.auth, authenticator), Sessions(ui.session_seconds),
-                      secure=not endpoint.is_loopback, page_size=ui.page_size, oidc=oidc)
+                      secure=not endpoint.is_loopback, page_size=ui.page_size, live_seconds=ui.live_seconds,
+                      oidc=oidc)
         host = endpoint.host.removeprefix("[").removesuffix("]")
         bound = tcp_socket(f"approvals_ui.listen {ui.listen}", host, endpoint.port)
         return cls(inbox, bound, host=endpoint.host, loopback=endpoint.is_loopback)
@@ -69,7 +70,8 @@ class ApprovalsInbox:
         log.info("approval inbox listening on %s", self.url)
 
     async def stop(self) -> None:
-        """Stop taking connections; close the open ones within a moment."""
+        """Stop taking connections; end the live updates' streams; close the open connections within a moment."""
+        self.inbox.closing()
         await self._server.shutdown()
         self._socket.close()
         await self.inbox.aclose()

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +29,17 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from sidecar.config.approvals_ui import CALLBACK_PATH
-from sidecar.contract import ApprovalResult, ErrorCode, Preview
+from sidecar.contract import ApprovalResult, ErrorCode
 from sidecar.errors import AuthenticationError, DependencyError
+from sidecar.server.approvals_ui.live import LiveUpdates
 from sidecar.server.approvals_ui.oidc import LOGIN_SECONDS, OidcSignIn
+from sidecar.server.approvals_ui.outcomes import CallRuns
 from sidecar.server.approvals_ui.security import FormError, read_form
 from sidecar.server.approvals_ui.sessions import Session, Sessions, SignedIn, csrf_matches
 from sidecar.server.approvals_ui.signin import SignIn
 from sidecar.server.approvals_ui.views import PreviewView
-from sidecar.server.roles import MAX_LIST_LIMIT, ApprovalDesk
+from sidecar.server.roles import ApprovalDesk
+from sidecar.state import AuditRecord
 
 __all__ = ["Inbox"]
 
@@ -48,16 +53,21 @@ CHANGED = ("This preview changed since the page showed it, so nothing was approv
            "approving it now approves what it says now.")
 FORGED = ("The form was refused: its security token is missing or wrong, so nothing changed. "
           "Reload the page and try again.")
+EXPIRED = ("This preview expired before it was decided, so nothing was approved. The agent must send its call "
+           "again to ask for a new approval.")
 NOT_PENDING = "This preview is not pending, or it is not yours to decide."
+EXPIRED_SHOWN = 3600  # seconds: previews that expired undecided this recently are listed in the inbox
+_VERSION = re.compile(r"[0-9a-f]{20}")  # ``live.version_of``
 
 
 class Inbox:
     """The inbox's ASGI app over one ``ApprovalDesk``; session cookies ``Secure`` when ``secure``."""
 
     def __init__(self, desk: ApprovalDesk, sign_in: SignIn, sessions: Sessions, *, secure: bool,
-                 page_size: int, oidc: OidcSignIn | None = None) -> None:
+                 page_size: int, live_seconds: float, oidc: OidcSignIn | None = None) -> None:
         self._desk, self._sign_in, self._sessions, self._oidc = desk, sign_in, sessions, oidc
         self._secure, self._page_size = secure, page_size
+        self.live = LiveUpdates(desk, sessions, interval=live_seconds)
         prefix = "__Host-" if secure else ""  # __Host-: Secure, Path=/, no Domain, enforced by the browser
         self.session_cookie, self.sign_in_cookie = f"{prefix}toolbooth-session", f"{prefix}toolbooth-sign-in"
         self.login_cookie = f"{prefix}toolbooth-login"  # an OIDC login's state, until the provider sends it back
@@ -72,6 +82,7 @@ class Inbox:
             Route(CALLBACK_PATH, self._oidc_callback, methods=["GET"]),
             Route("/sign-out", self._sign_out, methods=["POST"]),
             Route("/inbox", self._inbox, methods=["GET"]),
+            Route("/inbox/events", self._events, methods=["GET"]),
             Route("/history", self._history, methods=["GET"]),
             Route("/previews/{preview_id}", self._preview, methods=["GET"]),
             Route("/previews/{preview_id}/approve", self._approve, methods=["POST"]),
@@ -147,6 +158,10 @@ class Inbox:
         response.delete_cookie(self.sign_in_cookie, path="/", secure=self._secure, httponly=True, samesite="strict")
         return response
 
+    def closing(self) -> None:
+        """The inbox is about to stop: end the open pages' live updates (before the listener waits for them)."""
+        self.live.close()
+
     async def aclose(self) -> None:
         """Close what the sign-in methods hold open (the identity provider's HTTP connections)."""
         if self._oidc is not None:
@@ -169,22 +184,38 @@ class Inbox:
         session = self._session(request)
         if session is None:
             return _see("/sign-in")
-        views = [PreviewView.of(p) for p in await self._pending(session)]
+        pending, version = await self.live.version(session)
+        views = [PreviewView.of(p) for p in pending]
         tools, requesters = sorted({v.tool for v in views}), sorted({v.requester_id for v in views})
         tool, requester = request.query_params.get("tool", ""), request.query_params.get("requester", "")
         shown = [v for v in views if (not tool or v.tool == tool) and (not requester or v.requester_id == requester)]
         pages = max(1, -(-len(shown) // self._page_size))
         page = min(max(1, _number(request.query_params.get("page"))), pages)
         start = (page - 1) * self._page_size
+        expired = [PreviewView.of(p) for p in await self._desk.expired(session.principal, time.time() - EXPIRED_SHOWN)]
         return self._page("inbox.html", session, 200, previews=shown[start:start + self._page_size], total=len(shown),
-                          page=page, pages=pages, tools=tools, requesters=requesters, tool=tool, requester=requester)
+                          page=page, pages=pages, tools=tools, requesters=requesters, tool=tool, requester=requester,
+                          version=version, expired=expired)
+
+    async def _events(self, request: Request) -> Response:
+        session = self._session(request)
+        if session is None:
+            return Response("not signed in", status_code=401, media_type="text/plain")
+        since = request.query_params.get("since", "")
+        return self.live.response(session, since if _VERSION.fullmatch(since) else "")
 
     async def _history(self, request: Request) -> Response:
         session = self._session(request)
         if session is None:
             return _see("/sign-in")
-        decided = [PreviewView.of(p) for p in await self._desk.decided(session.principal)]
-        return self._page("history.html", session, 200, previews=decided)
+        decided = await self._desk.decided(session.principal)
+        try:
+            calls: dict[str, list[AuditRecord]] | None = await self._desk.calls_with(decided)
+        except DependencyError as exc:  # the decisions still show; what became of their calls is said unknown
+            log.error("approval inbox: reading the audit log for the history failed: %s", exc)
+            calls = None
+        runs = None if calls is None else {p.preview_id: CallRuns.of(calls.get(p.preview_id, ())) for p in decided}
+        return self._page("history.html", session, 200, previews=[PreviewView.of(p) for p in decided], runs=runs)
 
     async def _preview(self, request: Request) -> Response:
         session = self._session(request)
@@ -194,7 +225,7 @@ class Inbox:
 
     async def _detail(self, session: Session, preview_id: str, *, error: str | None = None,
                       status: int = 200) -> Response:
-        found = next((p for p in await self._pending(session) if p.preview_id == preview_id), None)
+        found = await self._desk.visible(session.principal, preview_id)
         if found is None:
             return self._page("message.html", session, 404 if error is None else status, title="Not pending",
                               message=error or NOT_PENDING)
@@ -232,6 +263,8 @@ class Inbox:
         error = result.error
         if error.field == "preview_hash":
             return await self._detail(session, preview_id, error=CHANGED, status=409)
+        if error.code is ErrorCode.PREVIEW_EXPIRED:
+            return await self._detail(session, preview_id, error=EXPIRED, status=410)
         if error.field == "reason":
             return await self._detail(session, preview_id, error="A denial needs a reason; nothing was denied.",
                                       status=400)
@@ -261,9 +294,6 @@ class Inbox:
         if not csrf_matches(session.csrf, form.get("csrf")):
             return self._page("message.html", session, 403, title="Refused", message=FORGED)
         return session, form
-
-    async def _pending(self, session: Session) -> list[Preview]:
-        return await self._desk.pending(session.principal, MAX_LIST_LIMIT)
 
     def _page(self, template: str, session: Session | None, status: int, **values: Any) -> HTMLResponse:
         page = self._templates.get_template(template).render(

@@ -1,7 +1,8 @@
 """Security of every inbox response and request: strict headers, the expected ``Host``, bounded form bodies.
 
-Every response gets a Content-Security-Policy that allows no script at all and only the inbox's own
-style sheet, may not be framed (``frame-ancestors 'none'``, ``X-Frame-Options: DENY``), sends no referrer,
+Every response gets a Content-Security-Policy that allows only the inbox's own script (``static/live.js``,
+no inline script, no ``eval``), style sheet and connections back to it (the live updates), may not be
+framed (``frame-ancestors 'none'``, ``X-Frame-Options: DENY``), sends no referrer,
 is not sniffed and is not cached. On a loopback listener a request must name a loopback host (a page
 that rebinds its own name to 127.0.0.1 cannot reach the inbox). A form body is read up to
 ``MAX_FORM_BYTES`` and only as ``application/x-www-form-urlencoded``.
@@ -22,8 +23,8 @@ __all__ = ["HEADERS", "MAX_FORM_BYTES", "FormError", "Guarded", "is_loopback_hos
 
 MAX_FORM_BYTES = 64 * 1024
 HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-                               "frame-ancestors 'none'; base-uri 'none'",
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self'; "
+                               "img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
     "X-Content-Type-Options": "nosniff",

@@ -91,6 +91,10 @@ class PreviewView:
     def requester_id(self) -> str:
         return self.requester.partition(" (")[0]
 
+    def status(self, now: dt.datetime) -> str:
+        """Its state, ``expired`` for a pending one past its expiry (it can no longer be decided)."""
+        return "expired" if self.state == "pending" and self.expires_at <= now else self.state
+
     def expires_in(self, now: dt.datetime) -> str:
         """How long until it expires, for people (``expired`` once past)."""
         left = (self.expires_at - now).total_seconds()

@@ -1,0 +1,128 @@
+"""Live updates of an open inbox page: server-sent events telling the page that what it shows changed.
+
+``GET /inbox/events?since=VERSION`` (the session cookie required) streams ``text/event-stream``. Every
+``approvals_ui.live_seconds`` the stream reads the pending previews the session's principal may decide,
+exactly as the inbox (and ``ListPreviews``) does, and sends ``event: changed`` with their new ``version``
+when that set differs from the one the page was rendered with (``since``) or last told of: a preview
+arrived, expired, or was decided elsewhere. An event carries the version only, a hash of what this
+person may see, never a preview; the page's script then fetches the page again and swaps its list in
+(``static/live.js``). A stream ends when its session does (``event: signed-out``), when the inbox
+closes (``close``, before the listener stops, so no stream holds the shutdown up), or when the browser
+goes away. A session has at most ``MAX_STREAMS_PER_SESSION`` open at once (its tabs). A failing store
+skips a round (logged): the stream stays and tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Iterator
+
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from sidecar.contract import Preview
+from sidecar.errors import DependencyError
+from sidecar.server.approvals_ui.sessions import Session, Sessions
+from sidecar.server.roles import MAX_LIST_LIMIT, ApprovalDesk
+
+__all__ = ["HEARTBEAT_SECONDS", "MAX_STREAMS_PER_SESSION", "LiveUpdates", "version_of"]
+
+log = logging.getLogger(__name__)
+
+MAX_STREAMS_PER_SESSION = 8
+HEARTBEAT_SECONDS = 15.0  # a comment line this often keeps proxies from closing a quiet stream
+_RETRY_MS = 5000  # how long the browser waits before it reconnects a dropped stream
+
+
+def version_of(previews: Iterable[Preview]) -> str:
+    """A short hash of a set of previews (their ids and hashes): equal for the same set, in any order."""
+    digest = hashlib.sha256("\n".join(sorted(f"{p.preview_id}:{p.preview_hash}" for p in previews)).encode())
+    return digest.hexdigest()[:20]
+
+
+class LiveUpdates:
+    """The event streams of one inbox's open pages."""
+
+    def __init__(self, desk: ApprovalDesk, sessions: Sessions, *, interval: float) -> None:
+        self._desk, self._sessions, self._interval = desk, sessions, interval
+        self._closing = asyncio.Event()
+        self._open: Counter[str] = Counter()  # session id: open streams
+
+    @property
+    def open_streams(self) -> int:
+        return sum(self._open.values())
+
+    async def version(self, session: Session) -> tuple[list[Preview], str]:
+        """The pending previews ``session``'s principal may decide, and their version."""
+        pending = await self._desk.pending(session.principal, MAX_LIST_LIMIT)
+        return pending, version_of(pending)
+
+    def response(self, session: Session, since: str) -> Response:
+        """The event stream of a page of ``session`` rendered with the previews of version ``since``."""
+        if self._closing.is_set():
+            return PlainTextResponse("the inbox is stopping", status_code=503)
+        if self._open[session.id] >= MAX_STREAMS_PER_SESSION:
+            return PlainTextResponse(f"at most {MAX_STREAMS_PER_SESSION} live pages per session", status_code=429)
+        return _Stream(self, session.id, since)
+
+    def close(self) -> None:
+        """End every stream now, and refuse new ones (the inbox is stopping)."""
+        self._closing.set()
+
+    async def events(self, session_id: str, since: str) -> AsyncIterator[bytes]:
+        """The stream's lines: ``changed`` whenever the version differs from the last one sent (or ``since``)."""
+        yield f"retry: {_RETRY_MS}\n\n".encode()
+        last, quiet_since = since, time.monotonic()
+        while not self._closing.is_set():
+            session = self._sessions.get(session_id)
+            if session is None:
+                yield b"event: signed-out\ndata: \n\n"
+                return
+            current = await self._current(session, last)
+            if current != last:
+                yield f"event: changed\ndata: {current}\n\n".encode()
+                last, quiet_since = current, time.monotonic()
+            elif time.monotonic() - quiet_since >= HEARTBEAT_SECONDS:
+                yield b": still here\n\n"
+                quiet_since = time.monotonic()
+            try:
+                await asyncio.wait_for(self._closing.wait(), self._interval)
+            except TimeoutError:
+                pass
+
+    @contextlib.contextmanager
+    def counted(self, session_id: str) -> Iterator[None]:
+        """Count a stream of ``session_id`` as open while the block runs."""
+        self._open[session_id] += 1
+        try:
+            yield
+        finally:
+            self._open[session_id] -= 1
+            if self._open[session_id] <= 0:
+                del self._open[session_id]
+
+    async def _current(self, session: Session, last: str) -> str:
+        """The version now; ``last`` again when it cannot be read (the store or the approver policy failing)."""
+        try:
+            return (await self.version(session))[1]
+        except DependencyError as exc:
+            log.warning("approval inbox: live update for %s skipped: %s", session.principal.id, exc)
+            return last
+
+
+class _Stream(StreamingResponse):
+    """A session's event stream, counted as open from the first byte to its end, however it ends."""
+
+    def __init__(self, live: LiveUpdates, session_id: str, since: str) -> None:
+        super().__init__(live.events(session_id, since), media_type="text/event-stream",
+                         headers={"X-Accel-Buffering": "no"})
+        self._live, self._session_id = live, session_id
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with self._live.counted(self._session_id):
+            await super().__call__(scope, receive, send)

@@ -1,0 +1,41 @@
+// Live updates of an inbox page (docs/approvals.md): the server tells this page, by server-sent events, when
+// the previews its person may decide change; the page then fetches itself again and swaps its live region in.
+// Without JavaScript the inbox reloads itself every 30 seconds instead (a <noscript> refresh).
+"use strict";
+(function () {
+  const region = document.getElementById("live-region");
+  const status = document.getElementById("live-status");
+  if (!region || !region.dataset.live || !window.EventSource) {
+    return;
+  }
+  const say = (text) => { if (status) { status.textContent = text; } };
+  const source = new EventSource(region.dataset.live);
+  let current = region;
+
+  async function refresh() {
+    const response = await fetch(window.location.href, { credentials: "same-origin", cache: "no-store" });
+    if (!response.ok || response.redirected) {
+      say("The page could not be updated; reload it.");
+      return;
+    }
+    const page = new DOMParser().parseFromString(await response.text(), "text/html");
+    const fresh = page.getElementById("live-region");
+    if (!fresh || (current.dataset.state !== undefined && fresh.dataset.state === current.dataset.state)) {
+      return; // a preview's page changes only when that preview's state does: a comment being typed stays
+    }
+    const focused = current.contains(document.activeElement) ? document.activeElement.getAttribute("href") : null;
+    current.replaceWith(fresh);
+    current = fresh;
+    if (focused) {
+      const again = Array.from(fresh.querySelectorAll("a[href]")).find((link) => link.getAttribute("href") === focused);
+      if (again) { again.focus(); }
+    }
+    say("Updated at " + new Date().toLocaleTimeString() + ".");
+  }
+
+  source.addEventListener("changed", () => { refresh().catch(() => say("The page could not be updated; reload it.")); });
+  source.addEventListener("signed-out", () => {
+    source.close();
+    say("Your session ended: reload the page to sign in again.");
+  });
+})();
