@@ -93,3 +93,21 @@ async def test_concurrent_decisions_and_consumptions_have_one_winner(stores: Sto
     assert Counter(decided) == {True: 1, False: 15}
     consumed = await asyncio.gather(*(s.consume_approval("p-1", now=2.0) for s in [store, second] * 16))
     assert Counter(consumed) == {True: 1, False: 31}
+
+
+async def test_the_audit_of_approved_calls_is_read_since_a_time_newest_first(store: AnyStore) -> None:
+    def step(n: int, trail: str) -> None:
+        store.queue_audit(contract.event(n, decisions_json=trail))
+
+    step(1, '{"approval_id": "p-1", "authz": {"allow": true}}')  # before ``since``
+    step(2, '{"approval_id": "p-1", "authz": {"allow": true}}')
+    step(3, '{"authz": {"allow": true}}')  # a call without an approval
+    step(4, '{"approver": {"preview_id": "p-1"}}')  # an approver's decision, not a call sent with the approval
+    step(5, '{"approval_id": "p-2", "authz": {"reason": "100%_sure"}}')
+    step(6, '{"approval_id": "p-3"}')
+    await store.flush_audit()
+    found = await store.approval_audit("2026-01-01T00:00:02.000+00:00", limit=10)
+    assert [r.event.request_id for r in found] == ["req-6", "req-5", "req-2"]
+    assert [r.event.request_id for r in await store.approval_audit("2026-01-01T00:00:02.000+00:00", limit=2)] == [
+        "req-6", "req-5"]
+    assert await store.approval_audit("2026-01-01T00:01:00.000+00:00", limit=10) == []

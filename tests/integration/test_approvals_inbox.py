@@ -19,7 +19,7 @@ import pytest
 
 from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.config import Settings
-from sidecar.contract import ErrorCode, PreviewState, Status
+from sidecar.contract import ErrorCode, Preview, PreviewState, Status
 from sidecar.errors import StoreUnavailableError
 from sidecar.server.approvals_ui.pages import CHANGED, EXPIRED, FORGED
 from sidecar.server.approvals_ui.security import HEADERS
@@ -138,24 +138,70 @@ async def test_denying_needs_a_reason_and_refuses_the_agents_retry(world: World)
     assert twice.status == 409 and "the preview is already denied" in twice.text
 
 
-async def test_the_history_shows_ones_own_decisions_and_whether_the_call_ran(world: World) -> None:
-    ran, waiting, denied = [await world.held_note(key=f"k-{n}") for n in range(3)]
+def decided_card(history: Page, preview: Preview) -> str:
+    """The history's card of ``preview``."""
+    start = history.text.index(f'id="decided-{preview.preview_id}"')
+    return history.text[start:history.text.index("</li>", start)]
+
+
+async def test_the_history_shows_ones_own_decisions_and_whether_the_call_ran(world: World,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    ran, waiting, denied, failed = [await world.held_note(key=f"k-{n}") for n in range(4)]
     bob = await world.signed_in()
     csrf = (await bob.get("/inbox")).hidden("csrf")
-    for preview in (ran, waiting):
+    for preview in (ran, waiting, failed):
         fields = {"csrf": csrf, "preview_hash": preview.preview_hash, "comment": f"ok {preview.preview_id}"}
         assert (await bob.post(f"/previews/{preview.preview_id}/approve", fields)).status == 200
     refused = await bob.post(f"/previews/{denied.preview_id}/deny", {"csrf": csrf, "reason": "wrong project"})
     assert refused.status == 200
-    done = await world.client().execute("file_note", NOTE, idempotency_key="k-9", approval_id=ran.preview_id)
+    agent = world.client()
+    done = await agent.execute("file_note", NOTE, idempotency_key="k-9", approval_id=ran.preview_id)
     assert done.status is Status.SUCCESS
+    again = await agent.execute("file_note", NOTE, idempotency_key="k-10", approval_id=ran.preview_id)
+    assert again.error is not None and again.error.code is ErrorCode.PERMISSION_DENIED  # used: refused, not run
+    other = await agent.execute("file_note", {**NOTE, "title": "other"}, idempotency_key="k-11",
+                                approval_id=waiting.preview_id)
+    assert other.error is not None and other.error.code is ErrorCode.INVALID_ARGUMENT  # not the approved call
+    late = await agent.execute("file_note", NOTE, idempotency_key="k-12", approval_id=denied.preview_id)
+    assert late.error is not None and late.error.code is ErrorCode.PERMISSION_DENIED
+
+    def broken() -> int:
+        raise RuntimeError("the note service is down")
+
+    monkeypatch.setattr(tools.CREATED, "bump", broken)
+    crashed = await agent.execute("file_note", NOTE, idempotency_key="k-13", approval_id=failed.preview_id)
+    assert crashed.status is Status.ERROR and crashed.error is not None
+    monkeypatch.undo()
+    await world.store.flush_audit()  # outcomes are queued: written soon, in order
     history = await bob.get("/history")
     strict(history)
     text = history.text
-    assert history.status == 200 and text.count('class="card preview"') == 3
+    assert history.status == 200 and text.count('class="card preview"') == 4
     assert text.index("wrong project") < text.index(f"ok {waiting.preview_id}") < text.index(f"ok {ran.preview_id}")
     assert "approved, and the call ran" in text and "approved, not used yet" in text and ">denied<" in text
     assert "Decided by</dt><dd>bob" in text
+    assert ">succeeded</strong>; 1 attempt refused (PERMISSION_DENIED)</dd>" in decided_card(history, ran)
+    assert ">has not run; 1 attempt refused (INVALID_ARGUMENT)</dd>" in decided_card(history, waiting)
+    assert ">has not run; 1 attempt refused (PERMISSION_DENIED)</dd>" in decided_card(history, denied)
+    assert f">failed ({crashed.error.code.value})</strong>" in decided_card(history, failed)
+
+
+async def test_the_history_without_a_readable_audit_log_still_lists_the_decisions(
+        world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    preview = await world.held_note()
+    bob = await world.signed_in()
+    csrf = (await bob.get("/inbox")).hidden("csrf")
+    assert (await bob.post(f"/previews/{preview.preview_id}/deny", {"csrf": csrf, "reason": "no"})).status == 200
+
+    async def down(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailableError("audit table locked (secret detail)")
+
+    monkeypatch.setattr(world.store, "approval_audit", down)
+    history = await bob.get("/history")
+    assert history.status == 200 and f'id="decided-{preview.preview_id}"' in history.text
+    assert "The audit log cannot be read right now: whether the calls ran is not shown." in history.text
+    assert "The call</dt>" not in history.text and "secret detail" not in history.text
+    assert "secret detail" in caplog.text
     dave = await world.signed_in("dave", ("approver",))  # another approver: not bob's decisions
     assert "No decisions yet." in (await dave.get("/history")).text
 

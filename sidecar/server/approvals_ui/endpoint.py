@@ -71,7 +71,7 @@ class ApprovalsInbox:
 
     async def stop(self) -> None:
         """Stop taking connections; end the live updates' streams; close the open connections within a moment."""
-        self.inbox.closing()
+        await self.inbox.closing(_CLOSE_SECONDS)
         await self._server.shutdown()
         self._socket.close()
         await self.inbox.aclose()

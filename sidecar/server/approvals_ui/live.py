@@ -7,7 +7,7 @@ when that set differs from the one the page was rendered with (``since``) or las
 arrived, expired, or was decided elsewhere. An event carries the version only, a hash of what this
 person may see, never a preview; the page's script then fetches the page again and swaps its list in
 (``static/live.js``). A stream ends when its session does (``event: signed-out``), when the inbox
-closes (``close``, before the listener stops, so no stream holds the shutdown up), or when the browser
+closes (``close``, awaited before the listener stops, so no stream holds the shutdown up), or when the browser
 goes away. A session has at most ``MAX_STREAMS_PER_SESSION`` open at once (its tabs). A failing store
 skips a round (logged): the stream stays and tries again.
 """
@@ -50,7 +50,8 @@ class LiveUpdates:
 
     def __init__(self, desk: ApprovalDesk, sessions: Sessions, *, interval: float) -> None:
         self._desk, self._sessions, self._interval = desk, sessions, interval
-        self._closing = asyncio.Event()
+        self._closing, self._none_open = asyncio.Event(), asyncio.Event()
+        self._none_open.set()
         self._open: Counter[str] = Counter()  # session id: open streams
 
     @property
@@ -70,9 +71,12 @@ class LiveUpdates:
             return PlainTextResponse(f"at most {MAX_STREAMS_PER_SESSION} live pages per session", status_code=429)
         return _Stream(self, session.id, since)
 
-    def close(self) -> None:
-        """End every stream now, and refuse new ones (the inbox is stopping)."""
+    async def close(self, timeout: float) -> None:
+        """End every stream now and refuse new ones (the inbox is stopping); return once they have ended (at
+        most ``timeout`` seconds: the listener's shutdown then closes what is left)."""
         self._closing.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._none_open.wait(), timeout)
 
     async def events(self, session_id: str, since: str) -> AsyncIterator[bytes]:
         """The stream's lines: ``changed`` whenever the version differs from the last one sent (or ``since``)."""
@@ -99,12 +103,15 @@ class LiveUpdates:
     def counted(self, session_id: str) -> Iterator[None]:
         """Count a stream of ``session_id`` as open while the block runs."""
         self._open[session_id] += 1
+        self._none_open.clear()
         try:
             yield
         finally:
             self._open[session_id] -= 1
             if self._open[session_id] <= 0:
                 del self._open[session_id]
+            if not self._open:
+                self._none_open.set()
 
     async def _current(self, session: Session, last: str) -> str:
         """The version now; ``last`` again when it cannot be read (the store or the approver policy failing)."""

@@ -158,9 +158,9 @@ class Inbox:
         response.delete_cookie(self.sign_in_cookie, path="/", secure=self._secure, httponly=True, samesite="strict")
         return response
 
-    def closing(self) -> None:
+    async def closing(self, timeout: float) -> None:
         """The inbox is about to stop: end the open pages' live updates (before the listener waits for them)."""
-        self.live.close()
+        await self.live.close(timeout)
 
     async def aclose(self) -> None:
         """Close what the sign-in methods hold open (the identity provider's HTTP connections)."""
