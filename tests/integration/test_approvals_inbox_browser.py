@@ -8,8 +8,10 @@ script cannot read the session cookie, and its style sheet loads under the stric
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,10 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, Page, async_playwright
 
+from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.config import Settings
-from sidecar.contract import ErrorCode, Status
+from sidecar.contract import ErrorCode, PreviewState, Status
+from sidecar.server.approvals_ui.pages import CHANGED, EXPIRED, FORGED, NOT_PENDING
 from tests.support.approvals import NOTE
 from tests.support.contract_tools import SENT
 from tests.support.inbox import MAIL, World, free_port, served_inbox
@@ -27,12 +31,13 @@ from tests.support.oidc_issuer import CLIENT_ID, oidc_issuer
 pytestmark = pytest.mark.integration
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's package (.ci/run installs it)
+_LIVE_MS = 15_000  # the deadline of a live update (it comes within approvals_ui.live_seconds, 0.2 s here)
 
 
 @pytest.fixture
 async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
                 make_token: Callable[..., str]) -> AsyncIterator[World]:
-    settings = make_settings(auth=jwt_auth, approvals_ui={"listen": "127.0.0.1:0"})
+    settings = make_settings(auth=jwt_auth, approvals_ui={"listen": "127.0.0.1:0", "live_seconds": 0.2})
     async with served_inbox(settings, make_token, tmp_path) as world:
         yield world
 
@@ -52,10 +57,11 @@ async def chromium() -> AsyncIterator[Browser]:
             await browser.close()
 
 
-async def signed_in(chromium: Browser, world: World) -> Page:
-    page = await (await chromium.new_context()).new_page()
+async def signed_in(chromium: Browser, world: World, sub: str = "bob", roles: tuple[str, ...] = ("approver",),
+                    **context: Any) -> Page:
+    page = await (await chromium.new_context(**context)).new_page()
     await page.goto(world.inbox.url + "/sign-in")
-    await page.get_by_label("Access token").fill(world.tokens(sub="bob", roles=["approver"]))
+    await page.get_by_label("Access token").fill(world.tokens(sub=sub, roles=list(roles)))
     await page.get_by_role("button", name="Sign in").click()
     await page.wait_for_url("**/inbox")
     return page
@@ -126,3 +132,86 @@ async def test_sign_in_through_the_identity_provider(chromium: Browser, tmp_path
             assert "Signed in as bob (acme)" in await page.locator("header").inner_text()
             assert preview.preview_id in await page.content()
             assert await page.evaluate("document.cookie") == ""
+
+
+async def test_an_expired_preview_shows_as_expired_and_cannot_be_approved(chromium: Browser, world: World) -> None:
+    preview = await world.held_note()
+    live = await signed_in(chromium, world)  # a page left open
+    static = await signed_in(chromium, world, java_script_enabled=False)  # a page without script
+    for page in (live, static):
+        await page.goto(f"{world.inbox.url}/previews/{preview.preview_id}")
+        await page.get_by_role("button", name="Approve").wait_for()
+    await world.store.driver.execute("UPDATE previews SET expires_at = ? WHERE preview_id = ?",
+                                     (time.time() - 1, preview.preview_id))
+    await live.get_by_text("Expired.", exact=True).wait_for(timeout=_LIVE_MS)  # told, without a reload
+    assert await live.get_by_role("button", name="Approve").count() == 0
+    assert "it cannot be approved or denied any more" in await live.locator("main").inner_text()
+    async with static.expect_response(lambda r: r.url.endswith("/approve")) as answer:
+        await static.get_by_role("button", name="Approve").click()  # the form it still shows
+    assert (await answer.value).status == 410
+    assert await static.get_by_role("alert").inner_text() == EXPIRED
+    assert await static.get_by_role("button", name="Approve").count() == 0
+    assert [p.state for p in await world.store.list_previews(PreviewState.PENDING)] == [PreviewState.PENDING]
+    await live.goto(world.inbox.url + "/inbox")  # the inbox lists it as expired, not as waiting
+    expired = live.locator(f"#preview-{preview.preview_id}")
+    assert "expired" in await expired.inner_text() and "Nothing is waiting for you" in await live.content()
+
+
+async def test_a_person_without_the_approver_role_sees_nothing(chromium: Browser, world: World) -> None:
+    bob = await signed_in(chromium, world)
+    carol = await signed_in(chromium, world, sub="carol", roles=("developer",))
+    preview = await world.held_note()
+    await bob.locator(f"#preview-{preview.preview_id}").wait_for(timeout=_LIVE_MS)  # bob's page shows it, live
+    await carol.reload()
+    assert "Nothing is waiting for you." in await carol.locator("main").inner_text()
+    assert preview.preview_id not in await carol.content()
+    answer = await carol.goto(f"{world.inbox.url}/previews/{preview.preview_id}")
+    assert answer is not None and answer.status == 404
+    assert await carol.get_by_role("alert").inner_text() == NOT_PENDING
+    await carol.goto(world.inbox.url + "/history")
+    assert "No decisions yet." in await carol.locator("main").inner_text()
+
+
+async def test_a_forged_form_post_without_the_csrf_token_is_refused(chromium: Browser, world: World) -> None:
+    preview = await world.held_note()
+    page = await signed_in(chromium, world)
+    url = f"{world.inbox.url}/previews/{preview.preview_id}/approve"
+    for form in ({"preview_hash": preview.preview_hash}, {"preview_hash": preview.preview_hash, "csrf": "forged"}):
+        forged = await page.request.post(url, form=form, max_redirects=0)  # the browser's own cookie goes along
+        assert forged.status == 403 and FORGED.replace("'", "&#39;") in await forged.text()
+    stranger = await (await chromium.new_context()).new_page()  # no session at all
+    alone = await stranger.request.post(url, form={"preview_hash": preview.preview_hash}, max_redirects=0)
+    assert alone.status == 401
+    assert [p.state for p in await world.store.list_previews(PreviewState.PENDING)] == [PreviewState.PENDING]
+
+
+async def test_an_approve_click_on_a_preview_whose_hash_changed_is_refused(chromium: Browser, world: World) -> None:
+    preview = await world.held_note()
+    page = await signed_in(chromium, world)
+    await page.goto(f"{world.inbox.url}/previews/{preview.preview_id}")
+    shown = await page.locator('input[name="preview_hash"]').get_attribute("value")
+    call = json.loads(preview.call_json)
+    call["arguments"]["title"] = "changed behind the page"
+    await world.store.driver.execute("UPDATE previews SET call_json = ?, preview_hash = ? WHERE preview_id = ?",
+                                     (canonical_json(call), sha256_hex(call), preview.preview_id))
+    async with page.expect_response(lambda r: r.url.endswith("/approve")) as answer:
+        await page.get_by_role("button", name="Approve").click()
+    assert (await answer.value).status == 409 and shown == preview.preview_hash
+    assert await page.get_by_role("alert").inner_text() == CHANGED
+    assert "changed behind the page" in await page.locator("main").inner_text()  # shown as it is now
+    assert await page.locator('input[name="preview_hash"]').get_attribute("value") == sha256_hex(call)
+    [still] = await world.store.list_previews(PreviewState.PENDING)
+    assert still.decided_by is None
+
+
+async def test_a_new_preview_appears_without_a_reload(chromium: Browser, world: World) -> None:
+    page = await signed_in(chromium, world)
+    await page.get_by_text("Nothing is waiting for you.").wait_for()
+    await page.evaluate("window.notReloaded = true")
+    first = await world.held_note("k-1")
+    await page.locator(f"#preview-{first.preview_id}").wait_for(timeout=_LIVE_MS)
+    second = await world.held_note("k-2")
+    await page.locator(f"#preview-{second.preview_id}").wait_for(timeout=_LIVE_MS)
+    assert await page.evaluate("window.notReloaded") is True  # swapped in by the script, not reloaded
+    assert "2 pending, newest first." in await page.locator("main").inner_text()
+    assert (await page.get_by_role("status").inner_text()).startswith("Updated at ")
