@@ -215,3 +215,106 @@ async def test_a_new_preview_appears_without_a_reload(chromium: Browser, world: 
     assert await page.evaluate("window.notReloaded") is True  # swapped in by the script, not reloaded
     assert "2 pending, newest first." in await page.locator("main").inner_text()
     assert (await page.get_by_role("status").inner_text()).startswith("Updated at ")
+
+
+# In the page: what an accessibility check finds wrong, as lists of short descriptions.
+_AUDIT = """() => {
+  const visible = (e) => { const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; };
+  const describe = (e) => e.tagName.toLowerCase() + (e.id ? "#" + e.id : "") + " " +
+    (e.textContent || e.getAttribute("name") || "").trim().slice(0, 40);
+  const rgba = (text) => text.match(/[\\d.]+/g).map(Number);
+  const luminance = ([r, g, b]) => {
+    const [R, G, B] = [r, g, b].map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+    return 0.2126 * R + 0.7152 * G + 0.0722 * B;
+  };
+  const background = (e) => {
+    for (let at = e; at; at = at.parentElement) {
+      const color = rgba(getComputedStyle(at).backgroundColor);
+      if (color.length < 4 || color[3] > 0) { return color; }
+    }
+    return [255, 255, 255];
+  };
+  const lowContrast = [];
+  for (const e of document.querySelectorAll("body *")) {
+    const own = Array.from(e.childNodes).some((n) => n.nodeType === 3 && n.textContent.trim());
+    if (!own || !visible(e)) { continue; }
+    const style = getComputedStyle(e);
+    const [a, b] = [luminance(rgba(style.color)), luminance(background(e))];
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    const large = parseFloat(style.fontSize) >= 24 || (parseFloat(style.fontSize) >= 18.66 && +style.fontWeight >= 700);
+    if (ratio < (large ? 3 : 4.5)) { lowContrast.push(describe(e) + " " + ratio.toFixed(2)); }
+  }
+  const controls = Array.from(document.querySelectorAll("input:not([type=hidden]), select, textarea"));
+  const unlabeled = controls.filter((e) => !(e.labels && e.labels.length) && !e.getAttribute("aria-label"));
+  const targets = Array.from(document.querySelectorAll("button, select, textarea, a.button, nav a"))
+    .filter((e) => visible(e) && e.getBoundingClientRect().height < 24);
+  const ids = Array.from(document.querySelectorAll("[id]")).map((e) => e.id);
+  return {
+    lowContrast, unlabeled: unlabeled.map(describe), smallTargets: targets.map(describe),
+    duplicateIds: ids.filter((id, i) => ids.indexOf(id) !== i),
+    overflow: document.documentElement.scrollWidth > window.innerWidth,
+    unnamedLandmarks: Array.from(document.querySelectorAll("nav, section, form")).filter((e) =>
+      e.tagName !== "FORM" && !e.getAttribute("aria-label") && !e.getAttribute("aria-labelledby")).map(describe),
+  };
+}"""
+_NOTHING_WRONG = {"lowContrast": [], "unlabeled": [], "smallTargets": [], "duplicateIds": [], "overflow": False,
+                  "unnamedLandmarks": []}
+_FOCUSED = """() => { const e = document.activeElement; const s = getComputedStyle(e);
+  const named = e.labels && e.labels.length ? e.labels[0].textContent : e.textContent || e.getAttribute("aria-label");
+  return [(named || e.tagName).replace(/\\s+/g, " ").trim(),
+          s.outlineStyle !== "none" && parseFloat(s.outlineWidth) >= 2]; }"""
+
+
+async def tab_order(page: Page, stops: int) -> list[str]:
+    """The names of the first ``stops`` elements the Tab key reaches; each must show its focus."""
+    names = []
+    for _ in range(stops):
+        await page.keyboard.press("Tab")
+        name, outlined = await page.evaluate(_FOCUSED)
+        assert outlined, f"{name!r} shows no focus outline"
+        names.append(name)
+    return names
+
+
+async def test_accessible_and_readable_on_a_phone(chromium: Browser, world: World, tmp_path: Path) -> None:
+    draft = await world.client().execute("send_email_preview", MAIL)
+    email = await world.client().execute("send_email", {"preview_id": draft.data["preview_id"]},
+                                         idempotency_key="m-1", conversation_id="release-42")
+    note = await world.client().execute("file_note", {"title": "standup notes", "body": "ship on Friday"},
+                                        idempotency_key="n-1", conversation_id="standup-3")
+    assert email.preview is not None and note.preview is not None
+    done, gone = await world.held_note("k-1"), await world.held_note("k-2")  # one decided and run, one expired
+    bob = await world.signed_in()
+    csrf = (await bob.get("/inbox")).hidden("csrf")
+    approved = await bob.post(f"/previews/{done.preview_id}/approve",
+                              {"csrf": csrf, "preview_hash": done.preview_hash, "comment": "fine"})
+    assert approved.status == 200
+    ran = await world.client().execute("file_note", NOTE, idempotency_key="k-1", approval_id=done.preview_id)
+    assert ran.status is Status.SUCCESS
+    await world.store.driver.execute("UPDATE previews SET created_at = ?, expires_at = ? WHERE preview_id = ?",
+                                     (time.time() - 960, time.time() - 60, gone.preview_id))
+    await world.store.flush_audit()
+    stranger = await (await chromium.new_context(viewport={"width": 390, "height": 844})).new_page()
+    await stranger.goto(world.inbox.url + "/sign-in")
+    assert await stranger.evaluate(_AUDIT) == _NOTHING_WRONG
+    await stranger.context.close()
+    shots = Path(os.environ.get("TOOLBOOTH_SCREENSHOTS") or tmp_path)  # set it to refresh docs/images
+    for width, height, suffix in ((1000, 900, ""), (390, 844, "-phone")):
+        page = await signed_in(chromium, world, viewport={"width": width, "height": height})
+        await page.get_by_text("2 pending, newest first.").wait_for()
+        assert "Expired before anyone decided" in await page.locator("main").inner_text()
+        await page.evaluate("document.activeElement.blur()")
+        assert await tab_order(page, 8) == [
+            "Skip to content", "Toolbooth approvals", "Inbox", "History", "Sign out", "Tool", "Requested by", "Filter"]
+        assert (await tab_order(page, 2))[1] == "Review and decide on file_note by alice (acme)"  # newest first
+        pages = {"inbox": "/inbox", "preview": f"/previews/{email.preview.preview_id}", "history": "/history",
+                 "expired": f"/previews/{gone.preview_id}"}
+        for name, path in pages.items():
+            await page.goto(world.inbox.url + path)
+            found = await page.evaluate(_AUDIT)
+            assert found == _NOTHING_WRONG, (name, width, found)
+            await page.screenshot(path=shots / f"approvals-{name}{suffix}.png", full_page=True)
+        await page.goto(world.inbox.url + pages["preview"])
+        await page.get_by_label("Comment (optional)").focus()
+        assert await tab_order(page, 3) == ["Approve", "Reason (required)", "Deny"]
+        await page.context.close()
