@@ -23,7 +23,6 @@ import json
 import logging
 import secrets
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,13 +31,13 @@ from sidecar.canonical import canonical_json, hash_matches, sha256_hex
 from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview, PreviewState, Principal
 from sidecar.errors import DependencyError, refusal
 from sidecar.metrics import Metrics
+from sidecar.pipeline.approval_audit import calls_with, decision_event
 from sidecar.pipeline.fields import malformed_field
 from sidecar.policy import Decision, PolicyEngine, Stage
 from sidecar.policy.input import PolicyInput, now_utc
-from sidecar.state import AuditEvent, AuditRecord, PreviewRecord, Store
+from sidecar.state import AuditRecord, PreviewRecord, Store
 
 __all__ = [
-    "CALLS_LOOKBACK",
     "DEFAULT_APPROVER_ROLES",
     "DEFAULT_PREVIEW_TTL_SECONDS",
     "Approvals",
@@ -52,7 +51,6 @@ __all__ = [
 log = logging.getLogger("toolbooth.approvals")
 DEFAULT_PREVIEW_TTL_SECONDS = 15 * 60
 DEFAULT_APPROVER_ROLES = ("approver",)
-CALLS_LOOKBACK = 10_000  # audited steps of approved calls read for ``calls_with``
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,35 +153,18 @@ class Approvals:
     async def visible(self, principal: Principal, preview_id: str, *, all_of_them: bool) -> Preview | None:
         """The preview ``preview_id`` in any state, if ``principal`` may see it: a pending one (expired too) if
         they may approve it, a decided one if they decided it; every one for operators (``all_of_them``)."""
-        if malformed_field(preview_id=preview_id):
-            return None
-        record = await self.store.get_preview(preview_id)
-        if record is None:
-            return None
-        if all_of_them:
-            return to_preview(record)
+        record = None if malformed_field(preview_id=preview_id) else await self.store.get_preview(preview_id)
+        if record is None or all_of_them:
+            return None if record is None else to_preview(record)
         if record.state is PreviewState.PENDING:
             allowed = (await self._approver_decision(principal, record)).allow
         else:
             allowed = record.decided_by is not None and _same(principal, record.decided_by)
         return to_preview(record) if allowed else None
 
-    async def calls_with(self, previews: Sequence[Preview], *,
-                         limit: int = CALLS_LOOKBACK) -> dict[str, list[AuditRecord]]:
-        """The audited steps of the calls sent with each of ``previews``' approvals (the agent's retries: the one
-        that ran, and any refused), oldest first, by preview id. Read from the audit log since the oldest of
-        ``previews`` was held: its ``limit`` newest steps of calls sent with an approval."""
-        wanted = {p.preview_id for p in previews}
-        if not wanted:
-            return {}
-        held = min(_epoch(p.created_at or p.expires_at) for p in previews)
-        since = dt.datetime.fromtimestamp(held - 1, dt.UTC).isoformat(timespec="milliseconds")
-        calls: dict[str, list[AuditRecord]] = {}
-        for record in reversed(await self.store.approval_audit(since, limit=limit)):
-            approval_id = _approval_of(record.event)
-            if approval_id in wanted:
-                calls.setdefault(approval_id, []).append(record)
-        return calls
+    async def calls_with(self, previews: Sequence[Preview]) -> dict[str, list[AuditRecord]]:
+        """The audited steps of the calls sent with each of ``previews``' approvals (``approval_audit``)."""
+        return await calls_with(self.store, previews)
 
     async def _approvable(self, principal: Principal, all_of_them: bool, limit: int,
                           keep: Callable[[PreviewRecord], bool]) -> list[Preview]:
@@ -287,7 +268,7 @@ class Approvals:
         if self._metrics is not None:
             self._metrics.approval(state.value if result.ok else "refused")
         action = {"preview_id": preview_id, "decision": state.value, "comment": comment}
-        self.store.queue_audit(_event(approver, record, action, result, self.policy.revision, started))
+        self.store.queue_audit(decision_event(approver, record, action, result, self.policy.revision, started))
         return result
 
     async def _decide_or_refuse(self, approver: Principal, preview_id: str, record: PreviewRecord | None,
@@ -337,20 +318,6 @@ def _same(principal: Principal, decided_by: str) -> bool:
     return (approver.id, approver.tenant) == (principal.id, principal.tenant)
 
 
-def _approval_of(event: AuditEvent) -> str | None:
-    """The approval id the audited call was sent with (its trail's ``approval_id``), if any."""
-    try:
-        trail = json.loads(event.decisions_json)
-    except ValueError:
-        return None
-    approval_id = trail.get("approval_id") if isinstance(trail, dict) else None
-    return approval_id if isinstance(approval_id, str) else None
-
-
-def _epoch(rfc3339: str) -> float:
-    return dt.datetime.strptime(rfc3339, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
-
-
 def _stored_call(record: PreviewRecord) -> dict[str, Any] | None:
     """``record``'s canonical call, if it still hashes to the preview's hash (else it was changed: logged)."""
     try:
@@ -391,19 +358,6 @@ def _unusable(record: PreviewRecord) -> Refusal | None:
     if record.state is PreviewState.PENDING:
         return Refusal(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, "this call is not approved yet"), to_preview(record))
     return None
-
-
-def _event(approver: Principal, record: PreviewRecord | None, action: dict[str, Any], result: ApprovalResult,
-           revision: str, started: float) -> AuditEvent:
-    """An approver's attempt as an audit event: status ``approved``/``denied``, or ``refused`` with its code."""
-    return AuditEvent(
-        request_id=uuid.uuid4().hex, time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
-        principal_id=approver.id, tenant=approver.tenant, tool=record.tool if record else "",
-        tool_version=record.tool_version if record else "", input_hash=record.preview_hash if record else "",
-        decisions_json=canonical_json({"approver": action}), policy_revision=revision, idempotency_key=None,
-        call_id=None, conversation_id=None, status=action["decision"] if result.ok else "refused",
-        error_code=result.error.code.value if result.error else None,
-        duration_ms=round((time.monotonic() - started) * 1000))
 
 
 def _failure(exc: DependencyError, doing: str) -> ErrorInfo:

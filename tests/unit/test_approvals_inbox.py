@@ -8,11 +8,14 @@ import json
 import pytest
 
 from sidecar.config import parse_settings
-from sidecar.contract import Preview, Principal
+from sidecar.contract import Preview, PreviewState, Principal
 from sidecar.errors import ConfigError
+from sidecar.server.approvals_ui.live import version_of
+from sidecar.server.approvals_ui.outcomes import CallRuns
 from sidecar.server.approvals_ui.security import is_loopback_host
 from sidecar.server.approvals_ui.sessions import Sessions, SignedIn, csrf_matches
 from sidecar.server.approvals_ui.views import Item, PreviewView, items
+from sidecar.state import AuditEvent, AuditRecord
 
 BOB = Principal(id="bob", tenant="acme", roles=("approver",))
 JWT = {"algorithms": ["HS256"], "issuer": "i", "audience": "a", "key": "k" * 32}
@@ -33,6 +36,9 @@ def test_the_inbox_is_off_by_default_and_listens_on_one_tcp_address() -> None:
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("session_seconds", 0, "Input should be greater than 0"),
     ("page_size", 500, "Input should be less than or equal to 200"),
+    ("live_seconds", 0, "Input should be greater than or equal to 0.2"),
+    ("live_seconds", 61, "Input should be less than or equal to 60"),
+    ("live_seconds", "often", "Input should be a valid number"),
     ("theme", "dark", "unknown key"),
 ])
 def test_bad_inbox_settings_name_the_key(key: str, value: object, message: str) -> None:
@@ -142,6 +148,9 @@ def test_a_preview_reads_who_asked_where_and_until_when() -> None:
     now = view.created_at
     assert now is not None and view.age(now) == "under a minute" and view.expires_in(now) == "15 min"
     assert view.expires_in(view.expires_at) == "expired"
+    assert view.status(now) == "pending" and view.status(view.expires_at) == "expired"
+    used = PreviewView.of(preview.model_copy(update={"state": PreviewState.USED}))
+    assert used.status(view.expires_at) == "used"  # decided: what it became, expired or not
 
 
 def test_a_preview_changed_into_unreadable_json_reads_as_unreadable() -> None:
@@ -152,3 +161,32 @@ def test_a_preview_changed_into_unreadable_json_reads_as_unreadable() -> None:
     assert view.rendered and view.shown == (Item("Unreadable", "this stored preview is not readable (it was changed in "
                                                                "the store); it cannot be approved"),)
     assert PreviewView.of(preview.model_copy(update={"rendering_json": None})).shown == view.shown
+
+
+def step(request_id: str, status: str, error_code: str | None = None, second: int = 0) -> AuditRecord:
+    event = AuditEvent(request_id=request_id, time=f"2026-12-01T10:00:{second:02d}.000+00:00", principal_id="alice",
+                       tenant="acme", tool="file_note", tool_version="1.0.0", input_hash="sha256:x",
+                       decisions_json='{"approval_id": "p"}', policy_revision="r", idempotency_key="k", call_id=None,
+                       conversation_id=None, status=status, error_code=error_code, duration_ms=1)
+    return AuditRecord(second, event, None, None)
+
+
+def test_what_became_of_an_approvals_call_reads_from_its_audited_steps() -> None:
+    runs = CallRuns.of([step("r-1", "error", "INVALID_ARGUMENT", 1), step("r-2", "dispatching", second=2),
+                        step("r-2", "success", second=3), step("r-3", "error", "PERMISSION_DENIED", 4)])
+    assert runs.ran is not None and (runs.ran.request_id, runs.ran.text) == ("r-2", "succeeded")
+    assert runs.ran.at.isoformat() == "2026-12-01T10:00:02+00:00"  # when it started
+    assert [a.text for a in runs.refused] == ["refused (INVALID_ARGUMENT)", "refused (PERMISSION_DENIED)"]
+    failed = CallRuns.of([step("r-1", "dispatching"), step("r-1", "error", "TOOL_ERROR", 1)]).ran
+    assert failed is not None and failed.text == "failed (TOOL_ERROR)"
+    running = CallRuns.of([step("r-1", "dispatching")]).ran
+    assert running is not None and running.text == "started; no outcome recorded yet"
+    assert CallRuns.of([]).ran is None and CallRuns.of([]).refused == ()
+
+
+def test_the_live_version_is_of_the_set_of_previews_and_their_hashes() -> None:
+    a = Preview(preview_id="a", preview_hash="sha256:1", call_json="{}", reason="r", expires_at="2026-12-01T10:15:00Z")
+    b = a.model_copy(update={"preview_id": "b"})
+    assert version_of([a, b]) == version_of([b, a]) != version_of([a])
+    assert version_of([a]) != version_of([a.model_copy(update={"preview_hash": "sha256:2"})])
+    assert len(version_of([])) == 20 and version_of([]) != version_of([a])
