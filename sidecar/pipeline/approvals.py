@@ -151,16 +151,14 @@ class Approvals:
         return await self._approvable(principal, all_of_them, limit, lambda r: since < r.expires_at <= now)
 
     async def visible(self, principal: Principal, preview_id: str, *, all_of_them: bool) -> Preview | None:
-        """The preview ``preview_id`` in any state, if ``principal`` may see it: a pending one (expired too) if
-        they may approve it, a decided one if they decided it; every one for operators (``all_of_them``)."""
+        """The preview ``preview_id`` in any state (expired, decided too), if ``principal`` may see it: if they
+        decided it, or the approver rule lets them decide it (as for ``pending``); every one for operators
+        (``all_of_them``)."""
         record = None if malformed_field(preview_id=preview_id) else await self.store.get_preview(preview_id)
         if record is None or all_of_them:
             return None if record is None else to_preview(record)
-        if record.state is PreviewState.PENDING:
-            allowed = (await self._approver_decision(principal, record)).allow
-        else:
-            allowed = record.decided_by is not None and _same(principal, record.decided_by)
-        return to_preview(record) if allowed else None
+        mine = record.decided_by is not None and _same(principal, record.decided_by)
+        return to_preview(record) if mine or (await self._approver_decision(principal, record)).allow else None
 
     async def calls_with(self, previews: Sequence[Preview]) -> dict[str, list[AuditRecord]]:
         """The audited steps of the calls sent with each of ``previews``' approvals (``approval_audit``)."""

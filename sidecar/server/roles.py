@@ -118,8 +118,8 @@ class ApprovalDesk:
                                              limit=min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT))
 
     async def visible(self, principal: Principal, preview_id: str) -> Preview | None:
-        """One preview in any state, if ``principal`` may see it (may approve it while pending, decided it;
-        operators every one), else ``None``."""
+        """One preview in any state, if ``principal`` may see it (decided it, or the approver rule lets them
+        decide it; operators every one), else ``None``."""
         return await self._approvals.visible(principal, preview_id, all_of_them=self._operators.includes(principal))
 
     async def calls_with(self, previews: Sequence[Preview]) -> dict[str, list[AuditRecord]]:

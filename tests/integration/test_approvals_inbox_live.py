@@ -129,6 +129,11 @@ async def test_a_preview_decided_elsewhere_or_expired_is_told(world: World) -> N
         denied = await dave.post(f"/previews/{decided.preview_id}/deny", {"csrf": csrf, "reason": "not now"})
         assert denied.status == 200
         await until(lambda: len(bobs.named("changed")) == 1, what="bob told of dave's decision")
+        page = await bob.get(f"/previews/{decided.preview_id}")  # what bob's open page of it now fetches
+        assert page.status == 200 and 'data-state="denied"' in page.text and "Decided by dave" in page.text
+        assert "/deny" not in page.text and "“not now”" in page.text
+        carol = await world.signed_in("carol", ("developer",))
+        assert (await carol.get(f"/previews/{decided.preview_id}")).status == 404  # not hers, decided or not
         await world.store.driver.execute("UPDATE previews SET expires_at = ? WHERE preview_id = ?",
                                          (time.time() - 1, expiring.preview_id))
         await until(lambda: len(bobs.named("changed")) == 2, what="bob told of the expiry")

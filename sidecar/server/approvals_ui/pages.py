@@ -55,7 +55,7 @@ FORGED = ("The form was refused: its security token is missing or wrong, so noth
           "Reload the page and try again.")
 EXPIRED = ("This preview expired before it was decided, so nothing was approved. The agent must send its call "
            "again to ask for a new approval.")
-NOT_PENDING = "This preview is not pending, or it is not yours to decide."
+NOT_PENDING = "There is no such preview, or it is not yours to decide."
 EXPIRED_SHOWN = 3600  # seconds: previews that expired undecided this recently are listed in the inbox
 _VERSION = re.compile(r"[0-9a-f]{20}")  # ``live.version_of``
 
@@ -227,7 +227,7 @@ class Inbox:
                       status: int = 200) -> Response:
         found = await self._desk.visible(session.principal, preview_id)
         if found is None:
-            return self._page("message.html", session, 404 if error is None else status, title="Not pending",
+            return self._page("message.html", session, 404 if error is None else status, title="Not found",
                               message=error or NOT_PENDING)
         return self._page("preview.html", session, status, preview=PreviewView.of(found), error=error)
 
