@@ -20,7 +20,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -69,6 +69,8 @@ class LiveUpdates:
             return PlainTextResponse("the inbox is stopping", status_code=503)
         if self._open[session.id] >= MAX_STREAMS_PER_SESSION:
             return PlainTextResponse(f"at most {MAX_STREAMS_PER_SESSION} live pages per session", status_code=429)
+        self._open[session.id] += 1  # counted now, so that pages opening at once cannot pass the limit together
+        self._none_open.clear()
         return _Stream(self, session.id, since)
 
     async def close(self, timeout: float) -> None:
@@ -99,19 +101,13 @@ class LiveUpdates:
             except TimeoutError:
                 pass
 
-    @contextlib.contextmanager
-    def counted(self, session_id: str) -> Iterator[None]:
-        """Count a stream of ``session_id`` as open while the block runs."""
-        self._open[session_id] += 1
-        self._none_open.clear()
-        try:
-            yield
-        finally:
-            self._open[session_id] -= 1
-            if self._open[session_id] <= 0:
-                del self._open[session_id]
-            if not self._open:
-                self._none_open.set()
+    def ended(self, session_id: str) -> None:
+        """A stream of ``session_id`` that ``response`` counted has ended."""
+        self._open[session_id] -= 1
+        if self._open[session_id] <= 0:
+            del self._open[session_id]
+        if not self._open:
+            self._none_open.set()
 
     async def _current(self, session: Session, last: str) -> str:
         """The version now; ``last`` again when it cannot be read (the store or the approver policy failing)."""
@@ -123,7 +119,7 @@ class LiveUpdates:
 
 
 class _Stream(StreamingResponse):
-    """A session's event stream, counted as open from the first byte to its end, however it ends."""
+    """A session's event stream, counted as open until it ends, however it ends."""
 
     def __init__(self, live: LiveUpdates, session_id: str, since: str) -> None:
         super().__init__(live.events(session_id, since), media_type="text/event-stream",
@@ -131,5 +127,7 @@ class _Stream(StreamingResponse):
         self._live, self._session_id = live, session_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        with self._live.counted(self._session_id):
+        try:
             await super().__call__(scope, receive, send)
+        finally:
+            self._live.ended(self._session_id)
