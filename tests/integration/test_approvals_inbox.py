@@ -389,8 +389,9 @@ async def test_every_response_has_the_strict_headers_and_a_foreign_host_is_refus
     browser = world.browser()
     for path in ("/", "/sign-in", "/inbox", "/static/inbox.css", "/no-such-page"):
         strict(await browser.get(path))
-    css = await browser.get("/static/inbox.css")
+    css, script = await browser.get("/static/inbox.css"), await browser.get("/static/live.js")
     assert css.status == 200 and css.headers["Content-Type"].startswith("text/css")
+    assert script.status == 200 and "javascript" in script.headers["Content-Type"] and "EventSource" in script.text
     rebound = await browser.get("/sign-in", headers={"Host": "evil.example:80"})
     assert rebound.status == 421
     strict(rebound)

@@ -1,5 +1,6 @@
-"""The inbox's pages and forms: sign in (a pasted token, dev mode, an identity provider), the pending previews,
-one preview, approve, deny, history, sign out.
+"""The inbox's pages and forms: sign in (a pasted token, dev mode, an identity provider), the pending previews
+(with those that expired undecided in the last hour) and their live updates (``live``), one preview in any
+state, approve, deny, history (with what became of each approved call, ``outcomes``), sign out.
 
 Every decision goes through the ``ApprovalDesk`` the ``ApprovalService`` RPCs use: the list is what
 ``ListPreviews`` returns for the signed-in principal (the approver policy decides, operators see all),
