@@ -192,6 +192,33 @@ def test_an_exporter_that_is_not_installed_is_a_clear_error() -> None:
         Tracing.from_env({"OTEL_TRACES_EXPORTER": "zipkin_json"})
 
 
+@pytest.mark.parametrize("protocol", [{}, {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+                                      {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+                                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}])
+async def test_otlp_is_the_exporter_of_its_protocol(protocol: dict[str, str]) -> None:
+    """No exporter registers ``otlp`` itself: it is found as ``otlp_proto_grpc`` (the extra's), the SDK's way
+    (the exporters' export reaching a collector: tests/integration/test_benchmarks_run.py)."""
+    tracing = Tracing.from_env({"OTEL_TRACES_EXPORTER": "otlp", **protocol})
+    try:
+        assert tracing.enabled and tracing.exporters == ("otlp",)
+    finally:
+        await tracing.aclose()
+
+
+def test_otlp_over_a_protocol_whose_exporter_is_not_installed_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match=r"OTEL_TRACES_EXPORTER='otlp': no such span exporter is installed "
+                                          r"\(for it: otlp_proto_http\) "
+                                          r"\(toolbooth\[otlp\] installs otlp_proto_grpc\)"):
+        Tracing.from_env({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"})
+
+
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"])
+def test_an_unknown_otlp_protocol_is_a_clear_error(variable: str) -> None:
+    with pytest.raises(ConfigError, match=f"{variable}='http/json': not an OTLP protocol of traces; expected one of "
+                                          "grpc, http/protobuf"):
+        Tracing.from_env({"OTEL_TRACES_EXPORTER": "otlp", variable: "http/json"})
+
+
 async def test_an_unauthenticated_call_makes_no_span(make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
                                                      exporter: InMemorySpanExporter) -> None:
     tracing = Tracing.exporting(SimpleSpanProcessor(exporter))
