@@ -18,7 +18,8 @@ In one run it starts one sidecar per config (each in its own process and directo
 reports SERVING, then for each repetition measures every config back to back (the order alternates),
 each run preceded by a warm-up, with bench_execute.py's client (``calculate`` add [2, 3], ``concurrency``
 workers). It prints the medians of calls/s, p50, p99 and server CPU per call, and the ratio variant /
-baseline of the median calls/s (per-repetition ratios below it). Every reply is checked; failures (and a
+baseline of the median calls/s, the median of the per-repetition ratios (steadier on a busy machine) and
+the ratio of the server CPU per call. Every reply is checked; failures (and a
 metrics endpoint that did not answer, or a sink that received no span) make the exit code 1. See
 benchmarks/README.md.
 """
@@ -33,6 +34,7 @@ import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -85,6 +87,11 @@ class Variant:
     metrics_url: str | None = None  # where it answers scrapes, when it listens for metrics
     sink_count: Path | None = None  # where its OTLP sink counts the spans received, when it has one
     calls_sent: int = 0  # every call made to its sidecar (warm-ups included)
+
+    @property
+    def expects_spans(self) -> bool:
+        """Whether its sink must receive spans: unless its sampler drops every trace."""
+        return self.env.get("OTEL_TRACES_SAMPLER", "").strip() != "always_off"
 
     @property
     def wants_sink(self) -> bool:
@@ -375,19 +382,21 @@ def report(args: argparse.Namespace, variants: list[Variant], runs: dict[str, li
     for variant in variants:
         summary = summarize(runs[variant.name])
         seen = scrapes[variant.name]
+        run_ratios = [r.calls_per_s / b.calls_per_s for r, b in zip(runs[variant.name], runs[BASELINE], strict=True)]
+        cpu, base_cpu = summary["server_cpu_ms_per_call"], base["server_cpu_ms_per_call"]
         configs.append({
             "name": variant.name, "overlay": variant.overlay, "env": variant.env, **summary,
             "ratio": summary["calls_per_s"] / base["calls_per_s"],
-            "run_ratios": [r.calls_per_s / b.calls_per_s for r, b in zip(runs[variant.name], runs[BASELINE],
-                                                                         strict=True)],
+            "run_ratios": run_ratios, "run_ratio_median": statistics.median(run_ratios),
+            "cpu_ratio": None if cpu is None or not base_cpu else cpu / base_cpu,
             "scrapes": {"ok": seen.ok, "failed": seen.failed,
                         "counted_calls": _counted_calls(seen.last)} if variant.metrics_url else None,
-            "spans": {"received": spans[variant.name], "calls": variant.calls_sent,
+            "spans": {"received": spans[variant.name], "calls": variant.calls_sent, "expected": variant.expects_spans,
                       "per_call": spans[variant.name] / variant.calls_sent} if variant.name in spans else None,
             "log_problems": children.log_problems(variant.name),
         })
     scrape_failures = sum(c["scrapes"]["failed"] + (c["scrapes"]["ok"] == 0) for c in configs if c["scrapes"])
-    sink_failures = sum(c["spans"]["received"] == 0 for c in configs if c["spans"])
+    sink_failures = sum(c["spans"]["expected"] and not c["spans"]["received"] for c in configs if c["spans"])
     return {
         "benchmark": f"ExecuteTool {TOOL} add [2,3] at {args.concurrency} in flight: variants vs the baseline config",
         "environment": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpcio": grpc.__version__,
@@ -413,14 +422,15 @@ def format_table(configs: list[dict[str, Any]]) -> str:
     def ms(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.3f}"
 
-    header = ("config", "calls/s", "ratio", "p50", "p99", "server cpu ms/call", "per-run ratios", "scrapes",
-              "spans/call")
+    header = ("config", "calls/s", "ratio", "run ratio", "p50", "p99", "server cpu ms/call", "cpu ratio",
+              "per-run ratios", "scrapes", "spans/call")
     rows = [header]
     for c in configs:
         scraped = "-" if c["scrapes"] is None else f"{c['scrapes']['ok']} ok, {c['scrapes']['failed']} failed"
         spans = "-" if c["spans"] is None else f"{c['spans']['per_call']:.2f}"
-        rows.append((c["name"], f"{c['calls_per_s']:.0f}", f"{c['ratio']:.3f}", f"{c['p50_ms']:.2f} ms",
-                     f"{c['p99_ms']:.2f} ms", ms(c["server_cpu_ms_per_call"]),
+        cpu_ratio = "n/a" if c["cpu_ratio"] is None else f"{c['cpu_ratio']:.3f}"
+        rows.append((c["name"], f"{c['calls_per_s']:.0f}", f"{c['ratio']:.3f}", f"{c['run_ratio_median']:.3f}",
+                     f"{c['p50_ms']:.2f} ms", f"{c['p99_ms']:.2f} ms", ms(c["server_cpu_ms_per_call"]), cpu_ratio,
                      ", ".join(f"{x:.3f}" for x in c["run_ratios"]), scraped, spans))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
@@ -447,15 +457,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nExecuteTool {TOOL} {json.dumps(ARGUMENTS)} at {args.concurrency} in flight; medians of {args.repeat} "
           f"runs of {args.calls} calls; {os.cpu_count()} CPUs shared by the client and the sidecars", file=out)
     print(format_table(results["configs"]), file=out)
-    print("ratio = config calls/s / baseline calls/s (medians); 1.0: the variant costs nothing; spans/call: what "
-          "its OTLP sink received per call sent (warm-ups included)", file=out)
+    print("ratio = config calls/s / baseline calls/s (medians); 1.0: the variant costs nothing; run ratio: the median "
+          "of the per-run ratios (each against the baseline's run of the same repetition); cpu ratio: server CPU per "
+          "call / the baseline's (medians); spans/call: what its OTLP sink received per call sent (warm-ups "
+          "included)", file=out)
     for config in results["configs"]:
         if config["log_problems"]:
             print(f"{config['name']} log: {len(config['log_problems'])} error line(s), first: "
                   f"{config['log_problems'][0]}", file=out)
         if config["scrapes"] and not config["scrapes"]["counted_calls"]:
             print(f"{config['name']}: the last scrape counted no tool calls", file=out)
-        if config["spans"] and not config["spans"]["received"]:
+        if config["spans"] and config["spans"]["expected"] and not config["spans"]["received"]:
             print(f"{config['name']}: its OTLP sink received no span", file=out)
     failed = results["failures"] or results["scrape_failures"] or results["sink_failures"]
     if failed:
