@@ -9,14 +9,19 @@ a fresh SQLite file, WARNING logs), given inline as YAML/JSON or as a file, merg
 in it becomes a free TCP port of 127.0.0.1. ``--variant-env`` sets a variable in that variant's sidecar
 process only (``OTEL_TRACES_EXPORTER=console``, say). Without ``--variant`` the variants are
 ``DEFAULT_VARIANTS``: ``metrics`` (``metrics.listen`` on). Whenever a variant listens for metrics, its
-endpoint is scraped once per second while it is measured, as a Prometheus would.
+endpoint is scraped once per second while it is measured, as a Prometheus would. A variant that exports
+OTLP (``OTEL_TRACES_EXPORTER=otlp``) and names no endpoint of its own gets a sink collector of its own
+(otlp_sink.py, a child process; needs the ``otlp`` extra): after the runs its sidecar is stopped, which
+flushes the spans still queued, and the spans the sink received are reported per call sent.
 
 In one run it starts one sidecar per config (each in its own process and directory), waits until each
 reports SERVING, then for each repetition measures every config back to back (the order alternates),
 each run preceded by a warm-up, with bench_execute.py's client (``calculate`` add [2, 3], ``concurrency``
 workers). It prints the medians of calls/s, p50, p99 and server CPU per call, and the ratio variant /
-baseline of the median calls/s (per-repetition ratios below it). Every reply is checked; failures (and a
-metrics endpoint that did not answer) make the exit code 1. See benchmarks/README.md.
+baseline of the median calls/s, the median of the per-repetition ratios (steadier on a busy machine) and
+the ratio of the server CPU per call. Every reply is checked; failures (and a
+metrics endpoint that did not answer, or a sink that received no span) make the exit code 1. See
+benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import os
 import platform
 import signal
 import socket
+import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -43,6 +50,7 @@ from bench_execute import (
     ARGUMENTS,
     CALL_TIMEOUT_S,
     STOP,
+    STOP_GRACE_S,
     TOOL,
     Children,
     Interrupted,
@@ -64,6 +72,9 @@ from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 BASELINE = "baseline"
 DEFAULT_VARIANTS = {"metrics": "metrics: {listen: '127.0.0.1:$PORT'}"}
 SCRAPE_INTERVAL_S = 1.0
+SINK = Path(__file__).resolve().with_name("otlp_sink.py")
+OTLP_EXPORTERS = ("otlp", "otlp_proto_grpc")  # the entry points of the otlp extra's exporter
+ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 
 @dataclass
@@ -74,6 +85,19 @@ class Variant:
     overlay: dict[str, Any]
     env: dict[str, str] = field(default_factory=dict)
     metrics_url: str | None = None  # where it answers scrapes, when it listens for metrics
+    sink_count: Path | None = None  # where its OTLP sink counts the spans received, when it has one
+    calls_sent: int = 0  # every call made to its sidecar (warm-ups included)
+
+    @property
+    def expects_spans(self) -> bool:
+        """Whether its sink must receive spans: unless its sampler drops every trace."""
+        return self.env.get("OTEL_TRACES_SAMPLER", "").strip() != "always_off"
+
+    @property
+    def wants_sink(self) -> bool:
+        """Whether it exports OTLP to no endpoint of its own: then it gets a sink."""
+        exporters = {name.strip() for name in self.env.get("OTEL_TRACES_EXPORTER", "").split(",")}
+        return bool(exporters & set(OTLP_EXPORTERS)) and not any(name in self.env for name in ENDPOINTS)
 
 
 @dataclass
@@ -154,10 +178,48 @@ def environment(env: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = old
 
 
+async def start_sink(children: Children, variant: Variant) -> None:
+    """Start an OTLP sink for ``variant`` and point its exporter there, once the sink listens."""
+    home = children.tmp / variant.name
+    address, count = f"127.0.0.1:{free_port()}", home / "spans"
+    name = f"{variant.name}-sink"
+    proc = children.start(name, [sys.executable, str(SINK), address, str(count)], pdeathsig=True)
+    deadline = time.monotonic() + 30
+    while read_count(count) is None:
+        children.check_alive(name)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} not listening after 30 s:\n{children.log_tail(name)}")
+        await asyncio.sleep(0.05)
+    variant.env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://{address}"
+    variant.sink_count = count
+    progress(f"{name}: pid {proc.pid}, OTLP/gRPC on {address}")
+
+
+def read_count(count_file: Path) -> int | None:
+    """The spans a sink has received so far (otlp_sink.py writes the file); ``None`` before it listens."""
+    try:
+        return int(count_file.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def stop_child(children: Children, name: str) -> int | None:
+    """SIGTERM child ``name`` and wait for it (a sidecar flushes its queued spans first); its exit code."""
+    proc = children.procs[name]
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 def start_sidecar(children: Children, variant: Variant) -> str:
     """Start ``variant``'s sidecar in its own directory; its gRPC target."""
     home = children.tmp / variant.name
-    home.mkdir()
+    home.mkdir(exist_ok=True)
     sock = home / "sidecar.sock"
     base = json.loads(write_sidecar_config(home, sock, decision_cache=True).read_text())
     config = merged(base, variant.overlay)
@@ -255,6 +317,10 @@ async def bench(args: argparse.Namespace, children: Children) -> dict[str, Any]:
 async def _bench(args: argparse.Namespace, children: Children, stack: contextlib.AsyncExitStack) -> dict[str, Any]:
     variants: list[Variant] = args.variants
     request = pb.ExecuteToolRequest(tool=TOOL, arguments_json=json.dumps(ARGUMENTS))
+    for variant in variants:
+        if variant.wants_sink:
+            (children.tmp / variant.name).mkdir()
+            await start_sink(children, variant)
     targets = {variant.name: start_sidecar(children, variant) for variant in variants}  # before any channel
     calls = {}
     for variant in variants:
@@ -265,6 +331,7 @@ async def _bench(args: argparse.Namespace, children: Children, stack: contextlib
         if reply.status != pb.STATUS_SUCCESS:
             raise RuntimeError(f"{variant.name}: the first reply is not a success: {reply}")
         calls[variant.name] = grpc_call(stub, request, reply.data_json)
+        variant.calls_sent += 1
     progress(f"{args.warmup} warm-up + {args.calls} calls per run at {args.concurrency} in flight, "
              f"{args.repeat} runs per config")
 
@@ -284,6 +351,7 @@ async def _bench(args: argparse.Namespace, children: Children, stack: contextlib
             total = scrapes[variant.name]
             total.ok, total.failed, total.last = total.ok + seen.ok, total.failed + seen.failed, seen.last or total.last
             runs[variant.name].append(run)
+            variant.calls_sent += args.warmup + run.calls + run.failures
             cpu = "" if run.server_cpu_ms_per_call is None else f"  server cpu {run.server_cpu_ms_per_call:.3f} ms"
             scraped = f"  {seen.ok} scrapes" if variant.metrics_url else ""
             progress(f"  run {rep + 1}/{args.repeat} {variant.name:<10} {run.calls_per_s:8.0f} calls/s  "
@@ -292,26 +360,43 @@ async def _bench(args: argparse.Namespace, children: Children, stack: contextlib
                      f"{' (stopped by --max-seconds)' if run.stopped_by_time else ''}")
             for text, count in run.failure_samples.items():
                 progress(f"      FAILURE x{count}: {text}")
-    return report(args, variants, runs, scrapes, children)
+    spans = {variant.name: received_spans(children, variant) for variant in variants if variant.sink_count}
+    return report(args, variants, runs, scrapes, spans, children)
+
+
+def received_spans(children: Children, variant: Variant) -> int:
+    """The spans ``variant``'s sink received by the time its sidecar, stopped, flushed the rest."""
+    assert variant.sink_count is not None
+    code = stop_child(children, variant.name)
+    if code != 0:
+        progress(f"{variant.name}: the sidecar exited with {code} when stopped")
+    received = read_count(variant.sink_count) or 0
+    progress(f"{variant.name}: {received} spans received for {variant.calls_sent} calls")
+    return received
 
 
 def report(args: argparse.Namespace, variants: list[Variant], runs: dict[str, list[Run]],
-           scrapes: dict[str, Scrapes], children: Children) -> dict[str, Any]:
+           scrapes: dict[str, Scrapes], spans: dict[str, int], children: Children) -> dict[str, Any]:
     base = summarize(runs[BASELINE])
     configs = []
     for variant in variants:
         summary = summarize(runs[variant.name])
         seen = scrapes[variant.name]
+        run_ratios = [r.calls_per_s / b.calls_per_s for r, b in zip(runs[variant.name], runs[BASELINE], strict=True)]
+        cpu, base_cpu = summary["server_cpu_ms_per_call"], base["server_cpu_ms_per_call"]
         configs.append({
             "name": variant.name, "overlay": variant.overlay, "env": variant.env, **summary,
             "ratio": summary["calls_per_s"] / base["calls_per_s"],
-            "run_ratios": [r.calls_per_s / b.calls_per_s for r, b in zip(runs[variant.name], runs[BASELINE],
-                                                                         strict=True)],
+            "run_ratios": run_ratios, "run_ratio_median": statistics.median(run_ratios),
+            "cpu_ratio": None if cpu is None or not base_cpu else cpu / base_cpu,
             "scrapes": {"ok": seen.ok, "failed": seen.failed,
                         "counted_calls": _counted_calls(seen.last)} if variant.metrics_url else None,
+            "spans": {"received": spans[variant.name], "calls": variant.calls_sent, "expected": variant.expects_spans,
+                      "per_call": spans[variant.name] / variant.calls_sent} if variant.name in spans else None,
             "log_problems": children.log_problems(variant.name),
         })
     scrape_failures = sum(c["scrapes"]["failed"] + (c["scrapes"]["ok"] == 0) for c in configs if c["scrapes"])
+    sink_failures = sum(c["spans"]["expected"] and not c["spans"]["received"] for c in configs if c["spans"])
     return {
         "benchmark": f"ExecuteTool {TOOL} add [2,3] at {args.concurrency} in flight: variants vs the baseline config",
         "environment": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpcio": grpc.__version__,
@@ -321,6 +406,7 @@ def report(args: argparse.Namespace, variants: list[Variant], runs: dict[str, li
         "configs": configs,
         "failures": sum(c["failures"] for c in configs),
         "scrape_failures": scrape_failures,
+        "sink_failures": sink_failures,
     }
 
 
@@ -336,13 +422,16 @@ def format_table(configs: list[dict[str, Any]]) -> str:
     def ms(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.3f}"
 
-    header = ("config", "calls/s", "ratio", "p50", "p99", "server cpu ms/call", "per-run ratios", "scrapes")
+    header = ("config", "calls/s", "ratio", "run ratio", "p50", "p99", "server cpu ms/call", "cpu ratio",
+              "per-run ratios", "scrapes", "spans/call")
     rows = [header]
     for c in configs:
         scraped = "-" if c["scrapes"] is None else f"{c['scrapes']['ok']} ok, {c['scrapes']['failed']} failed"
-        rows.append((c["name"], f"{c['calls_per_s']:.0f}", f"{c['ratio']:.3f}", f"{c['p50_ms']:.2f} ms",
-                     f"{c['p99_ms']:.2f} ms", ms(c["server_cpu_ms_per_call"]),
-                     ", ".join(f"{x:.3f}" for x in c["run_ratios"]), scraped))
+        spans = "-" if c["spans"] is None else f"{c['spans']['per_call']:.2f}"
+        cpu_ratio = "n/a" if c["cpu_ratio"] is None else f"{c['cpu_ratio']:.3f}"
+        rows.append((c["name"], f"{c['calls_per_s']:.0f}", f"{c['ratio']:.3f}", f"{c['run_ratio_median']:.3f}",
+                     f"{c['p50_ms']:.2f} ms", f"{c['p99_ms']:.2f} ms", ms(c["server_cpu_ms_per_call"]), cpu_ratio,
+                     ", ".join(f"{x:.3f}" for x in c["run_ratios"]), scraped, spans))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
@@ -368,18 +457,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nExecuteTool {TOOL} {json.dumps(ARGUMENTS)} at {args.concurrency} in flight; medians of {args.repeat} "
           f"runs of {args.calls} calls; {os.cpu_count()} CPUs shared by the client and the sidecars", file=out)
     print(format_table(results["configs"]), file=out)
-    print("ratio = config calls/s / baseline calls/s (medians); 1.0: the variant costs nothing", file=out)
+    print("ratio = config calls/s / baseline calls/s (medians); 1.0: the variant costs nothing; run ratio: the median "
+          "of the per-run ratios (each against the baseline's run of the same repetition); cpu ratio: server CPU per "
+          "call / the baseline's (medians); spans/call: what its OTLP sink received per call sent (warm-ups "
+          "included)", file=out)
     for config in results["configs"]:
         if config["log_problems"]:
             print(f"{config['name']} log: {len(config['log_problems'])} error line(s), first: "
                   f"{config['log_problems'][0]}", file=out)
         if config["scrapes"] and not config["scrapes"]["counted_calls"]:
             print(f"{config['name']}: the last scrape counted no tool calls", file=out)
-    if results["failures"] or results["scrape_failures"]:
-        print(f"FAILURES: {results['failures']} calls, {results['scrape_failures']} scrapes", file=out)
+        if config["spans"] and config["spans"]["expected"] and not config["spans"]["received"]:
+            print(f"{config['name']}: its OTLP sink received no span", file=out)
+    failed = results["failures"] or results["scrape_failures"] or results["sink_failures"]
+    if failed:
+        print(f"FAILURES: {results['failures']} calls, {results['scrape_failures']} scrapes, "
+              f"{results['sink_failures']} sinks", file=out)
     if args.json:
         print(json.dumps(results, indent=2))
-    return 1 if results["failures"] or results["scrape_failures"] else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

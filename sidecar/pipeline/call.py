@@ -7,8 +7,9 @@ sets ``attempts`` (and ``overran``, ``late`` for a handler that outlived the dea
 where the handler's progress reports go (a streamed call's caller; ``None``: nowhere).
 ``trail`` is the audit trail: every decision made for the call, by stage; ``decision_ids`` names each one.
 ``trace_headers`` is the trace context its caller sent (``sidecar.telemetry.propagation``); the trace stage
-sets ``trace`` (the call's span) when the sidecar traces, and ``span`` makes the stages' own spans, children
-of the call's (nothing at all when it does not trace).
+sets ``trace`` (the call's span) when the sidecar traces, ``span`` makes the stages' own spans, children
+of the call's, and ``deciding`` notes a policy decision for the span they share (nothing at all when it
+does not trace).
 The accessors (``defn``, ``validated``) say which stage must have run, so a stage placed
 before the one it depends on fails loudly in tests rather than silently deciding on nothing.
 """
@@ -37,11 +38,11 @@ from sidecar.tools.definition import ProgressSink, ToolContext, ToolDefinition
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from sidecar.telemetry.spans import CallTrace
+    from sidecar.telemetry.spans import CallTrace, DecisionOutcome
 
 __all__ = ["Arguments", "Call"]
 
-_NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()
+_NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()  # also: no decision outcome to note
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +120,18 @@ class Call:
         return {"tool": self.request.tool, "version": self.tool.version if self.tool else "", "arguments": arguments}
 
     def span(self, kind: str, name: str) -> AbstractContextManager[Span | None]:
-        """A span ``{kind} {name}`` (``policy authz``, ``store claim``, ``handler calculate``), child of the call's,
+        """A span ``{kind} {name}`` (``store claim``, ``handler calculate``), child of the call's,
         while the block runs; ``None`` (and nothing made) when the sidecar does not trace."""
         if self.trace is None:
             return _NO_SPAN
         return self.trace.part(f"{kind} {name}")
+
+    def deciding(self, stage: str) -> AbstractContextManager[DecisionOutcome | None]:
+        """Where the block notes the outcome of ``stage``'s policy decision, for the call's ``policy`` span;
+        ``None`` (and nothing noted) when the sidecar does not trace."""
+        if self.trace is None:
+            return _NO_SPAN
+        return self.trace.deciding(stage)
 
     def context(self, deadline: float) -> ToolContext:
         """What the tool's handler (or its preview renderer) may know of this call, to end by ``deadline``."""

@@ -1,10 +1,11 @@
 """Asking the policy engine on behalf of a call: one place that records decisions and fails closed.
 
 Every decision is written to the call's trail (the audit log shows it, failures included), under a
-decision id of its own (a UUID, as OPA's decision log names decisions), and, when the sidecar traces, made
-in a span ``policy {stage}`` (attribute ``toolbooth.policy.allow``, for the approval stage
-``toolbooth.policy.required``). An engine that cannot answer refuses the call through
-``sidecar.errors.refusal``: nothing after the stage that asked runs.
+decision id of its own (a UUID, as OPA's decision log names decisions), and, when the sidecar traces, noted
+for the call's ``policy`` span (attribute ``toolbooth.policy.{stage}.allow``, for the approval stage
+``toolbooth.policy.approval.required``; ``toolbooth.policy.{stage}.error`` when the engine failed). An
+engine that cannot answer refuses the call through ``sidecar.errors.refusal``: nothing after the stage
+that asked runs.
 """
 
 from __future__ import annotations
@@ -35,21 +36,21 @@ class Decider:
         assert call.inputs is not None, "the resolve stage must run first"
         call_json = call.arguments.call_json if call.arguments is not None else None
         call.decision_ids[stage.value] = str(uuid.uuid4())
-        with call.span("policy", stage.value) as span:
+        with call.deciding(stage.value) as outcome:
             try:
                 decision = await self.policy.decide(stage, call.inputs.build(stage, call_json))
             except PolicyEvaluationError as exc:
                 log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
                 call.trail[stage.value] = {"error": str(exc)}
                 failure = refusal(exc)
-                if span is not None:
-                    span.set_attribute("error.type", failure.code.value)
+                if outcome is not None:
+                    outcome.failed(failure.code.value)
             else:
                 call.trail[stage.value] = decision.document()
-                if span is not None and stage is Stage.APPROVAL:
-                    span.set_attribute("toolbooth.policy.required", decision.required)
-                elif span is not None:
-                    span.set_attribute("toolbooth.policy.allow", decision.allow)
+                if outcome is not None and stage is Stage.APPROVAL:
+                    outcome.set("required", decision.required)
+                elif outcome is not None:
+                    outcome.set("allow", decision.allow)
                 return decision
         raise CallRefused(failure)  # outside the handler: the refusal keeps no engine's traceback alive
 

@@ -2,7 +2,10 @@
 
 ``OTEL_TRACES_EXPORTER`` names the exporters (comma-separated; ``console`` is the SDK's, writing one JSON
 object per line to stdout; ``otlp`` needs the ``otlp`` extra), found by the entry points every exporter
-package registers (group ``opentelemetry_traces_exporter``); each gets a ``BatchSpanProcessor``. Unset,
+package registers (group ``opentelemetry_traces_exporter``); each gets a ``BatchSpanProcessor``. As in the
+SDK's own configuration, ``otlp`` is the entry point of the protocol ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``
+(or ``OTEL_EXPORTER_OTLP_PROTOCOL``) names: ``otlp_proto_grpc`` for ``grpc`` (the default),
+``otlp_proto_http`` for ``http/protobuf``. Unset,
 ``none`` or ``OTEL_SDK_DISABLED=true``: the sidecar does not trace at all (``Tracing.enabled`` is false and
 no span is ever made). Everything else is the SDK's own reading of the environment: the sampler
 (``OTEL_TRACES_SAMPLER``, ``OTEL_TRACES_SAMPLER_ARG``), the resource (``OTEL_SERVICE_NAME``,
@@ -22,7 +25,11 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 from opentelemetry.environment_variables import OTEL_TRACES_EXPORTER
-from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
+from opentelemetry.sdk.environment_variables import (
+    OTEL_EXPORTER_OTLP_PROTOCOL,
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+    OTEL_SDK_DISABLED,
+)
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
@@ -36,6 +43,8 @@ EXPORTER_ENTRY_POINTS = "opentelemetry_traces_exporter"
 SERVICE = "toolbooth"
 _UNNAMED_SERVICE = "unknown_service"  # the SDK's service.name when the environment names none
 _OFF = ("", "none")
+_OTLP = "otlp"
+_OTLP_BY_PROTOCOL = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +72,7 @@ class Tracing:
         names = [name for name in names if name.lower() not in _OFF]
         if not names:
             return cls()
-        return cls.exporting(*(BatchSpanProcessor(_exporter(name)) for name in names), exporters=tuple(names))
+        return cls.exporting(*(BatchSpanProcessor(_exporter(name, env)) for name in names), exporters=tuple(names))
 
     @classmethod
     def exporting(cls, *processors: SpanProcessor, exporters: tuple[str, ...] = ()) -> Tracing:
@@ -87,13 +96,29 @@ def _resource() -> Resource:
     return resource
 
 
-def _exporter(name: str) -> SpanExporter:
-    """A new exporter of the package that registered ``name``."""
-    found = entry_points(group=EXPORTER_ENTRY_POINTS, name=name)
+def _entry_point(name: str, env: Mapping[str, str]) -> str:
+    """The entry point ``name`` stands for: itself, unless it is ``otlp`` (then: that of the OTLP protocol)."""
+    if name != _OTLP:
+        return name
+    for variable in (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL):
+        protocol = env.get(variable, "").strip()
+        if protocol:
+            if protocol not in _OTLP_BY_PROTOCOL:
+                raise ConfigError(f"{variable}={protocol!r}: not an OTLP protocol of traces; expected one of "
+                                  f"{', '.join(_OTLP_BY_PROTOCOL)}")
+            return _OTLP_BY_PROTOCOL[protocol]
+    return _OTLP_BY_PROTOCOL["grpc"]
+
+
+def _exporter(name: str, env: Mapping[str, str]) -> SpanExporter:
+    """A new exporter of the package that registered ``name`` (``otlp``: see ``_entry_point``)."""
+    entry = _entry_point(name, env)
+    found = entry_points(group=EXPORTER_ENTRY_POINTS, name=entry)
     if not found:
         known = sorted({point.name for point in entry_points(group=EXPORTER_ENTRY_POINTS)})
-        hint = " (install toolbooth[otlp] for otlp)" if name.startswith("otlp") else ""
-        raise ConfigError(f"{OTEL_TRACES_EXPORTER}={name!r}: no such span exporter is installed{hint}; "
+        meant = "" if entry == name else f" (for it: {entry})"
+        hint = " (toolbooth[otlp] installs otlp_proto_grpc)" if entry.startswith(_OTLP) else ""
+        raise ConfigError(f"{OTEL_TRACES_EXPORTER}={name!r}: no such span exporter is installed{meant}{hint}; "
                           f"installed: {', '.join([*known, 'none'])}")
     exporter_class = next(iter(found)).load()
     exporter = exporter_class(formatter=_one_line) if exporter_class is ConsoleSpanExporter else exporter_class()

@@ -29,3 +29,14 @@ def test_a_benchmark_runs_to_its_report(command: list[str]) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert report, "an empty report"
+
+
+def test_the_observability_benchmark_counts_the_spans_its_otlp_sink_received() -> None:
+    command = ["benchmarks/bench_observability.py", "--calls", "40", "--warmup", "5", "--concurrency", "2",
+               "--repeat", "2", "--variant", "otlp={}", "--variant-env", "otlp=OTEL_TRACES_EXPORTER=otlp", "--json"]
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [otlp] = [config for config in json.loads(done.stdout)["configs"] if config["name"] == "otlp"]
+    assert otlp["spans"]["calls"] == 1 + 2 * (5 + 40)  # the first call, then warm-up and calls of each run
+    assert otlp["spans"]["received"] == 3 * otlp["spans"]["calls"]  # every read traced: call, policy, handler

@@ -69,7 +69,7 @@ async def test_metrics_console_traces_and_json_logs_of_a_serving_process(tmp_pat
     assert root["attributes"]["gen_ai.tool.call.id"] == "call-1"
     assert root["attributes"]["toolbooth.request_id"] == reply.meta.request_id
     children = {span["name"] for span in spans if span["parent_id"] == root["context"]["span_id"]}
-    assert {"policy authz", "store claim", "handler append_line", "store complete"} <= children
+    assert {"policy", "store claim", "handler append_line", "store complete"} <= children
     assert SECRET not in (tmp_path / "s.out").read_text()
 
     started = {key: line[key] for line in lines for key in ("plugins", "tools", "store", "policy_engine",

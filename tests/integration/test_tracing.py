@@ -1,6 +1,7 @@
 """Traces of a real sidecar (in-process, its spans in memory through the composition root): one span per call
 named ``execute_tool {tool}`` with the GenAI attributes, children for the policy decisions, the store and the
-handler, the caller's ``traceparent`` continued, no argument value anywhere; none at all when tracing is off."""
+handler, the caller's ``traceparent`` continued, no argument value anywhere; none at all when tracing is off,
+or when the sampler leaves the call out."""
 
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ def _named(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
 
 
 def _children(spans: tuple[ReadableSpan, ...], parent: ReadableSpan) -> list[str]:
-    return [span.name for span in spans if span.parent is not None and span.parent.span_id == parent.context.span_id]
+    """The names of ``parent``'s children, in the order they started."""
+    children = [span for span in spans if span.parent is not None and span.parent.span_id == parent.context.span_id]
+    return [span.name for span in sorted(children, key=lambda span: span.start_time or 0)]
 
 
 async def test_a_call_is_one_execute_tool_span_continuing_the_callers_trace(
@@ -79,7 +82,7 @@ async def test_a_call_is_one_execute_tool_span_continuing_the_callers_trace(
     assert attributes["toolbooth.request_id"] == reply.meta.request_id
     assert str(attributes["toolbooth.policy.revision"]).startswith("sha256:")
     assert "error.type" not in attributes and root.status.status_code is StatusCode.UNSET
-    assert _children(spans, root) == ["policy availability", "policy authz", "policy approval", "handler echo"]
+    assert _children(spans, root) == ["policy", "handler echo"]
     assert {format(span.context.trace_id, "032x") for span in spans} == {TRACE_ID}
 
 
@@ -89,10 +92,8 @@ async def test_a_write_has_spans_of_its_store_operations(traced: Services, expor
     spans = exporter.get_finished_spans()
     [root] = _named(spans, "execute_tool create_note")
     assert root.parent is None  # no traceparent: a new trace
-    assert _children(spans, root) == ["policy availability", "policy authz", "policy approval", "store claim",
-                                      "store record_audit", "handler create_note", "store complete"]
-    [authz] = _named(spans, "policy authz")
-    assert dict(authz.attributes or {}) == {"toolbooth.policy.allow": True}
+    assert _children(spans, root) == ["policy", "store claim", "store record_audit", "handler create_note",
+                                      "store complete"]
 
 
 async def test_no_argument_value_reaches_a_span(traced: Services, exporter: InMemorySpanExporter) -> None:
@@ -191,6 +192,33 @@ def test_an_exporter_that_is_not_installed_is_a_clear_error() -> None:
         Tracing.from_env({"OTEL_TRACES_EXPORTER": "zipkin_json"})
 
 
+@pytest.mark.parametrize("protocol", [{}, {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+                                      {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+                                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}])
+async def test_otlp_is_the_exporter_of_its_protocol(protocol: dict[str, str]) -> None:
+    """No exporter registers ``otlp`` itself: it is found as ``otlp_proto_grpc`` (the extra's), the SDK's way
+    (the exporters' export reaching a collector: tests/integration/test_benchmarks_run.py)."""
+    tracing = Tracing.from_env({"OTEL_TRACES_EXPORTER": "otlp", **protocol})
+    try:
+        assert tracing.enabled and tracing.exporters == ("otlp",)
+    finally:
+        await tracing.aclose()
+
+
+def test_otlp_over_a_protocol_whose_exporter_is_not_installed_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match=r"OTEL_TRACES_EXPORTER='otlp': no such span exporter is installed "
+                                          r"\(for it: otlp_proto_http\) "
+                                          r"\(toolbooth\[otlp\] installs otlp_proto_grpc\)"):
+        Tracing.from_env({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"})
+
+
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"])
+def test_an_unknown_otlp_protocol_is_a_clear_error(variable: str) -> None:
+    with pytest.raises(ConfigError, match=f"{variable}='http/json': not an OTLP protocol of traces; expected one of "
+                                          "grpc, http/protobuf"):
+        Tracing.from_env({"OTEL_TRACES_EXPORTER": "otlp", variable: "http/json"})
+
+
 async def test_an_unauthenticated_call_makes_no_span(make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
                                                      exporter: InMemorySpanExporter) -> None:
     tracing = Tracing.exporting(SimpleSpanProcessor(exporter))
@@ -234,3 +262,59 @@ async def test_an_mcp_call_continues_the_trace_of_its_http_request(make_settings
     assert root.parent is not None and format(root.parent.span_id, "016x") == PARENT_ID
     assert dict(root.attributes or {})["gen_ai.tool.call.id"] == "mcp-1"
     assert not [span for span in exporter.get_finished_spans() if SECRET in span.to_json()]
+
+
+async def test_the_policy_decisions_of_a_call_are_one_span(traced: Services, exporter: InMemorySpanExporter) -> None:
+    reply = await traced.tools.ExecuteTool(_request("echo"))
+    assert reply.status == pb.STATUS_SUCCESS
+    spans = exporter.get_finished_spans()
+    [root], [policy], [handler] = (_named(spans, name) for name in ("execute_tool echo", "policy", "handler echo"))
+    assert policy.parent is not None and policy.parent.span_id == root.context.span_id
+    assert dict(policy.attributes or {}) == {
+        "toolbooth.policy.stages": ("availability", "authz", "approval"),
+        "toolbooth.policy.availability.allow": True, "toolbooth.policy.authz.allow": True,
+        "toolbooth.policy.approval.required": False}
+    assert policy.status.status_code is StatusCode.UNSET
+    assert root.start_time is not None and policy.start_time is not None and handler.start_time is not None
+    assert root.end_time is not None and policy.end_time is not None
+    assert root.start_time <= policy.start_time <= policy.end_time <= handler.start_time <= root.end_time
+
+
+async def test_a_denied_call_has_the_decisions_up_to_its_denial(traced: Services,
+                                                                exporter: InMemorySpanExporter) -> None:
+    denied = await traced.tools.ExecuteTool(_request("delete_records"))
+    assert denied.error.code == pb.ERROR_CODE_PERMISSION_DENIED, denied
+    [policy] = _named(exporter.get_finished_spans(), "policy")
+    assert dict(policy.attributes or {}) == {"toolbooth.policy.stages": ("availability", "authz"),
+                                             "toolbooth.policy.availability.allow": True,
+                                             "toolbooth.policy.authz.allow": False}
+
+
+async def test_a_call_under_an_unsampled_traceparent_makes_no_span(
+        make_settings: Callable[..., Settings], exporter: InMemorySpanExporter) -> None:
+    tracing = Tracing.exporting(SimpleSpanProcessor(exporter))  # parentbased_always_on: the parent decides
+    async with serving(make_settings(), Registry.from_tools(tools.ALL), tracing=tracing) as services:
+        unsampled = await services.tools.ExecuteTool(_request("create_note", idempotency_key="k-4"),
+                                                     metadata=(("traceparent", f"00-{TRACE_ID}-{PARENT_ID}-00"),))
+        assert unsampled.status == pb.STATUS_SUCCESS
+        assert exporter.get_finished_spans() == ()
+        sampled = await services.tools.ExecuteTool(_request("echo"), metadata=(("traceparent", TRACEPARENT),))
+        assert sampled.status == pb.STATUS_SUCCESS
+    [root] = [span for span in exporter.get_finished_spans() if span.name.startswith("execute_tool ")]
+    assert root.name == "execute_tool echo" and format(root.context.trace_id, "032x") == TRACE_ID
+
+
+async def test_a_ratio_sampler_that_drops_new_traces_still_continues_sampled_ones(
+        make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch,
+        exporter: InMemorySpanExporter) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    tracing = Tracing.exporting(SimpleSpanProcessor(exporter))
+    async with serving(make_settings(), Registry.from_tools(tools.ALL), tracing=tracing) as services:
+        for _ in range(5):
+            assert (await services.tools.ExecuteTool(_request("echo_sync"))).status == pb.STATUS_SUCCESS
+        reply = await services.tools.ExecuteTool(_request("echo"), metadata=(("traceparent", TRACEPARENT),))
+        assert reply.status == pb.STATUS_SUCCESS
+    spans = exporter.get_finished_spans()
+    assert sorted(span.name for span in spans) == ["execute_tool echo", "handler echo", "policy"]
+    assert {format(span.context.trace_id, "032x") for span in spans} == {TRACE_ID}

@@ -3,10 +3,11 @@ semantic conventions for tool execution).
 
 It continues the caller's trace when the transport got one (``Call.trace_headers``, extracted by the
 propagators of ``OTEL_PROPAGATORS``, W3C trace context by default), and gives the call its span
-(``Call.trace``), so that the stages' own spans (``Call.span``: the policy decisions, the store's
-operations, the handler) are its children; a call the sampler leaves out (``OTEL_TRACES_SAMPLER``) makes
-none of them. Its attributes name the tool, the call and the outcome, never an
-argument value:
+(``Call.trace``), so that the stages' own spans (``Call.span``: the store's operations, the handler) and
+the one span of its policy decisions (``Call.deciding``, made as the call ends) are its children; a call
+the sampler leaves out (``OTEL_TRACES_SAMPLER``, or a caller's unsampled ``traceparent``) makes none of
+them, only the SDK's non-recording span, which carries the trace context but records nothing. Its
+attributes name the tool, the call and the outcome, never an argument value:
 
 =============================  ===============================================================
 ``gen_ai.operation.name``      ``execute_tool``
@@ -72,4 +73,6 @@ class TraceStage:
                 span.set_status(Status(StatusCode.ERROR, error.code.value))
             return result
         finally:
+            if call.trace is not None:
+                call.trace.close()
             span.end()
