@@ -14,7 +14,7 @@ from dataclasses import fields
 from typing import Any
 
 from sidecar.errors import StoreUnavailableError
-from sidecar.state.driver import Dialect, Driver, Params, Row, StatementRunner, Transaction
+from sidecar.state.driver import Deferred, Dialect, Driver, Params, Row, StatementRunner, Transaction
 from sidecar.state.statements import StoreStatements
 
 __all__ = ["CountingDriver"]
@@ -51,6 +51,14 @@ class _Counting:
 
 
 class _CountingTransaction(_Counting):
+    async def later(self, sql: str, params: Params = ()) -> Deferred:
+        try:
+            deferred: Deferred = await self._inner.later(sql, params)
+        except StoreUnavailableError:
+            self._failed(sql)
+            raise
+        return deferred
+
     async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:
         try:
             await self._inner.execute_many(sql, rows)
@@ -90,7 +98,7 @@ class CountingDriver(_Counting):
             raise
 
     @contextlib.asynccontextmanager
-    async def transaction(self, *, lock: int) -> AsyncIterator[Transaction]:
+    async def transaction(self, *, lock: int | None) -> AsyncIterator[Transaction]:
         runner: _CountingTransaction | None = None
         try:
             async with self.inner.transaction(lock=lock) as inner:

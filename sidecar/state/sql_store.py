@@ -2,14 +2,18 @@
 
 A claim is ``INSERT ... ON CONFLICT DO NOTHING``: the primary key decides which of any number of
 concurrent claimers, in any process sharing the database, owns a key; the others then read the row
-that won, in the same driver session (on SQLite one ``BEGIN IMMEDIATE`` transaction; on PostgreSQL
-the row may be released before it is read, and the claim starts over, at most ``CLAIM_ATTEMPTS``
-times). Completions, releases, resolutions and overrun marks touch only a record still without a result, so an
-operator's resolution is never overwritten or deleted. Each preview move is one conditional
-``UPDATE``: of any number of concurrent callers, one wins. Queued audit events are written in
-batches (``AuditBatcher``), one transaction per batch; each append holds ``AUDIT_LOCK``, reads the
-last hash and links the batch to it (``chain.chained``), so every store sharing the database
-appends to one linear chain. Outcomes (completions, releases) and audit batches are lasting writes
+that won. Completions, releases, resolutions and overrun marks touch only a record still without a
+result, so an operator's resolution is never overwritten or deleted. Each preview move is one
+conditional ``UPDATE``: of any number of concurrent callers, one wins.
+
+The writes of concurrent calls are group-committed (``sidecar.state.group``): audit appends (a write's
+dispatching event, batches of queued events), completions and releases, and on a single-writer
+database (SQLite) claims too, each queued and written with whatever else is queued, one transaction
+per batch, each caller answered once the transaction holding its write committed. A batch that appends
+to the audit chain holds ``AUDIT_LOCK``, reads the last hash and links its rows to it (``chain.chained``),
+so every store sharing the database appends to one linear chain. On PostgreSQL a claim is an autocommit
+``INSERT`` and the read of the row that won may find it released, and the claim starts over, at most
+``CLAIM_ATTEMPTS`` times. Outcomes (completions, releases) and audit batches are lasting writes
 (``Lasting``): retried within bounds, else kept in the local journal and applied when the store is back;
 kept outcomes are applied before any key is claimed or read again.
 """
@@ -22,14 +26,15 @@ from sidecar.contract import PreviewState
 from sidecar.errors import StoreUnavailableError
 from sidecar.metrics import Metrics
 from sidecar.state.audit import AuditBatcher
-from sidecar.state.chain import chained
 from sidecar.state.driver import Driver, Row
+from sidecar.state.group import GroupCommit
 from sidecar.state.journal import AuditRows, Completion, Journal, Release, Write
 from sidecar.state.lasting import Lasting, retried
 from sidecar.state.metered import CountingDriver
 from sidecar.state.records import AuditEvent, AuditRecord, ChainHead, Claim, KeyScope, OperationRecord, PreviewRecord
 from sidecar.state.rows import audit_record, audit_row, operation_record, preview_record, preview_row
 from sidecar.state.statements import StoreStatements
+from sidecar.state.units import AuditWrite, ClaimWrite, StatementWrite, found
 
 __all__ = ["AUDIT_LOCK", "CLAIM_ATTEMPTS", "SqlStore"]
 
@@ -49,6 +54,7 @@ class SqlStore:
         self._lasting = Lasting(self._apply)
         self._audit = AuditBatcher(lambda rows: self._lasting.write(AuditRows(tuple(rows))))
         self._chain_key: bytes | None = None
+        self.group = GroupCommit(lambda chained: self.driver.transaction(lock=AUDIT_LOCK if chained else None))
 
     @property
     def kept_writes(self) -> int:
@@ -79,14 +85,15 @@ class SqlStore:
         ``request_hash`` or ``legacy_hash``: the same request)."""
         await self._lasting.catch_up()
         key = astuple(scope)
+        params = (*key, request_hash, request_id, deadline_at)
+        if self.driver.dialect.single_writer:
+            return await self.group.run(ClaimWrite(self._sql, key, params, request_hash, legacy_hash))
         async with self.driver.session() as session:
             for _ in range(CLAIM_ATTEMPTS):
-                if await session.execute(self._sql.claim, (*key, request_hash, request_id, deadline_at)) == 1:
+                if await session.execute(self._sql.claim, params) == 1:
                     return Claim()
-                rows = await session.fetch(self._sql.holder, key)
-                if rows:
-                    held_for, *record = rows[0]
-                    return Claim(operation_record(tuple(record)), reused=held_for not in (request_hash, legacy_hash))
+                if rows := await session.fetch(self._sql.holder, key):
+                    return found(rows, request_hash, legacy_hash)
         raise StoreUnavailableError(f"idempotency key {scope.key!r} was released {CLAIM_ATTEMPTS} times "
                                     "while being claimed")
 
@@ -162,7 +169,7 @@ class SqlStore:
     async def record_audit(self, event: AuditEvent) -> None:
         """Append ``event`` to the audit log, trying again within bounds; durable in the store on return."""
         row = audit_row(event)
-        await retried(lambda: self._append_audit([row]))
+        await retried(lambda: self._append_audit((row,)))
 
     def queue_audit(self, event: AuditEvent) -> None:
         """Like ``record_audit``, but written soon in a batch (in order), or kept in the local journal."""
@@ -213,14 +220,11 @@ class SqlStore:
     async def _apply(self, write: Write) -> None:
         match write:
             case Completion(scope, request_id, result_json):
-                await self.driver.execute(self._sql.complete, (result_json, *astuple(scope), request_id))
+                await self.group.run(StatementWrite(self._sql.complete, (result_json, *astuple(scope), request_id)))
             case Release(scope, request_id):
-                await self.driver.execute(self._sql.release, (*astuple(scope), request_id))
+                await self.group.run(StatementWrite(self._sql.release, (*astuple(scope), request_id)))
             case AuditRows(rows):
-                await self._append_audit(list(rows))
+                await self._append_audit(rows)
 
-    async def _append_audit(self, rows: list[Row]) -> None:
-        async with self.driver.transaction(lock=AUDIT_LOCK) as tx:
-            last = await tx.fetch(self._sql.last_audit_hash)
-            await tx.execute_many(self._sql.insert_audit, chained(last[0][0] if last else None, rows,
-                                                                 self._chain_key))
+    async def _append_audit(self, rows: tuple[Row, ...]) -> None:
+        await self.group.run(AuditWrite(self._sql, rows, self._chain_key))

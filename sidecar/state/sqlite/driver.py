@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sidecar.errors import StoreRefusedError, StoreUnavailableError
-from sidecar.state.driver import Dialect, Params, Row, StatementRunner, Transaction
+from sidecar.state.driver import Deferred, Dialect, Params, Row, StatementRunner, Transaction
 
 __all__ = ["SQLITE", "SqliteDriver", "connect", "script_statements"]
 
@@ -36,6 +36,7 @@ SQLITE = Dialect(
     table_exists="SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?",
     version_table="CREATE TABLE toolbooth_schema (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
                   "applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+    single_writer=True,
 )
 
 
@@ -132,6 +133,16 @@ class _Transaction:
     async def execute(self, sql: str, params: Params = ()) -> int:
         return await self._after_pending(lambda db: db.execute(sql, params).rowcount)
 
+    async def later(self, sql: str, params: Params = ()) -> Deferred:
+        deferred = Deferred()
+
+        def step(db: sqlite3.Connection) -> None:
+            cursor = db.execute(sql, params)
+            deferred.rows, deferred.changed = cursor.fetchall(), cursor.rowcount
+
+        self._pending.append(step)
+        return deferred
+
     async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:
         self._pending.append(lambda db: db.executemany(sql, rows))
 
@@ -188,7 +199,7 @@ class SqliteDriver:
         return self.transaction(lock=0)
 
     @asynccontextmanager
-    async def transaction(self, *, lock: int) -> AsyncIterator[Transaction]:
+    async def transaction(self, *, lock: int | None) -> AsyncIterator[Transaction]:
         """A ``BEGIN IMMEDIATE`` transaction: the write lock covers every ``lock``."""
         async with self._lock:
             transaction = _Transaction(self._worker)

@@ -1,0 +1,80 @@
+"""The writes ``SqlStore`` group-commits (``sidecar.state.group``): a claim, an outcome statement, audit rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from sidecar.errors import StoreUnavailableError
+from sidecar.state.chain import chained
+from sidecar.state.driver import Deferred, Params, Row, Transaction
+from sidecar.state.records import Claim
+from sidecar.state.rows import operation_record
+from sidecar.state.statements import StoreStatements
+
+__all__ = ["AuditWrite", "ClaimWrite", "StatementWrite", "found"]
+
+
+def found(holder: list[Row], request_hash: str, legacy_hash: str | None) -> Claim:
+    """The claim of a key held by the record ``holder`` (its request hash, then ``OPERATION_COLUMNS``): the same
+    request if held for ``request_hash`` or ``legacy_hash``, else ``reused``."""
+    held_for, *record = holder[0]
+    return Claim(operation_record(tuple(record)), reused=held_for not in (request_hash, legacy_hash))
+
+
+class ClaimWrite:
+    """A claim inside a transaction no other writer comes between (SQLite): the insert, then the holder."""
+
+    chained = False
+
+    def __init__(self, sql: StoreStatements, key: tuple[str, ...], params: Params, request_hash: str,
+                 legacy_hash: str | None) -> None:
+        self._sql, self._key, self._params = sql, key, params
+        self._hashes = request_hash, legacy_hash
+        self._inserted, self._holder = Deferred(), Deferred()
+
+    async def stage(self, tx: Transaction) -> None:
+        self._inserted = await tx.later(self._sql.claim, self._params)
+        self._holder = await tx.later(self._sql.holder, self._key)
+
+    def result(self) -> Claim:
+        if self._inserted.changed == 1:
+            return Claim()
+        if not self._holder.rows:  # cannot happen in one write transaction; never taken for a claim
+            raise StoreUnavailableError(f"idempotency key {self._key[-1]!r} is neither free nor held")
+        return found(self._holder.rows, *self._hashes)
+
+
+class StatementWrite:
+    """One statement (a completion, a release); its result is how many rows it changed."""
+
+    chained = False
+
+    def __init__(self, sql: str, params: Params) -> None:
+        self._sql, self._params, self._done = sql, params, Deferred()
+
+    async def stage(self, tx: Transaction) -> None:
+        self._done = await tx.later(self._sql, self._params)
+
+    def result(self) -> int:
+        return self._done.changed
+
+
+class AuditWrite:
+    """Audit rows (``EVENT_COLUMNS``) linked after the chain's last link, read in the same transaction."""
+
+    chained = True
+
+    def __init__(self, sql: StoreStatements, rows: Sequence[Row], key: bytes | None) -> None:
+        self._sql, self._rows, self._key = sql, rows, key
+
+    async def stage(self, tx: Transaction) -> None:
+        last = await tx.later(self._sql.last_audit_hash)
+        await tx.execute_many(self._sql.insert_audit, _linked(last, self._rows, self._key))
+
+    def result(self) -> None:
+        return None
+
+
+def _linked(last: Deferred, rows: Sequence[Row], key: bytes | None) -> Iterator[Row]:
+    """``rows`` chained after the hash ``last`` read; read when the rows are first consumed, after it ran."""
+    yield from chained(last.rows[0][0] if last.rows else None, rows, key)
