@@ -29,11 +29,6 @@ T = TypeVar("T")
 class Unit(Protocol[T_co]):
     """One caller's write: statements staged into a batch's transaction, a result read once it committed."""
 
-    @property
-    def chained(self) -> bool:
-        """Whether it appends to the audit chain (the batch's transaction then holds the chain's lock)."""
-        ...
-
     async def stage(self, tx: Transaction) -> None:
         """Add this write's statements to ``tx`` (``Transaction.later``: results are read after the commit)."""
         ...
@@ -44,10 +39,9 @@ class Unit(Protocol[T_co]):
 
 
 class GroupCommit:
-    """Runs queued units in batches, one ``transaction(chained)`` each (``chained``: a unit of the batch appends
-    to the audit chain)."""
+    """Runs queued units in batches, one ``transaction()`` each."""
 
-    def __init__(self, transaction: Callable[[bool], AbstractAsyncContextManager[Transaction]]) -> None:
+    def __init__(self, transaction: Callable[[], AbstractAsyncContextManager[Transaction]]) -> None:
         self._transaction = transaction
         self._queue: list[tuple[Unit[Any], asyncio.Future[Any]]] = []
         self._drainer: asyncio.Task[None] | None = None
@@ -86,7 +80,7 @@ class GroupCommit:
             _fail([single], exc)
 
     async def _commit(self, batch: list[tuple[Unit[Any], asyncio.Future[Any]]]) -> None:
-        async with self._transaction(any(unit.chained for unit, _ in batch)) as tx:
+        async with self._transaction() as tx:
             for unit, _ in batch:
                 await unit.stage(tx)
         self.batches += 1

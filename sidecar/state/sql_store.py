@@ -9,9 +9,11 @@ conditional ``UPDATE``: of any number of concurrent callers, one wins.
 The writes of concurrent calls are group-committed (``sidecar.state.group``): audit appends (a write's
 dispatching event, batches of queued events), completions and releases, and on a single-writer
 database (SQLite) claims too, each queued and written with whatever else is queued, one transaction
-per batch, each caller answered once the transaction holding its write committed. A batch that appends
-to the audit chain holds ``AUDIT_LOCK``, reads the last hash and links its rows to it (``chain.chained``),
-so every store sharing the database appends to one linear chain. On PostgreSQL a claim is an autocommit
+per batch, each caller answered once the transaction holding its write committed. Each store instance
+appends to an audit chain of its own (``sidecar.state.chain``), registered at its first append, linked
+after the newest event of the log then; a batch reads its chain's last hash and links its rows to it
+(``chain.chained``): no lock is shared by the stores of a database. On SQLite, which takes one writer at
+a time, every store appends to chain 1. On PostgreSQL a claim is an autocommit
 ``INSERT`` and the read of the row that won may find it released, and the claim starts over, at most
 ``CLAIM_ATTEMPTS`` times. Outcomes (completions, releases) and audit batches are lasting writes
 (``Lasting``): retried within bounds, else kept in the local journal and applied when the store is back;
@@ -20,6 +22,7 @@ kept outcomes are applied before any key is claimed or read again.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import astuple
 
 from sidecar.contract import PreviewState
@@ -31,15 +34,23 @@ from sidecar.state.group import GroupCommit
 from sidecar.state.journal import AuditRows, Completion, Journal, Release, Write
 from sidecar.state.lasting import Lasting, retried
 from sidecar.state.metered import CountingDriver
-from sidecar.state.records import AuditEvent, AuditRecord, ChainHead, Claim, KeyScope, OperationRecord, PreviewRecord
+from sidecar.state.records import (
+    AuditEvent,
+    AuditRecord,
+    ChainHead,
+    ChainStart,
+    Claim,
+    KeyScope,
+    OperationRecord,
+    PreviewRecord,
+)
 from sidecar.state.rows import audit_record, audit_row, operation_record, preview_record, preview_row
 from sidecar.state.statements import StoreStatements
-from sidecar.state.units import AuditWrite, ClaimWrite, StatementWrite, found
+from sidecar.state.units import AuditWrite, ChainTail, ClaimWrite, StatementWrite, found
 
-__all__ = ["AUDIT_LOCK", "CLAIM_ATTEMPTS", "SqlStore"]
+__all__ = ["CLAIM_ATTEMPTS", "SHARED_CHAIN", "SqlStore"]
 
-# The lock serializing audit appends: "tb-audit" in ASCII (a PostgreSQL advisory lock key).
-AUDIT_LOCK = int.from_bytes(b"tb-audit", "big")
+SHARED_CHAIN = 1  # the chain of the events from before per-instance chains, and of every SQLite store
 # The row an INSERT conflicted with can be released before the SELECT reads it; then the claim starts over.
 # Each new start means another claim won meanwhile; a key churned this often fails as unavailable (retryable).
 CLAIM_ATTEMPTS = 10
@@ -54,7 +65,9 @@ class SqlStore:
         self._lasting = Lasting(self._apply)
         self._audit = AuditBatcher(lambda rows: self._lasting.write(AuditRows(tuple(rows))))
         self._chain_key: bytes | None = None
-        self.group = GroupCommit(lambda chained: self.driver.transaction(lock=AUDIT_LOCK if chained else None))
+        self.group = GroupCommit(lambda: self.driver.transaction(lock=None))
+        self._tail = ChainTail(SHARED_CHAIN, None) if driver.dialect.single_writer else None
+        self._starting = asyncio.Lock()
 
     @property
     def kept_writes(self) -> int:
@@ -205,10 +218,16 @@ class SqlStore:
         """Key the links appended from now on with ``key`` (``None``: unkeyed); the key is never stored."""
         self._chain_key = key
 
-    async def audit_head(self) -> ChainHead | None:
-        """The newest link of the audit chain and the number of links up to it (one consistent read)."""
-        rows = await self.driver.fetch(self._sql.audit_head)
-        return ChainHead(int(rows[0][0]), str(rows[0][1]), int(rows[0][2])) if rows else None
+    async def audit_heads(self) -> list[ChainHead]:
+        """The newest link of each audit chain with links, and the number of its links up to it (one consistent
+        read), by chain."""
+        return [ChainHead(int(ident), str(digest), int(count), int(chain))
+                for chain, ident, digest, count in await self.driver.fetch(self._sql.audit_heads)]
+
+    async def audit_chains(self) -> list[ChainStart]:
+        """Every registered audit chain, by id."""
+        return [ChainStart(int(chain), None if link_id is None else int(link_id), link_hash)
+                for chain, link_id, link_hash in await self.driver.fetch(self._sql.chains)]
 
     async def aclose(self) -> None:
         """Write queued audit events and kept writes (what the store cannot take stays kept for the next
@@ -227,4 +246,12 @@ class SqlStore:
                 await self._append_audit(rows)
 
     async def _append_audit(self, rows: tuple[Row, ...]) -> None:
-        await self.group.run(AuditWrite(self._sql, rows, self._chain_key))
+        await self.group.run(AuditWrite(self._sql, rows, self._chain_key, await self._chain_tail()))
+
+    async def _chain_tail(self) -> ChainTail:
+        """This store's chain, registered now if it has none yet."""
+        async with self._starting:
+            if self._tail is None:
+                [(chain, link_hash)] = await self.driver.fetch(self._sql.start_chain)
+                self._tail = ChainTail(int(chain), link_hash)
+            return self._tail

@@ -11,7 +11,7 @@ from sidecar.state.records import Claim
 from sidecar.state.rows import operation_record
 from sidecar.state.statements import StoreStatements
 
-__all__ = ["AuditWrite", "ClaimWrite", "StatementWrite", "found"]
+__all__ = ["AuditWrite", "ChainTail", "ClaimWrite", "StatementWrite", "found"]
 
 
 def found(holder: list[Row], request_hash: str, legacy_hash: str | None) -> Claim:
@@ -23,8 +23,6 @@ def found(holder: list[Row], request_hash: str, legacy_hash: str | None) -> Clai
 
 class ClaimWrite:
     """A claim inside a transaction no other writer comes between (SQLite): the insert, then the holder."""
-
-    chained = False
 
     def __init__(self, sql: StoreStatements, key: tuple[str, ...], params: Params, request_hash: str,
                  legacy_hash: str | None) -> None:
@@ -47,8 +45,6 @@ class ClaimWrite:
 class StatementWrite:
     """One statement (a completion, a release); its result is how many rows it changed."""
 
-    chained = False
-
     def __init__(self, sql: str, params: Params) -> None:
         self._sql, self._params, self._done = sql, params, Deferred()
 
@@ -59,22 +55,31 @@ class StatementWrite:
         return self._done.changed
 
 
+class ChainTail:
+    """The chain a store appends to: its id, and the hash its first link follows (``None``: the genesis)."""
+
+    def __init__(self, chain: int, start: str | None) -> None:
+        self.chain, self.start = chain, start
+
+
 class AuditWrite:
-    """Audit rows (``EVENT_COLUMNS``) linked after the chain's last link, read in the same transaction."""
+    """Audit rows (``EVENT_COLUMNS``) linked after the last link of the store's chain, read in the same
+    transaction. Only its store appends to that chain, one batch at a time (its ``GroupCommit``), so no
+    other lock is needed."""
 
-    chained = True
-
-    def __init__(self, sql: StoreStatements, rows: Sequence[Row], key: bytes | None) -> None:
-        self._sql, self._rows, self._key = sql, rows, key
+    def __init__(self, sql: StoreStatements, rows: Sequence[Row], key: bytes | None, tail: ChainTail) -> None:
+        self._sql, self._rows, self._key, self._tail = sql, rows, key, tail
 
     async def stage(self, tx: Transaction) -> None:
-        last = await tx.later(self._sql.last_audit_hash)
-        await tx.execute_many(self._sql.insert_audit, _linked(last, self._rows, self._key))
+        last = await tx.later(self._sql.last_audit_hash, (self._tail.chain,))
+        await tx.execute_many(self._sql.insert_audit, _linked(last, self._rows, self._key, self._tail))
 
     def result(self) -> None:
         return None
 
 
-def _linked(last: Deferred, rows: Sequence[Row], key: bytes | None) -> Iterator[Row]:
-    """``rows`` chained after the hash ``last`` read; read when the rows are first consumed, after it ran."""
-    yield from chained(last.rows[0][0] if last.rows else None, rows, key)
+def _linked(last: Deferred, rows: Sequence[Row], key: bytes | None, tail: ChainTail) -> Iterator[Row]:
+    """``rows`` in ``tail``'s chain, linked after the hash ``last`` read (the chain's start if it has no link
+    yet); read when the rows are first consumed, after it ran."""
+    for row in chained(last.rows[0][0] if last.rows else tail.start, rows, key):
+        yield (tail.chain, *row)
