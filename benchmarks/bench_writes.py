@@ -8,7 +8,10 @@ Every repetition runs each mode on a fresh store:
 
 - ``sqlite``: one sidecar on a new SQLite file (``synchronous=FULL``, the default);
 - ``pg1``: one sidecar on a new schema of the PostgreSQL database ``--postgres-dsn``;
-- ``pg2``: two sidecars sharing a new schema of that database, the workers split between them.
+- ``pg2``: two sidecars sharing a new schema of that database, the workers split between them;
+- ``store-sqlite``, ``store-pg`` (not run by default): the store alone, in this process, without the sidecar:
+  each call makes the store writes of a keyed call (claim, dispatching event, result, queued outcome event),
+  so the store's own cost shows apart from the rest of the sidecar's.
 
 A sidecar is the real one (``toolbooth serve`` in a child process: dev auth, the bundled policies, WARNING
 logs) with one extra tool, ``bench_write`` (this file's ``--sidecar`` mode): a write (side effect
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -52,7 +56,8 @@ import bench_execute as base  # the sibling benchmark: its child processes and r
 
 TOOL = "bench_write"
 EFFECTS_ENV = "BENCH_WRITES_EFFECTS"
-MODES = ("sqlite", "pg1", "pg2")
+MODES = ("sqlite", "pg1", "pg2", "store-sqlite", "store-pg")
+STORE_MODES = {"store-sqlite", "store-pg"}
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 CALL_TIMEOUT_S = 30.0
 
@@ -202,6 +207,8 @@ async def count_events(config: Path) -> Counter[str]:
 async def run_mode(mode: str, args: argparse.Namespace, children: base.Children, index: int) -> Run:
     tmp = children.tmp / f"{mode}-{index}"
     tmp.mkdir()
+    if mode in STORE_MODES:
+        return await run_store(mode, args, tmp)
     effects = tmp / "effects.log"
     os.environ[EFFECTS_ENV] = str(effects)
     schema = None
@@ -243,6 +250,56 @@ async def run_mode(mode: str, args: argparse.Namespace, children: base.Children,
             drop_schema(args.postgres_dsn, schema)
     return Run(mode, measured, seconds, len(failures), measured / seconds if seconds else 0.0,
                cpu * 1e6 / measured if measured else 0.0, load, problems)
+
+
+async def run_store(mode: str, args: argparse.Namespace, tmp: Path) -> Run:
+    """``mode`` ``store-*``: the store writes of ``args.calls`` keyed calls, ``args.concurrency`` at a time, then
+    every key checked claimed once and completed, and the chain verified."""
+    from sidecar.state import KeyScope
+    from sidecar.state.chain import verify_store
+    from sidecar.state.factory import open_store
+    from sidecar.state.records import AuditEvent
+
+    schema = None
+    store_settings: dict[str, Any] = {"sqlite_path": str(tmp / "toolbooth.db"), "journal_file": str(tmp / "j")}
+    if mode == "store-pg":
+        schema, store_settings["postgres_dsn"] = new_schema(args.postgres_dsn)
+    from sidecar.config import StoreSettings
+
+    store = await open_store(StoreSettings.model_validate(store_settings))
+    try:
+        slots = asyncio.Semaphore(args.concurrency)
+
+        async def call(n: int) -> None:
+            scope = KeyScope("bench", "dev", TOOL, f"{mode}-{n}")
+            event = AuditEvent(request_id=f"r-{n}", time="2026-01-01T00:00:00.000+00:00", principal_id="dev",
+                               tenant="bench", tool=TOOL, tool_version="1.0.0", input_hash="sha256:0",
+                               decisions_json="{}", policy_revision="r", idempotency_key=scope.key, call_id=None,
+                               conversation_id=None, status="dispatching", error_code=None, duration_ms=0)
+            async with slots:
+                if not (await store.claim(scope, "hash", f"r-{n}", deadline_at=time.time() + 60)).claimed:
+                    raise RuntimeError(f"{scope.key} was not free")
+                await store.record_audit(event)
+                await store.complete(scope, '{"status": "success"}', request_id=f"r-{n}")
+                store.queue_audit(dataclasses.replace(event, status="success"))
+
+        await asyncio.gather(*(call(n) for n in range(args.warmup)))
+        cpu, started = time.process_time(), time.monotonic()
+        await asyncio.gather(*(call(n) for n in range(args.warmup, args.warmup + args.calls)))
+        await store.flush_audit()
+        seconds, cpu = time.monotonic() - started, time.process_time() - cpu
+        load = os.getloadavg()[0]
+        problems = [f"{n} has no result" for n in range(args.warmup + args.calls)
+                    if (record := await store.operation(KeyScope("bench", "dev", TOOL, f"{mode}-{n}"))) is None
+                    or record.result_json is None][:5]
+        report = await verify_store(store)
+        if report.broken is not None or report.checked != 2 * (args.warmup + args.calls):
+            problems.append(f"audit chain: {report.checked} links, broken {report.broken}")
+    finally:
+        await store.aclose()
+        if schema is not None:
+            drop_schema(args.postgres_dsn, schema)
+    return Run(mode, args.calls, seconds, 0, args.calls / seconds, cpu * 1e6 / args.calls, load, problems)
 
 
 def stop(children: base.Children, name: str) -> None:
@@ -292,15 +349,16 @@ def summarize(runs: list[Run], modes: list[str], repeat: int) -> dict[str, Any]:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    lines = [f"{'mode':<8} {'calls/s (median)':>17} {'CPU µs/call':>12}  runs (load average)"]
+    lines = [f"{'mode':<13} {'calls/s (median)':>17} {'CPU µs/call':>12}  runs (load average)"]
     for mode in MODES:
         if mode in summary:
             row = summary[mode]
             runs = ", ".join(f"{value} ({load})" for value, load in zip(row["runs"], row["loads"], strict=True))
-            lines.append(f"{mode:<8} {row['median_calls_per_s']:>17.1f} {row['median_cpu_us_per_call']:>12.0f}  {runs}")
+            rate, cpu = row["median_calls_per_s"], row["median_cpu_us_per_call"]
+            lines.append(f"{mode:<13} {rate:>17.1f} {cpu:>12.0f}  {runs}")
     if "ratio_pg2_pg1" in summary:
         ratio = summary["ratio_pg2_pg1"]
-        lines.append(f"pg2/pg1  {ratio['median']:>17.2f} {'':>12}  {', '.join(map(str, ratio['runs']))}")
+        lines.append(f"pg2/pg1       {ratio['median']:>17.2f} {'':>12}  {', '.join(map(str, ratio['runs']))}")
     return "\n".join(lines)
 
 
@@ -311,7 +369,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=16, help="calls in flight (default 16)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per mode (default 3)")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="time bound of a run (default 60)")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: sqlite, pg1, pg2 (default all)")
+    parser.add_argument("--modes", default="sqlite,pg1,pg2",
+                        help=f"comma-separated, of {', '.join(MODES)} (default sqlite,pg1,pg2)")
     parser.add_argument("--postgres-dsn", default=os.environ.get("TOOLBOOTH_TEST_POSTGRES_DSN", DEFAULT_DSN))
     parser.add_argument("--pool-size", type=int, default=10, help="store.pool_max_size of each sidecar")
     parser.add_argument("--json", action="store_true", help="the summary as JSON on stdout")
