@@ -37,6 +37,11 @@ class Unit(Protocol[T_co]):
         """What the write found, once the transaction holding it committed."""
         ...
 
+    def failed(self) -> None:
+        """The transaction holding it rolled back (or may have: its commit failed); called before any later
+        batch is staged."""
+        ...
+
 
 class GroupCommit:
     """Runs queued units in batches, one ``transaction()`` each."""
@@ -80,9 +85,14 @@ class GroupCommit:
             _fail([single], exc)
 
     async def _commit(self, batch: list[tuple[Unit[Any], asyncio.Future[Any]]]) -> None:
-        async with self._transaction() as tx:
+        try:
+            async with self._transaction() as tx:
+                for unit, _ in batch:
+                    await unit.stage(tx)
+        except BaseException:
             for unit, _ in batch:
-                await unit.stage(tx)
+                unit.failed()
+            raise
         self.batches += 1
         self.units += len(batch)
         for unit, future in batch:

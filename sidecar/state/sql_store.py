@@ -66,7 +66,7 @@ class SqlStore:
         self._audit = AuditBatcher(lambda rows: self._lasting.write(AuditRows(tuple(rows))))
         self._chain_key: bytes | None = None
         self.group = GroupCommit(lambda: self.driver.transaction(lock=None))
-        self._tail = ChainTail(SHARED_CHAIN, None) if driver.dialect.single_writer else None
+        self._tail = ChainTail(SHARED_CHAIN, None, shared=True) if driver.dialect.single_writer else None
         self._starting = asyncio.Lock()
 
     @property
@@ -253,5 +253,5 @@ class SqlStore:
         async with self._starting:
             if self._tail is None:
                 [(chain, link_hash)] = await self.driver.fetch(self._sql.start_chain)
-                self._tail = ChainTail(int(chain), link_hash)
+                self._tail = ChainTail(int(chain), link_hash, shared=False)
             return self._tail

@@ -41,6 +41,9 @@ class ClaimWrite:
             raise StoreUnavailableError(f"idempotency key {self._key[-1]!r} is neither free nor held")
         return found(self._holder.rows, *self._hashes)
 
+    def failed(self) -> None:
+        return None
+
 
 class StatementWrite:
     """One statement (a completion, a release); its result is how many rows it changed."""
@@ -54,32 +57,47 @@ class StatementWrite:
     def result(self) -> int:
         return self._done.changed
 
+    def failed(self) -> None:
+        return None
+
 
 class ChainTail:
-    """The chain a store appends to: its id, and the hash its first link follows (``None``: the genesis)."""
+    """The chain a store appends to: its id, the hash its first link follows (``None``: the genesis), and
+    whether other stores append to it too (``shared``: chain 1 of a SQLite file). The last hash of a chain of
+    its own is kept (``last``) while every batch that linked to it committed; after one that rolled back it
+    is read again, in the next batch's transaction."""
 
-    def __init__(self, chain: int, start: str | None) -> None:
-        self.chain, self.start = chain, start
+    def __init__(self, chain: int, start: str | None, *, shared: bool) -> None:
+        self.chain, self.start, self.shared = chain, start, shared
+        self.last, self.known = start, not shared
 
 
 class AuditWrite:
-    """Audit rows (``EVENT_COLUMNS``) linked after the last link of the store's chain, read in the same
-    transaction. Only its store appends to that chain, one batch at a time (its ``GroupCommit``), so no
-    other lock is needed."""
+    """Audit rows (``EVENT_COLUMNS``) linked after the last link of the store's chain. Only its store appends
+    to a chain of its own, one batch at a time (its ``GroupCommit``), so no lock is needed; a shared chain's
+    last hash is read in the same transaction, which holds the database's one write lock."""
 
     def __init__(self, sql: StoreStatements, rows: Sequence[Row], key: bytes | None, tail: ChainTail) -> None:
         self._sql, self._rows, self._key, self._tail = sql, rows, key, tail
 
     async def stage(self, tx: Transaction) -> None:
-        last = await tx.later(self._sql.last_audit_hash, (self._tail.chain,))
+        last = None if self._tail.known else await tx.later(self._sql.last_audit_hash, (self._tail.chain,))
         await tx.execute_many(self._sql.insert_audit, _linked(last, self._rows, self._key, self._tail))
 
     def result(self) -> None:
-        return None
+        self._tail.known = not self._tail.shared
+
+    def failed(self) -> None:
+        self._tail.known = False
 
 
-def _linked(last: Deferred, rows: Sequence[Row], key: bytes | None, tail: ChainTail) -> Iterator[Row]:
-    """``rows`` in ``tail``'s chain, linked after the hash ``last`` read (the chain's start if it has no link
-    yet); read when the rows are first consumed, after it ran."""
-    for row in chained(last.rows[0][0] if last.rows else tail.start, rows, key):
+def _linked(last: Deferred | None, rows: Sequence[Row], key: bytes | None, tail: ChainTail) -> Iterator[Row]:
+    """``rows`` in ``tail``'s chain, linked after the hash ``last`` read (without a read, or if the chain has no
+    link yet: ``tail.last``); read when the rows are first consumed, after it ran. ``tail.last`` follows."""
+    if last is None:
+        prev = tail.last
+    else:
+        prev = last.rows[0][0] if last.rows else tail.start
+    for row in chained(prev, rows, key):
+        tail.last = row[-1]
         yield (tail.chain, *row)

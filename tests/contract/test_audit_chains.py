@@ -182,3 +182,18 @@ def test_a_checkpoint_written_now_reads_back_equal(tmp_path: Path) -> None:
     write_checkpoint(tmp_path / "cp.json", checkpoint, KEY)
     assert read_checkpoint(tmp_path / "cp.json", KEY) == checkpoint
     assert (checkpoint.count, checkpoint.head_id, checkpoint.marks) == (5, 12, {1: 3, 4: 2})
+
+
+async def test_a_batch_that_rolls_back_leaves_the_chain_linked_to_what_committed(stores: Stores) -> None:
+    """A store keeps its chain's last hash between batches; after a batch that rolled back (an event in it the
+    chain refuses) the next one links to what is stored, not to the rows that were never committed."""
+    store = await stores.open()
+    await store.record_audit(event(1))
+    bad = event(3, duration_ms=float("nan"))  # canonical JSON has no NaN: its link cannot be hashed
+    results = await asyncio.gather(*(store.record_audit(e) for e in (event(2), bad, event(4))),
+                                   return_exceptions=True)
+    assert [isinstance(r, Exception) for r in results] == [False, True, False], results
+    await store.record_audit(event(5))
+    assert [e.request_id for e in await store.audit_events()] == ["req-1", "req-2", "req-4", "req-5"]
+    report = await verify_store(store)
+    assert (report.checked, report.broken) == (4, None)
