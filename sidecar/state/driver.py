@@ -14,7 +14,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Deferred", "Dialect", "Driver", "Params", "Row", "StatementRunner", "Transaction"]
+__all__ = ["Deferred", "Dialect", "Driver", "Params", "Row", "StatementRunner", "Transaction", "failed_statement",
+           "naming"]
 
 Row = tuple[Any, ...]
 Params = Sequence[Any]
@@ -50,6 +51,18 @@ class StatementRunner(Protocol):
         ...
 
 
+def naming(error: Exception, statement: str | None) -> Exception:
+    """``error``, saying that the deferred ``statement`` (if any) is the one that failed."""
+    error.statement = statement  # type: ignore[attr-defined]
+    return error
+
+
+def failed_statement(error: BaseException) -> str | None:
+    """The SQL of the statement run by ``Transaction.later`` whose failure ``error`` reports, if it says."""
+    statement = getattr(error, "statement", None)
+    return statement if isinstance(statement, str) else None
+
+
 @dataclass(slots=True)
 class Deferred:
     """What a statement run by ``Transaction.later`` returned, set once it ran."""
@@ -64,7 +77,8 @@ class Transaction(StatementRunner, Protocol):
     async def later(self, sql: str, params: Params = ()) -> Deferred:
         """Run ``sql`` by the time the transaction commits, in order with its other statements; what it returned
         is in the ``Deferred`` once it ran (SQLite runs it with the next statement whose result is needed,
-        or with ``COMMIT``: a transaction of many such statements is one trip to its thread)."""
+        or with ``COMMIT``: a transaction of many such statements is one trip to its thread; the error of that
+        trip then names it: ``failed_statement``)."""
         ...
 
     async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:

@@ -1,9 +1,10 @@
 """``CountingDriver``: a ``Driver`` whose failed statements are counted (``toolbooth_store_errors_total{op}``).
 
 ``op`` names what failed: the ``StoreStatements`` field of the statement (``claim``, ``insert_audit``,
-``get_preview``...), ``other`` for a statement that is none of them, or ``session`` / ``transaction``
-when the step itself failed (a connection that could not be had, a commit) rather than one of its
-statements. Each failed attempt counts: a write retried three times before it succeeds counts three.
+``get_preview``...; a statement deferred to the commit is named by the error of its trip), ``other`` for a
+statement that is none of them, or ``session`` / ``transaction`` when the step itself failed (a connection
+that could not be had, a commit) rather than one of its statements. Each failed attempt counts: a write
+retried three times before it succeeds counts three.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import fields
 from typing import Any
 
 from sidecar.errors import StoreUnavailableError
-from sidecar.state.driver import Deferred, Dialect, Driver, Params, Row, StatementRunner, Transaction
+from sidecar.state.driver import Deferred, Dialect, Driver, Params, Row, StatementRunner, Transaction, failed_statement
 from sidecar.state.statements import StoreStatements
 
 __all__ = ["CountingDriver"]
@@ -104,8 +105,10 @@ class CountingDriver(_Counting):
             async with self.inner.transaction(lock=lock) as inner:
                 runner = _CountingTransaction(inner, self._names, self._count)
                 yield runner
-        except StoreUnavailableError:
-            if runner is None or not runner.failed:
+        except StoreUnavailableError as exc:
+            if (deferred := failed_statement(exc)) is not None:  # run with the commit (SQLite): named by it
+                self._count(self._names.get(deferred, "other"))
+            elif runner is None or not runner.failed:
                 self._count("transaction")
             raise
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sidecar.errors import StoreRefusedError, StoreUnavailableError
-from sidecar.state.driver import Deferred, Dialect, Params, Row, StatementRunner, Transaction
+from sidecar.state.driver import Deferred, Dialect, Params, Row, StatementRunner, Transaction, naming
 
 __all__ = ["SQLITE", "SqliteDriver", "connect", "script_statements"]
 
@@ -84,6 +84,23 @@ def script_statements(script: str) -> list[str]:
     return statements
 
 
+def _named(sql: str, step: Callable[[sqlite3.Connection], object]) -> Callable[[sqlite3.Connection], None]:
+    """``step``, a deferred run of ``sql``, whose database error names ``sql``."""
+
+    def run(db: sqlite3.Connection) -> None:
+        try:
+            step(db)
+        except sqlite3.Error as exc:
+            raise naming(exc, sql) from None
+
+    return run
+
+
+def _statement(exc: sqlite3.Error) -> str | None:
+    statement = getattr(exc, "statement", None)
+    return statement if isinstance(statement, str) else None
+
+
 class _Worker:
     """The connection and the one thread that uses it."""
 
@@ -94,9 +111,9 @@ class _Worker:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
         except sqlite3.DataError as exc:  # the value itself (e.g. an integer out of SQLite's range)
-            raise StoreRefusedError(f"SQLite store refuses the data: {exc}") from exc
+            raise naming(StoreRefusedError(f"SQLite store refuses the data: {exc}"), _statement(exc)) from exc
         except sqlite3.Error as exc:
-            raise StoreUnavailableError(f"SQLite store error: {exc}") from exc
+            raise naming(StoreUnavailableError(f"SQLite store error: {exc}"), _statement(exc)) from exc
 
     async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
         return await self.run(lambda: self.db.execute(sql, params).fetchall())
@@ -140,11 +157,11 @@ class _Transaction:
             cursor = db.execute(sql, params)
             deferred.rows, deferred.changed = cursor.fetchall(), cursor.rowcount
 
-        self._pending.append(step)
+        self._pending.append(_named(sql, step))
         return deferred
 
     async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:
-        self._pending.append(lambda db: db.executemany(sql, rows))
+        self._pending.append(_named(sql, lambda db: db.executemany(sql, rows)))
 
     async def execute_script(self, script: str) -> None:
         statements = script_statements(script)
