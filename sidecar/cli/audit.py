@@ -73,8 +73,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         except CheckpointError as exc:
             print(f"audit checkpoint INVALID: {exc}")
             return EXIT_FAILURE
-    mark = checkpoint.count if checkpoint else None
-    report = with_store(args.config, lambda store: verify_store(store, page=PAGE, key=key, mark=mark))
+    marks = checkpoint.marks if checkpoint else None
+    report = with_store(args.config, lambda store: verify_store(store, page=PAGE, key=key, marks=marks))
     print(_describe(report))
     if report.broken is not None:
         return EXIT_FAILURE

@@ -20,18 +20,18 @@ from sidecar.state.driver import Row
 from sidecar.state.records import AuditEvent
 from sidecar.state.rows import audit_row
 
-__all__ = ["AUDIT_LINGER_SECONDS", "AuditBatcher"]
+__all__ = ["AuditBatcher"]
 
-AUDIT_LINGER_SECONDS = 0.005
 log = logging.getLogger("toolbooth.store")
 
 
 class AuditBatcher:
     """Queued audit rows, written in order by a single drain task, one ``write`` per batch.
 
-    The drain lingers ``AUDIT_LINGER_SECONDS`` first, so that under load many calls share
-    one commit. A refused batch is retried row by row; a refused row is logged, not raised:
-    the calls it records are over.
+    The drain starts at once; the events queued while it writes form the next batch, so that under
+    load many calls share one commit (which the store's group commit shares with other writes), and
+    an event alone waits for nothing. A refused batch is retried row by row; a refused row is logged,
+    not raised: the calls it records are over.
     """
 
     def __init__(self, write: Callable[[list[Row]], Awaitable[None]]) -> None:
@@ -57,7 +57,6 @@ class AuditBatcher:
             await asyncio.shield(self._drainer)
 
     async def _drain(self) -> None:
-        await asyncio.sleep(AUDIT_LINGER_SECONDS)  # let concurrent calls join the batch
         while self._pending:
             rows, self._pending = self._pending, []
             self._writing = len(rows)

@@ -2,12 +2,18 @@
 
 ``hash`` is ``hmac-sha256:`` (keyed with ``audit.chain_key``, a secret kept out of the database)
 or, with no key configured, ``sha256:`` over the canonical JSON of the event's fields plus
-``prev_hash``; the first event links to ``GENESIS_HASH``. Without the key no one who can write the
-database can recompute a keyed link; an unkeyed chain only shows accidental damage. A store
-appends under a lock (``chained`` inside its write transaction), so one store's chain is linear
-whoever writes. ``ChainVerifier`` walks stored records in id order and names the first link that
-does not hold: a changed event no longer matches its hash; a removed or reordered one breaks
-the next ``prev_hash``.
+``prev_hash``. Without the key no one who can write the database can recompute a keyed link; an
+unkeyed chain only shows accidental damage.
+
+The log is a set of chains, one per store instance that appends (``ChainStart``; on SQLite, one writer
+at a time, every store appends to chain 1, which also holds every event written before chains were per
+instance). Only its store appends to a chain, one batch at a time, so each chain is linear and no lock is
+shared. Chain 1's first event links to ``GENESIS_HASH``; a later chain's first event links to the newest
+event of the log when it started (its ``link_hash``, also kept in its registration), so removing that
+event shows. ``verify_store`` walks stored records in id order, each through the ``ChainVerifier`` of its
+chain, and names the first link that does not hold: a changed event no longer matches its hash; a removed
+or reordered one breaks the next ``prev_hash`` of its chain; an event of an unregistered chain, or a
+chain start whose linked event is gone or changed, is a break too.
 Columns added after the chain existed (``LATER_COLUMNS``) are hashed only when they hold a value, so the
 links written before them still verify; clearing one of a newer event still breaks its link.
 Unkeyed links may precede keyed ones (the key was configured later), never follow them.
@@ -19,12 +25,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Iterator
-from dataclasses import astuple, dataclass, fields
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import astuple, dataclass, field, fields
 
 from sidecar.canonical import canonical_bytes, sha256_hex
 from sidecar.state.driver import Row
-from sidecar.state.records import AuditEvent, AuditRecord
+from sidecar.state.records import AuditEvent, AuditRecord, ChainStart
 from sidecar.state.store import Store
 
 __all__ = [
@@ -79,17 +85,18 @@ class ChainBreak:
 
 
 class ChainVerifier:
-    """Checks records fed in id order; events from before the chain existed may only come first, and
-    unkeyed links only before keyed ones. With ``key`` keyed links are checked (without it they cannot be);
-    ``mark``: remember the hash of the ``mark``-th link (a checkpoint's position)."""
+    """Checks the records of one chain fed in id order; events from before the chain existed may only come
+    first, and unkeyed links only before keyed ones. The first link follows ``start`` (``None``: the
+    genesis). With ``key`` keyed links are checked (without it they cannot be); ``mark``: remember the hash
+    of the ``mark``-th link (a checkpoint's position)."""
 
-    def __init__(self, key: bytes | None = None, *, mark: int | None = None) -> None:
+    def __init__(self, key: bytes | None = None, *, mark: int | None = None, start: str | None = None) -> None:
         self.checked = 0
         self.unchained = 0
         self.unkeyed = 0
         self.last_hash: str | None = None
         self.marked: str | None = None
-        self._key, self._mark = key, mark
+        self._key, self._mark, self._start = key, mark, start
 
     def feed(self, record: AuditRecord) -> ChainBreak | None:
         """Check ``record``, which must follow the ones fed before."""
@@ -106,10 +113,6 @@ class ChainVerifier:
             return None
         return ChainBreak(record.id, problem)
 
-    def report(self, broken: ChainBreak | None) -> ChainReport:
-        """What was found, ``broken`` being the first bad link if any."""
-        return ChainReport(self.checked, self.unchained, self.last_hash, broken, self.unkeyed, self._key is not None,
-                           self.marked)
 
     def _problem(self, record: AuditRecord) -> str | None:
         if record.hash is None or record.prev_hash is None:
@@ -120,7 +123,7 @@ class ChainVerifier:
         if _keyed(record.hash) and self._key is None:
             return ("the event is keyed (hmac-sha256) and no chain key is configured (audit.chain_key or "
                     "audit.chain_key_file): it cannot be checked")
-        expected_prev = self.last_hash or GENESIS_HASH
+        expected_prev = self.last_hash or self._start or GENESIS_HASH
         if record.prev_hash != expected_prev:
             return (f"prev_hash {record.prev_hash} is not the hash of the event before it ({expected_prev}): "
                     "an event was removed, inserted or reordered")
@@ -138,9 +141,10 @@ def _keyed(digest: str | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ChainReport:
-    """What ``verify_store`` found: events checked, events from before the chain, the last good hash, the
-    first broken link; links hashed without a key, whether a key checked the keyed ones, the hash of the
-    link at the asked-for position (``None`` if the chain is shorter)."""
+    """What ``verify_store`` found, over every chain: events checked, events from before the chain, the last
+    good hash (of the newest event), the first broken link; links hashed without a key, whether a key checked
+    the keyed ones; per chain its links checked (``counts``) and the hash of the link at the asked-for
+    position (``marks``; absent if the chain is shorter)."""
 
     checked: int
     unchained: int
@@ -148,18 +152,65 @@ class ChainReport:
     broken: ChainBreak | None
     unkeyed: int = 0
     keyed: bool = False
-    marked: str | None = None
+    counts: Mapping[int, int] = field(default_factory=dict)
+    marks: Mapping[int, str] = field(default_factory=dict)
+
+
+class _LogVerifier:
+    """The records of every chain, fed in id order, each checked by its chain's verifier."""
+
+    def __init__(self, starts: Iterable[ChainStart], key: bytes | None, marks: Mapping[int, int]) -> None:
+        self._key, self._marks = key, marks
+        self._starts = {start.chain: start for start in starts}
+        self._links: dict[int, list[ChainStart]] = {}
+        for start in self._starts.values():
+            if start.link_id is not None:
+                self._links.setdefault(start.link_id, []).append(start)
+        self._chains: dict[int, ChainVerifier] = {}
+        self._last: str | None = None
+
+    def feed(self, record: AuditRecord) -> ChainBreak | None:
+        start = self._starts.get(record.chain)
+        if start is None:
+            return ChainBreak(record.id, f"the event is in chain {record.chain}, which is not registered: a chain's "
+                                         "registration was removed")
+        if record.chain not in self._chains:
+            self._chains[record.chain] = ChainVerifier(self._key, mark=self._marks.get(record.chain),
+                                                       start=start.link_hash)
+        if (broken := self._chains[record.chain].feed(record)) is not None:
+            return broken
+        for linked in self._links.pop(record.id, []):
+            if linked.link_hash != record.hash:
+                return ChainBreak(record.id, f"chain {linked.chain} starts after this event with hash "
+                                             f"{linked.link_hash}, and it now has {record.hash}")
+        self._last = record.hash or self._last
+        return None
+
+    def end(self) -> ChainBreak | None:
+        """A chain start whose linked event was never fed: it was removed."""
+        if not self._links:
+            return None
+        link_id = min(self._links)
+        return ChainBreak(link_id, f"chain {self._links[link_id][0].chain} starts after event id {link_id}, which "
+                                   "is missing: an event was removed")
+
+    def report(self, broken: ChainBreak | None) -> ChainReport:
+        chains = self._chains.values()
+        return ChainReport(sum(c.checked for c in chains), sum(c.unchained for c in chains), self._last, broken,
+                           sum(c.unkeyed for c in chains), self._key is not None,
+                           {n: c.checked for n, c in self._chains.items()},
+                           {n: c.marked for n, c in self._chains.items() if c.marked is not None})
 
 
 async def verify_store(store: Store, *, page: int = 1000, key: bytes | None = None,
-                       mark: int | None = None) -> ChainReport:
-    """Walk ``store``'s audit chain, ``page`` records at a time, up to its first broken link; keyed links
-    are checked with ``key``; the hash of the ``mark``-th link is reported."""
-    verifier = ChainVerifier(key, mark=mark)
+                       marks: Mapping[int, int] | None = None) -> ChainReport:
+    """Walk ``store``'s audit chains, ``page`` records at a time, up to the first broken link; keyed links
+    are checked with ``key``; per chain in ``marks``, the hash of its link at that position is reported."""
+    verifier = _LogVerifier(await store.audit_chains(), key, marks or {})
     after = 0
     while records := await store.audit_records(after_id=after, limit=page):
         for record in records:
             if (broken := verifier.feed(record)) is not None:
                 return verifier.report(broken)
         after = records[-1].id
-    return verifier.report(None)
+    return verifier.report(verifier.end())

@@ -1,11 +1,14 @@
 """Signed checkpoints of the audit chain, kept outside the database, so that removing the newest events shows.
 
-A checkpoint is the chain's head at one moment: how many links it had (``count``), the newest one's
-id and hash, and when; HMAC-SHA256-signed with the chain key (``audit.chain_key``). The sidecar
-writes it to ``audit.checkpoint_file`` (atomically: a temporary file renamed over it, owner-only)
-at an interval and at shutdown (``Checkpointer``). ``audit verify`` reads it back (``read_checkpoint``:
-a signature that fails is an error) and compares the chain with it (``compare``): the chain must
-still hold at least ``count`` links and its ``count``-th must be the checkpoint's head.
+A checkpoint is the head of every chain of the log at one moment: per chain how many links it had
+(``count``), the newest one's id and hash; and when; HMAC-SHA256-signed with the chain key
+(``audit.chain_key``). The sidecar writes it to ``audit.checkpoint_file`` (atomically: a temporary file
+renamed over it, owner-only) at an interval and at shutdown (``Checkpointer``). ``audit verify`` reads it
+back (``read_checkpoint``: a signature that fails is an error) and compares the chains with it
+(``compare``): each chain must still hold at least ``count`` links and its ``count``-th must be the
+checkpoint's head of it. Each chain has one writer, so its links are committed in id order and a head
+read at any moment stays where it was counted. A version 1 file (from before chains were per store
+instance) holds one head, of chain 1, where every older event is.
 """
 
 from __future__ import annotations
@@ -18,18 +21,19 @@ import hmac
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sidecar.canonical import canonical_bytes
 from sidecar.state.chain import ChainReport
+from sidecar.state.records import ChainHead
 from sidecar.state.store import Store
 
 __all__ = ["Checkpoint", "CheckpointError", "Checkpointer", "compare", "read_checkpoint", "write_checkpoint"]
 
 log = logging.getLogger("toolbooth.audit")
-_VERSION = 1
+_VERSION = 2
 
 
 class CheckpointError(Exception):
@@ -38,22 +42,45 @@ class CheckpointError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """The chain's head when it was written: ``count`` links, the newest ``head_id`` with hash ``head``."""
+    """The heads of the chains when it was written: per chain ``count`` links, the newest with id ``id`` and
+    hash ``hash``."""
 
-    count: int
-    head_id: int
-    head: str
+    heads: tuple[ChainHead, ...]
     written_at: str
 
+    @property
+    def count(self) -> int:
+        """Links of every chain together."""
+        return sum(head.count for head in self.heads)
 
-def _signature(checkpoint: Checkpoint, key: bytes) -> str:
-    body = canonical_bytes({"version": _VERSION, **asdict(checkpoint)})
+    @property
+    def head_id(self) -> int:
+        """The id of the newest head."""
+        return max(head.id for head in self.heads)
+
+    @property
+    def marks(self) -> dict[int, int]:
+        """Per chain, the position of its head (``verify_store``'s ``marks``)."""
+        return {head.chain: head.count for head in self.heads}
+
+
+def _body(checkpoint: Checkpoint, version: int) -> dict[str, Any]:
+    if version == 1:
+        [head] = checkpoint.heads
+        return {"version": 1, "count": head.count, "head_id": head.id, "head": head.hash,
+                "written_at": checkpoint.written_at}
+    chains = [{"chain": h.chain, "count": h.count, "head_id": h.id, "head": h.hash} for h in checkpoint.heads]
+    return {"version": version, "chains": chains, "written_at": checkpoint.written_at}
+
+
+def _signature(checkpoint: Checkpoint, key: bytes, version: int = _VERSION) -> str:
+    body = canonical_bytes(_body(checkpoint, version))
     return "hmac-sha256:" + hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
 def write_checkpoint(path: Path, checkpoint: Checkpoint, key: bytes) -> None:
     """Write ``checkpoint`` signed with ``key`` to ``path``, replacing it atomically (mode 0600)."""
-    data = {"version": _VERSION, **asdict(checkpoint), "signature": _signature(checkpoint, key)}
+    data = {**_body(checkpoint, _VERSION), "signature": _signature(checkpoint, key)}
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -68,29 +95,37 @@ def read_checkpoint(path: Path, key: bytes) -> Checkpoint:
     """The checkpoint at ``path`` if its signature holds under ``key``; ``CheckpointError`` otherwise."""
     try:
         data: Any = json.loads(path.read_text())
-        checkpoint = Checkpoint(int(data["count"]), int(data["head_id"]), str(data["head"]), str(data["written_at"]))
+        version = data.get("version")
+        chains = [{"chain": 1, **data}] if version == 1 else data["chains"]
+        heads = tuple(ChainHead(int(c["head_id"]), str(c["head"]), int(c["count"]), int(c["chain"])) for c in chains)
+        checkpoint = Checkpoint(heads, str(data["written_at"]))
         signature = str(data["signature"])
+        if not heads:
+            raise ValueError("no chain heads")
     except OSError as exc:
         raise CheckpointError(f"cannot read the checkpoint {path}: {exc.strerror}") from None
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"the checkpoint {path} is malformed: {exc!r}") from None
-    if data.get("version") != _VERSION or not hmac.compare_digest(signature.encode(),
-                                                                   _signature(checkpoint, key).encode()):
+    if version not in (1, _VERSION) or not hmac.compare_digest(signature.encode(),
+                                                               _signature(checkpoint, key, version).encode()):
         raise CheckpointError(f"the checkpoint {path} has a signature that fails under the chain key: it was "
                               "altered, or written with another key")
     return checkpoint
 
 
 def compare(report: ChainReport, checkpoint: Checkpoint) -> str | None:
-    """What the (intact) chain of ``report``, walked with ``mark=checkpoint.count``, contradicts in
-    ``checkpoint``; ``None`` if the checkpoint's head is where it counts it."""
-    where = (f"the checkpoint of {checkpoint.written_at} counts {checkpoint.count} event(s), "
-             f"head id {checkpoint.head_id}")
-    if report.checked < checkpoint.count:
-        return f"events removed after the checkpoint: {where}; the log holds {report.checked}"
-    if report.marked != checkpoint.head:
-        return (f"events removed after the checkpoint: {where}, hash {checkpoint.head}, but the log's event "
-                f"{checkpoint.count} has hash {report.marked} (head not found: the log was cut and rewritten)")
+    """What the (intact) chains of ``report``, walked with ``marks=checkpoint.marks``, contradict in
+    ``checkpoint``; ``None`` if each chain's head is where the checkpoint counts it."""
+    for head in checkpoint.heads:
+        where = (f"the checkpoint of {checkpoint.written_at} counts {head.count} event(s) in chain {head.chain}, "
+                 f"head id {head.id}")
+        held = report.counts.get(head.chain, 0)
+        if held < head.count:
+            return f"events removed after the checkpoint: {where}; the log holds {held}"
+        if report.marks.get(head.chain) != head.hash:
+            return (f"events removed after the checkpoint: {where}, hash {head.hash}, but the chain's event "
+                    f"{head.count} has hash {report.marks.get(head.chain)} (head not found: the log was cut and "
+                    "rewritten)")
     return None
 
 
@@ -102,13 +137,13 @@ class Checkpointer:
         self._key = key
 
     async def write(self) -> Checkpoint | None:
-        """Write queued events, then the checkpoint of the chain's head (none while the chain is empty)."""
+        """Write queued events, then the checkpoint of the chains' heads (none while the log has no links)."""
         await self.store.flush_audit()
-        head = await self.store.audit_head()
-        if head is None:
+        heads = await self.store.audit_heads()
+        if not heads:
             return None
         now = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
-        checkpoint = Checkpoint(head.count, head.id, head.hash, now)
+        checkpoint = Checkpoint(tuple(heads), now)
         await asyncio.to_thread(write_checkpoint, self.path, checkpoint, self._key)
         return checkpoint
 

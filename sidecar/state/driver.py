@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Dialect", "Driver", "Params", "Row", "StatementRunner", "Transaction"]
+__all__ = ["Deferred", "Dialect", "Driver", "Params", "Row", "StatementRunner", "Transaction", "failed_statement",
+           "naming"]
 
 Row = tuple[Any, ...]
 Params = Sequence[Any]
@@ -31,6 +32,7 @@ class Dialect:
     timestamp: str  # template: epoch seconds as a timestamp column stores them
     table_exists: str  # a query with one parameter, a table name: one row, true if the table exists
     version_table: str  # the DDL of ``toolbooth_schema`` (version, name, applied_at)
+    single_writer: bool  # one write transaction at a time (SQLite): claims are group-committed with the rest
 
     def sql(self, statement: str) -> str:
         """``statement`` with its ``?`` placeholders in this dialect's style."""
@@ -49,8 +51,35 @@ class StatementRunner(Protocol):
         ...
 
 
+def naming(error: Exception, statement: str | None) -> Exception:
+    """``error``, saying that the deferred ``statement`` (if any) is the one that failed."""
+    error.statement = statement  # type: ignore[attr-defined]
+    return error
+
+
+def failed_statement(error: BaseException) -> str | None:
+    """The SQL of the statement run by ``Transaction.later`` whose failure ``error`` reports, if it says."""
+    statement = getattr(error, "statement", None)
+    return statement if isinstance(statement, str) else None
+
+
+@dataclass(slots=True)
+class Deferred:
+    """What a statement run by ``Transaction.later`` returned, set once it ran."""
+
+    rows: list[Row] = field(default_factory=list)
+    changed: int = -1  # rows inserted, changed or deleted
+
+
 class Transaction(StatementRunner, Protocol):
     """Statements inside one transaction, on one connection."""
+
+    async def later(self, sql: str, params: Params = ()) -> Deferred:
+        """Run ``sql`` by the time the transaction commits, in order with its other statements; what it returned
+        is in the ``Deferred`` once it ran (SQLite runs it with the next statement whose result is needed,
+        or with ``COMMIT``: a transaction of many such statements is one trip to its thread; the error of that
+        trip then names it: ``failed_statement``)."""
+        ...
 
     async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:
         """Run ``sql`` once per parameter row; ``rows`` may be lazy, consumed by the time the transaction
@@ -76,10 +105,10 @@ class Driver(StatementRunner, Protocol):
         ``BEGIN IMMEDIATE`` transaction: nothing comes between them."""
         ...
 
-    def transaction(self, *, lock: int) -> AbstractAsyncContextManager[Transaction]:
-        """A transaction holding the lock named ``lock`` (a signed 64-bit key) until it commits, or rolls back
-        on an exception: whoever else takes that lock, in any process, waits. A backend may lock more
-        (SQLite takes its one write lock), never less."""
+    def transaction(self, *, lock: int | None) -> AbstractAsyncContextManager[Transaction]:
+        """A transaction holding the lock named ``lock`` (a signed 64-bit key; ``None``: no named lock) until it
+        commits, or rolls back on an exception: whoever else takes that lock, in any process, waits. A backend
+        may lock more (SQLite takes its one write lock), never less."""
         ...
 
     async def aclose(self) -> None:

@@ -1,9 +1,10 @@
 """``CountingDriver``: a ``Driver`` whose failed statements are counted (``toolbooth_store_errors_total{op}``).
 
 ``op`` names what failed: the ``StoreStatements`` field of the statement (``claim``, ``insert_audit``,
-``get_preview``...), ``other`` for a statement that is none of them, or ``session`` / ``transaction``
-when the step itself failed (a connection that could not be had, a commit) rather than one of its
-statements. Each failed attempt counts: a write retried three times before it succeeds counts three.
+``get_preview``...; a statement deferred to the commit is named by the error of its trip), ``other`` for a
+statement that is none of them, or ``session`` / ``transaction`` when the step itself failed (a connection
+that could not be had, a commit) rather than one of its statements. Each failed attempt counts: a write
+retried three times before it succeeds counts three.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import fields
 from typing import Any
 
 from sidecar.errors import StoreUnavailableError
-from sidecar.state.driver import Dialect, Driver, Params, Row, StatementRunner, Transaction
+from sidecar.state.driver import Deferred, Dialect, Driver, Params, Row, StatementRunner, Transaction, failed_statement
 from sidecar.state.statements import StoreStatements
 
 __all__ = ["CountingDriver"]
@@ -51,6 +52,14 @@ class _Counting:
 
 
 class _CountingTransaction(_Counting):
+    async def later(self, sql: str, params: Params = ()) -> Deferred:
+        try:
+            deferred: Deferred = await self._inner.later(sql, params)
+        except StoreUnavailableError:
+            self._failed(sql)
+            raise
+        return deferred
+
     async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:
         try:
             await self._inner.execute_many(sql, rows)
@@ -90,14 +99,16 @@ class CountingDriver(_Counting):
             raise
 
     @contextlib.asynccontextmanager
-    async def transaction(self, *, lock: int) -> AsyncIterator[Transaction]:
+    async def transaction(self, *, lock: int | None) -> AsyncIterator[Transaction]:
         runner: _CountingTransaction | None = None
         try:
             async with self.inner.transaction(lock=lock) as inner:
                 runner = _CountingTransaction(inner, self._names, self._count)
                 yield runner
-        except StoreUnavailableError:
-            if runner is None or not runner.failed:
+        except StoreUnavailableError as exc:
+            if (deferred := failed_statement(exc)) is not None:  # run with the commit (SQLite): named by it
+                self._count(self._names.get(deferred, "other"))
+            elif runner is None or not runner.failed:
                 self._count("transaction")
             raise
 

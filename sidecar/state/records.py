@@ -20,6 +20,7 @@ __all__ = [
     "AuditEvent",
     "AuditRecord",
     "ChainHead",
+    "ChainStart",
     "Claim",
     "KeyScope",
     "OperationRecord",
@@ -121,21 +122,33 @@ class AuditEvent:
 
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
-    """A stored event, linked into its store's chain: ``hash`` covers the event and ``prev_hash``."""
+    """A stored event, linked into its chain: ``hash`` covers the event and ``prev_hash``."""
 
     id: int
     event: AuditEvent
     prev_hash: str | None  # both ``None`` only for events written before the chain existed
     hash: str | None
+    chain: int = 1  # the chain of the store instance that wrote it (``ChainStart``)
 
 
 @dataclass(frozen=True, slots=True)
 class ChainHead:
-    """The newest link of a store's audit chain: its id, its hash and how many links the chain has up to it."""
+    """The newest link of an audit chain: its id, its hash and how many links the chain has up to it."""
 
     id: int
     hash: str
     count: int
+    chain: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ChainStart:
+    """An audit chain, as registered when its store instance first appended: the newest event of the log
+    then (``link_id``, ``link_hash``), after which its first link comes (both ``None``: after the genesis)."""
+
+    chain: int
+    link_id: int | None
+    link_hash: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,10 +35,11 @@ def audit_row(event: AuditEvent) -> Row:
 
 
 def audit_record(row: Row) -> AuditRecord:
-    """A row of ``id`` and ``CHAINED_COLUMNS`` as a record."""
-    ident, *values = row
+    """A row of ``id``, ``chain_id`` and ``CHAINED_COLUMNS`` as a record."""
+    ident, chain, *values = row
     count = len(EVENT_COLUMNS)
-    return AuditRecord(int(ident), AuditEvent(*values[:count]), *values[count:])
+    prev_hash, digest = values[count:]
+    return AuditRecord(int(ident), AuditEvent(*values[:count]), prev_hash, digest, int(chain))
 
 
 def operation_record(row: Row) -> OperationRecord:

@@ -2,39 +2,55 @@
 
 A claim is ``INSERT ... ON CONFLICT DO NOTHING``: the primary key decides which of any number of
 concurrent claimers, in any process sharing the database, owns a key; the others then read the row
-that won, in the same driver session (on SQLite one ``BEGIN IMMEDIATE`` transaction; on PostgreSQL
-the row may be released before it is read, and the claim starts over, at most ``CLAIM_ATTEMPTS``
-times). Completions, releases, resolutions and overrun marks touch only a record still without a result, so an
-operator's resolution is never overwritten or deleted. Each preview move is one conditional
-``UPDATE``: of any number of concurrent callers, one wins. Queued audit events are written in
-batches (``AuditBatcher``), one transaction per batch; each append holds ``AUDIT_LOCK``, reads the
-last hash and links the batch to it (``chain.chained``), so every store sharing the database
-appends to one linear chain. Outcomes (completions, releases) and audit batches are lasting writes
+that won. Completions, releases, resolutions and overrun marks touch only a record still without a
+result, so an operator's resolution is never overwritten or deleted. Each preview move is one
+conditional ``UPDATE``: of any number of concurrent callers, one wins.
+
+The writes of concurrent calls are group-committed (``sidecar.state.group``): audit appends (a write's
+dispatching event, batches of queued events), completions and releases, and on a single-writer
+database (SQLite) claims too, each queued and written with whatever else is queued, one transaction
+per batch, each caller answered once the transaction holding its write committed. Each store instance
+appends to an audit chain of its own (``sidecar.state.chain``), registered at its first append, linked
+after the newest event of the log then; a batch reads its chain's last hash and links its rows to it
+(``chain.chained``): no lock is shared by the stores of a database. On SQLite, which takes one writer at
+a time, every store appends to chain 1. On PostgreSQL a claim is an autocommit
+``INSERT`` and the read of the row that won may find it released, and the claim starts over, at most
+``CLAIM_ATTEMPTS`` times. Outcomes (completions, releases) and audit batches are lasting writes
 (``Lasting``): retried within bounds, else kept in the local journal and applied when the store is back;
 kept outcomes are applied before any key is claimed or read again.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import astuple
 
 from sidecar.contract import PreviewState
 from sidecar.errors import StoreUnavailableError
 from sidecar.metrics import Metrics
 from sidecar.state.audit import AuditBatcher
-from sidecar.state.chain import chained
 from sidecar.state.driver import Driver, Row
+from sidecar.state.group import GroupCommit
 from sidecar.state.journal import AuditRows, Completion, Journal, Release, Write
 from sidecar.state.lasting import Lasting, retried
 from sidecar.state.metered import CountingDriver
-from sidecar.state.records import AuditEvent, AuditRecord, ChainHead, Claim, KeyScope, OperationRecord, PreviewRecord
+from sidecar.state.records import (
+    AuditEvent,
+    AuditRecord,
+    ChainHead,
+    ChainStart,
+    Claim,
+    KeyScope,
+    OperationRecord,
+    PreviewRecord,
+)
 from sidecar.state.rows import audit_record, audit_row, operation_record, preview_record, preview_row
 from sidecar.state.statements import StoreStatements
+from sidecar.state.units import AuditWrite, ChainTail, ClaimWrite, StatementWrite, found
 
-__all__ = ["AUDIT_LOCK", "CLAIM_ATTEMPTS", "SqlStore"]
+__all__ = ["CLAIM_ATTEMPTS", "SHARED_CHAIN", "SqlStore"]
 
-# The lock serializing audit appends: "tb-audit" in ASCII (a PostgreSQL advisory lock key).
-AUDIT_LOCK = int.from_bytes(b"tb-audit", "big")
+SHARED_CHAIN = 1  # the chain of the events from before per-instance chains, and of every SQLite store
 # The row an INSERT conflicted with can be released before the SELECT reads it; then the claim starts over.
 # Each new start means another claim won meanwhile; a key churned this often fails as unavailable (retryable).
 CLAIM_ATTEMPTS = 10
@@ -52,6 +68,9 @@ class SqlStore:
         self._lasting = Lasting(self._apply)
         self._audit = AuditBatcher(lambda rows: self._lasting.write(AuditRows(tuple(rows))))
         self._chain_key: bytes | None = None
+        self.group = GroupCommit(lambda: self.driver.transaction(lock=None))
+        self._tail = ChainTail(SHARED_CHAIN, None, shared=True) if driver.dialect.single_writer else None
+        self._starting = asyncio.Lock()
 
     @property
     def kept_writes(self) -> int:
@@ -82,14 +101,15 @@ class SqlStore:
         ``request_hash`` or ``legacy_hash``: the same request)."""
         await self._lasting.catch_up()
         key = astuple(scope)
+        params = (*key, request_hash, request_id, deadline_at)
+        if self.driver.dialect.single_writer:
+            return await self.group.run(ClaimWrite(self._sql, key, params, request_hash, legacy_hash))
         async with self.driver.session() as session:
             for _ in range(CLAIM_ATTEMPTS):
-                if await session.execute(self._sql.claim, (*key, request_hash, request_id, deadline_at)) == 1:
+                if await session.execute(self._sql.claim, params) == 1:
                     return Claim()
-                rows = await session.fetch(self._sql.holder, key)
-                if rows:
-                    held_for, *record = rows[0]
-                    return Claim(operation_record(tuple(record)), reused=held_for not in (request_hash, legacy_hash))
+                if rows := await session.fetch(self._sql.holder, key):
+                    return found(rows, request_hash, legacy_hash)
         raise StoreUnavailableError(f"idempotency key {scope.key!r} was released {CLAIM_ATTEMPTS} times "
                                     "while being claimed")
 
@@ -165,7 +185,7 @@ class SqlStore:
     async def record_audit(self, event: AuditEvent) -> None:
         """Append ``event`` to the audit log, trying again within bounds; durable in the store on return."""
         row = audit_row(event)
-        await retried(lambda: self._append_audit([row]))
+        await retried(lambda: self._append_audit((row,)))
 
     def queue_audit(self, event: AuditEvent) -> None:
         """Like ``record_audit``, but written soon in a batch (in order), or kept in the local journal."""
@@ -206,10 +226,16 @@ class SqlStore:
         """Key the links appended from now on with ``key`` (``None``: unkeyed); the key is never stored."""
         self._chain_key = key
 
-    async def audit_head(self) -> ChainHead | None:
-        """The newest link of the audit chain and the number of links up to it (one consistent read)."""
-        rows = await self.driver.fetch(self._sql.audit_head)
-        return ChainHead(int(rows[0][0]), str(rows[0][1]), int(rows[0][2])) if rows else None
+    async def audit_heads(self) -> list[ChainHead]:
+        """The newest link of each audit chain with links, and the number of its links up to it (one consistent
+        read), by chain."""
+        return [ChainHead(int(ident), str(digest), int(count), int(chain))
+                for chain, ident, digest, count in await self.driver.fetch(self._sql.audit_heads)]
+
+    async def audit_chains(self) -> list[ChainStart]:
+        """Every registered audit chain, by id."""
+        return [ChainStart(int(chain), None if link_id is None else int(link_id), link_hash)
+                for chain, link_id, link_hash in await self.driver.fetch(self._sql.chains)]
 
     async def aclose(self) -> None:
         """Write queued audit events and kept writes (what the store cannot take stays kept for the next
@@ -221,14 +247,19 @@ class SqlStore:
     async def _apply(self, write: Write) -> None:
         match write:
             case Completion(scope, request_id, result_json):
-                await self.driver.execute(self._sql.complete, (result_json, *astuple(scope), request_id))
+                await self.group.run(StatementWrite(self._sql.complete, (result_json, *astuple(scope), request_id)))
             case Release(scope, request_id):
-                await self.driver.execute(self._sql.release, (*astuple(scope), request_id))
+                await self.group.run(StatementWrite(self._sql.release, (*astuple(scope), request_id)))
             case AuditRows(rows):
-                await self._append_audit(list(rows))
+                await self._append_audit(rows)
 
-    async def _append_audit(self, rows: list[Row]) -> None:
-        async with self.driver.transaction(lock=AUDIT_LOCK) as tx:
-            last = await tx.fetch(self._sql.last_audit_hash)
-            await tx.execute_many(self._sql.insert_audit, chained(last[0][0] if last else None, rows,
-                                                                 self._chain_key))
+    async def _append_audit(self, rows: tuple[Row, ...]) -> None:
+        await self.group.run(AuditWrite(self._sql, rows, self._chain_key, await self._chain_tail()))
+
+    async def _chain_tail(self) -> ChainTail:
+        """This store's chain, registered now if it has none yet."""
+        async with self._starting:
+            if self._tail is None:
+                [(chain, link_hash)] = await self.driver.fetch(self._sql.start_chain)
+                self._tail = ChainTail(int(chain), link_hash, shared=False)
+            return self._tail

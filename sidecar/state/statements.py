@@ -36,9 +36,11 @@ class StoreStatements:
     decide_preview: str  # pending -> approved | denied, once
     consume_approval: str  # approved -> used, once
     restore_approval: str  # used -> approved: given back by the call that used it, when that call had no effect
-    insert_audit: str
-    last_audit_hash: str
-    audit_head: str  # id and hash of the newest link, and the number of links up to it
+    insert_audit: str  # the chain id, then ``CHAINED_COLUMNS``
+    last_audit_hash: str  # of one chain
+    start_chain: str  # register a new chain after the newest link of the log: its id and that link's hash
+    chains: str
+    audit_heads: str  # per chain: its id, id and hash of its newest link, and the number of its links up to it
     audit_after: str  # records after an id, oldest first, at most a limit; ``_newest``: newest first
     audit_after_newest: str
     audit_all_after: str  # the same without a limit
@@ -53,7 +55,7 @@ class StoreStatements:
         columns = f"{', '.join(OPERATION_COLUMNS[:-1])}, {d.epoch.format('created_at')}"
         operation = f"SELECT {columns} FROM idempotency"
         previews = ", ".join(PREVIEW_COLUMNS)
-        audit = f"SELECT id, {', '.join(CHAINED_COLUMNS)} FROM audit WHERE id > ?"
+        audit = f"SELECT id, chain_id, {', '.join(CHAINED_COLUMNS)} FROM audit WHERE id > ?"
         text = cls(
             claim="INSERT INTO idempotency (tenant, principal_id, tool, key, request_hash, request_id, deadline_at, "
                   f"created_at) VALUES (?, ?, ?, ?, ?, ?, ?, {d.now}) ON CONFLICT DO NOTHING",
@@ -78,10 +80,16 @@ class StoreStatements:
                              "WHERE preview_id = ? AND state = 'approved'",
             restore_approval="UPDATE previews SET state = 'approved', used_at = NULL, used_key = NULL "
                              "WHERE preview_id = ? AND state = 'used'",
-            insert_audit=f"INSERT INTO audit ({', '.join(CHAINED_COLUMNS)}) VALUES ({_values(len(CHAINED_COLUMNS))})",
-            last_audit_hash="SELECT hash FROM audit ORDER BY id DESC LIMIT 1",
-            audit_head="SELECT id, hash, (SELECT COUNT(*) FROM audit c WHERE c.hash IS NOT NULL AND c.id <= a.id) "
-                       "FROM audit a WHERE hash IS NOT NULL ORDER BY id DESC LIMIT 1",
+            insert_audit=f"INSERT INTO audit (chain_id, {', '.join(CHAINED_COLUMNS)}) "
+                         f"VALUES (?, {_values(len(CHAINED_COLUMNS))})",
+            last_audit_hash="SELECT hash FROM audit WHERE chain_id = ? ORDER BY id DESC LIMIT 1",
+            start_chain=f"INSERT INTO audit_chains (started_at, link_id, link_hash) SELECT {d.now}, l.id, l.hash "
+                        "FROM (SELECT 1 AS one) o LEFT JOIN (SELECT id, hash FROM audit WHERE hash IS NOT NULL "
+                        "ORDER BY id DESC LIMIT 1) l ON o.one = 1 RETURNING id, link_hash",
+            chains="SELECT id, link_id, link_hash FROM audit_chains ORDER BY id",
+            audit_heads="SELECT a.chain_id, a.id, a.hash, (SELECT COUNT(*) FROM audit c WHERE c.chain_id = a.chain_id "
+                        "AND c.hash IS NOT NULL AND c.id <= a.id) FROM audit a WHERE a.id = (SELECT MAX(m.id) "
+                        "FROM audit m WHERE m.chain_id = a.chain_id AND m.hash IS NOT NULL) ORDER BY a.chain_id",
             audit_after=f"{audit} ORDER BY id ASC LIMIT ?",
             audit_after_newest=f"{audit} ORDER BY id DESC LIMIT ?",
             audit_all_after=f"{audit} ORDER BY id ASC",

@@ -5,8 +5,9 @@ a claim is atomic across every process sharing the database (of any number of co
 one owns the key); an operator's resolution is never overwritten or deleted by a late outcome; a
 preview moves pending -> approved | denied and approved -> used once each, whoever races (and used ->
 approved only when the call that used it gives it back, having had no effect); the audit
-log is one linear hash chain (``sidecar.state.chain``) whoever appends; an outcome or audit event the
-store cannot take is kept in a local journal (``sidecar.state.journal``) and applied when it is back.
+log is a set of linear hash chains (``sidecar.state.chain``), one per store instance that appends; an
+outcome or audit event the store cannot take is kept in a local journal (``sidecar.state.journal``) and
+applied when it is back.
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ from __future__ import annotations
 from typing import Protocol
 
 from sidecar.contract import PreviewState
-from sidecar.state.records import AuditEvent, AuditRecord, ChainHead, Claim, KeyScope, OperationRecord, PreviewRecord
+from sidecar.state.records import (
+    AuditEvent,
+    AuditRecord,
+    ChainHead,
+    ChainStart,
+    Claim,
+    KeyScope,
+    OperationRecord,
+    PreviewRecord,
+)
 
 __all__ = ["Store"]
 
@@ -129,8 +139,12 @@ class Store(Protocol):
         before any append, by whoever opened the store; the key is never stored."""
         ...
 
-    async def audit_head(self) -> ChainHead | None:
-        """The newest link of the audit chain and the number of links up to it; ``None`` for no links."""
+    async def audit_heads(self) -> list[ChainHead]:
+        """The newest link of each audit chain that has links, and the number of its links up to it, by chain."""
+        ...
+
+    async def audit_chains(self) -> list[ChainStart]:
+        """Every registered audit chain (one per store instance that appended; on SQLite only chain 1), by id."""
         ...
 
     async def aclose(self) -> None:

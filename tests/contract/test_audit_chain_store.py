@@ -84,12 +84,13 @@ async def test_the_mask_key_is_created_once_and_kept(stores: Stores, store: AnyS
 
 
 async def test_a_keyed_chain_verifies_with_its_key_and_names_its_head(store: AnyStore) -> None:
-    assert await store.audit_head() is None
+    assert await store.audit_heads() == []
     store.use_chain_key(b"k" * 32)
     ids = await chain_of(store, 5)
-    head = await store.audit_head()
+    [head] = await store.audit_heads()
     records = await store.audit_records()
-    assert head is not None and (head.id, head.hash, head.count) == (ids[-1], records[-1].hash, 5)
+    chain = records[0].chain
+    assert (head.id, head.hash, head.count, head.chain) == (ids[-1], records[-1].hash, 5, chain)
     assert all((r.hash or "").startswith("hmac-sha256:") for r in records)
-    report = await verify_store(store, key=b"k" * 32, mark=3, page=2)
-    assert (report.checked, report.broken, report.marked) == (5, None, records[2].hash)
+    report = await verify_store(store, key=b"k" * 32, marks={chain: 3}, page=2)
+    assert (report.checked, report.broken, report.marks) == (5, None, {chain: records[2].hash})

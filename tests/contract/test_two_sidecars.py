@@ -17,13 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import jwt
+import psycopg
 import pytest
 
+from sidecar.cli import main
 from sidecar.client import AsyncClient
 from sidecar.contract import ErrorCode, Status, ToolResult
 from tests.support.approvals import policies
 from tests.support.sidecar_process import SidecarProcess, appended
 from tests.support.signing_keys import key_pair
+from tests.support.waiting import until
 
 ISSUER, AUDIENCE = "https://issuer.example", "toolbooth"
 KEYS = key_pair("RS256")
@@ -70,6 +73,27 @@ async def pair(postgres_dsn: str, tmp_path: Path) -> AsyncIterator[Pair]:
         for name, sidecar in zip("ab", started, strict=False):
             code = sidecar.stop()
             print(f"--- sidecar {name} (pid {sidecar.process.pid}) exited with {code}:\n{sidecar.output()}")
+
+
+async def test_writes_through_both_processes_keep_a_chain_each_and_verify(pair: Pair, postgres_dsn: str,
+                                                                          tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = pair.client(pair.a), pair.client(pair.b)
+    results = await asyncio.gather(*(client.execute("append_line", {"text": f"w-{n}"}, idempotency_key=f"w-{n}")
+                                     for n, client in enumerate([a, b] * 24)))
+    assert all(r.status is Status.SUCCESS for r in results), [r.error for r in results if r.error]
+    assert Counter(line.split()[1] for line in appended(pair.log)) == Counter(f"w-{n}" for n in range(48))
+
+    def chains() -> list[tuple[int, int]]:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            return conn.execute("SELECT chain_id, count(*) FROM audit GROUP BY chain_id").fetchall()
+
+    # dispatching + outcome per call (the outcomes are queued: written soon after the reply)
+    await until(lambda: sum(count for _, count in chains()) == 96, what="every call's two events")
+    assert len(chains()) == 2, chains()
+    for name in ("a", "b"):  # while both serve, through either's configuration
+        assert await asyncio.to_thread(main, ["audit", "verify", "--config", str(tmp_path / f"{name}.json")]) == 0
+        assert "audit chain intact: 96 event(s)" in capsys.readouterr().out
 
 
 def settings(tmp_path: Path, name: str, dsn: str) -> dict[str, Any]:

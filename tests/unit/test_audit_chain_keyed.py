@@ -24,8 +24,8 @@ async def test_a_key_configured_later_keys_the_links_from_then_on(tmp_path: Path
         await store.record_audit(event(3))
         hashes = [r.hash or "" for r in await store.audit_records()]
         assert hashes[0].startswith("sha256:") and all(h.startswith(KEYED_PREFIX) for h in hashes[1:])
-        keyed = await verify_store(store, key=KEY, mark=2)
-        assert (keyed.checked, keyed.unkeyed, keyed.broken, keyed.marked) == (3, 1, None, hashes[1])
+        keyed = await verify_store(store, key=KEY, marks={1: 2})
+        assert (keyed.checked, keyed.unkeyed, keyed.broken, keyed.marks) == (3, 1, None, {1: hashes[1]})
         unkeyed = await verify_store(store)
         assert unkeyed.broken is not None and "no chain key is configured" in unkeyed.broken.problem
         wrong = await verify_store(store, key=b"w" * 32)
@@ -43,11 +43,11 @@ async def test_the_checkpoint_counts_the_links_and_names_the_head(tmp_path: Path
         for n in range(4):
             store.queue_audit(event(n))
         written = await Checkpointer(store, KEY, path).write()
-        head = await store.audit_head()
-        assert written is not None and head is not None and (written.count, written.head) == (4, head.hash)
+        [head] = await store.audit_heads()
+        assert written is not None and (written.count, written.heads) == (4, (head,))
         checkpoint = read_checkpoint(path, KEY)
         assert checkpoint == written
-        assert compare(await verify_store(store, key=KEY, mark=checkpoint.count), checkpoint) is None
+        assert compare(await verify_store(store, key=KEY, marks=checkpoint.marks), checkpoint) is None
         with pytest.raises(CheckpointError, match="signature"):
             read_checkpoint(path, b"w" * 32)
     finally:

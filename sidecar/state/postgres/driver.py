@@ -30,7 +30,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from sidecar.errors import StoreRefusedError, StoreUnavailableError
-from sidecar.state.driver import Dialect, Params, Row, StatementRunner, Transaction
+from sidecar.state.driver import Deferred, Dialect, Params, Row, StatementRunner, Transaction
 
 __all__ = ["POSTGRES", "PostgresDriver", "reason"]
 
@@ -43,6 +43,7 @@ POSTGRES = Dialect(
     table_exists="SELECT to_regclass(?) IS NOT NULL",  # on the search path, as every statement sees it
     version_table="CREATE TABLE toolbooth_schema (version integer PRIMARY KEY, name text NOT NULL, "
                   "applied_at timestamptz NOT NULL DEFAULT now())",
+    single_writer=False,
 )
 
 Pool = AsyncConnectionPool[AsyncConnection[Any]]
@@ -66,6 +67,10 @@ class _Session:
 
     async def execute(self, sql: str, params: Params = ()) -> int:
         return await self._answered(self._execute(sql, params))
+
+    async def later(self, sql: str, params: Params = ()) -> Deferred:
+        cursor = await self._answered(self.conn.execute(sql, params))
+        return Deferred(await cursor.fetchall() if cursor.description else [], cursor.rowcount)
 
     async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:
         await self._answered(self._execute_many(sql, rows))
@@ -123,12 +128,13 @@ class PostgresDriver:
         return self._session()
 
     @asynccontextmanager
-    async def transaction(self, *, lock: int) -> AsyncIterator[Transaction]:
-        """A transaction holding the advisory lock ``lock`` until it ends."""
+    async def transaction(self, *, lock: int | None) -> AsyncIterator[Transaction]:
+        """A transaction holding the advisory lock ``lock`` (if any) until it ends."""
         async with self._session() as session:  # BEGIN and COMMIT are statements too: each answered in time
             await session.execute("BEGIN")
             try:
-                await session.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+                if lock is not None:
+                    await session.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
                 yield session
             except BaseException:
                 with contextlib.suppress(psycopg.Error):  # a connection that failed is discarded anyway

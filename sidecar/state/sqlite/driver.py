@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sidecar.errors import StoreRefusedError, StoreUnavailableError
-from sidecar.state.driver import Dialect, Params, Row, StatementRunner, Transaction
+from sidecar.state.driver import Deferred, Dialect, Params, Row, StatementRunner, Transaction, naming
 
 __all__ = ["SQLITE", "SqliteDriver", "connect", "script_statements"]
 
@@ -36,6 +36,7 @@ SQLITE = Dialect(
     table_exists="SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?",
     version_table="CREATE TABLE toolbooth_schema (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
                   "applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+    single_writer=True,
 )
 
 
@@ -83,6 +84,23 @@ def script_statements(script: str) -> list[str]:
     return statements
 
 
+def _named(sql: str, step: Callable[[sqlite3.Connection], object]) -> Callable[[sqlite3.Connection], None]:
+    """``step``, a deferred run of ``sql``, whose database error names ``sql``."""
+
+    def run(db: sqlite3.Connection) -> None:
+        try:
+            step(db)
+        except sqlite3.Error as exc:
+            raise naming(exc, sql) from None
+
+    return run
+
+
+def _statement(exc: sqlite3.Error) -> str | None:
+    statement = getattr(exc, "statement", None)
+    return statement if isinstance(statement, str) else None
+
+
 class _Worker:
     """The connection and the one thread that uses it."""
 
@@ -93,9 +111,9 @@ class _Worker:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
         except sqlite3.DataError as exc:  # the value itself (e.g. an integer out of SQLite's range)
-            raise StoreRefusedError(f"SQLite store refuses the data: {exc}") from exc
+            raise naming(StoreRefusedError(f"SQLite store refuses the data: {exc}"), _statement(exc)) from exc
         except sqlite3.Error as exc:
-            raise StoreUnavailableError(f"SQLite store error: {exc}") from exc
+            raise naming(StoreUnavailableError(f"SQLite store error: {exc}"), _statement(exc)) from exc
 
     async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
         return await self.run(lambda: self.db.execute(sql, params).fetchall())
@@ -132,8 +150,18 @@ class _Transaction:
     async def execute(self, sql: str, params: Params = ()) -> int:
         return await self._after_pending(lambda db: db.execute(sql, params).rowcount)
 
+    async def later(self, sql: str, params: Params = ()) -> Deferred:
+        deferred = Deferred()
+
+        def step(db: sqlite3.Connection) -> None:
+            cursor = db.execute(sql, params)
+            deferred.rows, deferred.changed = cursor.fetchall(), cursor.rowcount
+
+        self._pending.append(_named(sql, step))
+        return deferred
+
     async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:
-        self._pending.append(lambda db: db.executemany(sql, rows))
+        self._pending.append(_named(sql, lambda db: db.executemany(sql, rows)))
 
     async def execute_script(self, script: str) -> None:
         statements = script_statements(script)
@@ -188,7 +216,7 @@ class SqliteDriver:
         return self.transaction(lock=0)
 
     @asynccontextmanager
-    async def transaction(self, *, lock: int) -> AsyncIterator[Transaction]:
+    async def transaction(self, *, lock: int | None) -> AsyncIterator[Transaction]:
         """A ``BEGIN IMMEDIATE`` transaction: the write lock covers every ``lock``."""
         async with self._lock:
             transaction = _Transaction(self._worker)
