@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import astuple, dataclass, fields
 
 from sidecar.canonical import canonical_bytes, sha256_hex
@@ -152,9 +152,10 @@ class ChainReport:
 
 
 async def verify_store(store: Store, *, page: int = 1000, key: bytes | None = None,
-                       mark: int | None = None) -> ChainReport:
+                       mark: int | None = None, progress: Callable[[int], None] | None = None) -> ChainReport:
     """Walk ``store``'s audit chain, ``page`` records at a time, up to its first broken link; keyed links
-    are checked with ``key``; the hash of the ``mark``-th link is reported."""
+    are checked with ``key``; the hash of the ``mark``-th link is reported; ``progress`` is told the id of
+    the last record of each page checked."""
     verifier = ChainVerifier(key, mark=mark)
     after = 0
     while records := await store.audit_records(after_id=after, limit=page):
@@ -162,4 +163,6 @@ async def verify_store(store: Store, *, page: int = 1000, key: bytes | None = No
             if (broken := verifier.feed(record)) is not None:
                 return verifier.report(broken)
         after = records[-1].id
+        if progress is not None:
+            progress(after)
     return verifier.report(None)

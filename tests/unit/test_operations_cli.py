@@ -62,12 +62,38 @@ def resolve(capsys: pytest.CaptureFixture[str], config: Path, key: str, *flags: 
 
 
 def test_list_shows_calls_without_a_result(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    code, out, _ = run(capsys, "operations", "list", "--config", str(config), "--output", "json")
+    records = json.loads(out)
+    assert code == 0 and [(record["key"], record["state"]) for record in records] == [("lost", "unknown"),
+                                                                                    ("running", "in_progress")]
+    assert set(records[0]) == {"tenant", "principal_id", "tool", "key", "state", "request_id", "created_at",
+                               "deadline_at", "overran_at"}
+    code, out, _ = run(capsys, "operations", "list", "--unknown", "--config", str(config), "--output", "json")
+    assert code == 0 and [record["request_id"] for record in json.loads(out)] == ["r-lost"]
+
+
+def test_list_prints_a_table_by_default(capsys: pytest.CaptureFixture[str], config: Path) -> None:
     code, out, _ = run(capsys, "operations", "list", "--config", str(config))
-    lines = [json.loads(line) for line in out.splitlines()]
-    assert code == 0 and [(line["key"], line["state"]) for line in lines] == [("lost", "unknown"),
-                                                                            ("running", "in_progress")]
-    code, out, _ = run(capsys, "operations", "list", "--unknown", "--config", str(config))
-    assert code == 0 and [json.loads(line)["request_id"] for line in out.splitlines()] == ["r-lost"]
+    header, *rows = out.splitlines()
+    assert code == 0 and header.split() == ["TOOL", "KEY", "PRINCIPAL", "TENANT", "STATE", "REQUEST", "CREATED",
+                                            "DEADLINE"]
+    assert [row.split()[:6] for row in rows] == [["create_note", "lost", "dev-1", "acme", "unknown", "r-lost"],
+                                                 ["create_note", "running", "dev-1", "acme", "in_progress",
+                                                  "r-running"]]
+    code, out, _ = run(capsys, "operations", "list", "--config", str(config), "--unknown")
+    assert [row.split()[1] for row in out.splitlines()[1:]] == ["lost"]
+
+
+def test_resolve_prints_json_with_output_json(capsys: pytest.CaptureFixture[str], config: Path) -> None:
+    code, out, _ = resolve(capsys, config, "lost", "--completed", "--output", "json")
+    document = json.loads(out)
+    assert code == 0 and (document["resolved"], document["key"], document["outcome"]) == (True, "lost", "completed")
+    assert document["result"]["status"] == "success"
+    code, out, err = resolve(capsys, config, "lost", "--completed", "--output", "json")
+    assert (code, out) == (1, "")
+    assert json.loads(err)["error"] == {"code": "FAILURE", "exit_code": 1, "message": "the keyed call 'lost' of tool "
+                                        "'create_note', principal 'dev-1', tenant 'acme' already has a result; "
+                                        "nothing to resolve"}
 
 
 @pytest.mark.parametrize(("flag", "status"), [("--completed", Status.SUCCESS), ("--failed", Status.ERROR)])

@@ -1,0 +1,95 @@
+"""The one way ``toolbooth`` prints a table (``tools list``, ``previews list``, ``operations list``, ``policy
+replay``, ``policy test --coverage``, ``toolbooth-documents list``): columns aligned by ``rich.table``.
+
+A table fits the width of the terminal stdout is (``$COLUMNS`` when set, for stdout of any kind); stdout
+that is not a terminal, without ``$COLUMNS``, has no width, so a table piped to a file or another command is
+never wrapped. When a table is wider than its width, long values wrap onto more lines within their column
+(a long word or id folds) or, in a column that does not wrap, are cut with an ellipsis; either way every
+column starts at the same place on every line. No column gets narrower than its header's longest word, so
+a table too wide for even that is wider than its width, still aligned. Cells are plain text (control
+characters are removed; no markup); columns are two spaces apart and lines carry no trailing spaces.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rich.cells import cell_len
+
+if TYPE_CHECKING:
+    from rich.text import Text
+
+__all__ = ["Column", "column_widths", "render_table", "table_width"]
+
+_GUTTER = 2  # spaces between columns
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A column: its header; whether a long value wraps (else it is cut with an ellipsis); right-aligned."""
+
+    header: str
+    wrap: bool = True
+    right: bool = False
+
+    @property
+    def min_width(self) -> int:
+        """No narrower than the header's longest word: a column is never squeezed out of a narrow table."""
+        return max(len(word) for word in self.header.split())
+
+
+def table_width() -> int | None:
+    """``$COLUMNS`` when it is a positive number, else the width of stdout's terminal, else ``None`` (no limit)."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def render_table(columns: Sequence[Column], rows: Iterable[Sequence[str]], width: int | None = None) -> str:
+    """``rows`` under the headers of ``columns``, fitted to ``width`` (default ``table_width()``)."""
+    from rich.console import Console  # rich loads only for a command that prints a table
+    from rich.table import Table
+    from rich.text import Text
+
+    cells = [[Text(header.header) for header in columns], *([Text(cell) for cell in row] for row in rows)]
+    natural = [max(_widest_line(row[i]) for row in cells) for i in range(len(columns))]
+    fit = width if width is not None else table_width()
+    widths = natural if fit is None else column_widths(columns, natural, fit - _GUTTER * (len(columns) - 1))
+    table = Table(box=None, pad_edge=False, padding=(0, _GUTTER // 2), header_style="", show_edge=False)
+    for column, column_width in zip(columns, widths, strict=True):
+        table.add_column(column.header, justify="right" if column.right else "left", no_wrap=not column.wrap,
+                         overflow="fold" if column.wrap else "ellipsis", width=column_width)
+    for row in cells[1:]:
+        table.add_row(*row)
+    out = io.StringIO()
+    Console(file=out, width=sum(widths) + _GUTTER * len(columns), color_system=None, markup=False, emoji=False,
+            highlight=False, force_terminal=False, force_jupyter=False).print(table)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
+
+
+def column_widths(columns: Sequence[Column], natural: Sequence[int], room: int) -> list[int]:
+    """Widths for columns of ``natural`` widths within ``room`` cells: the widest column that wraps gives up a
+    cell, then (when none can) the widest that does not, until they fit or each is at its ``min_width``."""
+    widths = list(natural)
+    least = [min(n, column.min_width) for n, column in zip(natural, columns, strict=True)]
+    for wrapping in (True, False):
+        while sum(widths) > room:
+            shrinkable = [i for i, column in enumerate(columns) if column.wrap is wrapping and widths[i] > least[i]]
+            if not shrinkable:
+                break
+            widest = max(shrinkable, key=lambda i: widths[i])
+            widths[widest] -= 1
+    return widths
+
+
+def _widest_line(text: Text) -> int:
+    return max((cell_len(line) for line in text.plain.splitlines()), default=0)
