@@ -20,12 +20,12 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from sidecar.config import ENV_NO_PROGRESS
+
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-__all__ = ["ENV_NO_PROGRESS", "Meter", "meter", "progress_flag", "progress_wanted"]
-
-ENV_NO_PROGRESS = "TOOLBOOTH_NO_PROGRESS"
+__all__ = ["Meter", "meter", "progress_flag", "progress_wanted"]
 
 
 def progress_flag(parser: argparse.ArgumentParser) -> None:

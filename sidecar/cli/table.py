@@ -16,6 +16,7 @@ import io
 import os
 import shutil
 import sys
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -60,7 +61,7 @@ def render_table(columns: Sequence[Column], rows: Iterable[Sequence[str]], width
     from rich.table import Table
     from rich.text import Text
 
-    cells = [[Text(header.header) for header in columns], *([Text(cell) for cell in row] for row in rows)]
+    cells = [[Text(header.header) for header in columns], *([Text(_printable(cell)) for cell in row] for row in rows)]
     natural = [max(_widest_line(row[i]) for row in cells) for i in range(len(columns))]
     fit = width if width is not None else table_width()
     widths = natural if fit is None else column_widths(columns, natural, fit - _GUTTER * (len(columns) - 1))
@@ -89,6 +90,11 @@ def column_widths(columns: Sequence[Column], natural: Sequence[int], room: int) 
             widest = max(shrinkable, key=lambda i: widths[i])
             widths[widest] -= 1
     return widths
+
+
+def _printable(cell: str) -> str:
+    """``cell`` without control characters (a terminal would obey them: colours, cursor moves), tabs as spaces."""
+    return "".join(ch for ch in cell.replace("\t", " ") if ch == "\n" or unicodedata.category(ch) != "Cc")
 
 
 def _widest_line(text: Text) -> int:

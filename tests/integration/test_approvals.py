@@ -254,6 +254,11 @@ async def test_cli_lists_approves_and_denies(world: Callable[..., Awaitable[Worl
         return code, capsys.readouterr().out
 
     code, out = await toolbooth("previews", "list")
+    header, *rows = out.splitlines()
+    assert code == 0 and header.split() == ["PREVIEW", "TOOL", "EXPIRES", "ROLES", "REASON"]
+    assert sorted(row.split()[:4] for row in rows) == sorted(
+        [p.preview_id, "file_note", p.expires_at, "approver"] for p in (first, second))
+    code, out = await toolbooth("previews", "list", "--long")
     assert code == 0 and first.preview_id in out and second.preview_hash in out and '"body":"later"' in out
     code, out = await toolbooth("approve", first.preview_id, "--comment", "ok")  # the hash `previews list` shows
     assert code == 0 and json.loads(out)["preview"]["state"] == "approved"
