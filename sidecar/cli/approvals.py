@@ -72,7 +72,7 @@ def cmd_previews_list(args: argparse.Namespace) -> int:
 
 def previews_table(previews: list[Preview]) -> str:
     """One row per preview: id, tool, expiry, approver roles, the policy's reason."""
-    columns = (Column("PREVIEW"), Column("TOOL"), Column("EXPIRES", wrap=False), Column("ROLES"), Column("REASON"))
+    columns = tuple(Column(header) for header in ("PREVIEW", "TOOL", "EXPIRES", "ROLES", "REASON"))
     return render_table(columns, [(p.preview_id, _tool(p), p.expires_at, ", ".join(p.approver_roles), p.reason)
                                   for p in previews])
 

@@ -62,8 +62,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_COLUMNS = (Column("TOOL"), Column("KEY"), Column("PRINCIPAL"), Column("TENANT"), Column("STATE", wrap=False),
-            Column("REQUEST"), Column("CREATED", wrap=False), Column("DEADLINE", wrap=False))
+_COLUMNS = tuple(Column(header) for header in ("TOOL", "KEY", "PRINCIPAL", "TENANT", "STATE", "REQUEST", "CREATED",
+                                                "DEADLINE"))
 _COLUMN_FIELDS = ("tool", "key", "principal_id", "tenant", "state", "request_id", "created_at", "deadline_at")
 
 

@@ -5,8 +5,9 @@ A table fits the width of the terminal stdout is (``$COLUMNS`` when set, for std
 that is not a terminal, without ``$COLUMNS``, has no width, so a table piped to a file or another command is
 never wrapped. When a table is wider than its width, long values wrap onto more lines within their column
 (a long word or id folds) or, in a column that does not wrap, are cut with an ellipsis; either way every
-column starts at the same place on every line. No column gets narrower than its header's longest word, so
-a table too wide for even that is wider than its width, still aligned. Cells are plain text (control
+column starts at the same place on every line. Columns keep their headers' words whole while they can
+and are never narrower than ``NARROWEST`` cells, so a table too wide even so is wider than its width,
+still aligned. Cells are plain text (control
 characters are removed; no markup); columns are two spaces apart and lines carry no trailing spaces.
 """
 
@@ -26,9 +27,10 @@ from rich.cells import cell_len
 if TYPE_CHECKING:
     from rich.text import Text
 
-__all__ = ["Column", "column_widths", "render_table", "table_width"]
+__all__ = ["NARROWEST", "Column", "column_widths", "render_table", "table_width"]
 
 _GUTTER = 2  # spaces between columns
+NARROWEST = 3  # cells: no column is made narrower (a header word then folds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,8 @@ class Column:
 
     @property
     def min_width(self) -> int:
-        """No narrower than the header's longest word: a column is never squeezed out of a narrow table."""
+        """The width below which a column is made narrower only when nothing else fits: its header's longest
+        word (so headers fold only then)."""
         return max(len(word) for word in self.header.split())
 
 
@@ -61,13 +64,14 @@ def render_table(columns: Sequence[Column], rows: Iterable[Sequence[str]], width
     from rich.table import Table
     from rich.text import Text
 
-    cells = [[Text(header.header) for header in columns], *([Text(_printable(cell)) for cell in row] for row in rows)]
+    headers = [Text(column.header, no_wrap=False, overflow="fold") for column in columns]  # even over a column
+    cells = [headers, *([Text(_printable(cell)) for cell in row] for row in rows)]  # that does not wrap
     natural = [max(_widest_line(row[i]) for row in cells) for i in range(len(columns))]
     fit = width if width is not None else table_width()
     widths = natural if fit is None else column_widths(columns, natural, fit - _GUTTER * (len(columns) - 1))
     table = Table(box=None, pad_edge=False, padding=(0, _GUTTER // 2), header_style="", show_edge=False)
-    for column, column_width in zip(columns, widths, strict=True):
-        table.add_column(column.header, justify="right" if column.right else "left", no_wrap=not column.wrap,
+    for column, header, column_width in zip(columns, headers, widths, strict=True):
+        table.add_column(header, justify="right" if column.right else "left", no_wrap=not column.wrap,
                          overflow="fold" if column.wrap else "ellipsis", width=column_width)
     for row in cells[1:]:
         table.add_row(*row)
@@ -78,17 +82,20 @@ def render_table(columns: Sequence[Column], rows: Iterable[Sequence[str]], width
 
 
 def column_widths(columns: Sequence[Column], natural: Sequence[int], room: int) -> list[int]:
-    """Widths for columns of ``natural`` widths within ``room`` cells: the widest column that wraps gives up a
-    cell, then (when none can) the widest that does not, until they fit or each is at its ``min_width``."""
+    """Widths for columns of ``natural`` widths within ``room`` cells, taken a cell at a time from the widest
+    column that may give one: first the columns that wrap, down to their ``min_width``, then those that do not,
+    then any, down to ``NARROWEST``; a table that does not fit even so is wider than ``room``."""
     widths = list(natural)
-    least = [min(n, column.min_width) for n, column in zip(natural, columns, strict=True)]
-    for wrapping in (True, False):
+    passes = ((lambda column: column.wrap, lambda column: column.min_width),
+              (lambda column: not column.wrap, lambda column: column.min_width),
+              (lambda column: True, lambda column: NARROWEST))
+    for eligible, least in passes:
+        floors = [min(n, least(column)) for n, column in zip(natural, columns, strict=True)]
         while sum(widths) > room:
-            shrinkable = [i for i, column in enumerate(columns) if column.wrap is wrapping and widths[i] > least[i]]
+            shrinkable = [i for i, column in enumerate(columns) if eligible(column) and widths[i] > floors[i]]
             if not shrinkable:
                 break
-            widest = max(shrinkable, key=lambda i: widths[i])
-            widths[widest] -= 1
+            widths[max(shrinkable, key=lambda i: widths[i])] -= 1
     return widths
 
 

@@ -12,9 +12,9 @@ import pytest
 from sidecar.cli import main
 from sidecar.cli.output import NO_RESULT, requested_json
 from sidecar.cli.root import build_parser
-from sidecar.cli.table import Column, render_table
+from sidecar.cli.table import NARROWEST, Column, render_table
 from sidecar.config import bundled_policy_dir
-from tests.support.tables import assert_aligned
+from tests.support.tables import assert_aligned, table_rows
 from toolbooth_documents.cli import _parser as documents_parser
 
 
@@ -136,10 +136,18 @@ def test_a_table_fits_its_width_and_stays_aligned(width: int | None) -> None:
         assert "…" in table or len(table.splitlines()) > 4  # cut with an ellipsis or wrapped
 
 
-def test_a_table_narrower_than_its_headers_is_wider_than_asked_but_aligned() -> None:
+def test_a_table_too_narrow_for_its_columns_is_wider_than_asked_but_aligned() -> None:
     table = render_table(COLUMNS, ROWS, 10)
-    assert table.splitlines()[0].split() == ["ID", "TOOL", "STATE", "REASON"]
-    assert_aligned(table, 4, None)
+    starts = assert_aligned(table, 4, NARROWEST * 4 + 2 * 3)  # NARROWEST cells a column (ID: its header's 2)
+    assert starts == [0, 4, 9, 14]
+    rows = table_rows(table, ["ID", "TOOL", "STATE", "REASON"], anchor=0)
+    assert [row[1] for row in rows] == ["send_email_preview", "calculate", "日本語のツール"]  # folded, all there
+
+
+def test_headers_keep_their_words_while_the_values_can_wrap() -> None:
+    table = render_table(COLUMNS, ROWS, 40)
+    assert table_rows(table, ["ID", "TOOL", "STATE", "REASON"], anchor=0)[0][0].startswith("p_0")
+    assert table.splitlines()[0].split() == ["ID", "TOOL", "STATE", "REASON"]  # no header word folded
 
 
 def test_columns_environment_variable_sets_the_width(monkeypatch: pytest.MonkeyPatch) -> None:

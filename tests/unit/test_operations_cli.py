@@ -14,6 +14,7 @@ from sidecar.cli import main
 from sidecar.contract import ErrorCode, OperationState, Status, ToolResult
 from sidecar.state import DEADLINE_GRACE_SECONDS, Claim, KeyScope
 from sidecar.state.sqlite import SqliteStore
+from tests.support.tables import table_columns
 
 LOST = KeyScope("acme", "dev-1", "create_note", "lost")
 RUNNING = KeyScope("acme", "dev-1", "create_note", "running")
@@ -125,3 +126,26 @@ def test_resolve_needs_exactly_one_outcome(capsys: pytest.CaptureFixture[str], c
     assert resolve(capsys, config, "lost", "--completed", "--failed")[0] == 2
     lost = claim_again(config.parent / "store.db", LOST)
     assert lost.record is not None and not lost.reused and lost.record.state is OperationState.UNKNOWN
+
+
+@pytest.mark.parametrize("width", [60, 40])
+def test_list_fits_a_narrow_terminal(capsys: pytest.CaptureFixture[str], config: Path, db: Path,
+                                     monkeypatch: pytest.MonkeyPatch, width: int) -> None:
+    long = KeyScope("acme-corporation-emea", "service-account-billing-reconciler", "create_note",
+                    "reconcile-2026-11-invoices-batch-0042")
+
+    async def claim() -> None:
+        store = await SqliteStore.open(db)
+        await store.claim(long, "h", "r-long-request-id-0123456789", deadline_at=time.time() + 60)
+        await store.aclose()
+
+    asyncio.run(claim())
+    monkeypatch.setenv("COLUMNS", str(width))
+    code, out, _ = run(capsys, "operations", "list", "--config", str(config))
+    columns = table_columns(out, ["TOOL", "KEY", "PRINCIPAL", "TENANT", "STATE", "REQUEST", "CREATED", "DEADLINE"])
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= width
+    assert columns[:6] == ["create_note" * 3, f"lostrunning{long.key}", f"dev-1dev-1{long.principal_id}",
+                           f"acmeacme{long.tenant}", "unknownin_progressin_progress",
+                           "r-lostr-runningr-long-request-id-0123456789"]
+    records = json.loads(run(capsys, "operations", "list", "--config", str(config), "--output", "json")[1])
+    assert columns[6] == "".join(record["created_at"] for record in records)
