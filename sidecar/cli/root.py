@@ -3,7 +3,8 @@
 A thin shell over ``sidecar.config``, ``sidecar.server.serve``, ``sidecar.client.Client`` and the
 policy, bundle and store tools: each group module (``serve``, ``tools``, ``batch``, ``mcp_stdio``, ``config``,
 ``policy``, ``audit``, ``approvals``, ``operations``, ``token``) adds its commands and handlers; ``main``
-parses, runs the chosen handler and turns the outcome into an exit code (``sidecar.cli.common`` lists them).
+parses, runs the chosen handler and turns the outcome into an exit code (``sidecar.cli.common`` lists them);
+with ``--output json`` a failure, usage errors included, is printed as the JSON error of ``sidecar.cli.output``.
 """
 
 from __future__ import annotations

@@ -95,7 +95,11 @@ def column_widths(columns: Sequence[Column], natural: Sequence[int], room: int) 
             shrinkable = [i for i, column in enumerate(columns) if eligible(column) and widths[i] > floors[i]]
             if not shrinkable:
                 break
-            widths[max(shrinkable, key=lambda i: widths[i])] -= 1
+            widest = max(shrinkable, key=lambda i: widths[i])
+            # in one step what a cell at a time would come to: down to the next widest, or as far as needed
+            runner_up = max((widths[i] for i in shrinkable if i != widest), default=0)
+            excess = sum(widths) - room
+            widths[widest] = min(widths[widest] - 1, max(floors[widest], runner_up, widths[widest] - excess))
     return widths
 
 

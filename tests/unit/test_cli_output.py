@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,8 +14,8 @@ from sidecar.cli import main
 from sidecar.cli.output import NO_RESULT, requested_json
 from sidecar.cli.root import build_parser
 from sidecar.cli.table import NARROWEST, Column, render_table
-from sidecar.config import bundled_policy_dir
-from tests.support.tables import assert_aligned, table_rows
+from sidecar.config import bundled_policy_dir, load_settings
+from tests.support.tables import assert_aligned, table_columns, table_rows
 from toolbooth_documents.cli import _parser as documents_parser
 
 
@@ -156,3 +157,17 @@ def test_columns_environment_variable_sets_the_width(monkeypatch: pytest.MonkeyP
     for ignored in ("", "0", "wide"):
         monkeypatch.setenv("COLUMNS", ignored)
         assert render_table(COLUMNS, ROWS).splitlines()[1].split()[0] == ROWS[0][0]  # stdout is no terminal: no limit
+
+
+def test_a_huge_cell_is_fitted_quickly_and_whole() -> None:
+    reason = "word " * 40_000
+    started = time.perf_counter()
+    table = render_table(COLUMNS, [("p_1", "calculate", "pending", reason)], 80)
+    assert time.perf_counter() - started < 20  # on a loaded machine; a cell at a time took far longer
+    assert_aligned(table, 4, 80)
+    assert table_columns(table, ["ID", "TOOL", "STATE", "REASON"])[3] == "word" * 40_000
+
+
+def test_the_no_progress_variable_is_not_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLBOOTH_NO_PROGRESS", "1")
+    assert load_settings(None).store is not None  # a TOOLBOOTH_* variable the settings do not know fails them
