@@ -83,7 +83,7 @@ UNKEYED = ("audit chain unkeyed: no audit.chain_key is configured, so whoever ca
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """``toolbooth audit verify``: walk the chain, report its first broken link, compare it with the checkpoint;
-    print what was found as text, or as the JSON document ``verify_document`` describes."""
+    print what was found as text, or as the JSON document of ``_Verification.document``."""
     settings = load_settings(args.config)
     key, path = settings.audit.read_chain_key(), settings.audit.checkpoint_path(settings.store)
     as_json = json_output(args)
