@@ -20,12 +20,6 @@ import sys
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from rich.cells import cell_len
-
-if TYPE_CHECKING:
-    from rich.text import Text
 
 __all__ = ["NARROWEST", "Column", "column_widths", "render_table", "table_width"]
 
@@ -60,13 +54,15 @@ def table_width() -> int | None:
 
 def render_table(columns: Sequence[Column], rows: Iterable[Sequence[str]], width: int | None = None) -> str:
     """``rows`` under the headers of ``columns``, fitted to ``width`` (default ``table_width()``)."""
-    from rich.console import Console  # rich loads only for a command that prints a table
+    from rich.cells import cell_len  # rich loads only for a command that prints a table
+    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     headers = [Text(column.header, no_wrap=False, overflow="fold") for column in columns]  # even over a column
     cells = [headers, *([Text(_printable(cell)) for cell in row] for row in rows)]  # that does not wrap
-    natural = [max(_widest_line(row[i]) for row in cells) for i in range(len(columns))]
+    natural = [max(max((cell_len(line) for line in row[i].plain.splitlines()), default=0) for row in cells)
+               for i in range(len(columns))]
     fit = width if width is not None else table_width()
     widths = natural if fit is None else column_widths(columns, natural, fit - _GUTTER * (len(columns) - 1))
     table = Table(box=None, pad_edge=False, padding=(0, _GUTTER // 2), header_style="", show_edge=False)
@@ -106,7 +102,3 @@ def column_widths(columns: Sequence[Column], natural: Sequence[int], room: int) 
 def _printable(cell: str) -> str:
     """``cell`` without control characters (a terminal would obey them: colours, cursor moves), tabs as spaces."""
     return "".join(ch for ch in cell.replace("\t", " ") if ch == "\n" or unicodedata.category(ch) != "Cc")
-
-
-def _widest_line(text: Text) -> int:
-    return max((cell_len(line) for line in text.plain.splitlines()), default=0)
