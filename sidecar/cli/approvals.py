@@ -22,9 +22,11 @@ from sidecar.cli.common import (
     print_result,
     with_client,
 )
+from sidecar.cli.output import json_output, output_flag
+from sidecar.cli.table import Column, render_table
 from sidecar.contract import ApprovalResult, Preview
 
-__all__ = ["add_commands", "cmd_approve", "cmd_deny", "cmd_previews_list", "describe"]
+__all__ = ["add_commands", "cmd_approve", "cmd_deny", "cmd_previews_list", "describe", "previews_table"]
 
 
 def add_commands(commands: Subparsers) -> None:
@@ -33,7 +35,9 @@ def add_commands(commands: Subparsers) -> None:
     actions = previews.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="pending previews you may approve (operators: all)")
     listing.add_argument("--limit", type=int, default=0, metavar="N", help="at most N, newest first (default: 100)")
-    listing.add_argument("--output", choices=("table", "json"), default="table")
+    listing.add_argument("-l", "--long", action="store_true",
+                         help="each preview in full (hash, call, what it will do) instead of a table")
+    output_flag(listing, "table")
     client_flags(listing)
     listing.set_defaults(handler=cmd_previews_list)
     approve = commands.add_parser("approve", help="approve a preview: that exact call may then run once")
@@ -42,36 +46,55 @@ def add_commands(commands: Subparsers) -> None:
                          help="the preview_hash you were shown (default: the one `previews list` shows now)")
     approve.add_argument("--comment", metavar="C")
     field_flag(approve, "preview.state")
+    output_flag(approve, None)
     client_flags(approve)
     approve.set_defaults(handler=cmd_approve)
     deny = commands.add_parser("deny", help="deny a preview: the call can never run under it")
     deny.add_argument("preview_id", metavar="PREVIEW_ID")
     deny.add_argument("--reason", required=True, metavar="R")
     field_flag(deny, "preview.state")
+    output_flag(deny, None)
     client_flags(deny)
     deny.set_defaults(handler=cmd_deny)
 
 
 def cmd_previews_list(args: argparse.Namespace) -> int:
-    """``toolbooth previews list``."""
+    """``toolbooth previews list``: a table, each preview in full (``--long``), or JSON."""
     previews = with_client(args, lambda client: client.previews(limit=args.limit))
-    if args.output == "json":
+    if json_output(args):
         print(dump_json([p.model_dump(mode="json") for p in previews]))
+    elif not previews:
+        print("no pending previews")
     else:
-        print("\n\n".join(describe(p) for p in previews) or "no pending previews")
+        print("\n\n".join(describe(p) for p in previews) if args.long else previews_table(previews))
     return EXIT_OK
+
+
+def previews_table(previews: list[Preview]) -> str:
+    """One row per preview: id, tool, expiry, approver roles, the policy's reason."""
+    columns = tuple(Column(header) for header in ("PREVIEW", "TOOL", "EXPIRES", "ROLES", "REASON"))
+    return render_table(columns, [(p.preview_id, _tool(p), p.expires_at, ", ".join(p.approver_roles), p.reason)
+                                  for p in previews])
+
+
+def _tool(preview: Preview) -> str:
+    try:
+        call = json.loads(preview.call_json)
+    except json.JSONDecodeError:
+        return "?"
+    return str(call.get("tool", "?")) if isinstance(call, dict) else "?"
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
     """``toolbooth approve PREVIEW_ID``: without ``--hash``, approve the call ``previews list`` shows."""
     preview_hash = args.preview_hash or _listed(args).preview_hash
     result = with_client(args, lambda client: client.approve(args.preview_id, preview_hash, comment=args.comment))
-    return _report(result, args.field)
+    return _report(result, args)
 
 
 def cmd_deny(args: argparse.Namespace) -> int:
     """``toolbooth deny PREVIEW_ID --reason R``."""
-    return _report(with_client(args, lambda client: client.deny(args.preview_id, reason=args.reason)), args.field)
+    return _report(with_client(args, lambda client: client.deny(args.preview_id, reason=args.reason)), args)
 
 
 def describe(preview: Preview) -> str:
@@ -101,6 +124,6 @@ def _listed(args: argparse.Namespace) -> Preview:
     return found
 
 
-def _report(result: ApprovalResult, field: str | None) -> int:
-    print_result(result.model_dump(mode="json", exclude_none=True), field)
+def _report(result: ApprovalResult, args: argparse.Namespace) -> int:
+    print_result(result.model_dump(mode="json", exclude_none=True), args.field, as_json=json_output(args))
     return EXIT_OK if result.ok else EXIT_TOOL_ERROR

@@ -28,6 +28,7 @@ from sidecar.cli.common import (
     dump_json,
     with_client,
 )
+from sidecar.cli.output import output_flag
 from sidecar.contract import Status
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ def add_commands(commands: Subparsers) -> None:
                             "(a started write always finishes)")
     client_flags(batch)
     batch.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline of the whole batch")
+    output_flag(batch, None)
     batch.set_defaults(handler=cmd_call_batch)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError, Subparsers, dump_json
+from sidecar.cli.output import json_output, output_flag
 from sidecar.errors import BundleError, PolicyLoadError
 from sidecar.policy.bundle import Bundle, build_bundle, load_bundle
 from sidecar.policy.bundle.signing import (
@@ -45,10 +46,11 @@ def add_bundle_commands(policy_actions: Subparsers) -> None:
     build.add_argument("--signing-key", type=Path, metavar="FILE", help="PEM private key, or HMAC secret, to sign with")
     _algorithm_flag(build, "--signing-alg", "signing")
     build.add_argument("--keyid", metavar="K", help="key id written into the signature (JWT kid)")
+    output_flag(build)
     build.set_defaults(handler=cmd_build)
     inspect = actions.add_parser("inspect", help="print a bundle's revision, roots, files and signature")
     inspect.add_argument("file", type=Path, metavar="FILE")
-    _output_flag(inspect)
+    output_flag(inspect)
     inspect.set_defaults(handler=cmd_inspect)
     verify = actions.add_parser("verify", help="verify a bundle's signature with a key (exit 0 verified, 1 not)")
     verify.add_argument("file", type=Path, metavar="FILE")
@@ -56,17 +58,13 @@ def add_bundle_commands(policy_actions: Subparsers) -> None:
     _algorithm_flag(verify, "--alg", "verification")
     verify.add_argument("--keyid", metavar="K",
                         help="the key's id: the signature must name it (default: accept the key id it names)")
-    _output_flag(verify)
+    output_flag(verify)
     verify.set_defaults(handler=cmd_verify)
 
 
 def _algorithm_flag(parser: argparse.ArgumentParser, flag: str, purpose: str) -> None:
     parser.add_argument(flag, dest="algorithm", choices=SIGNING_ALGORITHMS, metavar="ALG",
                         help=f"{purpose} algorithm: {', '.join(SIGNING_ALGORITHMS)} (default: {DEFAULT_ALGORITHM})")
-
-
-def _output_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", choices=("text", "json"), default="text", help="default: text")
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -81,7 +79,12 @@ def cmd_build(args: argparse.Namespace) -> int:
         args.out.write_bytes(archive)
     except (PolicyLoadError, OSError) as exc:
         raise CommandError(str(exc), EXIT_FAILURE) from None
-    signed = f"signed ({args.algorithm or DEFAULT_ALGORITHM}{f', key id {args.keyid}' if args.keyid else ''})"
+    algorithm = args.algorithm or DEFAULT_ALGORITHM
+    if json_output(args):
+        print(dump_json({"file": str(args.out), "revision": bundle.revision, "files": len(bundle.files),
+                         "signed": key is not None, "algorithm": algorithm if key else None, "keyid": args.keyid}))
+        return EXIT_OK
+    signed = f"signed ({algorithm}{f', key id {args.keyid}' if args.keyid else ''})"
     print(f"wrote {args.out}: revision {bundle.revision}, {len(bundle.files)} files, {signed if key else 'unsigned'}")
     return EXIT_OK
 
@@ -90,7 +93,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     """``toolbooth policy bundle inspect``: describe a bundle without verifying it."""
     bundle = _loading(args.file)
     document = inspect_document(bundle)
-    print(dump_json(document) if args.output == "json" else format_inspection(document))
+    print(dump_json(document) if json_output(args) else format_inspection(document))
     return EXIT_OK
 
 
@@ -107,13 +110,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         bundle = load_bundle(args.file, config)
     except BundleError as exc:
-        return _verdict(args.output, {"verified": False, "error": str(exc)})
-    return _verdict(args.output, {"verified": True, "revision": bundle.revision, "files": len(bundle.files) - 1,
+        return _verdict(json_output(args), {"verified": False, "error": str(exc)})
+    return _verdict(json_output(args), {"verified": True, "revision": bundle.revision, "files": len(bundle.files) - 1,
                                   "algorithm": algorithm, "keyid": args.keyid})
 
 
-def _verdict(output: str, document: dict[str, Any]) -> int:
-    if output == "json":
+def _verdict(as_json: bool, document: dict[str, Any]) -> int:
+    if as_json:
         print(dump_json(document))
     elif not document["verified"]:
         raise CommandError(f"not verified: {document['error']}", EXIT_FAILURE)

@@ -4,7 +4,7 @@ Exit codes: 0 success; 1 start-up failure, gRPC error or unreadable store; 2 usa
 configuration that does not load; 3 the result is an error or a refusal; 4 the call needs approval.
 A command fails by raising ``CommandError`` with its exit code; ``sidecar.cli.root.main`` prints it.
 
-Imports nothing from the other ``sidecar.cli`` modules, so every group can use it without a cycle.
+Imports nothing from the other ``sidecar.cli`` modules but ``output``, so every group can use it without a cycle.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
+from sidecar.cli.output import error_document
 from sidecar.config import (
     ENV_TARGET,
     ENV_TLS,
@@ -78,11 +79,12 @@ Reply = TypeVar("Reply")
 
 
 class CommandError(Exception):
-    """A command failed; ``main`` prints the message and returns ``exit_code``."""
+    """A command failed; ``main`` prints the message and returns ``exit_code``. ``code`` names the failure in
+    the JSON error of ``--output json`` (``sidecar.cli.output``; by default the name of the exit code)."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    def __init__(self, message: str, exit_code: int, code: str | None = None) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code, self.code = exit_code, code
 
 
 # --- flags ------------------------------------------------------------------------------------------------
@@ -173,8 +175,9 @@ def field_flag(parser: argparse.ArgumentParser, example: str) -> None:
                                                         "(a string as it is, anything else as JSON)")
 
 
-def print_result(result: dict[str, Any], field: str | None) -> None:
-    """Print ``result`` as JSON, or only the value at the dotted path ``field`` (a string as it is).
+def print_result(result: dict[str, Any], field: str | None, *, as_json: bool = False) -> None:
+    """Print ``result`` as JSON, or only the value at the dotted path ``field`` (a string as it is, unless
+    ``as_json``: ``--output json`` prints it as a JSON string).
 
     A path the result lacks is an error (exit 1) that says so, since a script reading the field would
     otherwise go on with an empty value."""
@@ -182,9 +185,9 @@ def print_result(result: dict[str, Any], field: str | None) -> None:
     for name in field.split(".") if field is not None else ():
         if not isinstance(value, dict) or name not in value:
             raise CommandError(f"--field {field}: the result has no such field; without --field the whole "
-                               f"result is printed", EXIT_FAILURE)
+                               f"result is printed", EXIT_FAILURE, "NO_SUCH_FIELD")
         value = value[name]
-    print(value if isinstance(value, str) else dump_json(value))
+    print(value if isinstance(value, str) and not as_json else dump_json(value))
 
 
 def dump_json(data: Any) -> str:
@@ -192,8 +195,12 @@ def dump_json(data: Any) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False)
 
 
-def fail(message: str, code: int) -> int:
-    """Print ``toolbooth: error: ...`` (one line per message line) to stderr; return ``code``."""
+def fail(message: str, code: int, *, as_json: bool = False, name: str | None = None) -> int:
+    """Print ``toolbooth: error: ...`` (one line per message line) to stderr, or with ``as_json`` the JSON error
+    of ``sidecar.cli.output`` (named ``name``); return ``code``."""
+    if as_json:
+        print(error_document(message, code, name), file=sys.stderr)
+        return code
     for line in message.splitlines() or [""]:
         print(f"toolbooth: error: {line}", file=sys.stderr)
     return code
@@ -233,7 +240,7 @@ def with_client(args: argparse.Namespace, request: Callable[[Client], Reply]) ->
             return request(client)
     except ClientError as exc:
         raise CommandError(_client_failure(exc, target, explicit=args.target is not None, tls=tls),
-                           EXIT_FAILURE) from None
+                           EXIT_FAILURE, exc.code.name) from None
 
 
 # What gRPC says of a failed handshake, and what the caller can do about it.
@@ -285,4 +292,4 @@ def with_store(config: Path | None, use: Callable[[Store], Awaitable[Reply]]) ->
     try:
         return asyncio.run(run())
     except StoreUnavailableError as exc:
-        raise CommandError(str(exc), EXIT_FAILURE) from None
+        raise CommandError(str(exc), EXIT_FAILURE, "STORE_UNAVAILABLE") from None

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import asdict
+from typing import Any
 
-from sidecar.cli.common import EXIT_OK, CommandError, Subparsers, config_flag
-from sidecar.cli.preflight import STARTUP_FAILURES, failure_exit, preflight
+from sidecar.cli.common import EXIT_OK, CommandError, Subparsers, config_flag, dump_json
+from sidecar.cli.output import json_output, output_flag
+from sidecar.cli.preflight import STARTUP_FAILURES, Checked, failure_exit, preflight
 from sidecar.config import MCP_PATH, Settings, load_settings
 
-__all__ = ["add_commands", "cmd_config_validate", "describe_settings"]
+__all__ = ["add_commands", "cmd_config_validate", "describe_settings", "validation_document"]
 
 
 def add_commands(commands: Subparsers) -> None:
@@ -26,6 +29,7 @@ def add_commands(commands: Subparsers) -> None:
     validate = actions.add_parser("validate", help="check the config file, TOOLBOOTH_* variables and what they name "
                                                    "(keys, policies, plugins, store) as serve would")
     config_flag(validate)
+    output_flag(validate)
     validate.set_defaults(handler=cmd_config_validate)
 
 
@@ -35,11 +39,26 @@ def cmd_config_validate(args: argparse.Namespace) -> int:
     try:
         checked = asyncio.run(preflight(settings))
     except STARTUP_FAILURES as exc:
-        raise CommandError(str(exc), failure_exit(exc)) from None
+        raise CommandError(str(exc), failure_exit(exc), type(exc).__name__) from None
+    if json_output(args):
+        print(dump_json(validation_document(settings, checked)))
+        return EXIT_OK
     print("config OK")
     print(describe_settings(settings))
     print("\n".join(checked.lines()))
     return EXIT_OK
+
+
+def validation_document(settings: Settings, checked: Checked) -> dict[str, Any]:
+    """What ``config validate`` prints, as JSON data (what it failed on is a JSON error instead)."""
+    server, jwt = settings.server, settings.auth.jwt
+    return {"ok": True, "listen": list(server.listen),
+            "tls": None if server.tls is None else ("mutual" if server.tls.mutual else "server"),
+            "health_listen": server.health_listen,
+            "mcp": None if settings.mcp.listen is None else f"http://{settings.mcp.listen}{MCP_PATH}",
+            "auth": {"mode": settings.auth.effective_mode.value, "jwks_url": jwt.jwks_url if jwt else None},
+            "plugins": [asdict(plugin) for plugin in checked.plugins], "tools": list(checked.tools),
+            "isolated": checked.isolated, "policy": checked.policy, "store": checked.store}
 
 
 def describe_settings(settings: Settings) -> str:

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import time
 
-from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, CommandError, Subparsers, config_flag, with_store
+from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, CommandError, Subparsers, config_flag, dump_json, with_store
+from sidecar.cli.output import json_output, output_flag
+from sidecar.cli.table import Column, render_table
 from sidecar.contract import ErrorCode, ErrorInfo, OperationState, ResultMeta, Status, ToolResult
 from sidecar.state import KeyScope, OperationRecord, Store
 
-__all__ = ["RESOLVED_FAILED_MESSAGE", "add_commands", "cmd_list", "cmd_resolve", "record_json", "resolved_result"]
+__all__ = ["RESOLVED_FAILED_MESSAGE", "add_commands", "cmd_list", "cmd_resolve", "record_document", "resolved_result"]
 
 RESOLVED_FAILED_MESSAGE = "resolved as failed by an operator"
 
@@ -27,8 +28,9 @@ def add_commands(commands: Subparsers) -> None:
     """Add ``operations`` and its subcommands to the ``toolbooth`` parser."""
     operations = commands.add_parser("operations", help="keyed calls in progress or of unknown outcome")
     actions = operations.add_subparsers(dest="action", required=True, metavar="ACTION")
-    listing = actions.add_parser("list", help="keyed calls without a result, oldest first, as JSON lines")
+    listing = actions.add_parser("list", help="keyed calls without a result, oldest first")
     listing.add_argument("--unknown", action="store_true", help="only those of unknown outcome")
+    output_flag(listing, "table")
     listing.set_defaults(handler=cmd_list)
     resolve = actions.add_parser("resolve", help="settle a keyed call of unknown outcome; retries replay it")
     resolve.add_argument("key", metavar="KEY", help="its idempotency key")
@@ -41,17 +43,28 @@ def add_commands(commands: Subparsers) -> None:
     outcome.add_argument("--failed", dest="outcome", action="store_const", const=Status.ERROR,
                          help="its effects did not happen")
     resolve.add_argument("--note", default="", metavar="N", help="why, for whoever reads the result")
+    output_flag(resolve)
     resolve.set_defaults(handler=cmd_resolve)
     for parser in (listing, resolve):
         config_flag(parser)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """``toolbooth operations list [--unknown]``."""
-    for record in with_store(args.config, lambda store: store.pending_operations()):
-        if not args.unknown or record.state is OperationState.UNKNOWN:
-            print(record_json(record))
+    """``toolbooth operations list [--unknown]``: a table, or a JSON array of ``record_document``s."""
+    records = [record_document(record) for record in with_store(args.config, lambda store: store.pending_operations())
+               if not args.unknown or record.state is OperationState.UNKNOWN]
+    if json_output(args):
+        print(dump_json(records))
+    elif not records:
+        print("no keyed calls without a result" + (" of unknown outcome" if args.unknown else ""))
+    else:
+        print(render_table(_COLUMNS, [[record[name] or "-" for name in _COLUMN_FIELDS] for record in records]))
     return EXIT_OK
+
+
+_COLUMNS = tuple(Column(header) for header in ("TOOL", "KEY", "PRINCIPAL", "TENANT", "STATE", "REQUEST", "CREATED",
+                                                "DEADLINE"))
+_COLUMN_FIELDS = ("tool", "key", "principal_id", "tenant", "state", "request_id", "created_at", "deadline_at")
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
@@ -70,7 +83,13 @@ def cmd_resolve(args: argparse.Namespace) -> int:
             raise CommandError(f"the keyed call {_name(scope)} finished meanwhile; nothing resolved", EXIT_FAILURE)
 
     with_store(args.config, resolve)
-    print(f"resolved {_name(scope)} as {'completed' if args.outcome is Status.SUCCESS else 'failed'}")
+    outcome = "completed" if args.outcome is Status.SUCCESS else "failed"
+    if json_output(args):
+        print(dump_json({"resolved": True, "tenant": scope.tenant, "principal_id": scope.principal_id,
+                         "tool": scope.tool, "key": scope.key, "outcome": outcome,
+                         "result": result.model_dump(mode="json")}))
+    else:
+        print(f"resolved {_name(scope)} as {outcome}")
     return EXIT_OK
 
 
@@ -84,15 +103,13 @@ def resolved_result(scope: KeyScope, outcome: Status, note: str) -> ToolResult:
     return ToolResult(status=Status.ERROR, data=data, error=error, errors=(error,), meta=meta)
 
 
-def record_json(record: OperationRecord) -> str:
-    """One record as a JSON line."""
+def record_document(record: OperationRecord) -> dict[str, str | None]:
+    """One record as JSON data: its scope, state, request id and times (RFC 3339, UTC)."""
     scope = record.scope
-    return json.dumps({"tenant": scope.tenant, "principal_id": scope.principal_id, "tool": scope.tool,
-                       "key": scope.key, "state": record.state.value, "request_id": record.request_id,
-                       "created_at": _utc(record.created_at),
-                       "deadline_at": None if record.deadline_at is None else _utc(record.deadline_at),
-                       "overran_at": None if record.overran_at is None else _utc(record.overran_at)},
-                      ensure_ascii=False)
+    return {"tenant": scope.tenant, "principal_id": scope.principal_id, "tool": scope.tool, "key": scope.key,
+            "state": record.state.value, "request_id": record.request_id, "created_at": _utc(record.created_at),
+            "deadline_at": None if record.deadline_at is None else _utc(record.deadline_at),
+            "overran_at": None if record.overran_at is None else _utc(record.overran_at)}
 
 
 def _utc(epoch: float) -> str:

@@ -43,7 +43,10 @@ from sidecar.cli.common import (
     read_arguments,
     with_client,
 )
+from sidecar.cli.output import json_output, output_flag
+from sidecar.cli.progress import meter, progress_flag, progress_wanted
 from sidecar.cli.replay import add_replay_command
+from sidecar.cli.table import Column, render_table
 from sidecar.config import Settings, load_settings
 from sidecar.contract import Principal
 from sidecar.errors import PluginLoadError, PolicyLoadError
@@ -95,6 +98,7 @@ def _add_test(actions: Subparsers) -> None:
     test.add_argument("--threshold", type=float, metavar="PERCENT",
                       help="fail unless every policy file reaches this line coverage (implies --coverage)")
     test.add_argument("-v", "--verbose", action="store_true", help="list passing tests too")
+    progress_flag(test)
     _common_flags(test)
     test.set_defaults(handler=cmd_test)
 
@@ -123,7 +127,7 @@ def _add_eval(actions: Subparsers) -> None:
 def _add_status(actions: Subparsers) -> None:
     status = actions.add_parser("status", help="the running sidecar's policy revision and last reload")
     client_flags(status)
-    status.add_argument("--output", choices=("text", "json"), default="text", help="default: text")
+    output_flag(status)
     status.set_defaults(handler=cmd_status)
 
 
@@ -133,7 +137,7 @@ def _dir_argument(parser: argparse.ArgumentParser) -> None:
 
 def _common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config file whose policy.path is used")
-    parser.add_argument("--output", choices=("text", "json"), default="text", help="default: text")
+    output_flag(parser)
 
 
 # --- status -----------------------------------------------------------------------------------------------
@@ -144,7 +148,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     status = with_client(args, lambda client: client.policy_status())
     document = {"source": status.source, "revision": status.revision, "loaded_at": status.loaded_at,
                 "last_attempt_at": status.last_attempt_at, "last_error": status.last_error}
-    print(dump_json(document) if args.output == "json" else format_status(document))
+    print(dump_json(document) if json_output(args) else format_status(document))
     return EXIT_OK if status.healthy else EXIT_FAILURE
 
 
@@ -163,9 +167,11 @@ def format_status(document: dict[str, Any]) -> str:
 
 def cmd_test(args: argparse.Namespace) -> int:
     """``toolbooth policy test``: run the Rego tests, optionally with a coverage threshold."""
-    report = _loading(run_tests, policy_dir(args.dir, args.config))
+    root = policy_dir(args.dir, args.config)
+    with meter("running the policy tests", enabled=progress_wanted(args)) as shown:
+        report = _loading(lambda path: run_tests(path, progress=shown.update), root)
     threshold, coverage = args.threshold, args.coverage or args.threshold is not None
-    if args.output == "json":
+    if json_output(args):
         print(dump_json(tests_document(report, coverage=coverage, threshold=threshold)))
     else:
         print(format_tests(report, verbose=args.verbose, coverage=coverage, threshold=threshold))
@@ -213,15 +219,16 @@ def format_tests(report: RegoTestReport, *, verbose: bool, coverage: bool, thres
 
 def format_coverage(report: RegoTestReport) -> str:
     """Per-file line coverage and the total, as an aligned table."""
-    rows = [("FILE", "LINES", "COVERED", "NOT COVERED")]
-    rows += [(f.file, f"{len(f.covered)}/{f.lines}", f"{f.percent:.1f}%", ", ".join(map(str, f.not_covered)))
-             for f in report.coverage.files]
+    rows = [(f.file, f"{len(f.covered)}/{f.lines}", f"{f.percent:.1f}%", ", ".join(map(str, f.not_covered)))
+            for f in report.coverage.files]
     covered = sum(len(f.covered) for f in report.coverage.files)
     lines = sum(f.lines for f in report.coverage.files)
     rows.append(("total", f"{covered}/{lines}", f"{report.coverage.percent:.1f}%", ""))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join("  ".join([row[0].ljust(widths[0]), row[1].rjust(widths[1]), row[2].rjust(widths[2]),
-                                row[3]]).rstrip() for row in rows)
+    return render_table(_COVERAGE_COLUMNS, rows)
+
+
+_COVERAGE_COLUMNS = (Column("FILE"), Column("LINES", right=True), Column("COVERED", right=True),
+                     Column("NOT COVERED"))
 
 
 # --- check ------------------------------------------------------------------------------------------------
@@ -231,7 +238,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """``toolbooth policy check``: compile, find the entrypoints, check decisions on sample calls."""
     root = policy_dir(args.dir, args.config)
     report = asyncio.run(check_policies(root))
-    print(dump_json(check_document(report, root)) if args.output == "json" else format_check(report, root))
+    print(dump_json(check_document(report, root)) if json_output(args) else format_check(report, root))
     return EXIT_OK if report.ok else EXIT_FAILURE
 
 
@@ -282,7 +289,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     engine = _loading(EmbeddedEngine.load, args.dir or settings.policy.path)
     run = asyncio.run(dry_run(engine, defn, principal, arguments, limits=settings.limits,
                               time=args.time or now_utc()))
-    print(dump_json(run.document()) if args.output == "json" else format_dry_run(run))
+    print(dump_json(run.document()) if json_output(args) else format_dry_run(run))
     return _VERDICT_EXIT[run.verdict]
 
 

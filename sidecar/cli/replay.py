@@ -3,7 +3,7 @@
 A thin shell over ``sidecar.pipeline.replay``: it loads the candidate (a policy directory, or a bundle
 file, read without checking its signature: ``policy bundle verify`` does that), reads the audit log of
 the store of ``--config`` as ``toolbooth audit`` does, and prints the calls that would change as a
-table, or everything as JSON (``--json``).
+table, or everything as JSON (``--output json``; ``--json``, its older spelling, too).
 
 Exit codes: 0 no replayed decision changes; 3 at least one would change; 1 the store cannot be read;
 2 usage error, or a candidate that does not load.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sidecar.cli.audit import all_records, utc_event_time
+from sidecar.cli.audit import all_records, newest_id, utc_event_time
 from sidecar.cli.common import (
     EXIT_OK,
     EXIT_TOOL_ERROR,
@@ -25,6 +25,9 @@ from sidecar.cli.common import (
     dump_json,
     with_store,
 )
+from sidecar.cli.output import json_output, output_flag
+from sidecar.cli.progress import meter, progress_flag, progress_wanted
+from sidecar.cli.table import Column, render_table
 from sidecar.errors import PolicyLoadError
 from sidecar.pipeline.replay import ReplayReport, replay_log
 from sidecar.policy.bundle import load_bundle
@@ -45,7 +48,8 @@ def add_replay_command(policy_actions: Subparsers) -> None:
     replay.add_argument("--since", type=utc_event_time, metavar="TIME",
                         help="only calls audited at or after this ISO 8601 time (UTC if no offset is given)")
     replay.add_argument("--tool", metavar="NAME", help="only calls of this tool")
-    replay.add_argument("--json", action="store_true", help="print the report as JSON")
+    output_flag(replay, json_alias=True)
+    progress_flag(replay)
     config_flag(replay)
     replay.set_defaults(handler=cmd_replay)
 
@@ -53,15 +57,20 @@ def add_replay_command(policy_actions: Subparsers) -> None:
 def cmd_replay(args: argparse.Namespace) -> int:
     """``toolbooth policy replay``: 0 when nothing would change, 3 when something would."""
     engine = load_candidate(args.policies)
+    wanted = progress_wanted(args)
 
     async def run(store: Store) -> ReplayReport:
         try:
-            return await replay_log(engine, all_records(store), since=args.since, tool=args.tool)
+            with meter("replaying the audit log", enabled=wanted) as shown:
+                if shown.drawn:
+                    shown.update(0, await newest_id(store))
+                return await replay_log(engine, all_records(store, progress=shown.update), since=args.since,
+                                        tool=args.tool)
         finally:
             await engine.aclose()
 
     report = with_store(args.config, run)
-    print(dump_json(report.document()) if args.json else format_report(report))
+    print(dump_json(report.document()) if json_output(args) else format_report(report))
     return EXIT_CHANGED if report.changes else EXIT_OK
 
 
@@ -78,9 +87,13 @@ def load_candidate(path: Path) -> EmbeddedEngine:
         raise CommandError(f"--policies {path}: {exc}", EXIT_USAGE) from None
 
 
+_COLUMNS = (Column("ID", wrap=False), Column("TIME"), Column("TOOL"), Column("PRINCIPAL"), Column("BEFORE"),
+            Column("AFTER"), Column("STAGE"), Column("CHANGE"), Column("REASON"))
+
+
 def format_report(report: ReplayReport) -> str:
     """The changes as a table (one row per step that changes), then a summary line."""
-    rows = [("ID", "TIME", "TOOL", "PRINCIPAL", "BEFORE", "AFTER", "STAGE", "CHANGE", "REASON")]
+    rows = []
     for change in report.changes:
         event, first = change.recorded.record.event, True
         for stage in change.stages:
@@ -88,12 +101,7 @@ def format_report(report: ReplayReport) -> str:
                     change.after) if first else ("",) * 6
             rows.append((*head, stage.stage, f"{stage.before} -> {stage.after}", stage.reason))
             first = False
-    lines = []
-    if report.changes:
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-        lines = ["  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]]).rstrip()
-                 for row in rows]
-        lines.append("")
+    lines = [render_table(_COLUMNS, rows), ""] if rows else []
     skipped = sum(report.skipped.values())
     kinds = ", ".join(f"{count} {reason.value}" for reason, count in sorted(report.skipped.items()))
     lines.append(f"replayed {report.replayed} call(s) against revision {report.revision}: "

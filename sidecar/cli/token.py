@@ -10,12 +10,14 @@ is never the sidecar's, and a JWKS is the issuer's. Exit codes: 0 printed, 2 the
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import time
 
 import jwt
 from jwt.algorithms import get_default_algorithms
 
-from sidecar.cli.common import EXIT_OK, EXIT_USAGE, CommandError, Subparsers, config_flag
+from sidecar.cli.common import EXIT_OK, EXIT_USAGE, CommandError, Subparsers, config_flag, dump_json
+from sidecar.cli.output import json_output, output_flag
 from sidecar.config import AuthMode, load_settings
 from sidecar.config.auth import JwtSettings
 
@@ -36,6 +38,7 @@ def add_commands(commands: Subparsers) -> None:
                        help="a permission held directly (repeatable)")
     token.add_argument("--ttl", type=float, default=3600.0, metavar="SECONDS",
                        help=f"seconds until it expires (default: 3600, at most {MAX_TTL_SECONDS})")
+    output_flag(token)
     token.set_defaults(handler=cmd_token)
 
 
@@ -52,8 +55,14 @@ def cmd_token(args: argparse.Namespace) -> int:
         raise CommandError("the configuration is in dev mode: there is no key to sign with (set auth.mode: jwt with "
                            "auth.jwt and an HS256/HS384/HS512 algorithm, and pass that file with --config)",
                            EXIT_USAGE)
-    print(sign_token(jwt_settings, subject=args.subject, tenant=args.tenant, roles=args.roles,
-                     permissions=args.permissions, ttl_seconds=args.ttl))
+    now = time.time()
+    signed = sign_token(jwt_settings, subject=args.subject, tenant=args.tenant, roles=args.roles,
+                        permissions=args.permissions, ttl_seconds=args.ttl, now=now)
+    if json_output(args):
+        expires = dt.datetime.fromtimestamp(int(now) + int(args.ttl), dt.UTC).isoformat(timespec="seconds")
+        print(dump_json({"token": signed, "subject": args.subject, "expires_at": expires}))
+    else:
+        print(signed)
     return EXIT_OK
 
 

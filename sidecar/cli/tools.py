@@ -29,6 +29,8 @@ from sidecar.cli.common import (
     valid_json,
     with_client,
 )
+from sidecar.cli.output import json_output, output_flag
+from sidecar.cli.table import Column, render_table
 from sidecar.contract import Status, ToolListing
 
 __all__ = ["CALL_EPILOG", "add_commands", "cmd_call", "cmd_tools_export", "cmd_tools_list", "exit_code",
@@ -57,12 +59,13 @@ def add_commands(commands: Subparsers) -> None:
     actions = tools.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="list the tools this caller may use")
     client_flags(listing)
-    listing.add_argument("--output", choices=("table", "json"), default="table", help="default: table")
+    output_flag(listing, "table")
     listing.set_defaults(handler=cmd_tools_list)
     export = actions.add_parser("export", help="print the tools this caller may use as a model provider's tools")
     export.add_argument("--format", required=True, choices=[f.value for f in SchemaFormat],
                         help="openai (function tools, strict where the schema allows), anthropic or mcp")
     export.add_argument("--conversation-id", metavar="ID", help="the conversation the listing is for")
+    output_flag(export, None)
     client_flags(export)
     export.set_defaults(handler=cmd_tools_export)
     call = commands.add_parser("call", help="execute one tool call", epilog=CALL_EPILOG,
@@ -76,13 +79,14 @@ def add_commands(commands: Subparsers) -> None:
     client_flags(call)
     call.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline of the call")
     field_flag(call, "data.preview_id")
+    output_flag(call, None)
     call.set_defaults(handler=cmd_call)
 
 
 def cmd_tools_list(args: argparse.Namespace) -> int:
     """``toolbooth tools list``: print the tools this caller may use."""
     listing = with_client(args, lambda client: client.list_tools())
-    print(dump_json(listing.model_dump(mode="json")) if args.output == "json" else format_table(listing))
+    print(dump_json(listing.model_dump(mode="json")) if json_output(args) else format_table(listing))
     return EXIT_OK
 
 
@@ -108,7 +112,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     result = with_client(args, lambda client: client.execute(
         args.tool, arguments, idempotency_key=args.idempotency_key, approval_id=args.approval_id,
         conversation_id=args.conversation_id, timeout=args.timeout))
-    print_result(result.model_dump(mode="json"), args.field)
+    print_result(result.model_dump(mode="json"), args.field, as_json=json_output(args))
     return exit_code(result.status)
 
 
@@ -118,9 +122,9 @@ def exit_code(status: Status) -> int:
 
 
 def format_table(listing: ToolListing) -> str:
-    """The tools as an aligned text table."""
-    rows = [("NAME", "VERSION", "SIDE EFFECT", "KEY REQUIRED", "TIMEOUT")]
-    rows += [(t.name, t.version, t.side_effect.value, "yes" if t.requires_idempotency_key else "no",
-              f"{t.timeout_ms / 1000:g}s") for t in listing.tools]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    """The tools as an aligned table (``sidecar.cli.table``)."""
+    columns = (Column("NAME"), Column("VERSION", wrap=False), Column("SIDE EFFECT"), Column("KEY REQUIRED"),
+               Column("TIMEOUT", wrap=False))
+    return render_table(columns, [(t.name, t.version, t.side_effect.value,
+                                   "yes" if t.requires_idempotency_key else "no", f"{t.timeout_ms / 1000:g}s")
+                                  for t in listing.tools])

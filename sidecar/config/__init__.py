@@ -13,6 +13,7 @@ from sidecar.config.approvals_ui import ApprovalsUiSettings, OidcSettings
 from sidecar.config.auth import AuthMode, AuthSettings, JwtSettings
 from sidecar.config.base import (
     CLIENT_VARIABLES,
+    ENV_NO_PROGRESS,
     ENV_PREFIX,
     ENV_TARGET,
     ENV_TLS,
@@ -57,6 +58,7 @@ from sidecar.config.tls import ServerTlsSettings
 
 __all__ = [
     "CLIENT_VARIABLES",
+    "ENV_NO_PROGRESS",
     "ENV_PREFIX",
     "ENV_TARGET",
     "ENV_TLS",

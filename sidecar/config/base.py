@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from sidecar.errors import ConfigError
 
-__all__ = ["CLIENT_VARIABLES", "ENV_PREFIX", "ENV_TARGET", "ENV_TLS", "ENV_TLS_CA", "ENV_TLS_CERT", "ENV_TLS_KEY",
-           "ENV_TLS_SERVER_NAME", "ENV_TOKEN", "ENV_TOKEN_FILE", "UNIX_PREFIX", "KeySource", "Section",
+__all__ = ["CLIENT_VARIABLES", "ENV_NO_PROGRESS", "ENV_PREFIX", "ENV_TARGET", "ENV_TLS", "ENV_TLS_CA", "ENV_TLS_CERT",
+           "ENV_TLS_KEY", "ENV_TLS_SERVER_NAME", "ENV_TOKEN", "ENV_TOKEN_FILE", "UNIX_PREFIX", "KeySource", "Section",
            "bundled_policy_dir", "default_socket_path", "default_state_dir"]
 
 ENV_PREFIX = "TOOLBOOTH_"
@@ -20,8 +20,10 @@ ENV_TARGET, ENV_TOKEN, ENV_TOKEN_FILE = "TOOLBOOTH_TARGET", "TOOLBOOTH_TOKEN", "
 # The client's TLS (``sidecar.client_tls``): on (a boolean), the CA, the client certificate and key, the server's name.
 ENV_TLS, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_SERVER_NAME = (
     "TOOLBOOTH_TLS", "TOOLBOOTH_TLS_CA", "TOOLBOOTH_TLS_CERT", "TOOLBOOTH_TLS_KEY", "TOOLBOOTH_TLS_SERVER_NAME")
+# The command line's progress bars off (``sidecar.cli.progress``).
+ENV_NO_PROGRESS = "TOOLBOOTH_NO_PROGRESS"
 CLIENT_VARIABLES = frozenset({ENV_TARGET, ENV_TOKEN, ENV_TOKEN_FILE, ENV_TLS, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY,
-                              ENV_TLS_SERVER_NAME})
+                              ENV_TLS_SERVER_NAME, ENV_NO_PROGRESS})
 UNIX_PREFIX = "unix://"
 
 

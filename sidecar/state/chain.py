@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import astuple, dataclass, field, fields
 
 from sidecar.canonical import canonical_bytes, sha256_hex
@@ -203,9 +203,11 @@ class _LogVerifier:
 
 
 async def verify_store(store: Store, *, page: int = 1000, key: bytes | None = None,
-                       marks: Mapping[int, int] | None = None) -> ChainReport:
+                       marks: Mapping[int, int] | None = None,
+                       progress: Callable[[int], None] | None = None) -> ChainReport:
     """Walk ``store``'s audit chains, ``page`` records at a time, up to the first broken link; keyed links
-    are checked with ``key``; per chain in ``marks``, the hash of its link at that position is reported."""
+    are checked with ``key``; per chain in ``marks``, the hash of its link at that position is reported;
+    ``progress`` is told the id of the last record of each page checked."""
     verifier = _LogVerifier(await store.audit_chains(), key, marks or {})
     after = 0
     while records := await store.audit_records(after_id=after, limit=page):
@@ -213,4 +215,6 @@ async def verify_store(store: Store, *, page: int = 1000, key: bytes | None = No
             if (broken := verifier.feed(record)) is not None:
                 return verifier.report(broken)
         after = records[-1].id
+        if progress is not None:
+            progress(after)
     return verifier.report(verifier.end())

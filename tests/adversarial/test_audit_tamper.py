@@ -82,10 +82,10 @@ def served(make_settings: Callable[..., Settings], socket_path: Path) -> Served:
     return run
 
 
-async def verify(config: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``toolbooth audit verify --config CONFIG`` (in a thread: it runs its own event loop)."""
+async def verify(config: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
+    """``toolbooth audit verify --config CONFIG FLAGS`` (in a thread: it runs its own event loop)."""
     capsys.readouterr()
-    code = await asyncio.to_thread(main, ["audit", "verify", "--config", str(config)])
+    code = await asyncio.to_thread(main, ["audit", "verify", "--config", str(config), *flags])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -115,6 +115,11 @@ async def test_the_untouched_log_verifies_with_its_checkpoint(served: Served, db
     assert code == 0, out + err
     assert out.startswith(f"audit chain intact: {CALLS} event(s), last hash {KEYED_PREFIX}")
     assert f"checkpoint matches: {CALLS} event(s)" in out and "unkeyed" not in err
+    code, out, err = await verify(config, capsys, "--output", "json")
+    document = json.loads(out)
+    assert (code, err, document["ok"], document["keyed"], document["warnings"]) == (0, "", True, True, [])
+    assert document["chain"]["checked"] == CALLS and document["chain"]["last_hash"].startswith(KEYED_PREFIX)
+    assert document["checkpoint"]["state"] == "matches" and document["checkpoint"]["count"] == CALLS
 
 
 async def test_an_edited_event_rechained_without_the_key_is_found(served: Served, db: Path, config: Path,
@@ -139,6 +144,10 @@ async def test_an_edit_in_the_middle_of_the_keyed_chain_is_the_broken_link(
     code, out, _ = await verify(config, capsys)
     assert code == 1
     assert out.startswith(f"audit chain BROKEN at event id {ids[3]}: ") and "without the chain key" in out
+    code, out, _ = await verify(config, capsys, "--output", "json")
+    document = json.loads(out)
+    assert (code, document["ok"], document["chain"]["broken"]["id"]) == (1, False, ids[3])
+    assert document["chain"]["checked"] == 3 and document["checkpoint"]["state"] == "not_compared"
 
 
 async def test_deleting_the_newest_events_is_found(served: Served, db: Path, config: Path,
@@ -150,6 +159,10 @@ async def test_deleting_the_newest_events_is_found(served: Served, db: Path, con
     assert code == 1
     assert out.startswith(f"audit chain intact: {CALLS - 2} event(s)")  # what is left is a valid chain ...
     assert "events removed after the checkpoint" in out and f"the log holds {CALLS - 2}" in out  # ... but short
+    code, out, _ = await verify(config, capsys, "--output", "json")
+    checkpoint = json.loads(out)["checkpoint"]
+    assert (code, checkpoint["state"], checkpoint["count"]) == (1, "contradicted", CALLS)
+    assert f"the log holds {CALLS - 2}" in checkpoint["problem"]
 
 
 async def test_an_altered_checkpoint_fails_its_signature(served: Served, db: Path, config: Path,
@@ -163,6 +176,10 @@ async def test_an_altered_checkpoint_fails_its_signature(served: Served, db: Pat
     checkpoint.write_text(json.dumps({**data, "chains": [{**chain, "count": chain["count"] - 2}]}))  # hide it
     code, out, _ = await verify(config, capsys)
     assert code == 1 and out.startswith("audit checkpoint INVALID: ") and "signature" in out
+    code, out, _ = await verify(config, capsys, "--output", "json")
+    document = json.loads(out)
+    assert (code, document["ok"], document["chain"], document["checkpoint"]["state"]) == (1, False, None, "invalid")
+    assert "signature" in document["checkpoint"]["problem"]
 
 
 async def test_a_wrong_key_fails_the_checkpoint(served: Served, db: Path, config: Path, tmp_path: Path,

@@ -57,7 +57,7 @@ async def test_the_approver_sees_and_approves_the_rendering_the_handler_sends(
     assert call["rendering"] == RENDERED and call["arguments"] == {"preview_id": draft_id}
     assert listed.preview_hash == sha256_hex(call)  # the hash covers the rendering
     bob = ["--target", world.target, "--token", world.tokens(sub="bob", roles=["approver"])]
-    code = await asyncio.to_thread(main, ["previews", "list", *bob])
+    code = await asyncio.to_thread(main, ["previews", "list", "--long", *bob])
     out = capsys.readouterr().out
     assert code == 0 and '"subject": "Deployment complete"' in out and '"ana@example.com"' in out
     assert '"body": "The new version has been deployed."' in out

@@ -23,6 +23,7 @@ from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.support import tools
 from tests.support.approvals import NOTE, policies
+from tests.support.tables import table_columns
 
 Tokens = Callable[..., str]
 
@@ -254,6 +255,11 @@ async def test_cli_lists_approves_and_denies(world: Callable[..., Awaitable[Worl
         return code, capsys.readouterr().out
 
     code, out = await toolbooth("previews", "list")
+    header, *rows = out.splitlines()
+    assert code == 0 and header.split() == ["PREVIEW", "TOOL", "EXPIRES", "ROLES", "REASON"]
+    assert sorted(row.split()[:4] for row in rows) == sorted(
+        [p.preview_id, "file_note", p.expires_at, "approver"] for p in (first, second))
+    code, out = await toolbooth("previews", "list", "--long")
     assert code == 0 and first.preview_id in out and second.preview_hash in out and '"body":"later"' in out
     code, out = await toolbooth("approve", first.preview_id, "--comment", "ok")  # the hash `previews list` shows
     assert code == 0 and json.loads(out)["preview"]["state"] == "approved"
@@ -263,6 +269,24 @@ async def test_cli_lists_approves_and_denies(world: Callable[..., Awaitable[Worl
     assert code == 0 and json.loads(out)["preview"]["comment"] == "too late"
     code, out = await toolbooth("previews", "list", "--output", "json")
     assert code == 0 and json.loads(out) == []
+
+
+@pytest.mark.parametrize("width", [60, 40])
+async def test_cli_previews_table_fits_a_narrow_terminal(world: Callable[..., Awaitable[World]],
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch, width: int) -> None:
+    w = await world()
+    held = [await w.preview(), await w.preview({**NOTE, "body": "later"}, key="k-2")]
+    monkeypatch.setenv("COLUMNS", str(width))
+    code = await asyncio.to_thread(main, ["previews", "list", "--target", w.target, "--token",
+                                          w.tokens(sub="bob", roles=["approver"])])
+    out = capsys.readouterr().out
+    columns = table_columns(out, ["PREVIEW", "TOOL", "EXPIRES", "ROLES", "REASON"])
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= width
+    listed = await w.approver.previews()  # newest first, as the table
+    assert sorted(p.preview_id for p in listed) == sorted(p.preview_id for p in held)
+    assert columns == ["".join(p.preview_id for p in listed), "file_note" * 2, "".join(p.expires_at for p in listed),
+                       "approver" * 2, "".join("".join(p.reason.split()) for p in listed)]
 
 
 async def test_sensitive_values_are_masked_in_the_preview_yet_bound(world: Callable[..., Awaitable[World]]) -> None:

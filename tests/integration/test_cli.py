@@ -7,115 +7,23 @@ Needs the calculator plugin installed (``pip install -e plugins/calculator --no-
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.client import Client
 from sidecar.config import bundled_policy_dir
+from tests.support.cli import ADD_2_3, Sidecar, cli_env, short_dir, start_sidecar, toolbooth, write_config
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-ADD_2_3 = '{"operation": "add", "operands": [2, 3]}'
-START_TIMEOUT = 30.0
-
-
-@dataclass
-class Sidecar:
-    """A ``toolbooth serve`` process and where it listens."""
-
-    process: subprocess.Popen[bytes]
-    socket: Path
-    log: Path
-
-    @property
-    def target(self) -> str:
-        return f"unix://{self.socket}"
-
-    def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        return self.process.wait(timeout=20)
-
-
-def _short_dir() -> Path:
-    """A temporary directory with a short path: Unix socket paths are limited to ~107 bytes."""
-    return Path(tempfile.mkdtemp(prefix="tb-cli-", dir="/tmp"))
-
-
-def _env(home: Path, **extra: str) -> dict[str, str]:
-    """The caller's environment without TOOLBOOTH_* settings, with default paths inside ``home``."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
-    env.update(PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(home / "run"), XDG_STATE_HOME=str(home / "state"), **extra)
-    return env
-
-
-def toolbooth(*args: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m sidecar ARGS`` to completion."""
-    return subprocess.run([sys.executable, "-m", "sidecar", *args], cwd=REPO, env=env, input=stdin,
-                          capture_output=True, text=True, timeout=60, check=False)
-
-
-def _write_config(home: Path, *, policy: Path | None = None) -> Path:
-    lines = [f"server:\n  listen: ['unix://{home}/tb.sock']", f"store:\n  sqlite_path: {home}/tb.db"]
-    if policy is not None:
-        lines.append(f"policy:\n  path: {policy}")
-    path = home / "toolbooth.yaml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def start_sidecar(home: Path, socket: Path, *args: str) -> Sidecar:
-    """Start ``toolbooth serve ARGS`` and wait until its health check says SERVING."""
-    log = home / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", *args], cwd=REPO, env=_env(home),
-                                   stdout=out, stderr=subprocess.STDOUT)
-    sidecar = Sidecar(process, socket, log)
-    try:
-        _wait_serving(sidecar)
-    except BaseException:
-        sidecar.stop(signal.SIGKILL)
-        raise
-    return sidecar
-
-
-def _wait_serving(sidecar: Sidecar) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if sidecar.process.poll() is not None:
-            pytest.fail(f"serve exited with {sidecar.process.returncode}:\n{sidecar.log.read_text()}")
-        if sidecar.socket.exists() and _serving(sidecar.target):
-            return
-        time.sleep(0.1)
-    pytest.fail(f"serve did not become healthy within {START_TIMEOUT}s:\n{sidecar.log.read_text()}")
-
-
-def _serving(target: str) -> bool:
-    with grpc.insecure_channel(target) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-        except grpc.RpcError:
-            return False
-    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-
-
 @pytest.fixture
 def home() -> Iterator[Path]:
-    path = _short_dir()
+    path = short_dir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -123,8 +31,8 @@ def home() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def sidecar() -> Iterator[Sidecar]:
     """One sidecar for the read-only tests of this module."""
-    home = _short_dir()
-    running = start_sidecar(home, home / "tb.sock", "--config", str(_write_config(home)))
+    home = short_dir()
+    running = start_sidecar(home, home / "tb.sock", "--config", str(write_config(home)))
     yield running
     running.stop()
     shutil.rmtree(home, ignore_errors=True)
@@ -132,7 +40,7 @@ def sidecar() -> Iterator[Sidecar]:
 
 @pytest.fixture
 def env(home: Path) -> dict[str, str]:
-    return _env(home)
+    return cli_env(home)
 
 
 # --- against a running sidecar ------------------------------------------------------------------------------
@@ -207,7 +115,7 @@ def test_call_reads_args_from_a_file_and_from_stdin(sidecar: Sidecar, env: dict[
 
 
 def test_target_from_env(sidecar: Sidecar, home: Path) -> None:
-    done = toolbooth("call", "calculate", "--args", ADD_2_3, env=_env(home, TOOLBOOTH_TARGET=sidecar.target))
+    done = toolbooth("call", "calculate", "--args", ADD_2_3, env=cli_env(home, TOOLBOOTH_TARGET=sidecar.target))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["data"]["result"] == 5.0
 
@@ -310,7 +218,7 @@ def test_approval_required_exits_4(home: Path, env: dict[str, str]) -> None:
     data = json.loads((policy / "data.json").read_text())
     data["toolbooth"]["approval"]["tools"] = ["calculate"]
     (policy / "data.json").write_text(json.dumps(data))
-    running = start_sidecar(home, home / "tb.sock", "--config", str(_write_config(home, policy=policy)))
+    running = start_sidecar(home, home / "tb.sock", "--config", str(write_config(home, policy=policy)))
     try:
         done = toolbooth("call", "calculate", "--args", ADD_2_3, "--target", running.target, env=env)
     finally:
@@ -341,7 +249,7 @@ def test_serve_with_a_bad_config_exits_2(home: Path, env: dict[str, str]) -> Non
 ])
 def test_serve_refuses_to_start_with_bad_plugin_settings(home: Path, env: dict[str, str], plugins: str,
                                                          variables: dict[str, str], error: str) -> None:
-    config = _write_config(home)
+    config = write_config(home)
     config.write_text(config.read_text() + "plugins:\n" + plugins)
     done = toolbooth("serve", "--config", str(config), env={**env, **variables})
     assert done.returncode == 2, done.stderr
@@ -350,7 +258,7 @@ def test_serve_refuses_to_start_with_bad_plugin_settings(home: Path, env: dict[s
 
 
 def test_serve_refuses_a_public_address_in_dev_mode(home: Path, env: dict[str, str]) -> None:
-    done = toolbooth("serve", "--config", str(_write_config(home)), "--listen", "0.0.0.0:0", env=env)
+    done = toolbooth("serve", "--config", str(write_config(home)), "--listen", "0.0.0.0:0", env=env)
     assert done.returncode == 2
     last = done.stderr.splitlines()[-1]
     assert last.startswith("toolbooth: error: ")

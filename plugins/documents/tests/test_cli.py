@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from sidecar.plugin import Principal, ToolContext
 from tests.support.postgres import PostgresServer, closed_port_dsn
+from tests.support.tables import table_rows
 from toolbooth_documents.cli import SAMPLE_PROJECT, SAMPLE_TENANT, main, sample_directory
 from toolbooth_documents.index import open_index
 from toolbooth_documents.models import ReadDocumentInput, SearchDocumentsInput
@@ -168,3 +170,46 @@ def test_an_unreachable_database_is_an_error(postgres: PostgresServer, capsys: p
     code, _, err = run(capsys, "list", "--postgres-dsn", closed_port_dsn(postgres.dsn()))
     assert code == 1 and err.startswith("toolbooth-documents: error: PostgreSQL index: OperationalError")
     assert "pw-never-shown" not in err
+
+
+def test_output_json_of_index_list_and_delete(settings: IndexSettings, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "plan.md").write_text("# Plan\nfirst\n")
+    (tmp_path / "bad.md").write_bytes(b"# Bad \xff\n")
+    code, out, err = run(capsys, "index", str(tmp_path), "--tenant", "acme", "--project", "alpha", "--output", "json")
+    indexed = json.loads(out)
+    plan = document_id("acme", "alpha", "plan.md")
+    assert (code, err) == (1, "") and indexed["counts"] == {"added": 1, "updated": 0, "unchanged": 0}
+    assert indexed["documents"] == [{"change": "added", "document_id": plan, "version": 1, "source": "plan.md",
+                                     "title": "Plan", "restricted": False}]
+    assert indexed["skipped"] == [{"path": str(tmp_path / "bad.md"), "reason": "not UTF-8 text (byte 6)"}]
+    assert (indexed["tenant"], indexed["project"], indexed["index"]) == ("acme", "alpha", settings.describe())
+    code, out, _ = run(capsys, "list", "--output", "json")
+    assert code == 0 and [(d["document_id"], d["version"], d["title"]) for d in json.loads(out)] == [(plan, 1, "Plan")]
+    code, out, _ = run(capsys, "delete", plan, "--output", "json")
+    assert code == 0 and json.loads(out)["deleted"]["document_id"] == plan
+    code, out, err = run(capsys, "delete", plan, "--output", "json")
+    assert (code, out) == (1, "") and json.loads(err)["error"] == {
+        "code": "FAILURE", "exit_code": 1, "message": f"there is no document {plan} in {settings.describe()}"}
+
+
+def test_usage_errors_are_json_with_output_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "delete", "doc_123", "--output", "json")
+    assert code == 2 and json.loads(err)["error"]["message"].endswith("'doc_123' is not a document id ('doc_' and 24 "
+                                                                      "hexadecimal digits)")
+    code, _, err = run(capsys, "list", "--output", "json", "--postgres-dsn", "host=x password=hunter2 bogus=1")
+    assert code == 2 and json.loads(err)["error"]["code"] == "USAGE" and "hunter2" not in err
+
+
+@pytest.mark.parametrize("width", [60, 40])
+def test_list_fits_a_narrow_terminal(settings: IndexSettings, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch, width: int) -> None:
+    run(capsys, "index", "--sample")
+    monkeypatch.setenv("COLUMNS", str(width))
+    code, out, _ = run(capsys, "list")
+    rows = table_rows(out, ["DOCUMENT ID", "TENANT", "PROJECT", "VERSION", "RESTRICTED", "UPDATED AT", "TITLE"],
+                      anchor=3)
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= width
+    assert {row[0] for row in rows} == {document_id("dev", "toolbooth", path.name)
+                                        for path in sample_directory().iterdir()}

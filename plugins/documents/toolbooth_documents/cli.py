@@ -8,21 +8,28 @@
 Every command works on the index the sidecar's tools use: ``plugins.config.documents`` of the sidecar's config
 file ``--config FILE`` and its ``TOOLBOOTH_*`` variables (``read_plugin_settings``), unless ``--db PATH`` or
 ``--postgres-dsn DSN`` names another. Exit codes: 0 done, 1 a file was skipped or the index failed, 2 bad usage
-or a configuration error.
+or a configuration error. Like ``toolbooth``'s commands (``sidecar.cli.output``), each takes ``--output json``
+(a JSON document on stdout; a failure is a JSON object on stderr), ``list`` prints a table that fits the
+terminal (``sidecar.cli.table``) and ``index`` shows its progress on a terminal's stderr (``--no-progress``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import sys
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
+from sidecar.cli.output import Parser, UsageError, error_document, json_errors, json_output, output_flag, requested_json
+from sidecar.cli.progress import meter, progress_flag, progress_wanted
+from sidecar.cli.table import Column, render_table
 from sidecar.errors import ConfigError
 from sidecar.plugin import read_plugin_settings
 from toolbooth_documents.index import Index, open_index
@@ -43,22 +50,36 @@ def sample_directory() -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the exit code."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    token = json_errors.set(requested_json(words))
+    try:
+        return _main(parser, parser.parse_args(words))
+    except UsageError as exc:
+        return _fail(str(exc), 2, as_json=True)
+    finally:
+        json_errors.reset(token)
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    as_json = json_output(args)
     try:
         settings = _settings(args)
     except ConfigError as exc:
-        print(f"toolbooth-documents: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc), 2, as_json=as_json)
     try:
         index = open_index(settings)
         if args.command == "index":
             return asyncio.run(_index(parser, args, index, settings))
         if args.command == "delete":
-            return asyncio.run(_delete(parser, args.document_id, index, settings))
+            return asyncio.run(_delete(parser, args, index, settings))
         return asyncio.run(_list(args, index))
     except (ConfigurationError, IndexUnavailable) as exc:
-        print(f"toolbooth-documents: error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(str(exc), 1, as_json=as_json)
+
+
+def _fail(message: str, code: int, *, as_json: bool) -> int:
+    print(error_document(message, code) if as_json else f"toolbooth-documents: error: {message}", file=sys.stderr)
+    return code
 
 
 def _settings(args: argparse.Namespace) -> IndexSettings:
@@ -91,41 +112,61 @@ async def _index(parser: argparse.ArgumentParser, args: argparse.Namespace, inde
         parser.error(f"index: {exc}")
     if not root.is_dir():
         parser.error(f"index: {root} is not a directory")
-    documents, skipped = load_directory(root, tenant=tenant, project_id=project, restricted=args.restricted)
-    await index.add_project(tenant, project)
-    changes = await index.upsert(documents)
+    with meter(f"reading {root}", enabled=progress_wanted(args)) as shown:
+        documents, skipped = load_directory(root, tenant=tenant, project_id=project, restricted=args.restricted,
+                                            progress=shown.update)
+        shown.describe(f"writing {len(documents)} document(s) to the index")
+        await index.add_project(tenant, project)
+        changes = await index.upsert(documents)
+    counts = {change: sum(1 for c, _ in changes if c is change) for change in Change}
+    if json_output(args):
+        print(json.dumps({
+            "index": settings.describe(), "tenant": tenant, "project": project,
+            "documents": [{"change": change.value, "document_id": doc.document_id, "version": version,
+                           "source": doc.source, "title": doc.title, "restricted": doc.restricted}
+                          for doc, (change, version) in zip(documents, changes, strict=True)],
+            "counts": {change.value: counts[change] for change in Change},
+            "skipped": [{"path": str(skip.path), "reason": skip.reason} for skip in skipped]},
+            indent=2, ensure_ascii=False))
+        return 1 if skipped else 0
     for doc, (change, version) in zip(documents, changes, strict=True):
         print(f"{change.value:<9}  {doc.document_id}  v{version}  {doc.source}  {doc.title!r}"
               f"{'  (restricted)' if doc.restricted else ''}")
     for skip in skipped:
         print(f"skipped {skip.path}: {skip.reason}", file=sys.stderr)
-    counts = {change: sum(1 for c, _ in changes if c is change) for change in Change}
     print(f"indexed {len(documents)} file(s) into {settings.describe()} (tenant {tenant}, project {project}): "
           + ", ".join(f"{counts[change]} {change.value}" for change in Change)
           + (f"; {len(skipped)} skipped" if skipped else ""))
     return 1 if skipped else 0
 
 
-async def _delete(parser: argparse.ArgumentParser, document_id: str, index: Index, settings: IndexSettings) -> int:
+async def _delete(parser: argparse.ArgumentParser, args: argparse.Namespace, index: Index,
+                  settings: IndexSettings) -> int:
+    document_id = args.document_id
     if not re.match(DOCUMENT_ID_PATTERN, document_id):
         parser.error(f"delete: {document_id!r} is not a document id ('doc_' and 24 hexadecimal digits)")
     deleted = await index.delete(document_id)
     if deleted is None:
-        print(f"toolbooth-documents: error: there is no document {document_id} in {settings.describe()}",
-              file=sys.stderr)
-        return 1
-    print(f"deleted {deleted.document_id} v{deleted.version} (tenant {deleted.tenant}, "
-          f"project {deleted.project_id}): {deleted.title!r}")
+        return _fail(f"there is no document {document_id} in {settings.describe()}", 1, as_json=json_output(args))
+    if json_output(args):
+        print(json.dumps({"deleted": _listed(deleted)}, indent=2, ensure_ascii=False))
+    else:
+        print(f"deleted {deleted.document_id} v{deleted.version} (tenant {deleted.tenant}, "
+              f"project {deleted.project_id}): {deleted.title!r}")
     return 0
 
 
 async def _list(args: argparse.Namespace, index: Index) -> int:
-    rows = [_row(doc) for doc in await index.documents(args.tenant, args.project)]
-    header = ("DOCUMENT ID", "TENANT", "PROJECT", "VERSION", "RESTRICTED", "UPDATED AT", "TITLE")
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
-    for row in [header, *rows]:
-        print("  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]]))
+    documents = await index.documents(args.tenant, args.project)
+    if json_output(args):
+        print(json.dumps([_listed(doc) for doc in documents], indent=2, ensure_ascii=False))
+    else:
+        print(render_table(_COLUMNS, [_row(doc) for doc in documents]))
     return 0
+
+
+_COLUMNS = (Column("DOCUMENT ID"), Column("TENANT"), Column("PROJECT"), Column("VERSION", wrap=False),
+            Column("RESTRICTED", wrap=False), Column("UPDATED AT", wrap=False), Column("TITLE"))
 
 
 def _row(doc: Listed) -> tuple[str, ...]:
@@ -133,8 +174,13 @@ def _row(doc: Listed) -> tuple[str, ...]:
             rfc3339(doc.updated_at), doc.title)
 
 
+def _listed(doc: Listed) -> dict[str, Any]:
+    return {"document_id": doc.document_id, "tenant": doc.tenant, "project": doc.project_id, "version": doc.version,
+            "restricted": doc.restricted, "updated_at": rfc3339(doc.updated_at), "title": doc.title}
+
+
 def _parser() -> argparse.ArgumentParser:
-    where = argparse.ArgumentParser(add_help=False)
+    where = Parser(add_help=False)
     backend = where.add_mutually_exclusive_group()
     where.add_argument("--config", type=Path, metavar="FILE",
                        help="the sidecar's YAML config file: its plugins.config.documents names the index "
@@ -142,7 +188,8 @@ def _parser() -> argparse.ArgumentParser:
     backend.add_argument("--db", type=Path, help="the SQLite index file (default: the configured one, else "
                                                  "$XDG_STATE_HOME/toolbooth/documents.db)")
     backend.add_argument("--postgres-dsn", help="a PostgreSQL database for the index (default: the configured one)")
-    parser = argparse.ArgumentParser(prog="toolbooth-documents", description="Fill and inspect the index that "
+    output_flag(where)
+    parser = Parser(prog="toolbooth-documents", description="Fill and inspect the index that "
                                      "the search_documents and read_document tools search.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     index = commands.add_parser("index", parents=[where], help="index the Markdown and text files of a directory",
@@ -156,6 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("--restricted", action="store_true",
                        help="restricted documents: found by title only, no snippet, read only with "
                             "the permission documents:read_restricted")
+    progress_flag(index)
     delete = commands.add_parser("delete", parents=[where], help="delete a document from the index")
     delete.add_argument("document_id", metavar="DOCUMENT_ID")
     listing = commands.add_parser("list", parents=[where], help="list the indexed documents")

@@ -19,7 +19,7 @@ A file that cannot be used (not UTF-8, too large, bad front matter) is reported,
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -49,16 +49,20 @@ class Skipped:
     reason: str
 
 
-def load_directory(root: Path, *, tenant: str, project_id: str,
-                   restricted: bool = False) -> tuple[list[Document], list[Skipped]]:
-    """The documents of the files below ``root``, by path; and the files that could not be loaded."""
+def load_directory(root: Path, *, tenant: str, project_id: str, restricted: bool = False,
+                   progress: Callable[[int, int], None] | None = None) -> tuple[list[Document], list[Skipped]]:
+    """The documents of the files below ``root``, by path; and the files that could not be loaded.
+    ``progress`` is told, after each file, how many have been read of how many there are."""
     documents: list[Document] = []
     skipped: list[Skipped] = []
-    for path in _files(root):
+    paths = list(_files(root))
+    for done, path in enumerate(paths, start=1):
         try:
             documents.append(load_file(path, root, tenant=tenant, project_id=project_id, restricted=restricted))
         except ValueError as exc:
             skipped.append(Skipped(path, str(exc)))
+        if progress is not None:
+            progress(done, len(paths))
     return documents, skipped
 
 

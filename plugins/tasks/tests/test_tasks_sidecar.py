@@ -111,7 +111,7 @@ async def test_execution_without_approval_is_rejected_and_the_approver_sees_the_
                              "project": {"id": "proj-launch", "name": "Product launch"}}
     assert shown["preview_id"] == preview_id and [w["code"] for w in shown["warnings"]] == ["OUTSIDE_WORKING_HOURS"]
     bob = ["--target", world.target, "--token", world.tokens(sub="bob", roles=["approver"])]
-    assert await asyncio.to_thread(main, ["previews", "list", *bob]) == 0
+    assert await asyncio.to_thread(main, ["previews", "list", "--long", *bob]) == 0
     out = capsys.readouterr().out
     assert '"display_name": "Ana Lima"' in out and '"name": "Product launch"' in out and TASK["title"] in out
     assert (await world.approver.approve(listed.preview_id, listed.preview_hash)).ok

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -214,15 +214,21 @@ def defined_rules(root: Path) -> set[str]:
     return _PolicySet.load(Path(root)).paths()
 
 
-def run_tests(root: Path) -> RegoTestReport:
-    """Run every ``test_*`` rule under ``root`` with coverage; ``PolicyLoadError`` if it does not load."""
+def run_tests(root: Path, progress: Callable[[int, int], None] | None = None) -> RegoTestReport:
+    """Run every ``test_*`` rule under ``root`` with coverage; ``PolicyLoadError`` if it does not load.
+    ``progress`` is told, after each test, how many have run of how many there are."""
     policies = _PolicySet.load(Path(root))
     engine = policies.engine
     engine.set_enable_coverage(True)
     engine.set_gather_prints(True)
     lines = _Lines()
-    results = tuple(_run(policies, rule, lines) for rule in policies.tests())
-    return RegoTestReport(policies.root, results, _coverage(policies, lines))
+    rules = policies.tests()
+    results = []
+    for rule in rules:
+        results.append(_run(policies, rule, lines))
+        if progress is not None:
+            progress(len(results), len(rules))
+    return RegoTestReport(policies.root, tuple(results), _coverage(policies, lines))
 
 
 def _run(policies: _PolicySet, rule: _Rule, lines: _Lines) -> RegoTestResult:
