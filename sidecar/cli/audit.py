@@ -156,7 +156,7 @@ class _Verification:
             "broken": None if report.broken is None else {"id": report.broken.id, "problem": report.broken.problem}}
         return {"ok": ok, "keyed": self.keyed, "chain": chain,
                 "checkpoint": {"file": str(self.path), "state": self.state, "problem": self.problem,
-                               **({} if checkpoint is None else asdict(checkpoint))},
+                               **({} if checkpoint is None else _checkpoint_fields(checkpoint))},
                 "warnings": [] if self.keyed else [UNKEYED]}
 
 
