@@ -13,10 +13,12 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
+from sidecar.config import bundled_policy_dir
 from sidecar.contract import ErrorCode, Status, ToolResult
 from tests.support.installed import install
 from tests.support.sidecar_process import APPEND_LOG_ENV, REPO, appended
@@ -229,3 +232,35 @@ def _is_zombie(pid: int) -> bool:
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
     return True
+
+
+def test_workers_die_with_the_supervisor(workers: Workers) -> None:
+    workers.process.kill()  # SIGKILL: nothing forwarded; the kernel tells the workers (PR_SET_PDEATHSIG)
+    workers.process.wait(timeout=10)
+    until_blocking(lambda: all(_is_zombie(pid) for pid in workers.pids), timeout=60, what="both workers gone")
+
+
+async def test_each_worker_reloads_a_changed_policy(tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    shutil.copytree(bundled_policy_dir(), policies)
+    config = settings(tmp_path)
+    config["policy"] = {"path": str(policies), "reload_interval_seconds": 0.2}
+    running = Workers(tmp_path, config)
+    try:
+        running.wait_serving()
+        before = await call(running.target, "before", "r-0")
+        data = json.loads((policies / "data.json").read_text())
+        data["toolbooth"]["reloaded"] = True
+        (policies / "data.json").write_text(json.dumps(data))
+        seen: dict[int, str] = {}
+
+        async def both_reloaded() -> bool:
+            results = await asyncio.gather(*(call(running.target, "after", f"r-{uuid.uuid4()}") for _ in range(8)))
+            seen.update({pid_of(result): result.meta.policy_revision for result in results})
+            return len(seen) == 2 and before.meta.policy_revision not in seen.values()
+
+        await until(both_reloaded, timeout=60, what="both workers on the new revision")
+        assert set(seen) == set(running.pids) and len(set(seen.values())) == 1
+    finally:
+        running.stop()
+        print(running.output())
