@@ -29,3 +29,17 @@ def test_a_benchmark_runs_to_its_report(command: list[str]) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert report, "an empty report"
+
+
+def test_the_soak_runs_to_its_report() -> None:
+    """A few seconds of soak; its timing verdicts (RSS, p99 drift) depend on the machine, the others do not."""
+    command = ["benchmarks/soak.py", "--minutes", "0.1", "--bucket-seconds", "3", "--peak-seconds", "1", "--json"]
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    verdicts = report["verdicts"]
+    for name in ("no unexpected errors", "every reload seen", "fresh writes ran exactly once", "fresh writes audited",
+                 "audit chain verified", "sidecar stopped cleanly"):
+        assert verdicts[name], (name, report)
+    assert report["reloads"] >= 1 and report["fresh_writes"] > 0 and report["typed_results"]["approval_required"] > 0
