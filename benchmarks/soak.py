@@ -403,6 +403,9 @@ def print_report(result: dict[str, Any], out: Any) -> None:
         print(f"outage {outage['from_s']:.1f}-{outage['to_s']:.1f} s: {outage['service_unavailable']} "
               f"SERVICE_UNAVAILABLE, p99 {p99}; writes back at their rate after {outage['recovered_after_s']} s",
               file=out)
+    problems = result.get("sidecar_log_problems", [])
+    print(f"sidecar log: {len(problems)} error line(s)" + "".join(f"\n  {line[:300]}" for line in problems[:SAMPLES]),
+          file=out)
     for name, held in result["verdicts"].items():
         print(f"  {'PASS' if held else 'FAIL'}  {name}", file=out)
 
@@ -491,7 +494,9 @@ async def soak(args: argparse.Namespace, children: be.Children, database: Any) -
     stopped = await asyncio.to_thread(sidecar.wait, 120)
     fresh = {o.key for o in result.outcomes if o.result == "fresh"}
     store = await asyncio.to_thread(store_check, config, fresh)
-    return report(result, args, peak, rate, executions, store, stopped)
+    outcome = report(result, args, peak, rate, executions, store, stopped)
+    outcome["sidecar_log_problems"] = children.log_problems("sidecar")
+    return outcome
 
 
 def be_free_port() -> int:
