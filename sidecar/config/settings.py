@@ -221,8 +221,7 @@ class ServerSettings(Section):
 
     @field_validator("workers", mode="before")
     @classmethod
-    def _whole_number(cls, value: Any) -> Any:
-        """A whole number: not ``true``, not ``1.5``, not ``"2"`` (YAML and the variables give numbers as such)."""
+    def _whole_number(cls, value: Any) -> Any:  # not true, 1.5 or "2": YAML and the variables give numbers
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{value!r} is not a whole number of worker processes (1-{MAX_WORKERS})")
         return value
@@ -256,15 +255,13 @@ class ServerSettings(Section):
 
     @model_validator(mode="after")
     def _workers_share_tcp(self) -> ServerSettings:
-        """Worker processes share a TCP port (SO_REUSEPORT); a Unix socket cannot be shared by gRPC servers in
-        several processes, so with ``workers`` above 1 every address must be TCP."""
-        if self.workers > 1:
-            for address in self.listen:
-                if parse_listen(address).kind is not ListenKind.TCP:
-                    raise ValueError(
-                        f"workers: {self.workers} needs TCP addresses only in 'listen', and {address!r} is a Unix "
-                        "socket, which gRPC servers in several processes cannot share: listen on loopback TCP "
-                        "(e.g. 127.0.0.1:50051), or keep workers: 1")
+        """Workers share TCP ports (SO_REUSEPORT); gRPC servers in several processes cannot share a Unix socket."""
+        for address in self.listen if self.workers > 1 else ():
+            if parse_listen(address).kind is not ListenKind.TCP:
+                raise ValueError(
+                    f"workers: {self.workers} needs TCP addresses only in 'listen', and {address!r} is a Unix "
+                    "socket, which gRPC servers in several processes cannot share: listen on loopback TCP "
+                    "(e.g. 127.0.0.1:50051), or keep workers: 1")
         return self
 
 
@@ -325,8 +322,7 @@ class Settings(Section):
         endpoint = self.metrics.endpoint
         if endpoint is not None and endpoint.port and endpoint.port + self.server.workers - 1 > MAX_PORT:
             raise ValueError(f"metrics.listen: {self.metrics.listen!r}: with server.workers: {self.server.workers} "
-                             f"worker i serves metrics on port {endpoint.port} + i, beyond {MAX_PORT}; "
-                             "choose a lower port")
+                             f"worker i serves metrics on port {endpoint.port} + i, beyond {MAX_PORT}: choose lower")
         return self
 
 

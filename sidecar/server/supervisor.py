@@ -1,4 +1,4 @@
-"""``server.workers: N`` above 1: a supervisor process running N whole sidecars (``sidecar.server.worker_process``).
+"""``server.workers: N`` above 1: a supervisor process running N whole sidecars (``sidecar.cli.serve_worker``).
 
 ``supervise`` holds the TCP ports (``sidecar.server.worker_plan``), then starts every worker (a spawned
 interpreter in a process group of its own, sent its settings on stdin) and waits until each serves:
@@ -36,8 +36,7 @@ import time
 from collections.abc import Awaitable
 
 from sidecar.config import Settings
-from sidecar.server.worker_plan import WorkerPlan
-from sidecar.server.worker_process import WorkerJob
+from sidecar.server.worker_plan import WorkerJob, WorkerPlan
 
 __all__ = ["WorkerFailed", "supervise"]
 
@@ -75,7 +74,7 @@ class _Worker:
         ours, theirs = socket.socketpair()
         try:
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sidecar.server.worker_process", str(os.getpid()), str(theirs.fileno()),
+                sys.executable, "-m", "sidecar.cli.serve_worker", str(os.getpid()), str(theirs.fileno()),
                 stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),), process_group=0)
         finally:
             theirs.close()

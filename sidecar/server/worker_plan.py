@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 
 from sidecar.config import Settings, parse_listen, parse_settings
 
-__all__ = ["WorkerPlan"]
+__all__ = ["WorkerJob", "WorkerPlan"]
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """What the supervisor sends a worker process (``sidecar.cli.serve_worker``): its index and its settings."""
+
+    index: int
+    settings: Settings
 
 
 @dataclass

@@ -221,9 +221,9 @@ def test_unix_sockets_with_workers_are_a_config_error(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _listening() -> Iterator[socket.socket]:
+def _listening(port: int = 0) -> Iterator[socket.socket]:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", port))
         sock.listen()
         yield sock
 
@@ -264,3 +264,22 @@ async def test_each_worker_reloads_a_changed_policy(tmp_path: Path) -> None:
     finally:
         running.stop()
         print(running.output())
+
+
+def test_a_worker_that_keeps_dying_stops_the_sidecar_instead_of_restarting_forever(tmp_path: Path) -> None:
+    with _listening() as probe:  # a free port for worker 0's metrics, and (hopefully) the next one for worker 1's
+        port = probe.getsockname()[1]
+    running = Workers(tmp_path, {**settings(tmp_path), "metrics": {"listen": f"127.0.0.1:{port}"}})
+    try:
+        running.wait_serving()
+        os.kill(running.pids[1], signal.SIGKILL)
+        until_blocking(lambda: "worker 1 (pid" in running.output(), timeout=30, what="the death logged")
+        with _listening(port + 1):  # every restart of worker 1 now fails: its metrics port is taken
+            code = running.process.wait(timeout=120)
+    finally:
+        running.stop()
+    output = running.output()
+    assert code == 1, output
+    assert "restarting worker 1 failed: worker 1: cannot listen on metrics.listen" in output
+    assert "workers died 6 times within 60 s: stopping instead of restarting them again" in output
+    assert _is_zombie(running.pids[0]), "worker 0 outlived the supervisor"

@@ -1,6 +1,6 @@
 """One worker of ``server.workers``: a whole sidecar in its own process, started by ``sidecar.server.supervisor``.
 
-    python -m sidecar.server.worker_process PARENT_PID STATUS_FD   (its job, pickled, on stdin)
+    python -m sidecar.cli.serve_worker PARENT_PID STATUS_FD   (its job, a pickled ``WorkerJob``, on stdin)
 
 A fresh interpreter (spawned, never a fork of a process that has started gRPC). First it asks the kernel
 for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``) and exits if the parent is already gone; then it
@@ -22,21 +22,15 @@ import pickle
 import signal
 import socket
 import sys
-from dataclasses import dataclass
 
-from sidecar.config import LogFormat, Settings
+from sidecar.cli.common import LOG_FORMAT, setup_logging
+from sidecar.cli.preflight import STARTUP_FAILURES, failure_exit
+from sidecar.config import LogFormat
+from sidecar.server.worker_plan import WorkerJob
 
-__all__ = ["WorkerJob", "main"]
+__all__ = ["main"]
 
 _PR_SET_PDEATHSIG = 1
-
-
-@dataclass(frozen=True)
-class WorkerJob:
-    """What the supervisor sends a worker: its index and its whole settings (``WorkerPlan.settings_for``)."""
-
-    index: int
-    settings: Settings
 
 
 def main(argv: list[str]) -> int:
@@ -44,9 +38,7 @@ def main(argv: list[str]) -> int:
     parent, status_fd = int(argv[0]), int(argv[1])
     _die_with_parent(parent)
     job: WorkerJob = pickle.load(sys.stdin.buffer)
-    from sidecar.cli.common import setup_logging
-    from sidecar.cli.preflight import STARTUP_FAILURES, failure_exit
-    from sidecar.server.app import WorkerRole, serve
+    from sidecar.server.app import WorkerRole, serve  # after the parent check: nothing heavy for an orphan
 
     setup_logging(job.settings.log_level, job.settings.logging.format)
     _tag_logs(job.index, job.settings.logging.format)
@@ -88,8 +80,6 @@ class _WorkerField(logging.Filter):
 
 def _tag_logs(index: int, format: LogFormat) -> None:
     """Every log line names the worker: a ``worker`` field (JSON lines), ``[worker N]`` after the logger (text)."""
-    from sidecar.cli.common import LOG_FORMAT
-
     for handler in logging.getLogger().handlers:
         handler.addFilter(_WorkerField(index))
         if format is LogFormat.TEXT:
