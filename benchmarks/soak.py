@@ -26,7 +26,8 @@ database is back), RSS growth from the end of the first bucket (the warm-up) to 
 last bucket within 20% of the first's (the first after the warm-up when there are three or more), every
 reload seen (a new policy revision in the results), every fresh write executed exactly once and audited
 as a success, the chain verified; with ``--postgres`` also that the outage's refused calls answered within
-``FAIL_FAST_MS`` (p99) and that writes were back at their rate within 10 s of the database. Exit code 1
+``FAIL_FAST_MS`` (p99) and that writes were back at their rate, without a failure for ``RECOVERED_FOR_S``
+seconds, within 10 s of the database. Exit code 1
 when a verdict fails. See benchmarks/README.md.
 """
 
@@ -67,6 +68,7 @@ MAX_RSS_GROWTH = 0.10
 MAX_P99_DRIFT = 0.20
 SAMPLES = 5
 STORE_SHARE = 0.3  # of the calls, those that write to the store before they answer (writes, approvals)
+RECOVERED_FOR_S = 5  # seconds in a row at the rate, with no failure, to count as recovered
 FAIL_FAST_MS = 1000.0  # a call refused for the outage answers within this (p99)
 _CONVERSATION = "soak"
 _TASK = {"title": "Soak", "project_id": "proj-quickstart", "assignee_id": "u-dev"}  # the tasks plugin's sample
@@ -312,15 +314,20 @@ def buckets(soak: Soak, seconds: float, total: float) -> list[dict[str, Any]]:
 
 
 def recovery_seconds(soak: Soak, rate: float) -> float | None:
-    """From the database coming back to the first second in which the calls that need it (writes, approvals)
-    sent then succeed at 80% of their share of ``rate`` or more."""
+    """From the database coming back to the first of ``RECOVERED_FOR_S`` seconds in a row in which the calls that
+    need it (writes, approvals) sent then all succeed, at 80% of their share of ``rate`` or more."""
     if soak.outage is None:
         return None
     back, share = soak.outage[1], STORE_SHARE * rate
-    per_second = collections.Counter(int(o.sent - back) for o in soak.outcomes if o.sent >= back
-                                     and o.kind != "read" and o.result in ("ok", "fresh", "approval_required"))
-    for second in range(int(max(per_second, default=0)) + 1):
-        if per_second[second] >= 0.8 * share:
+    good: collections.Counter[int] = collections.Counter()
+    bad: collections.Counter[int] = collections.Counter()
+    for o in soak.outcomes:
+        if o.sent >= back and o.kind != "read":
+            (good if o.result in ("ok", "fresh", "approval_required") else bad)[int(o.sent - back)] += 1
+    last = int(max([*good, *bad], default=0))
+    for second in range(last - RECOVERED_FOR_S + 2):
+        window = range(second, second + RECOVERED_FOR_S)
+        if all(good[s] >= 0.8 * share and not bad[s] for s in window):
             return float(second)
     return None
 
