@@ -5,7 +5,8 @@ Anything that stops the sidecar from starting is one line on stderr and an exit 
 (``sidecar.cli.preflight.failure_exit``): 2 when the configuration, or a key file, policy
 directory, bundle, allow-list entry it names, is wrong (checked first, before anything opens);
 1 when something it relies on fails (a plugin that does not import, the store, a bundle server,
-an address that cannot be bound).
+an address that cannot be bound). With ``server.workers`` above 1 it supervises that many worker processes
+(``sidecar.server.supervisor``); one that cannot start fails the command with its error and exit code.
 """
 
 from __future__ import annotations
@@ -47,10 +48,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           "(or give a bundle URL, http:// or https://)")
     settings = serve_settings(args.config, args.listen, args.policies)
     setup_logging(settings.log_level, settings.logging.format)
-    from sidecar.server import serve  # the server, pipeline and policy engines load only to serve
-
     try:
         check_files_named(settings)
+        if settings.server.workers > 1:
+            return _supervise(settings)
+        from sidecar.server import serve  # the server, pipeline and policy engines load only to serve
+
         asyncio.run(serve(settings))
     except STARTUP_FAILURES as exc:
         log.debug("start-up failed", exc_info=True)
@@ -58,6 +61,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return EXIT_OK
+
+
+def _supervise(settings: Settings) -> int:
+    """Run ``server.workers`` worker processes until SIGTERM/SIGINT (``sidecar.server.supervisor``)."""
+    from sidecar.server.supervisor import WorkerFailed, supervise
+
+    try:
+        return asyncio.run(supervise(settings))
+    except WorkerFailed as exc:
+        raise CommandError(str(exc), exc.exit_code) from None
 
 
 def serve_settings(config: Path | None, listen: Sequence[str] | None = None,

@@ -44,6 +44,7 @@ from sidecar.config.policy import (
     PolicySettings,
 )
 from sidecar.config.settings import (
+    MAX_WORKERS,
     MIN_MASK_KEY_BYTES,
     AuditSettings,
     Limits,
@@ -69,6 +70,7 @@ __all__ = [
     "ENV_TOKEN",
     "ENV_TOKEN_FILE",
     "LISTEN_FORMS",
+    "MAX_WORKERS",
     "MCP_PATH",
     "METRICS_PATH",
     "MIN_MASK_KEY_BYTES",

@@ -31,7 +31,7 @@ from sidecar.config.base import (
 )
 from sidecar.config.dsn import dsn_parts, redact_dsn
 from sidecar.config.isolation import IsolationSettings
-from sidecar.config.listen import ListenKind, parse_listen
+from sidecar.config.listen import MAX_PORT, ListenKind, parse_listen
 from sidecar.config.logs import LoggingSettings
 from sidecar.config.mcp import McpSettings
 from sidecar.config.metrics import MetricsSettings
@@ -39,10 +39,11 @@ from sidecar.config.policy import PolicySettings
 from sidecar.config.tls import ServerTlsSettings
 from sidecar.errors import ConfigError
 
-__all__ = ["LOG_LEVELS", "MIN_MASK_KEY_BYTES", "AuditSettings", "Limits", "Origins", "PluginSettings",
+__all__ = ["LOG_LEVELS", "MAX_WORKERS", "MIN_MASK_KEY_BYTES", "AuditSettings", "Limits", "Origins", "PluginSettings",
            "ServerSettings", "Settings", "StoreSettings", "describe_errors", "load_settings", "parse_settings"]
 
 MIN_MASK_KEY_BYTES = 16
+MAX_WORKERS = 64  # server.workers: processes of one sidecar, at most
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -215,6 +216,15 @@ class ServerSettings(Section):
     health_listen: str | None = None
     reflection: bool | None = None
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
+    # processes serving the same TCP addresses (SO_REUSEPORT), each a whole sidecar (``sidecar.server.supervisor``)
+    workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _whole_number(cls, value: Any) -> Any:  # not true, 1.5 or "2": YAML and the variables give numbers
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{value!r} is not a whole number of worker processes (1-{MAX_WORKERS})")
+        return value
 
     @field_validator("listen", mode="before")
     @classmethod
@@ -241,6 +251,17 @@ class ServerSettings(Section):
         if self.tls is not None and all(parse_listen(a).kind is not ListenKind.TCP for a in self.listen):
             raise ValueError("'tls' is set but no address in 'listen' is TCP: TLS applies to TCP addresses only "
                              "(Unix sockets stay plaintext)")
+        return self
+
+    @model_validator(mode="after")
+    def _workers_share_tcp(self) -> ServerSettings:
+        """Workers share TCP ports (SO_REUSEPORT); gRPC servers in several processes cannot share a Unix socket."""
+        for address in self.listen if self.workers > 1 else ():
+            if parse_listen(address).kind is not ListenKind.TCP:
+                raise ValueError(
+                    f"workers: {self.workers} needs TCP addresses only in 'listen', and {address!r} is a Unix "
+                    "socket, which gRPC servers in several processes cannot share: listen on loopback TCP "
+                    "(e.g. 127.0.0.1:50051), or keep workers: 1")
         return self
 
 
@@ -293,6 +314,15 @@ class Settings(Section):
                         f"{key}: {address!r} is not a loopback address; auth mode 'dev' trusts a static "
                         "principal, so it only listens on 127.0.0.1, ::1, localhost or a unix socket "
                         "(configure auth.jwt to listen elsewhere)")
+        return self
+
+    @model_validator(mode="after")
+    def _a_metrics_port_per_worker(self) -> Settings:
+        """Worker ``i`` serves its metrics on ``metrics.listen``'s port + ``i``: those ports must exist."""
+        endpoint = self.metrics.endpoint
+        if endpoint is not None and endpoint.port and endpoint.port + self.server.workers - 1 > MAX_PORT:
+            raise ValueError(f"metrics.listen: {self.metrics.listen!r}: with server.workers: {self.server.workers} "
+                             f"worker i serves metrics on port {endpoint.port} + i, beyond {MAX_PORT}: choose lower")
         return self
 
 

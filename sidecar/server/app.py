@@ -11,6 +11,8 @@ event loop: started before gRPC, stopped first at shutdown, each within ``server
 With ``metrics.listen`` it serves Prometheus metrics (``sidecar.server.metrics_http``), also on that loop:
 started first, stopped last, so a scrape sees the whole shutdown.
 With ``approvals_ui.listen`` it serves the approval inbox (``sidecar.server.approvals_ui``) the same way.
+As one of ``server.workers`` processes (a ``WorkerRole``, from ``sidecar.server.supervisor``) it shares its TCP
+ports with the other workers (SO_REUSEPORT), writes the checkpoint only as worker 0, and says when it serves.
 """
 
 from __future__ import annotations
@@ -52,11 +54,24 @@ if TYPE_CHECKING:
     from sidecar.state import Store
     from sidecar.tools.registry import Registry
 
-__all__ = ["SERVICE_NAME", "Sidecar", "create_server", "serve"]
+__all__ = ["SERVICE_NAME", "Sidecar", "WorkerRole", "create_server", "serve"]
 
 log = logging.getLogger(__name__)
 
 _HEALTH_SERVICES = ("", SERVICE_NAME)
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """This sidecar is worker ``index`` of several processes serving the same ports (``server.workers``)."""
+
+    index: int
+    ready: Callable[[tuple[str, ...]], None]  # told the addresses as bound, once serving
+
+    @property
+    def writes_checkpoint(self) -> bool:
+        """One worker writes the audit checkpoint (a signed head of the one chain all of them append to)."""
+        return self.index == 0
 
 
 @dataclass(frozen=True)
@@ -100,20 +115,21 @@ class Sidecar:
 
 async def create_server(settings: Settings, gateway: ToolGateway, *, policy: StatusProvider | None = None,
                         approvals: ApprovalGateway | None = None,
-                        metrics: Metrics | None = None,
-                        trace_context: bool = False) -> tuple[grpc.aio.Server, Sidecar]:
+                        metrics: Metrics | None = None, trace_context: bool = False,
+                        reuse_port: bool = False) -> tuple[grpc.aio.Server, Sidecar]:
     """Build the server with every service and bind each ``settings.server.listen`` address.
 
     With ``policy`` (the reloading engine) the ``PolicyService`` answers status requests; with
     ``approvals`` (the pipeline's) the ``ApprovalService`` serves approvers. Every call of these
     services is authenticated, and its exceptions mapped to statuses, by ``sidecar.server.interceptors``
     (and counted into ``metrics``, when given); with ``trace_context`` (a tracing gateway) its calls continue
-    the trace its metadata carries.
+    the trace its metadata carries. With ``reuse_port`` (a worker process) its TCP ports, the probes' too, are
+    shared with the other workers.
     """
     dev = settings.auth.effective_mode is AuthMode.DEV
     chain = interceptors.chain(Authenticator(settings.auth), metrics=metrics, trace_context=trace_context,
                                access_log=settings.logging.access)
-    server = grpc.aio.server(interceptors=chain, options=_channel_options(settings.limits))
+    server = grpc.aio.server(interceptors=chain, options=_channel_options(settings.limits, reuse_port))
     pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway), server)
     names = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
     operators = Operators(settings.auth)
@@ -126,8 +142,10 @@ async def create_server(settings: Settings, gateway: ToolGateway, *, policy: Sta
     health_servicer = await _add_health(server)
     if settings.server.reflection or (settings.server.reflection is None and dev):
         reflection.enable_server_reflection(names, server)
-    addresses, sockets = await bind_all(server, settings.server.listen, tls=server_credentials(settings.server.tls))
-    probes, probe_addresses = await _bind_probes(settings.server.health_listen, health_servicer, server, sockets)
+    addresses, sockets = await bind_all(server, settings.server.listen, tls=server_credentials(settings.server.tls),
+                                        reuse_port=reuse_port)
+    probes, probe_addresses = await _bind_probes(settings.server.health_listen, health_servicer, server, sockets,
+                                                 reuse_port)
     dev_principal = settings.auth.dev_principal if dev else None
     sidecar = Sidecar(server, health_servicer, addresses, sockets, dev_principal, probes, probe_addresses)
     if policy is not None:
@@ -135,24 +153,30 @@ async def create_server(settings: Settings, gateway: ToolGateway, *, policy: Sta
     return server, sidecar
 
 
-async def serve(settings: Settings, *, registry: Registry | None = None, stop: asyncio.Event | None = None) -> None:
-    """Run the sidecar until SIGTERM, SIGINT or ``stop``, then shut down gracefully."""
+async def serve(settings: Settings, *, registry: Registry | None = None, stop: asyncio.Event | None = None,
+                worker: WorkerRole | None = None) -> None:
+    """Run the sidecar until SIGTERM, SIGINT or ``stop``, then shut down gracefully; as ``worker``, one of
+    several processes."""
     from sidecar.bootstrap import open_sidecar
     from sidecar.policy.factory import reload_interval
 
     reloader, pipeline = await open_sidecar(settings, registry=registry)
     checkpointer: Checkpointer | None = None
     try:
-        checkpointer = _checkpointer(settings, pipeline.store)
+        if worker is None or worker.writes_checkpoint:
+            checkpointer = _checkpointer(settings, pipeline.store)
         async with _serving(_metrics_endpoint(settings, pipeline.metrics)):
             _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals,
-                                             metrics=pipeline.metrics, trace_context=pipeline.tracing.enabled)
+                                             metrics=pipeline.metrics, trace_context=pipeline.tracing.enabled,
+                                             reuse_port=worker is not None)
             reloader.on_status = sidecar.report_policy
             try:
                 async with _serving(_mcp_endpoint(settings, pipeline)), \
                         _serving(_approvals_inbox(settings, pipeline.approvals)):
                     await sidecar.start()
                     _log_start(settings, pipeline, reloader, sidecar)
+                    if worker is not None:
+                        worker.ready(sidecar.addresses)
                     checkpoints = checkpointer.run if checkpointer else None
                     async with _in_background(reloader.watch, reload_interval(settings.policy)), \
                             _in_background(checkpoints, settings.audit.checkpoint_interval_seconds):
@@ -266,12 +290,12 @@ def _checkpointer(settings: Settings, store: Store) -> Checkpointer | None:
     return Checkpointer(store, key, path)
 
 
-def _channel_options(limits: Limits) -> list[tuple[str, int]]:
-    # Without so_reuseport=0 a second sidecar could silently share a TCP port.
+def _channel_options(limits: Limits, reuse_port: bool) -> list[tuple[str, int]]:
+    # Without so_reuseport=0 a second sidecar could silently share a TCP port; only workers share one.
     return [
         ("grpc.max_send_message_length", limits.max_message_bytes),
         ("grpc.max_receive_message_length", limits.max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),
     ]
 
 
@@ -285,13 +309,13 @@ async def _add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
 
 
 async def _bind_probes(address: str | None, servicer: health.aio.HealthServicer, server: grpc.aio.Server,
-                       sockets: tuple[Path, ...]) -> tuple[grpc.aio.Server | None, tuple[str, ...]]:
+                       sockets: tuple[Path, ...], reuse_port: bool) -> tuple[grpc.aio.Server | None, tuple[str, ...]]:
     """The health-only listener of ``server.health_listen``, if any; when it cannot bind, ``server`` is
     released too."""
     if address is None:
         return None, ()
     try:
-        return await open_probes(address, servicer)
+        return await open_probes(address, servicer, reuse_port=reuse_port)
     except BaseException:
         await server.stop(None)
         remove_sockets(sockets)

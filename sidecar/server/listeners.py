@@ -7,6 +7,10 @@ resolve, a port that needs privileges — before gRPC binds it. A Unix socket's 
 (0750), a stale socket file replaced, a live one or another file refused. Every failure is an
 ``OSError`` whose message starts ``cannot listen on ADDRESS:``. Given credentials (``server.tls``:
 ``sidecar.server.tls``), TCP addresses serve TLS; Unix and abstract sockets stay plaintext.
+
+With ``server.workers`` above 1 the supervisor holds each TCP port (``reserve_port``: bound with
+``SO_REUSEPORT``, never listening, so it takes no connection) and every worker binds it with
+``reuse_port``: the kernel spreads new connections across the workers listening there.
 """
 
 from __future__ import annotations
@@ -21,18 +25,19 @@ import grpc
 
 from sidecar.config import ListenAddress, ListenKind, parse_listen
 
-__all__ = ["bind_all", "remove_sockets", "tcp_socket"]
+__all__ = ["bind_all", "remove_sockets", "reserve_port", "tcp_socket"]
 
 
-async def bind_all(server: grpc.aio.Server, addresses: Iterable[str], *,
-                   tls: grpc.ServerCredentials | None = None) -> tuple[tuple[str, ...], tuple[Path, ...]]:
+async def bind_all(server: grpc.aio.Server, addresses: Iterable[str], *, tls: grpc.ServerCredentials | None = None,
+                   reuse_port: bool = False) -> tuple[tuple[str, ...], tuple[Path, ...]]:
     """Bind every address (TCP ones with ``tls`` when given); return them as bound (real ports for port 0) and
-    the socket files made. On failure release what was bound and re-raise."""
+    the socket files made. On failure release what was bound and re-raise. With ``reuse_port`` (a worker's
+    server, made with ``grpc.so_reuseport``) its TCP ports are shared: they are not tried alone first."""
     bound: list[str] = []
     sockets: list[Path] = []
     try:
         for text in addresses:
-            bound += _bind(server, parse_listen(text), sockets, tls)
+            bound += _bind(server, parse_listen(text), sockets, tls, try_first=not reuse_port)
     except BaseException:
         await server.stop(None)
         remove_sockets(sockets)
@@ -47,7 +52,7 @@ def remove_sockets(paths: Iterable[Path]) -> None:
 
 
 def _bind(server: grpc.aio.Server, address: ListenAddress, sockets: list[Path],
-          tls: grpc.ServerCredentials | None) -> list[str]:
+          tls: grpc.ServerCredentials | None, *, try_first: bool) -> list[str]:
     if address.kind is ListenKind.UNIX:
         assert address.path is not None
         _prepare_socket_path(address.text, address.path)
@@ -57,7 +62,7 @@ def _bind(server: grpc.aio.Server, address: ListenAddress, sockets: list[Path],
         return [address.text]
     bound = []
     for endpoint in address.endpoints:
-        if endpoint.port != 0:
+        if endpoint.port != 0 and try_first:
             _try_tcp(address.text, endpoint.host.removeprefix("[").removesuffix("]"), endpoint.port)
         bound.append(f"{endpoint.host}:{_add_port(server, address.text, str(endpoint), tls)}")
     return bound
@@ -76,9 +81,19 @@ def _try_tcp(text: str, host: str, port: int) -> None:
     tcp_socket(text, host, port).close()
 
 
-def tcp_socket(text: str, host: str, port: int) -> socket.socket:
+def reserve_port(text: str, host: str, port: int) -> socket.socket:
+    """``host``'s ``port`` (any free one for 0) held for worker processes: first bound alone, so a port another
+    process listens on is refused (``OSError`` ``cannot listen on TEXT: <reason>``), then by a socket with
+    ``SO_REUSEPORT`` that never listens (so takes no connection) but keeps the port while workers restart."""
+    if port != 0:
+        tcp_socket(text, host, port).close()
+    return tcp_socket(text, host, port, reuse_port=True)
+
+
+def tcp_socket(text: str, host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound (not listening) to the first address of ``host`` (unbracketed) that binds, as gRPC
-    binds (``SO_REUSEADDR``); ``OSError`` ``cannot listen on TEXT: <reason>`` when none does."""
+    binds (``SO_REUSEADDR``, and ``SO_REUSEPORT`` with ``reuse_port``); ``OSError`` ``cannot listen on TEXT:
+    <reason>`` when none does."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -87,6 +102,8 @@ def tcp_socket(text: str, host: str, port: int) -> socket.socket:
     for family, kind, proto, _, sockaddr in infos:
         bound = socket.socket(family, kind, proto)
         bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             bound.bind(sockaddr)
         except OSError as exc:

@@ -17,9 +17,11 @@ from sidecar.server.listeners import bind_all
 __all__ = ["open_probes"]
 
 
-async def open_probes(address: str, servicer: health.aio.HealthServicer) -> tuple[grpc.aio.Server, tuple[str, ...]]:
-    """A bound, not started server of ``servicer`` alone on the TCP ``address``, and its addresses as bound."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+async def open_probes(address: str, servicer: health.aio.HealthServicer, *,
+                      reuse_port: bool = False) -> tuple[grpc.aio.Server, tuple[str, ...]]:
+    """A bound, not started server of ``servicer`` alone on the TCP ``address``, and its addresses as bound;
+    with ``reuse_port`` (a worker process) sharing the port with the other workers."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    addresses, _ = await bind_all(server, [address])
+    addresses, _ = await bind_all(server, [address], reuse_port=reuse_port)
     return server, addresses

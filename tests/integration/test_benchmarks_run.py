@@ -16,13 +16,14 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize("command", [
     ["benchmarks/bench_policy.py", "--rounds", "20", "--json"],
     ["benchmarks/bench_execute.py", "--calls", "40", "--warmup", "5", "--concurrency", "2", "--repeat", "1", "--json"],
+    ["benchmarks/bench_workers.py", "--calls", "40", "--warmup", "5", "--channels", "4", "--repeat", "1", "--json"],
     ["benchmarks/bench_batch.py", "--calls", "32", "--warmup", "8", "--batch-size", "4", "--repeat", "1", "--json"],
     ["benchmarks/bench_mcp.py", "--calls", "20", "--warmup", "2", "--concurrency", "2", "--repeat", "1", "--json"],
     ["benchmarks/bench_observability.py", "--calls", "40", "--warmup", "5", "--concurrency", "2", "--repeat", "1",
      "--variant", "metrics=metrics: {listen: '127.0.0.1:$PORT'}",
      "--variant", "nocache=policy: {cache: {enabled: false}}", "--variant-env", "nocache=TOOLBOOTH_TEST_UNUSED=1",
      "--json"],
-], ids=["bench_policy", "bench_execute", "bench_batch", "bench_mcp", "bench_observability"])
+], ids=["bench_policy", "bench_execute", "bench_workers", "bench_batch", "bench_mcp", "bench_observability"])
 def test_a_benchmark_runs_to_its_report(command: list[str]) -> None:
     done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL)
@@ -40,3 +41,17 @@ def test_the_observability_benchmark_counts_the_spans_its_otlp_sink_received() -
     [otlp] = [config for config in json.loads(done.stdout)["configs"] if config["name"] == "otlp"]
     assert otlp["spans"]["calls"] == 1 + 2 * (5 + 40)  # the first call, then warm-up and calls of each run
     assert otlp["spans"]["received"] == 3 * otlp["spans"]["calls"]  # every read traced: call, policy, handler
+
+
+def test_the_soak_runs_to_its_report() -> None:
+    """A few seconds of soak; its timing verdicts (RSS, p99 drift) depend on the machine, the others do not."""
+    command = ["benchmarks/soak.py", "--minutes", "0.1", "--bucket-seconds", "3", "--peak-seconds", "1", "--json"]
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    verdicts = report["verdicts"]
+    for name in ("no unexpected errors", "every reload seen", "fresh writes ran exactly once", "fresh writes audited",
+                 "audit chain verified", "sidecar stopped cleanly"):
+        assert verdicts[name], (name, report)
+    assert report["reloads"] >= 1 and report["fresh_writes"] > 0 and report["typed_results"]["approval_required"] > 0
