@@ -33,11 +33,11 @@ class Decider:
     async def decide(self, call: Call, stage: Stage) -> Decision:
         """``stage``'s decision for ``call`` (``input.call`` once its arguments are valid)."""
         assert call.inputs is not None, "the resolve stage must run first"
-        call_json = call.arguments.call_json if call.arguments is not None else None
+        arguments = call.arguments.call if call.arguments is not None else None
         call.decision_ids[stage.value] = str(uuid.uuid4())
         with call.span("policy", stage.value) as span:
             try:
-                decision = await self.policy.decide(stage, call.inputs.build(stage, call_json))
+                decision = await self.policy.decide(stage, call.inputs.build(stage, arguments))
             except PolicyEvaluationError as exc:
                 log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
                 call.trail[stage.value] = {"error": str(exc)}

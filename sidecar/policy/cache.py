@@ -2,9 +2,12 @@
 
 Decisions are kept for a short time (cachetools ``TTLCache``), keyed by the policy
 revision, the stage and the input without its clock (``PolicyInput.cache_key``:
-principal, tool, conversation and call). So a cached decision is never used across a
-revision change, and a policy whose answer depends on the time or on anything
-outside its input marks the decision ``"cacheable": false``. Failures are never
+principal, tool, conversation and the call's arguments), and with the call's
+``idempotency_key`` only when the policy set may read it (``reads_idempotency_key``:
+its source mentions ``idempotency_key``): otherwise every keyed call would be a miss.
+So a cached decision is never used across a revision change, and a policy whose
+answer depends on the time or on anything outside its input marks the decision
+``"cacheable": false``. Failures are never
 cached. The TTL bounds how stale a time-dependent decision a policy forgot to mark
 can be.
 """
@@ -59,6 +62,8 @@ class CachingEngine(DelegatingEngine):
         if revision != self._revision:  # a new policy set: drop every old decision at once
             self._cache.clear()
             self._revision = revision
+        if self.inner.reads_idempotency_key:
+            return (revision, stage, input.cache_key, input.idempotency_key)
         return (revision, stage, input.cache_key)
 
     def _keep(self, key: Hashable | None, decision: Decision) -> None:

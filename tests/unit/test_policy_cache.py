@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from sidecar.errors import PolicyEvaluationError
 from sidecar.policy import Decision, Stage
 from sidecar.policy.cache import CachingEngine
-from sidecar.policy.input import InputParts, PolicyInput
+from sidecar.policy.input import CallInput, InputParts, PolicyInput
 
 
 class CountingEngine:
@@ -17,6 +18,7 @@ class CountingEngine:
 
     def __init__(self, decision: Decision | None = None) -> None:
         self.revision = "sha256:one"
+        self.reads_idempotency_key = False
         self.decision = decision or Decision(allow=True)
         self.asked: list[PolicyInput] = []
         self.fail_next = False
@@ -51,6 +53,10 @@ def parts(principal: str = '{"id":"u1"}', tool: str = '{"name":"t"}', time: str 
     return InputParts(principal, tool, time, None)
 
 
+def call(arguments: str = "{}", key: str | None = None) -> CallInput:
+    return CallInput(arguments, None, key)
+
+
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
@@ -68,7 +74,7 @@ def engine(inner: CountingEngine, clock: Clock) -> CachingEngine:
 
 async def test_repeated_inputs_are_answered_from_the_cache(engine: CachingEngine, inner: CountingEngine) -> None:
     for _ in range(3):
-        assert (await engine.decide(Stage.AUTHZ, parts().build(Stage.AUTHZ, '{"arguments":{}}'))).allow
+        assert (await engine.decide(Stage.AUTHZ, parts().build(Stage.AUTHZ, call()))).allow
     assert len(inner.asked) == 1
 
 
@@ -79,14 +85,14 @@ async def test_the_clock_is_not_part_of_the_key(engine: CachingEngine, inner: Co
 
 
 @pytest.mark.parametrize("other", [
-    parts(principal='{"id":"u2"}').build(Stage.AUTHZ, '{"arguments":{}}'),
-    parts(tool='{"name":"t2"}').build(Stage.AUTHZ, '{"arguments":{}}'),
-    parts().build(Stage.AUTHZ, '{"arguments":{"x":1}}'),
-    parts().build(Stage.APPROVAL, '{"arguments":{}}'),
+    parts(principal='{"id":"u2"}').build(Stage.AUTHZ, call()),
+    parts(tool='{"name":"t2"}').build(Stage.AUTHZ, call()),
+    parts().build(Stage.AUTHZ, call('{"x":1}')),
+    parts().build(Stage.APPROVAL, call()),
 ])
 async def test_any_other_input_or_stage_is_a_miss(engine: CachingEngine, inner: CountingEngine,
                                                   other: PolicyInput) -> None:
-    await engine.decide(Stage.AUTHZ, parts().build(Stage.AUTHZ, '{"arguments":{}}'))
+    await engine.decide(Stage.AUTHZ, parts().build(Stage.AUTHZ, call()))
     stage = Stage.APPROVAL if '"stage":"approval"' in other.json else Stage.AUTHZ
     await engine.decide(stage, other)
     assert len(inner.asked) == 2
@@ -135,3 +141,29 @@ async def test_decide_many_mixes_hits_and_misses_in_order(engine: CachingEngine,
     decisions = await engine.decide_many(Stage.AVAILABILITY, first)
     assert [d.allow for d in decisions] == [True, True, False, False]
     assert len(inner.asked) == 4
+
+
+async def test_the_idempotency_key_is_left_out_where_no_policy_reads_it(engine: CachingEngine,
+                                                                       inner: CountingEngine) -> None:
+    for key in ("k-1", "k-2", None):
+        assert (await engine.decide(Stage.AUTHZ, parts().build(Stage.AUTHZ, call(key=key)))).allow
+    assert len(inner.asked) == 1
+
+
+async def test_the_idempotency_key_is_kept_where_a_policy_may_read_it(engine: CachingEngine,
+                                                                     inner: CountingEngine) -> None:
+    inner.reads_idempotency_key = True
+    for key in ("k-1", "k-2", "k-1", None):
+        await engine.decide(Stage.AUTHZ, parts().build(Stage.AUTHZ, call(key=key)))
+    assert [json.loads(asked.json)["call"]["idempotency_key"] for asked in inner.asked] == ["k-1", "k-2", None]
+
+
+async def test_a_hit_never_composes_the_input_document(engine: CachingEngine, inner: CountingEngine) -> None:
+    first = parts().build(Stage.AUTHZ, call())
+    await engine.decide(Stage.AUTHZ, first)
+
+    def unreadable() -> str:
+        raise AssertionError("the document of a cached input was composed")
+
+    assert (await engine.decide(Stage.AUTHZ, PolicyInput(unreadable, first.cache_key))).allow
+    assert inner.asked == [first]
