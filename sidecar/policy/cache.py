@@ -10,6 +10,10 @@ answer depends on the time or on anything outside its input marks the decision
 ``"cacheable": false``. Failures are never
 cached. The TTL bounds how stale a time-dependent decision a policy forgot to mark
 can be.
+
+The entries live in two generations of plain dicts (``Generations``), not in a
+cachetools ``TTLCache``: with distinct inputs on every call (a miss each), the
+``TTLCache``'s bookkeeping on every insert cost more than the dict lookups it guards.
 """
 
 from __future__ import annotations
@@ -17,13 +21,52 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Sequence
 
-from cachetools import TTLCache
-
 from sidecar.policy.decision import Decision, Stage
 from sidecar.policy.engine import DelegatingEngine, PolicyEngine
 from sidecar.policy.input import PolicyInput
 
-__all__ = ["CachingEngine"]
+__all__ = ["CachingEngine", "Generations"]
+
+
+class Generations:
+    """At most ``max_entries`` values (at least two), each for at most ``ttl_seconds``: a young and an old dict.
+
+    New entries go to the young one; when it holds half of ``max_entries``, or is ``ttl_seconds`` old, it
+    becomes the old one and the old one is dropped. An entry read from the old generation moves to the young
+    one (with its own expiry), so what is used stays; every read checks the entry's expiry.
+    """
+
+    def __init__(self, max_entries: int, ttl_seconds: float, timer: Callable[[], float]) -> None:
+        self._half, self._ttl, self._timer = max(1, max_entries // 2), ttl_seconds, timer
+        self._young: dict[Hashable, tuple[float, Decision]] = {}
+        self._old: dict[Hashable, tuple[float, Decision]] = {}
+        self._born = timer()
+
+    def get(self, key: Hashable) -> Decision | None:
+        """The value kept for ``key`` if it has not expired."""
+        entry = self._young.get(key)
+        if entry is None:
+            entry = self._old.pop(key, None)
+            if entry is None or entry[0] <= self._timer():
+                return None
+            self._add(key, entry)
+        return entry[1] if entry[0] > self._timer() else None
+
+    def put(self, key: Hashable, value: Decision) -> None:
+        """Keep ``value`` for ``key`` for ``ttl_seconds`` from now."""
+        self._add(key, (self._timer() + self._ttl, value))
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        self._young, self._old = {}, {}
+
+    def __len__(self) -> int:
+        return len(self._young) + len(self._old)
+
+    def _add(self, key: Hashable, entry: tuple[float, Decision]) -> None:
+        if len(self._young) >= self._half or self._timer() - self._born >= self._ttl:
+            self._old, self._young, self._born = self._young, {}, self._timer()
+        self._young[key] = entry
 
 
 class CachingEngine(DelegatingEngine):
@@ -32,7 +75,7 @@ class CachingEngine(DelegatingEngine):
     def __init__(self, inner: PolicyEngine, *, max_entries: int, ttl_seconds: float,
                  timer: Callable[[], float] = time.monotonic) -> None:
         super().__init__(inner)
-        self._cache: TTLCache[Hashable, Decision] = TTLCache(maxsize=max_entries, ttl=ttl_seconds, timer=timer)
+        self._cache = Generations(max_entries, ttl_seconds, timer)
         self._revision = inner.revision
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
@@ -68,4 +111,4 @@ class CachingEngine(DelegatingEngine):
 
     def _keep(self, key: Hashable | None, decision: Decision) -> None:
         if key is not None and decision.cacheable:
-            self._cache[key] = decision
+            self._cache.put(key, decision)

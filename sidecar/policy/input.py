@@ -92,8 +92,8 @@ class CallInput:
 
     def json(self) -> str:
         """``input.call`` as JSON text."""
-        return (f'{{"arguments":{self.arguments},"conversation_id":{_dumps(self.conversation_id)},'
-                f'"idempotency_key":{_dumps(self.idempotency_key)}}}')
+        return (f'{{"arguments":{self.arguments},"conversation_id":{_text(self.conversation_id)},'
+                f'"idempotency_key":{_text(self.idempotency_key)}}}')
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +112,7 @@ class InputParts:
                            None if call is None else call.idempotency_key)
 
     def _compose(self, stage: Stage, call: CallInput | None) -> str:
-        context = f'{{"stage":"{stage.value}","time":"{self.time}","conversation_id":{_dumps(self.conversation_id)}}}'
+        context = f'{{"stage":"{stage.value}","time":"{self.time}","conversation_id":{_text(self.conversation_id)}}}'
         tail = "" if call is None else f',"call":{call.json()}'
         return f'{{"principal":{self.principal},"tool":{self.tool},"context":{context}{tail}}}'
 
@@ -154,6 +154,11 @@ def now_utc() -> str:
     if _clock[0] != second:
         _clock = (second, dt.datetime.fromtimestamp(second, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     return _clock[1]
+
+
+def _text(value: str | None) -> str:
+    """An optional string as JSON (most are absent)."""
+    return "null" if value is None else _dumps(value)
 
 
 def _dumps(value: Any) -> str:

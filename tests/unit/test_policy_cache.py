@@ -9,7 +9,7 @@ import pytest
 
 from sidecar.errors import PolicyEvaluationError
 from sidecar.policy import Decision, Stage
-from sidecar.policy.cache import CachingEngine
+from sidecar.policy.cache import CachingEngine, Generations
 from sidecar.policy.input import CallInput, InputParts, PolicyInput
 
 
@@ -167,3 +167,33 @@ async def test_a_hit_never_composes_the_input_document(engine: CachingEngine, in
 
     assert (await engine.decide(Stage.AUTHZ, PolicyInput(unreadable, first.cache_key))).allow
     assert inner.asked == [first]
+
+
+def test_the_generations_hold_at_most_max_entries(clock: Clock) -> None:
+    kept = Generations(10, 5, clock)
+    for i in range(100):
+        kept.put(i, Decision(allow=True, reason=str(i)))
+    assert len(kept) == 10
+    assert [kept.get(i) is not None for i in (89, 90, 99)] == [False, True, True]  # the oldest went first
+
+
+def test_an_entry_in_use_moves_to_the_young_generation(clock: Clock) -> None:
+    kept = Generations(4, 5, clock)
+    kept.put("used", Decision(allow=True))
+    kept.put("unused", Decision(allow=True))
+    kept.put("a", Decision(allow=True))  # "used" and "unused" are now the old generation
+    assert kept.get("used") is not None  # read: moved on, with "a" now old
+    kept.put("b", Decision(allow=True))
+    kept.put("c", Decision(allow=True))  # the old generation ("unused") is dropped
+    assert kept.get("used") is not None and kept.get("unused") is None
+
+
+def test_the_generations_expire_entries_even_when_rarely_written(clock: Clock) -> None:
+    kept = Generations(100, 5, clock)
+    kept.put("k", Decision(allow=True))
+    clock.now = 4.9
+    assert kept.get("k") is not None
+    clock.now = 5.0
+    assert kept.get("k") is None
+    kept.put("k", Decision(allow=False))
+    assert kept.get("k") == Decision(allow=False)
