@@ -130,7 +130,8 @@ class Children:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
 
-    def start(self, name: str, argv: list[str], *, pdeathsig: bool) -> subprocess.Popen[bytes]:
+    def start(self, name: str, argv: list[str], *, pdeathsig: bool,
+              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log_path = self.tmp / f"{name}.log"
         self.logs[name] = log_path
         # preexec_fn is only safe while this process has one thread: the sidecar starts before any
@@ -138,7 +139,7 @@ class Children:
         single_threaded = _thread_count() == 1
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 preexec_fn=_die_with_parent if pdeathsig and single_threaded else None,
             )
         self.procs[name] = proc
