@@ -10,17 +10,26 @@ in a span ``policy {stage}`` (attribute ``toolbooth.policy.allow``, for the appr
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 
 from sidecar.errors import CallRefused, PolicyEvaluationError, refusal
 from sidecar.pipeline.call import Call
 from sidecar.policy import Decision, PolicyEngine, Stage
+from sidecar.policy.input import CallInput
 
-__all__ = ["AUDIT_MASKS", "Decider"]
+__all__ = ["AUDIT_MASKS", "Decider", "decision_id"]
 
 AUDIT_MASKS = "audit_masks"  # the trail entry of a failure to read ``data.toolbooth.audit.mask``
 
 log = logging.getLogger("toolbooth.pipeline")
+_NAMES = {stage: stage.value for stage in Stage}  # faster than ``Stage.value``, read three times per call
+_VARIANT = "89ab"
+
+
+def decision_id() -> str:
+    """A random UUID (version 4), as ``str(uuid.uuid4())`` writes it, at a fraction of its cost."""
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
 
 
 class Decider:
@@ -33,25 +42,38 @@ class Decider:
     async def decide(self, call: Call, stage: Stage) -> Decision:
         """``stage``'s decision for ``call`` (``input.call`` once its arguments are valid)."""
         assert call.inputs is not None, "the resolve stage must run first"
+        name = _NAMES[stage]
         arguments = call.arguments.call if call.arguments is not None else None
-        call.decision_ids[stage.value] = str(uuid.uuid4())
-        with call.span("policy", stage.value) as span:
-            try:
-                decision = await self.policy.decide(stage, call.inputs.build(stage, arguments))
-            except PolicyEvaluationError as exc:
-                log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
-                call.trail[stage.value] = {"error": str(exc)}
-                failure = refusal(exc)
-                if span is not None:
-                    span.set_attribute("error.type", failure.code.value)
-            else:
-                call.trail[stage.value] = decision.document()
-                if span is not None and stage is Stage.APPROVAL:
-                    span.set_attribute("toolbooth.policy.required", decision.required)
-                elif span is not None:
-                    span.set_attribute("toolbooth.policy.allow", decision.allow)
-                return decision
-        raise CallRefused(failure)  # outside the handler: the refusal keeps no engine's traceback alive
+        call.decision_ids[name] = decision_id()
+        if call.trace is None:  # no span to make: the common case, without entering an empty context
+            return self._made(call, stage, await self._asked(call, stage, arguments))
+        with call.span("policy", name) as span:
+            decided = await self._asked(call, stage, arguments)
+            if span is not None:
+                if isinstance(decided, CallRefused):
+                    span.set_attribute("error.type", decided.errors[0].code.value)
+                elif stage is Stage.APPROVAL:
+                    span.set_attribute("toolbooth.policy.required", decided.required)
+                else:
+                    span.set_attribute("toolbooth.policy.allow", decided.allow)
+        return self._made(call, stage, decided)
+
+    async def _asked(self, call: Call, stage: Stage, arguments: CallInput | None) -> Decision | CallRefused:
+        """The engine's decision, or the refusal of a call whose decision failed (trail written)."""
+        assert call.inputs is not None
+        try:
+            return await self.policy.decide(stage, call.inputs.build(stage, arguments))
+        except PolicyEvaluationError as exc:
+            log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
+            call.trail[_NAMES[stage]] = {"error": str(exc)}
+            return CallRefused(refusal(exc))
+
+    @staticmethod
+    def _made(call: Call, stage: Stage, decided: Decision | CallRefused) -> Decision:
+        if isinstance(decided, CallRefused):
+            raise decided  # raised here, not in the engine's handler: it keeps no engine's traceback alive
+        call.trail[_NAMES[stage]] = decided.document()
+        return decided
 
     async def masked(self, call: Call, tool: str) -> tuple[str, ...]:
         """The pointers ``data.toolbooth.audit.mask`` lists for ``tool``, read once per policy revision."""

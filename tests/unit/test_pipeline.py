@@ -6,6 +6,7 @@ import asyncio
 import json
 import shutil
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from sidecar.config import Limits, bundled_policy_dir
 from sidecar.contract import CallRequest, ErrorCode, Recovery, Status, ToolResult
 from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
 from sidecar.pipeline import Pipeline
+from sidecar.pipeline.decisions import decision_id
 from sidecar.policy import CALL_STAGES, Decision, DelegatingEngine, PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
@@ -568,3 +570,11 @@ async def test_a_deadline_already_passed_runs_nothing(make_pipeline: PipelineFac
                                     caller_deadline=time.monotonic() - 1)
     assert result.error is not None and result.error.code is ErrorCode.TIMEOUT
     assert result.error.message == "the call's deadline passed before the tool ran"
+
+
+def test_decision_ids_are_random_version_4_uuids() -> None:
+    ids = [decision_id() for _ in range(2000)]
+    parsed = [uuid.UUID(text) for text in ids]
+    assert all(str(one) == text and one.version == 4 and one.variant == uuid.RFC_4122
+               for one, text in zip(parsed, ids, strict=True))
+    assert len(set(ids)) == len(ids) and {text[19] for text in ids} == set("89ab")
