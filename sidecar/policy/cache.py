@@ -80,7 +80,7 @@ class CachingEngine(DelegatingEngine):
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         """The cached decision for ``input``, else the wrapped engine's (kept when cacheable)."""
-        key = self._key(stage, input)
+        key = self._keyer(stage)(input)
         if key is not None and (cached := self._cache.get(key)) is not None:
             return cached
         decision = await self.inner.decide(stage, input)
@@ -89,7 +89,7 @@ class CachingEngine(DelegatingEngine):
 
     async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
         """Cached decisions where there are some; the wrapped engine answers the rest in one batch."""
-        keys = [self._key(stage, item) for item in inputs]
+        keys = list(map(self._keyer(stage), inputs))
         found = [None if key is None else self._cache.get(key) for key in keys]
         missing = [i for i, decision in enumerate(found) if decision is None]
         fresh = await self.inner.decide_many(stage, [inputs[i] for i in missing]) if missing else []
@@ -98,16 +98,16 @@ class CachingEngine(DelegatingEngine):
             self._keep(keys[i], decision)
         return [decision for decision in found if decision is not None]
 
-    def _key(self, stage: Stage, input: PolicyInput) -> Hashable | None:
-        if input.cache_key is None:
-            return None
+    def _keyer(self, stage: Stage) -> Callable[[PolicyInput], Hashable | None]:
+        """The key of an input for ``stage`` under the policy set in force (asked once, for a whole batch)."""
         revision = self.inner.revision
         if revision != self._revision:  # a new policy set: drop every old decision at once
             self._cache.clear()
             self._revision = revision
         if self.inner.reads_idempotency_key:
-            return (revision, stage, input.cache_key, input.idempotency_key)
-        return (revision, stage, input.cache_key)
+            return lambda input: None if input.cache_key is None else (
+                revision, stage, input.cache_key, input.idempotency_key)
+        return lambda input: None if input.cache_key is None else (revision, stage, input.cache_key)
 
     def _keep(self, key: Hashable | None, decision: Decision) -> None:
         if key is not None and decision.cacheable:
