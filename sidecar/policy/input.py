@@ -13,6 +13,7 @@ import datetime as dt
 import functools
 import json
 import time
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,8 +22,8 @@ from sidecar.canonical import sorted_json
 from sidecar.contract import CallRequest, Principal, SideEffect
 from sidecar.policy.decision import Stage
 
-__all__ = ["IDEMPOTENCY_KEY", "CallInput", "InputParts", "PolicyInput", "ToolFacts", "now_utc", "principal_json",
-           "tool_json"]
+__all__ = ["IDEMPOTENCY_KEY", "CallInput", "InputBatch", "InputParts", "PolicyInput", "ToolFacts", "now_utc",
+           "principal_json", "tool_json"]
 
 IDEMPOTENCY_KEY = "idempotency_key"  # ``input.call``'s field the decision cache leaves out where no policy reads it
 
@@ -125,6 +126,33 @@ class InputParts:
         """The parts again, from ``recorded()`` and the call's conversation id."""
         document = json.loads(recorded)
         return cls(_dumps(document["principal"]), _dumps(document["tool"]), document["time"], conversation_id)
+
+
+class InputBatch(Sequence[PolicyInput]):
+    """The inputs of one stage's decisions for many tools (a listing), each made when read.
+
+    ``cache_key`` names the whole batch as ``PolicyInput.cache_key`` names one input — principal, conversation and
+    ``tools_key``, which names the tools (their ``tool_json`` texts, in order) — so that a cache can answer the
+    batch as one without making its inputs.
+    """
+
+    def __init__(self, stage: Stage, principal: str, tools: Sequence[str], time: str, conversation_id: str | None,
+                 tools_key: str) -> None:
+        self._stage, self._principal, self._tools, self._time = stage, principal, tools, time
+        self._conversation_id = conversation_id
+        self.cache_key = (principal, conversation_id or "", tools_key)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    @typing.overload
+    def __getitem__(self, index: int) -> PolicyInput: ...
+    @typing.overload
+    def __getitem__(self, index: slice) -> Sequence[PolicyInput]: ...
+    def __getitem__(self, index: int | slice) -> PolicyInput | Sequence[PolicyInput]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return InputParts(self._principal, self._tools[index], self._time, self._conversation_id).build(self._stage)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -10,7 +10,7 @@ import pytest
 from sidecar.errors import PolicyEvaluationError
 from sidecar.policy import Decision, Stage
 from sidecar.policy.cache import CachingEngine, Generations
-from sidecar.policy.input import CallInput, InputParts, PolicyInput
+from sidecar.policy.input import CallInput, InputBatch, InputParts, PolicyInput
 
 
 class CountingEngine:
@@ -197,3 +197,48 @@ def test_the_generations_expire_entries_even_when_rarely_written(clock: Clock) -
     assert kept.get("k") is None
     kept.put("k", Decision(allow=False))
     assert kept.get("k") == Decision(allow=False)
+
+
+def listing(principal: str = '{"id":"u1"}', tools: Sequence[str] = ('{"name":"a"}', '{"name":"b"}'),
+            key: str = "tools-1") -> InputBatch:
+    return InputBatch(Stage.AVAILABILITY, principal, tools, "2026-11-30T15:00:00Z", None, key)
+
+
+async def test_a_listing_is_answered_as_a_whole_once_decided(engine: CachingEngine, inner: CountingEngine) -> None:
+    assert [d.allow for d in await engine.decide_many(Stage.AVAILABILITY, listing())] == [True, True]
+    inner.decision = Decision(allow=False)
+    assert [d.allow for d in await engine.decide_many(Stage.AVAILABILITY, listing())] == [True, True]
+    assert len(inner.asked) == 2  # the first listing's two decisions, nothing since
+    await engine.decide_many(Stage.AVAILABILITY, listing(principal='{"id":"u2"}'))  # another caller: decided
+    assert len(inner.asked) == 4
+
+
+async def test_a_listing_lives_no_longer_than_its_oldest_decision(engine: CachingEngine, inner: CountingEngine,
+                                                                 clock: Clock) -> None:
+    await engine.decide(Stage.AVAILABILITY, listing()[0])  # decided at 0, expires at 5
+    clock.now = 3.0
+    await engine.decide_many(Stage.AVAILABILITY, listing())  # "b" decided at 3; the listing kept until 5
+    clock.now = 5.0
+    inner.decision = Decision(allow=False)
+    assert [d.allow for d in await engine.decide_many(Stage.AVAILABILITY, listing())] == [False, True]
+
+
+async def test_a_listing_with_an_uncacheable_decision_is_not_kept(clock: Clock) -> None:
+    inner = CountingEngine(Decision(allow=True, cacheable=False))
+    engine = CachingEngine(inner, max_entries=10, ttl_seconds=5, timer=clock)
+    for _ in range(2):
+        await engine.decide_many(Stage.AVAILABILITY, listing())
+    assert len(inner.asked) == 4
+
+
+async def test_a_new_revision_decides_listings_anew(engine: CachingEngine, inner: CountingEngine) -> None:
+    await engine.decide_many(Stage.AVAILABILITY, listing())
+    inner.revision, inner.decision = "sha256:two", Decision(allow=False)
+    assert [d.allow for d in await engine.decide_many(Stage.AVAILABILITY, listing())] == [False, False]
+
+
+def test_a_listings_inputs_are_those_of_its_tools() -> None:
+    batch = listing()
+    assert len(batch) == 2 and [json.loads(one.json)["tool"] for one in batch] == [{"name": "a"}, {"name": "b"}]
+    assert [one.cache_key for one in batch[0:2]] == [parts(tool=t).build(Stage.AVAILABILITY).cache_key
+                                                       for t in ('{"name":"a"}', '{"name":"b"}')]
