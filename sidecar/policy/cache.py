@@ -1,15 +1,15 @@
 """A decision cache in front of any ``PolicyEngine``.
 
-Decisions are kept for a short time (cachetools ``TTLCache``), keyed by the policy
+Decisions are kept for a short time (``Generations``, below), keyed by the policy
 revision, the stage and the input without its clock (``PolicyInput.cache_key``:
 principal, tool, conversation and the call's arguments), and with the call's
 ``idempotency_key`` only when the policy set may read it (``reads_idempotency_key``:
 its source mentions ``idempotency_key``): otherwise every keyed call would be a miss.
 So a cached decision is never used across a revision change, and a policy whose
 answer depends on the time or on anything outside its input marks the decision
-``"cacheable": false``. Failures are never
-cached. The TTL bounds how stale a time-dependent decision a policy forgot to mark
-can be.
+``"cacheable": false``. Failures are never cached. The TTL bounds how stale a
+time-dependent decision a policy forgot to mark can be. A listing's decisions
+(``InputBatch``) are also kept as one answer, no longer than the oldest of them.
 
 The entries live in two generations of plain dicts (``Generations``), not in a
 cachetools ``TTLCache``: with distinct inputs on every call (a miss each), the
