@@ -30,6 +30,7 @@ import asyncio
 import collections
 import contextlib
 import ctypes
+import itertools
 import json
 import os
 import platform
@@ -67,6 +68,9 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 MAX_FAILURES_SHOWN = 5
+ARGUMENT_MODES = ("repeated", "distinct")
+TARGET_RATIOS = {"repeated": 0.65, "distinct": 0.5}  # sidecar / echo calls/s at 16 in flight (issue 12)
+TARGET_ADDED_P99_MS = 1.0  # p99 the sidecar adds at half of its peak load
 STOP = threading.Event()  # set on SIGINT/SIGTERM: workers stop looping
 
 
@@ -126,7 +130,8 @@ class Children:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
 
-    def start(self, name: str, argv: list[str], *, pdeathsig: bool) -> subprocess.Popen[bytes]:
+    def start(self, name: str, argv: list[str], *, pdeathsig: bool,
+              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log_path = self.tmp / f"{name}.log"
         self.logs[name] = log_path
         # preexec_fn is only safe while this process has one thread: the sidecar starts before any
@@ -134,7 +139,7 @@ class Children:
         single_threaded = _thread_count() == 1
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 preexec_fn=_die_with_parent if pdeathsig and single_threaded else None,
             )
         self.procs[name] = proc
@@ -297,6 +302,27 @@ def grpc_call(stub: pb_grpc.ToolServiceStub, request: pb.ExecuteToolRequest, exp
     return call
 
 
+def distinct_grpc_call(stub: pb_grpc.ToolServiceStub, *, check_result: bool) -> Call:
+    """``ExecuteTool`` of ``calculate`` add [2, n] with a new ``n`` on every call, so no two calls share their
+    arguments (nor their authz and approval decisions); the result must be ``2 + n`` when ``check_result``
+    (the echo answers every call alike: its replies are parsed as well, so the client does the same work)."""
+    numbers = itertools.count(1)
+
+    async def call() -> str | None:
+        n = next(numbers)
+        request = pb.ExecuteToolRequest(tool=TOOL, arguments_json=f'{{"operation":"add","operands":[2,{n}]}}')
+        try:
+            reply = await stub.ExecuteTool(request, timeout=CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            return f"gRPC {exc.code().name}: {exc.details()}"
+        if reply.status != pb.STATUS_SUCCESS:
+            return describe_failure(reply)
+        result = json.loads(reply.data_json).get("result")
+        return None if not check_result or result == 2 + n else f"add [2, {n}] gave {result!r}"
+
+    return call
+
+
 async def measure(server: str, call: Call, *, concurrency: int, calls: int, max_seconds: float,
                   server_pid: int) -> Run:
     """``concurrency`` workers share ``calls`` calls; they stop early after ``max_seconds``.
@@ -322,7 +348,46 @@ async def measure(server: str, call: Call, *, concurrency: int, calls: int, max_
                 failures[failure] += 1
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    seconds = clock() - start
+    return _ended(server, concurrency, latencies, failures, start, server_pid, server_cpu, client_cpu,
+                  stopped_by_time=remaining > 0)
+
+
+async def paced(server: str, call: Call, *, rate: float, calls: int, max_seconds: float, server_pid: int) -> Run:
+    """An open loop: ``calls`` calls sent at ``rate`` per second whatever the replies do (each one when it is due,
+    as many in flight as that takes); a call's latency counts from when it was due, so a client or server that
+    falls behind shows in it. Stops sending after ``max_seconds``."""
+    latencies: list[float] = []
+    failures: collections.Counter[str] = collections.Counter()
+    clock = time.perf_counter
+    server_cpu, client_cpu = process_cpu_seconds(server_pid), time.process_time()
+    start = clock()
+    in_flight: set[asyncio.Task[None]] = set()
+
+    async def one(due: float) -> None:
+        failure = await call()
+        latencies.append(clock() - due)
+        if failure is not None:
+            failures[failure] += 1
+
+    sent = 0
+    while sent < calls and not STOP.is_set() and clock() - start < max_seconds:
+        due = start + sent / rate
+        if (wait := due - clock()) > 0:
+            await asyncio.sleep(wait)
+        task = asyncio.create_task(one(due))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+        sent += 1
+    await asyncio.gather(*in_flight)
+    return _ended(server, 0, latencies, failures, start, server_pid, server_cpu, client_cpu,
+                  stopped_by_time=sent < calls)
+
+
+def _ended(server: str, concurrency: int, latencies: list[float], failures: collections.Counter[str], start: float,
+           server_pid: int, server_cpu: float | None, client_cpu: float, *, stopped_by_time: bool) -> Run:
+    """The ``Run`` of calls that took ``latencies``, started at ``start`` (``perf_counter``), with the CPU times
+    of the server and this client then."""
+    seconds = time.perf_counter() - start
     client_cpu = time.process_time() - client_cpu
     server_cpu_end = process_cpu_seconds(server_pid)
     server_cpu = None if server_cpu is None or server_cpu_end is None else server_cpu_end - server_cpu
@@ -335,7 +400,7 @@ async def measure(server: str, call: Call, *, concurrency: int, calls: int, max_
         server=server, concurrency=concurrency, calls=len(latencies), failures=sum(failures.values()),
         seconds=seconds, calls_per_s=len(latencies) / seconds if seconds else 0.0,
         p50_ms=percentile(latencies, 50) * 1000, p99_ms=percentile(latencies, 99) * 1000,
-        stopped_by_time=remaining > 0, server_cpu_ms_per_call=per_call(server_cpu),
+        stopped_by_time=stopped_by_time, server_cpu_ms_per_call=per_call(server_cpu),
         client_cpu_ms_per_call=per_call(client_cpu), failure_samples=dict(failures.most_common(MAX_FAILURES_SHOWN)),
     )
 
@@ -360,6 +425,10 @@ def _median_or_none(values: Any) -> float | None:
 # --- output -----------------------------------------------------------------------------------------------
 
 
+def _label(level: dict[str, Any]) -> str:
+    return str(level["concurrency"]) + ("" if level["arguments"] == "repeated" else f" {level['arguments']}")
+
+
 def format_table(levels: list[dict[str, Any]]) -> str:
     header = ("conc", "echo calls/s", "sidecar calls/s", "ratio", "echo p50", "sidecar p50", "echo p99",
               "sidecar p99", "failures")
@@ -367,7 +436,7 @@ def format_table(levels: list[dict[str, Any]]) -> str:
     for level in levels:
         echo, side = level["echo"], level["sidecar"]
         rows.append((
-            str(level["concurrency"]), f"{echo['calls_per_s']:.0f}", f"{side['calls_per_s']:.0f}",
+            _label(level), f"{echo['calls_per_s']:.0f}", f"{side['calls_per_s']:.0f}",
             f"{level['ratio']:.2f}", f"{echo['p50_ms']:.2f} ms", f"{side['p50_ms']:.2f} ms",
             f"{echo['p99_ms']:.2f} ms", f"{side['p99_ms']:.2f} ms", str(echo["failures"] + side["failures"]),
         ))
@@ -377,9 +446,12 @@ def format_table(levels: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def format_cpu_table(levels: list[dict[str, Any]]) -> str:
-    def ms(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.3f}"
+    ms = _ms
 
     header = ("conc", "echo server", "sidecar server", "sidecar/echo", "client (echo run)", "client (sidecar run)")
     rows = [header]
@@ -387,7 +459,7 @@ def format_cpu_table(levels: list[dict[str, Any]]) -> str:
         echo, side = level["echo"], level["sidecar"]
         e, s = echo["server_cpu_ms_per_call"], side["server_cpu_ms_per_call"]
         ratio = level["server_cpu_ratio"]
-        rows.append((str(level["concurrency"]), ms(e), ms(s), "n/a" if ratio is None else f"{ratio:.1f}x",
+        rows.append((_label(level), ms(e), ms(s), "n/a" if ratio is None else f"{ratio:.1f}x",
                      ms(echo["client_cpu_ms_per_call"]), ms(side["client_cpu_ms_per_call"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
@@ -400,8 +472,8 @@ def format_runs(levels: list[dict[str, Any]]) -> str:
     for level in levels:
         for server in ("echo", "sidecar"):
             values = ", ".join(f"{r['calls_per_s']:.0f}" for r in level[server]["runs"])
-            lines.append(f"  c={level['concurrency']:<3} {server:<7} {values}")
-        lines.append(f"  c={level['concurrency']:<3} ratio   " + ", ".join(f"{x:.2f}" for x in level["run_ratios"]))
+            lines.append(f"  c={_label(level):<12} {server:<7} {values}")
+        lines.append(f"  c={_label(level):<12} ratio   " + ", ".join(f"{x:.2f}" for x in level["run_ratios"]))
     return "\n".join(lines)
 
 
@@ -421,6 +493,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a run stops after this long even if calls remain (default: 20)")
     parser.add_argument("--no-decision-cache", action="store_true",
                         help="turn the decision cache off: the repeated call is decided anew every time")
+    parser.add_argument("--arguments", default="repeated",
+                        help="comma-separated: repeated (one call, its decisions cached after the first) and/or "
+                             "distinct (new operands every call: authz and approval decided anew) (default: repeated)")
+    parser.add_argument("--half-peak", action="store_true",
+                        help="also drive both servers open-loop at half the sidecar's peak calls/s (at the highest "
+                             "--concurrency, first --arguments mode) and report the p99 latency the sidecar adds")
+    parser.add_argument("--half-peak-seconds", type=float, default=4.0,
+                        help="length of each half-peak run (default: 4)")
+    parser.add_argument("--targets", action="store_true",
+                        help="the issue's targets in one run: --concurrency 16 --arguments repeated,distinct "
+                             "--half-peak, and a table of each target's figure, ratio and whether it is met")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON document on stdout (the table then goes to stderr)")
     parser.add_argument("--echo-server", nargs=2, metavar=("ADDRESS", "REPLY_FILE"), help=argparse.SUPPRESS)
@@ -432,6 +515,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--concurrency: expected comma-separated integers, got {args.concurrency!r}")
         if not args.levels or min(args.levels) < 1 or args.calls < 1 or args.repeat < 1 or args.warmup < 0:
             parser.error("--concurrency values, --calls and --repeat must be at least 1, --warmup at least 0")
+        args.arguments = [x.strip() for x in args.arguments.split(",") if x.strip()]
+        if not args.arguments or not set(args.arguments) <= set(ARGUMENT_MODES):
+            parser.error(f"--arguments: expected a comma-separated list of {', '.join(ARGUMENT_MODES)}")
+        if not args.half_peak_seconds > 0:
+            parser.error("--half-peak-seconds must be positive")
+        if args.targets:
+            args.levels, args.arguments, args.half_peak = [16], list(ARGUMENT_MODES), True
     return args
 
 
@@ -500,40 +590,21 @@ async def _bench(args: argparse.Namespace, children: Children, channels: context
     progress(f"request {request.ByteSize()} B; reply {len(reply_bytes)} B (sidecar), {probe.ByteSize()} B (echo); "
              f"{args.warmup} warm-up + {args.calls} calls per run, {args.repeat} runs per server and level")
 
-    calls = {"echo": grpc_call(echo_stub, request, expected_data), "sidecar": grpc_call(sidecar_stub, request,
-                                                                                          expected_data)}
+    stubs = {"echo": echo_stub, "sidecar": sidecar_stub}
+    calls: dict[str, dict[str, Call]] = {
+        "repeated": {server: grpc_call(stub, request, expected_data) for server, stub in stubs.items()},
+        "distinct": {server: distinct_grpc_call(stub, check_result=server == "sidecar")
+                     for server, stub in stubs.items()},
+    }
     levels = []
-    for concurrency in args.levels:
-        runs: dict[str, list[Run]] = {"echo": [], "sidecar": []}
-        for rep in range(args.repeat):
-            order = ("echo", "sidecar") if rep % 2 == 0 else ("sidecar", "echo")
-            for server in order:
-                children.check_alive(server)
-                pid = children.procs[server].pid
-                if args.warmup:
-                    await measure(server, calls[server], concurrency=concurrency, calls=args.warmup,
-                                  max_seconds=args.max_seconds, server_pid=pid)
-                run = await measure(server, calls[server], concurrency=concurrency, calls=args.calls,
-                                    max_seconds=args.max_seconds, server_pid=pid)
-                runs[server].append(run)
-                note = " (stopped by --max-seconds)" if run.stopped_by_time else ""
-                cpu = run.server_cpu_ms_per_call
-                cpu_text = "" if cpu is None else f"  server cpu {cpu:.3f} ms/call"
-                progress(f"  c={concurrency:<3} run {rep + 1}/{args.repeat} {server:<7} {run.calls_per_s:8.0f} "
-                         f"calls/s  p50 {run.p50_ms:7.2f} ms  p99 {run.p99_ms:7.2f} ms{cpu_text}  "
-                         f"{run.calls} calls, {run.failures} failures{note}")
-                for text, count in run.failure_samples.items():
-                    progress(f"      FAILURE x{count}: {text}")
-        echo_summary, sidecar_summary = summarize(runs["echo"]), summarize(runs["sidecar"])
-        echo_cpu, sidecar_cpu = echo_summary["server_cpu_ms_per_call"], sidecar_summary["server_cpu_ms_per_call"]
-        levels.append({
-            "concurrency": concurrency,
-            "echo": echo_summary,
-            "sidecar": sidecar_summary,
-            "ratio": sidecar_summary["calls_per_s"] / echo_summary["calls_per_s"],
-            "run_ratios": [s.calls_per_s / e.calls_per_s for e, s in zip(runs["echo"], runs["sidecar"], strict=True)],
-            "server_cpu_ratio": sidecar_cpu / echo_cpu if sidecar_cpu is not None and echo_cpu else None,
-        })
+    for arguments in args.arguments:
+        for concurrency in args.levels:
+            levels.append(await _level(args, children, calls[arguments], arguments, concurrency))
+    half_peak = None
+    if args.half_peak:
+        peak = next(level for level in levels if level["arguments"] == args.arguments[0]
+                    and level["concurrency"] == max(args.levels))
+        half_peak = await _half_peak(args, children, calls[args.arguments[0]], peak)
 
     return {
         "benchmark": "ExecuteTool calculate add [2,3]: sidecar vs bare grpcio echo",
@@ -542,13 +613,98 @@ async def _bench(args: argparse.Namespace, children: Children, channels: context
             "platform": platform.platform(), "note": "client and both servers share the same CPUs",
         },
         "settings": {"calls": args.calls, "warmup": args.warmup, "repeat": args.repeat,
-                     "max_seconds": args.max_seconds, "concurrency": args.levels},
+                     "max_seconds": args.max_seconds, "concurrency": args.levels, "arguments": args.arguments,
+                     "decision_cache": not args.no_decision_cache},
         "request_bytes": request.ByteSize(),
         "reply_bytes": len(reply_bytes),
         "levels": levels,
-        "failures": sum(level["echo"]["failures"] + level["sidecar"]["failures"] for level in levels),
+        "half_peak": half_peak,
+        "failures": sum(level["echo"]["failures"] + level["sidecar"]["failures"]
+                        for level in [*levels, *([half_peak] if half_peak else [])]),
         "sidecar_log_problems": children.log_problems("sidecar"),
     }
+
+
+async def _level(args: argparse.Namespace, children: Children, calls: dict[str, Call], arguments: str,
+                 concurrency: int) -> dict[str, Any]:
+    """Echo and sidecar at ``concurrency`` in flight, ``args.repeat`` times each, taking turns going first."""
+    runs: dict[str, list[Run]] = {"echo": [], "sidecar": []}
+    for rep in range(args.repeat):
+        for server in ("echo", "sidecar") if rep % 2 == 0 else ("sidecar", "echo"):
+            children.check_alive(server)
+            pid = children.procs[server].pid
+            if args.warmup:
+                await measure(server, calls[server], concurrency=concurrency, calls=args.warmup,
+                              max_seconds=args.max_seconds, server_pid=pid)
+            run = await measure(server, calls[server], concurrency=concurrency, calls=args.calls,
+                                max_seconds=args.max_seconds, server_pid=pid)
+            runs[server].append(run)
+            _report_run(f"c={concurrency:<3} {arguments:<8}", rep, args.repeat, run)
+    echo_summary, sidecar_summary = summarize(runs["echo"]), summarize(runs["sidecar"])
+    echo_cpu, sidecar_cpu = echo_summary["server_cpu_ms_per_call"], sidecar_summary["server_cpu_ms_per_call"]
+    return {
+        "concurrency": concurrency,
+        "arguments": arguments,
+        "echo": echo_summary,
+        "sidecar": sidecar_summary,
+        "ratio": sidecar_summary["calls_per_s"] / echo_summary["calls_per_s"],
+        "run_ratios": [s.calls_per_s / e.calls_per_s for e, s in zip(runs["echo"], runs["sidecar"], strict=True)],
+        "server_cpu_ratio": sidecar_cpu / echo_cpu if sidecar_cpu is not None and echo_cpu else None,
+    }
+
+
+async def _half_peak(args: argparse.Namespace, children: Children, calls: dict[str, Call],
+                     peak: dict[str, Any]) -> dict[str, Any]:
+    """Both servers driven at half the sidecar's peak calls/s (``peak``: its level), open loop; the latency the
+    sidecar adds is its p99 minus the echo's, each run against the echo run next to it."""
+    rate = peak["sidecar"]["calls_per_s"] / 2
+    calls_per_run = max(1, round(rate * args.half_peak_seconds))
+    runs: dict[str, list[Run]] = {"echo": [], "sidecar": []}
+    for rep in range(args.repeat):
+        for server in ("echo", "sidecar") if rep % 2 == 0 else ("sidecar", "echo"):
+            children.check_alive(server)
+            run = await paced(server, calls[server], rate=rate, calls=calls_per_run,
+                              max_seconds=args.max_seconds, server_pid=children.procs[server].pid)
+            runs[server].append(run)
+            _report_run(f"{rate:.0f}/s paced", rep, args.repeat, run)
+    added = [s.p99_ms - e.p99_ms for e, s in zip(runs["echo"], runs["sidecar"], strict=True)]
+    return {"rate": rate, "arguments": peak["arguments"], "peak_concurrency": peak["concurrency"],
+            "echo": summarize(runs["echo"]), "sidecar": summarize(runs["sidecar"]),
+            "added_p99_ms": statistics.median(added), "run_added_p99_ms": added}
+
+
+def _report_run(label: str, rep: int, repeat: int, run: Run) -> None:
+    note = " (stopped by --max-seconds)" if run.stopped_by_time else ""
+    cpu = run.server_cpu_ms_per_call
+    cpu_text = "" if cpu is None else f"  server cpu {cpu:.3f} ms/call"
+    progress(f"  {label} run {rep + 1}/{repeat} {run.server:<7} {run.calls_per_s:8.0f} calls/s  "
+             f"p50 {run.p50_ms:7.2f} ms  p99 {run.p99_ms:7.2f} ms{cpu_text}  {run.calls} calls, "
+             f"{run.failures} failures{note}")
+    for text, count in run.failure_samples.items():
+        progress(f"      FAILURE x{count}: {text}")
+
+
+def format_targets(results: dict[str, Any]) -> str:
+    """The issue's targets at 16 in flight that this run measured: figure, ratio, target, met."""
+    rows = [("target", "figure", "ratio", "wanted", "met")]
+    for level in results["levels"]:
+        wanted = TARGET_RATIOS.get(level["arguments"])
+        if level["concurrency"] == 16 and wanted is not None:
+            what = "cache hits" if level["arguments"] == "repeated" else "distinct arguments"
+            if not results["settings"]["decision_cache"]:
+                what += ", no decision cache"
+            rows.append((f"ExecuteTool c=16, {what}", f"{level['sidecar']['calls_per_s']:.0f} calls/s "
+                         f"(echo {level['echo']['calls_per_s']:.0f})", f"{level['ratio']:.2f}", f">= {wanted}",
+                         "yes" if level["ratio"] >= wanted else "NO"))
+    if (half := results["half_peak"]) is not None:
+        rows.append((f"added p99 at {half['rate']:.0f}/s (half of peak)",
+                     f"{half['sidecar']['p99_ms']:.2f} - {half['echo']['p99_ms']:.2f} ms",
+                     f"{half['added_p99_ms']:.2f} ms", f"<= {TARGET_ADDED_P99_MS} ms",
+                     "yes" if half["added_p99_ms"] <= TARGET_ADDED_P99_MS else "NO"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
 
 
 def raise_keyboard_interrupt(number: int, frame: object) -> None:
@@ -585,6 +741,16 @@ def main(argv: list[str] | None = None) -> int:
           file=out)
     print(format_cpu_table(results["levels"]), file=out)
     print(format_runs(results["levels"]), file=out)
+    if (half := results["half_peak"]) is not None:
+        echo, side = half["echo"], half["sidecar"]
+        print(f"\nhalf of peak: {half['rate']:.0f} calls/s open loop ({half['arguments']} arguments; peak at "
+              f"c={half['peak_concurrency']}), medians: echo p50 {echo['p50_ms']:.2f} / p99 {echo['p99_ms']:.2f} ms, "
+              f"sidecar p50 {side['p50_ms']:.2f} / p99 {side['p99_ms']:.2f} ms; added p99 "
+              f"{half['added_p99_ms']:.2f} ms (runs " + ", ".join(f"{x:.2f}" for x in half["run_added_p99_ms"])
+              + f"); server cpu ms/call echo {_ms(echo['server_cpu_ms_per_call'])}, sidecar "
+              f"{_ms(side['server_cpu_ms_per_call'])}", file=out)
+    if args.targets:
+        print("\n" + format_targets(results), file=out)
     if results["sidecar_log_problems"]:
         print(f"sidecar log: {len(results['sidecar_log_problems'])} error line(s), first: "
               f"{results['sidecar_log_problems'][0]}", file=out)

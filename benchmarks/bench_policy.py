@@ -31,7 +31,7 @@ from sidecar.plugin import SideEffect, ToolContext, ToolDefinition, tool
 from sidecar.policy import CALL_STAGES, PolicyEngine, Stage
 from sidecar.policy.cache import CachingEngine
 from sidecar.policy.embedded import EmbeddedEngine
-from sidecar.policy.input import InputParts, PolicyInput, call_json, now_utc, principal_json, tool_json
+from sidecar.policy.input import CallInput, InputParts, PolicyInput, now_utc, principal_json, tool_json
 from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 
@@ -82,7 +82,7 @@ async def decisions(engine: PolicyEngine, rounds: int, *, cached: bool) -> dict[
     def inputs(stage: Stage) -> Iterator[PolicyInput]:
         for n in itertools.count():
             conversation = "c-1" if cached else f"c-{n}"
-            call = call_json({"text": "x"}, _Request(conversation)) if stage is not Stage.AVAILABILITY else None
+            call = CallInput('{"text":"x"}', conversation, None) if stage is not Stage.AVAILABILITY else None
             yield InputParts(who, what, now_utc(), conversation).build(stage, call)
 
     results = {}
@@ -90,11 +90,6 @@ async def decisions(engine: PolicyEngine, rounds: int, *, cached: bool) -> dict[
         prepared = iter(list(itertools.islice(inputs(stage), rounds + min(200, rounds))))
         results[stage.value] = await timed(rounds, lambda s=stage, it=prepared: engine.decide(s, next(it)))
     return results
-
-
-class _Request:
-    def __init__(self, conversation: str) -> None:
-        self.conversation_id, self.idempotency_key = conversation, None
 
 
 async def list_tools(policy: PolicyEngine, tools: int, rounds: int, store: SqliteStore) -> tuple[float, float]:

@@ -8,6 +8,7 @@ Optional strings travel as ``""`` on the wire and are ``None`` in the domain.
 from __future__ import annotations
 
 import json
+import operator
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
@@ -260,12 +261,26 @@ def descriptor_from_pb(message: pb.ToolDescriptor) -> ToolDescriptor:
     )
 
 
+# The responses of listings made lately, by policy revision and the ids of the descriptors shown: the callers
+# a policy shows the same tools get the same response, built once (the availability decisions that chose the
+# tools are still made for each caller). Each entry holds its descriptors, so their ids cannot be reused while
+# it is cached.
+_PB_LISTINGS: LRUCache[tuple[str, tuple[int, ...]], tuple[tuple[ToolDescriptor, ...], pb.ListToolsResponse]] = (
+    LRUCache(maxsize=256))
+
+
 def listing_to_pb(listing: ToolListing) -> pb.ListToolsResponse:
-    """A tool listing as a ``ListToolsResponse``."""
-    return pb.ListToolsResponse(
-        tools=[descriptor_to_pb(tool) for tool in listing.tools],
-        policy_revision=listing.policy_revision,
-    )
+    """A tool listing as a ``ListToolsResponse``.
+
+    The same descriptors under the same revision give the same (cached) message: treat it as read-only."""
+    key = (listing.policy_revision, tuple(map(id, listing.tools)))
+    cached = _PB_LISTINGS.get(key)
+    if cached is not None and all(map(operator.is_, cached[0], listing.tools)):
+        return cached[1]
+    message = pb.ListToolsResponse(tools=[descriptor_to_pb(tool) for tool in listing.tools],
+                                   policy_revision=listing.policy_revision)
+    _PB_LISTINGS[key] = (listing.tools, message)
+    return message
 
 
 def listing_from_pb(message: pb.ListToolsResponse) -> ToolListing:

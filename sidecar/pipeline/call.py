@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import logging
 import uuid
 from collections.abc import Mapping
@@ -29,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from sidecar.canonical import legacy_sha256_hex, sha256_hex
+from sidecar.canonical import canonical_bytes, legacy_sha256_hex, sha256_hex
 from sidecar.contract import CallRequest, Principal, ToolResult
-from sidecar.policy.input import InputParts, now_utc
+from sidecar.policy.input import CallInput, InputParts, now_utc
 from sidecar.state import KeyScope
 from sidecar.tools.definition import ProgressSink, ToolContext, ToolDefinition
 
@@ -48,12 +49,15 @@ _NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()  # also: no de
 @dataclass(frozen=True, slots=True)
 class Arguments:
     """Validated arguments: the model the handler gets, its JSON data with secrets in clear (for policies,
-    hashes and previews), the JSON pointers of its sensitive values, and ``input.call`` for the policies."""
+    hashes and previews), the JSON pointers of its sensitive values, ``input.call`` for the policies (whose
+    ``arguments`` is the data's ``sorted_json``, what the audit log records when nothing is sensitive), and
+    the data's canonical form (RFC 8785, which the request hash covers)."""
 
     model: BaseModel
     data: dict[str, Any]
     sensitive: frozenset[str]
-    call_json: str
+    call: CallInput
+    canonical: bytes
 
 
 @dataclass(slots=True)
@@ -106,7 +110,12 @@ class Call:
         """Hash of the canonical request: equal for equal arguments in any key order or spacing.
         Before the arguments are valid, the raw text is hashed instead."""
         if self._request_hash is None:
-            self._request_hash = sha256_hex(self._hashed())
+            if self.arguments is None:
+                self._request_hash = sha256_hex(self._hashed())
+            else:  # {"arguments": ..., "tool": ..., "version": ...} in JCS order, from the arguments' canonical bytes
+                rest = canonical_bytes({"tool": self.request.tool, "version": self.defn.version})
+                digest = hashlib.sha256(b'{"arguments":' + self.arguments.canonical + b"," + rest[1:])
+                self._request_hash = "sha256:" + digest.hexdigest()
         return self._request_hash
 
     @property

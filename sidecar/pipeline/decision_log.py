@@ -21,7 +21,7 @@ from sidecar import __version__
 from sidecar.contract import CallRequest
 from sidecar.pipeline.dry_run import Step
 from sidecar.policy import CALL_STAGES, RULES, Stage
-from sidecar.policy.input import InputParts, call_json
+from sidecar.policy.input import CallInput, InputParts
 from sidecar.state import AuditRecord
 
 __all__ = ["BUNDLE_NAME", "LABELS", "decision_entries", "decision_log"]
@@ -52,7 +52,7 @@ def decision_entries(record: AuditRecord) -> Iterator[dict[str, Any]]:
     ids: dict[str, str] = json.loads(event.decision_ids)
     trail: dict[str, Any] = json.loads(event.decisions_json)
     parts = InputParts.from_recorded(event.decision_input, event.conversation_id)
-    call = None if event.arguments_json is None else call_json(json.loads(event.arguments_json), CallRequest(
+    call = None if event.arguments_json is None else CallInput.of(json.loads(event.arguments_json), CallRequest(
         tool=event.tool, idempotency_key=event.idempotency_key, conversation_id=event.conversation_id))
     for stage in CALL_STAGES:
         if stage.value not in ids or stage.value not in trail:

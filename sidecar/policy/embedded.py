@@ -24,7 +24,7 @@ from sidecar.errors import PolicyEvaluationError
 from sidecar.policy._regorus import regorus
 from sidecar.policy.decision import RULES, Decision, Stage, parse_decision
 from sidecar.policy.files import PolicyFiles, check_files, checked_files, clean_regorus_error, read_audit_masks
-from sidecar.policy.input import PolicyInput
+from sidecar.policy.input import IDEMPOTENCY_KEY, PolicyInput
 
 if TYPE_CHECKING:
     from sidecar.policy.bundle.format import Bundle
@@ -38,6 +38,7 @@ class EmbeddedEngine:
     def __init__(self, sources: PolicyFiles) -> None:
         self._sources = sources
         self._revision = sources.revision()
+        self._reads_key = sources.mentions(IDEMPOTENCY_KEY)
         self._engine: regorus.Engine | None = None
         self._owner: int | None = None
 
@@ -55,6 +56,11 @@ class EmbeddedEngine:
     def revision(self) -> str:
         """``sha256:`` and 16 hex digits over the policies' and data's paths and contents, or the bundle's revision."""
         return self._revision
+
+    @property
+    def reads_idempotency_key(self) -> bool:
+        """Whether the policies or their data mention ``idempotency_key``."""
+        return self._reads_key
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         """Evaluate one decision."""

@@ -1,8 +1,9 @@
 """The policy seam: the ``PolicyEngine`` protocol every engine implements, and ``DelegatingEngine``.
 
 An engine answers decisions (``decide``, ``decide_many``), names the policy revision in force,
+says whether its policies may read ``input.call.idempotency_key`` (``reads_idempotency_key``),
 reads ``data.toolbooth.audit.mask`` (``audit_masks``) and releases what it holds (``aclose``).
-Every engine implements all five, so callers call them directly.
+Every engine implements all six, so callers call them directly.
 
 Failing closed: an engine that cannot evaluate (error, unreachable, too slow) raises
 ``PolicyEvaluationError`` -> ``SERVICE_UNAVAILABLE``, retryable; a decision of the wrong
@@ -30,6 +31,12 @@ class PolicyEngine(Protocol):
     @property
     def revision(self) -> str:
         """Content hash of the policy set and its data in force."""
+        ...
+
+    @property
+    def reads_idempotency_key(self) -> bool:
+        """Whether a decision may depend on ``input.call.idempotency_key``: the policy set's source (or data)
+        mentions ``idempotency_key``, or it is not known (policies an OPA server manages itself)."""
         ...
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
@@ -64,6 +71,11 @@ class DelegatingEngine:
     def revision(self) -> str:
         """The wrapped engine's revision."""
         return self.inner.revision
+
+    @property
+    def reads_idempotency_key(self) -> bool:
+        """The wrapped engine's answer."""
+        return self.inner.reads_idempotency_key
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         """The wrapped engine's decision."""

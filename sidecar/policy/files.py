@@ -76,6 +76,10 @@ class PolicyFiles:
         data = [(DATA_FILE, self.data)] if self.data is not None else []
         return sorted([*self.modules, *data])
 
+    def mentions(self, word: str) -> bool:
+        """Whether any policy module or the data contains ``word`` (a policy that may read an input field)."""
+        return any(word in text for _, text in self.files())
+
     def revision(self) -> str:
         """The bundle's revision, else the ``content_revision`` of every file (any engine serving them)."""
         return self.bundle_revision or content_revision((name, text.encode()) for name, text in self.files())

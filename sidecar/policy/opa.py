@@ -45,7 +45,7 @@ from sidecar.config import OpaSettings, OpaTlsSettings
 from sidecar.errors import PolicyEvaluationError, PolicyLoadError
 from sidecar.policy.decision import AUDIT_MASK_RULE, RULES, Decision, Stage, parse_audit_masks, parse_decision
 from sidecar.policy.files import DATA_FILE, PolicyFiles
-from sidecar.policy.input import PolicyInput
+from sidecar.policy.input import IDEMPOTENCY_KEY, PolicyInput
 
 __all__ = ["MAX_ANSWER_BYTES", "MAX_ANSWER_DEPTH", "POLICY_ID_PREFIX", "START_TIMEOUT_SECONDS", "OpaEngine",
            "OpaTransport"]
@@ -84,8 +84,10 @@ class OpaTransport(Protocol):
 class OpaEngine:
     """``PolicyEngine`` asking an OPA server for ``data.toolbooth.<stage>.decision``."""
 
-    def __init__(self, transport: OpaTransport, *, url: str, timeout_seconds: float, revision: str) -> None:
+    def __init__(self, transport: OpaTransport, *, url: str, timeout_seconds: float, revision: str,
+                 reads_idempotency_key: bool = True) -> None:
         self._transport, self._url, self._timeout, self._revision = transport, url, timeout_seconds, revision
+        self._reads_key = reads_idempotency_key
 
     @classmethod
     async def open(cls, settings: OpaSettings, policy_path: Path) -> OpaEngine:
@@ -98,12 +100,19 @@ class OpaEngine:
         except BaseException:
             await client.close_connection()
             raise
-        return cls(client, url=settings.url, timeout_seconds=settings.timeout_seconds, revision=revision)
+        return cls(client, url=settings.url, timeout_seconds=settings.timeout_seconds, revision=revision,
+                   reads_idempotency_key=files is None or files.mentions(IDEMPOTENCY_KEY))
 
     @property
     def revision(self) -> str:
         """The uploaded files' content hash, the served bundles' revisions, or ``opa:<url>``."""
         return self._revision
+
+    @property
+    def reads_idempotency_key(self) -> bool:
+        """Whether the uploaded policies mention ``idempotency_key``; true for policies OPA manages itself
+        (``upload_policies: false``): what they read is not known here."""
+        return self._reads_key
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         """Evaluate one decision, within the timeout."""

@@ -11,9 +11,17 @@ equally under one key and a reader without the key learns nothing from them.
 
 from __future__ import annotations
 
+import collections.abc
 import copy
+import datetime as dt
+import decimal
+import enum
+import functools
 import hashlib
 import hmac
+import types
+import typing
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +49,8 @@ class Revealed:
 def reveal(args: BaseModel) -> Revealed:
     """``args`` dumped as JSON data, secrets included in clear, with the pointers of sensitive values."""
     data = args.model_dump(mode="json")
+    if _plain(type(args)):  # nothing of that model can be sensitive: no walk
+        return Revealed(data, frozenset())
     secrets: list[tuple[str, Any]] = []
     marked: list[str] = []
     _walk(args, "", secrets, marked)
@@ -86,6 +96,41 @@ def _walk(value: Any, pointer: str, secrets: list[tuple[str, Any]], marked: list
     elif isinstance(value, dict):
         for key, item in value.items():
             _walk(item, f"{pointer}/{_escape(str(key))}", secrets, marked)
+
+
+_PLAIN_TYPES = (str, int, float, bool, bytes, type(None), enum.Enum, decimal.Decimal, uuid.UUID, dt.date, dt.time,
+                dt.timedelta)
+
+
+@functools.cache
+def _plain(model: type[BaseModel]) -> bool:
+    """Whether no instance of ``model`` can hold a secret or a marked field, judged by its fields' types: plain
+    values (``_PLAIN_TYPES``), models that are plain themselves, and lists, tuples, sets, dicts, unions,
+    ``Literal`` and ``Annotated`` of those. Anything else (``Any``, a type it does not know) is not plain:
+    its values are walked."""
+    return _plain_model(model, set())
+
+
+def _plain_model(model: type[BaseModel], seen: set[type[BaseModel]]) -> bool:
+    if model in seen:  # a model inside itself: judged by its other fields
+        return True
+    seen.add(model)
+    return all(not _is_marked(info) and _plain_type(info.annotation, seen) for info in model.model_fields.values())
+
+
+def _plain_type(annotation: Any, seen: set[type[BaseModel]]) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return True
+    if origin is typing.Annotated:
+        return _plain_type(typing.get_args(annotation)[0], seen)
+    if origin in (list, tuple, set, frozenset, dict, typing.Union, types.UnionType, collections.abc.Sequence,
+                  collections.abc.Mapping):
+        return all(arg is Ellipsis or _plain_type(arg, seen) for arg in typing.get_args(annotation))
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return _plain_model(annotation, seen)
+    return isinstance(annotation, type) and issubclass(annotation, _PLAIN_TYPES) and not issubclass(
+        annotation, SecretStr | SecretBytes)
 
 
 def _is_marked(info: FieldInfo) -> bool:

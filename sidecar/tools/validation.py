@@ -16,11 +16,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from sidecar.canonical import MAX_SAFE_INTEGER
+from sidecar.canonical import MAX_SAFE_INTEGER, CanonicalizationError, canonical_bytes
 from sidecar.contract import ErrorCode, ErrorInfo
 from sidecar.errors import ArgumentError
 
-__all__ = ["check_canonical", "parse_arguments", "valid_unicode"]
+__all__ = ["canonical_arguments", "check_canonical", "parse_arguments", "valid_unicode"]
 
 
 class _Constant(str):
@@ -56,6 +56,16 @@ def check_canonical(data: Any) -> None:
     """Raise ``ArgumentError`` naming the first value of ``data`` (validated arguments) without a canonical
     form, e.g. an integer the input model made from a long string of digits."""
     _check_tree(data, None)
+
+
+def canonical_arguments(data: Any) -> bytes:
+    """The canonical form (RFC 8785) of ``data`` (validated arguments); ``ArgumentError`` as ``check_canonical``
+    raises it for data that has none."""
+    try:
+        return canonical_bytes(data)
+    except CanonicalizationError:
+        check_canonical(data)  # names the field
+        raise _one("the arguments have no canonical JSON form (RFC 8785)") from None
 
 
 def _check_tree(value: object, max_depth: int | None) -> None:

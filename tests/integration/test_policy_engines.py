@@ -29,7 +29,7 @@ from sidecar.errors import PolicyEvaluationError, PolicyLoadError
 from sidecar.policy import CALL_STAGES, PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.factory import open_engine
-from sidecar.policy.input import InputParts, PolicyInput, call_json, principal_json, tool_json
+from sidecar.policy.input import CallInput, InputParts, PolicyInput, principal_json, tool_json
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools
 from tests.support.fake_opa import FakeOpa, Fault
@@ -209,7 +209,7 @@ def corpus() -> dict[Stage, list[PolicyInput]]:
                 parts = InputParts(principal_json(principal), tool_json(defn), "2026-11-30T15:00:00Z", conversation)
                 inputs[Stage.AVAILABILITY].append(parts.build(Stage.AVAILABILITY))
                 for arguments in ARGUMENTS:
-                    call = call_json(arguments, CallRequest(tool=defn.name, conversation_id=conversation,
+                    call = CallInput.of(arguments, CallRequest(tool=defn.name, conversation_id=conversation,
                                                             idempotency_key="k-1"))
                     inputs[Stage.AUTHZ].append(parts.build(Stage.AUTHZ, call))
                     inputs[Stage.APPROVAL].append(parts.build(Stage.APPROVAL, call))

@@ -7,7 +7,7 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from pydantic import BaseModel, Field, SecretStr
@@ -24,7 +24,8 @@ from sidecar.policy.cache import CachingEngine
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
 from sidecar.state.sqlite import SqliteStore
-from sidecar.tools.masking import SENSITIVE, Masker, reveal
+from sidecar.tools import masking
+from sidecar.tools.masking import SENSITIVE, Masker, Revealed, reveal
 from sidecar.tools.registry import Registry
 from tests.conftest import DEVELOPER
 
@@ -74,6 +75,36 @@ def test_reveal_keeps_secrets_and_finds_sensitive_pointers() -> None:
     revealed = reveal(Login.model_validate(ARGUMENTS))
     assert revealed.data == ARGUMENTS
     assert revealed.sensitive == {"/recipients/0/password", "/note"}
+
+
+class Plain(BaseModel):
+    name: str
+    sizes: dict[str, list[float]] = {}
+    kind: Literal["a", "b"] = "a"
+    children: list[Plain] = []
+
+
+class Wrapped(BaseModel):
+    inner: Plain | None = None
+    logins: tuple[Login, ...] = ()  # a secret two levels down, behind a model that is plain
+
+
+class Loose(BaseModel):
+    anything: Any = None
+
+
+def test_a_model_that_cannot_hold_secrets_is_revealed_without_a_walk() -> None:
+    arguments = {"name": "n", "sizes": {"x": [1.5]}, "kind": "b", "children": [{"name": "c"}]}
+    assert reveal(Plain.model_validate(arguments)) == Revealed(Plain.model_validate(arguments).model_dump(),
+                                                               frozenset())
+    assert masking._plain(Plain) and not masking._plain(Wrapped) and not masking._plain(Loose)
+    assert not masking._plain(Login) and not masking._plain(Recipient)
+
+
+def test_a_secret_behind_a_plain_model_is_still_found() -> None:
+    revealed = reveal(Wrapped.model_validate({"inner": {"name": "n"}, "logins": [ARGUMENTS]}))
+    assert revealed.data["logins"][0] == ARGUMENTS
+    assert revealed.sensitive == {"/logins/0/recipients/0/password", "/logins/0/note"}
 
 
 def test_equal_values_mask_equally_and_keys_differ() -> None:

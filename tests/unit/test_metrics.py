@@ -28,6 +28,10 @@ class Engine:
     def revision(self) -> str:
         return "rev"
 
+    @property
+    def reads_idempotency_key(self) -> bool:
+        return True
+
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         if isinstance(self.answer, Exception):
             raise self.answer

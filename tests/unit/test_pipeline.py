@@ -6,6 +6,7 @@ import asyncio
 import json
 import shutil
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,13 +14,16 @@ from typing import Any
 import pytest
 
 from sidecar.bootstrap import assemble
+from sidecar.canonical import canonical_bytes, sha256_hex
 from sidecar.config import Limits, bundled_policy_dir
 from sidecar.contract import CallRequest, ErrorCode, Recovery, Status, ToolResult
 from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
 from sidecar.pipeline import Pipeline
+from sidecar.pipeline.call import Arguments, Call
+from sidecar.pipeline.decisions import decision_id
 from sidecar.policy import CALL_STAGES, Decision, DelegatingEngine, PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
-from sidecar.policy.input import PolicyInput
+from sidecar.policy.input import CallInput, PolicyInput
 from sidecar.state import DEADLINE_GRACE_SECONDS, KeyScope
 from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
@@ -568,3 +572,22 @@ async def test_a_deadline_already_passed_runs_nothing(make_pipeline: PipelineFac
                                     caller_deadline=time.monotonic() - 1)
     assert result.error is not None and result.error.code is ErrorCode.TIMEOUT
     assert result.error.message == "the call's deadline passed before the tool ran"
+
+
+def test_decision_ids_are_random_version_4_uuids() -> None:
+    ids = [decision_id() for _ in range(2000)]
+    parsed = [uuid.UUID(text) for text in ids]
+    assert all(str(one) == text and one.version == 4 and one.variant == uuid.RFC_4122
+               for one, text in zip(parsed, ids, strict=True))
+    assert len(set(ids)) == len(ids) and {text[19] for text in ids} == set("89ab")
+
+
+@pytest.mark.parametrize("data", [{}, {"text": "hi", "n": 2}, {"x": 1e-07, "y": 2.0, "z": [1.5, None, True]},
+                                  {"ü": "é", "a\u2028": {"b": "\u0007"}, "😀": 1}])
+def test_the_request_hash_is_the_canonical_hash_of_tool_version_and_arguments(data: dict[str, Any]) -> None:
+    defn = tools.ALL[0]
+    call = Call(DEVELOPER, CallRequest(tool=defn.name, arguments_json=json.dumps(data)), "sha256:rev")
+    call.tool = defn
+    call.arguments = Arguments(defn.input_model.model_construct(), data, frozenset(),
+                               CallInput.of(data, call.request), canonical_bytes(data))
+    assert call.request_hash == sha256_hex({"tool": defn.name, "version": defn.version, "arguments": data})

@@ -13,7 +13,7 @@ from sidecar.policy.input import PolicyInput
 from sidecar.policy.opa import OpaEngine
 from sidecar.policy.reload import ReloadingEngine
 
-MEMBERS = {"revision", "decide", "decide_many", "audit_masks", "aclose"}
+MEMBERS = {"revision", "reads_idempotency_key", "decide", "decide_many", "audit_masks", "aclose"}
 
 
 class Inner:
@@ -25,6 +25,10 @@ class Inner:
     @property
     def revision(self) -> str:
         return "sha256:inner"
+
+    @property
+    def reads_idempotency_key(self) -> bool:
+        return True
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         self.calls.append(("decide", (stage, input)))
@@ -67,7 +71,7 @@ async def test_delegating_engine_passes_every_call_on() -> None:
     inner = Inner()
     engine: PolicyEngine = DelegatingEngine(inner)
     one, two = PolicyInput.of({"n": 1}), PolicyInput.of({"n": 2})
-    assert engine.revision == "sha256:inner"
+    assert engine.revision == "sha256:inner" and engine.reads_idempotency_key
     assert await engine.decide(Stage.AUTHZ, one) == Decision(allow=True, reason="inner")
     assert await engine.decide_many(Stage.APPROVAL, [one, two]) == [Decision(reason="0"), Decision(reason="1")]
     assert await engine.audit_masks() == {"login": ("/password",)}

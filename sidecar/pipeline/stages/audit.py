@@ -13,7 +13,7 @@ import json
 
 from sidecar.canonical import sorted_json
 from sidecar.contract import ToolResult
-from sidecar.pipeline.call import Call
+from sidecar.pipeline.call import Arguments, Call
 from sidecar.pipeline.chain import Next
 from sidecar.state import AuditEvent, Store
 from sidecar.tools.masking import Masker
@@ -31,8 +31,7 @@ class Auditor:
         """The event of ``call`` at ``status``: who, which tool and version, hashes, decisions and their ids,
         the policy input's parts the other fields lack (for ``toolbooth policy replay``), timing."""
         request = call.request
-        arguments = None if call.arguments is None else sorted_json(
-            self._masker.mask(call.arguments.data, call.arguments.sensitive))
+        arguments = None if call.arguments is None else self._arguments(call.arguments)
         return AuditEvent(
             request_id=call.request_id, time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
             principal_id=call.principal.id, tenant=call.principal.tenant,
@@ -43,6 +42,13 @@ class Auditor:
             duration_ms=call.elapsed_ms, arguments_json=arguments,
             decision_ids=json.dumps(call.decision_ids, sort_keys=True),
             decision_input=None if call.inputs is None else call.inputs.recorded())
+
+    def _arguments(self, arguments: Arguments) -> str:
+        """The recorded arguments: their ``sorted_json``, sensitive values masked (with none, the text the
+        policies' input already holds)."""
+        if not arguments.sensitive:
+            return arguments.call.arguments
+        return sorted_json(self._masker.mask(arguments.data, arguments.sensitive))
 
     def outcome(self, call: Call, result: ToolResult) -> None:
         """Queue the event of ``result`` (written soon, in order), with the code of its primary error (for a

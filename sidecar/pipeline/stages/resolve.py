@@ -10,6 +10,7 @@ tells a guessed name apart from a hidden one by nothing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 
@@ -19,7 +20,7 @@ from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Next
 from sidecar.pipeline.decisions import Decider
 from sidecar.policy import Stage
-from sidecar.policy.input import InputParts, now_utc, principal_json, tool_json
+from sidecar.policy.input import InputBatch, InputParts, now_utc, principal_json, tool_json
 from sidecar.tools.definition import NAME_PATTERN
 from sidecar.tools.registry import Registry
 
@@ -34,6 +35,9 @@ class ResolveStage:
     def __init__(self, registry: Registry, decider: Decider) -> None:
         self._registry, self._decider = registry, decider
         self._tool_json = {defn.name: tool_json(defn) for defn in registry}
+        self._listed = tuple(self._tool_json.values())  # every tool's ``input.tool``, in the registry's order
+        self._descriptors = tuple(registry.descriptor(defn.name) for defn in registry)
+        self._listed_key = hashlib.sha256("\n".join(self._listed).encode()).hexdigest()
 
     async def run(self, call: Call, next: Next) -> ToolResult:
         name = call.request.tool
@@ -51,16 +55,14 @@ class ResolveStage:
     async def listing(self, principal: Principal, *, conversation_id: str | None = None) -> ToolListing:
         """The tools the availability policy shows ``principal``, decided in one pass."""
         revision = self._decider.policy.revision
-        tools = list(self._registry)
-        who, now = principal_json(principal), now_utc()
-        inputs = [InputParts(who, self._tool_json[d.name], now, conversation_id).build(Stage.AVAILABILITY)
-                  for d in tools]
+        inputs = InputBatch(Stage.AVAILABILITY, principal_json(principal), self._listed, now_utc(), conversation_id,
+                            self._listed_key)
         try:
             decisions = await self._decider.policy.decide_many(Stage.AVAILABILITY, inputs)
         except PolicyEvaluationError as exc:
             log.error("availability policy failed during ListTools: %s", exc)
             raise
-        shown = tuple(self._registry.descriptor(d.name) for d, dec in zip(tools, decisions, strict=True) if dec.allow)
+        shown = tuple(d for d, decision in zip(self._descriptors, decisions, strict=True) if decision.allow)
         return ToolListing(tools=shown, policy_revision=revision)
 
 

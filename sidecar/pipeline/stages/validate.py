@@ -13,9 +13,9 @@ from sidecar.contract import ToolResult
 from sidecar.pipeline.call import Arguments, Call
 from sidecar.pipeline.chain import Next
 from sidecar.pipeline.decisions import Decider
-from sidecar.policy.input import call_json
+from sidecar.policy.input import CallInput
 from sidecar.tools.masking import reveal
-from sidecar.tools.validation import check_canonical, parse_arguments
+from sidecar.tools.validation import canonical_arguments, parse_arguments
 
 __all__ = ["ValidateStage"]
 
@@ -31,7 +31,9 @@ class ValidateStage:
         model = parse_arguments(call.request.arguments_json, defn.input_model,
                                 max_bytes=self._limits.max_argument_bytes, max_depth=self._limits.max_argument_depth)
         revealed = reveal(model)
-        check_canonical(revealed.data)  # what the input model made of them must still hash (RFC 8785)
-        sensitive = revealed.sensitive | set(await self._decider.masked(call, defn.name))
-        call.arguments = Arguments(model, revealed.data, sensitive, call_json(revealed.data, call.request))
+        canonical = canonical_arguments(revealed.data)  # what the input model made of them must still hash
+        masked = await self._decider.masked(call, defn.name)
+        sensitive = revealed.sensitive.union(masked) if masked else revealed.sensitive
+        call.arguments = Arguments(model, revealed.data, sensitive, CallInput.of(revealed.data, call.request),
+                                   canonical)
         return await next(call)

@@ -20,7 +20,7 @@ from sidecar.errors import PolicyEvaluationError, PolicyLoadError
 from sidecar.policy.decision import CALL_STAGES, RULES, Stage
 from sidecar.policy.devtools.runner import defined_rules
 from sidecar.policy.embedded import EmbeddedEngine
-from sidecar.policy.input import InputParts, PolicyInput, call_json, now_utc, principal_json, tool_json
+from sidecar.policy.input import CallInput, InputParts, PolicyInput, now_utc, principal_json, tool_json
 from sidecar.tools.definition import ToolContext, tool
 
 __all__ = ["SAMPLE_PERMISSIONS", "SAMPLE_PRINCIPALS", "CheckReport", "Problem", "check_policies"]
@@ -55,7 +55,7 @@ class _Sample:
 
     label: str
     parts: InputParts
-    call: str
+    call: CallInput
 
     def input(self, stage: Stage) -> PolicyInput:
         """The input of ``stage`` (availability has no ``call``, as in the sidecar)."""
@@ -110,5 +110,5 @@ def _samples() -> list[_Sample]:
         request = CallRequest(tool=defn.name, idempotency_key="policy-check", conversation_id="policy-check")
         samples.append(_Sample(f"{principal.id} calling a '{side_effect}' tool {needs}",
                                InputParts(principal_json(principal), tool_json(defn), now, request.conversation_id),
-                               call_json({}, request)))
+                               CallInput.of({}, request)))
     return samples
