@@ -66,3 +66,22 @@ def test_a_bad_arguments_mode_is_refused() -> None:
     done = subprocess.run([sys.executable, "benchmarks/bench_execute.py", "--arguments", "repeated,random"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and "--arguments: expected a comma-separated list of repeated, distinct" in done.stderr
+
+
+def test_the_targets_run_puts_each_benchmarks_targets_in_one_table() -> None:
+    command = ["benchmarks/targets.py", "--only", "workers,list_tools", "--calls", "20", "--repeat", "1", "--json"]
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    document = json.loads(done.stdout)
+    assert [row["target"] for row in document["rows"]] == [
+        "ExecuteTool c=16, server.workers: 2", "ListTools, 200 tools, p50 over gRPC",
+        "ListTools CPU, 200 tools / installed", "ExecuteTool CPU, 200 tools / installed"]
+    assert {row["met"] for row in document["rows"]} <= {"yes", "NO"} and document["failed"] == []
+    assert set(document["benchmarks"]) == {"workers", "list_tools"}
+
+
+def test_the_targets_run_refuses_an_unknown_benchmark() -> None:
+    done = subprocess.run([sys.executable, "benchmarks/targets.py", "--only", "execute,soak"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "--only: unknown benchmark(s) ['soak']" in done.stderr
