@@ -75,7 +75,7 @@ async def test_a_signed_in_approver_sees_the_pending_email_rendered(world: World
     strict(inbox)
     assert inbox.status == 200 and "send_email" in inbox.text and "alice (acme)" in inbox.text
     assert "conv-7" in inbox.text and "the tool&#39;s effects are external and irreversible" in inbox.text
-    assert f'href="/previews/{held.preview.preview_id}"' in inbox.text and "left)" in inbox.text
+    assert f'href="/previews/{held.preview.preview_id}"' in inbox.text and " left</span>)" in inbox.text
     detail = await bob.get(f"/previews/{held.preview.preview_id}")
     strict(detail)
     assert detail.status == 200 and "What it will do" in detail.text
@@ -278,7 +278,7 @@ async def test_an_expired_preview_cannot_be_approved(world: World) -> None:
     preview = await world.held_note()
     bob = await world.signed_in()
     detail = await bob.get(f"/previews/{preview.preview_id}")
-    assert "left)" in detail.text
+    assert " left</span>)" in detail.text
     await past(calendar.timegm(time.strptime(preview.expires_at, "%Y-%m-%dT%H:%M:%SZ")) + 1)  # shown in whole seconds
     late = await bob.post(f"/previews/{preview.preview_id}/approve",
                           {"csrf": detail.hidden("csrf"), "preview_hash": detail.hidden("preview_hash")})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Browser, Page, async_playwright, expect
 
 from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.config import Settings
@@ -155,6 +156,21 @@ async def test_an_expired_preview_shows_as_expired_and_cannot_be_approved(chromi
     await live.goto(world.inbox.url + "/inbox")  # the inbox lists it as expired, not as waiting
     expired = live.locator(f"#preview-{preview.preview_id}")
     assert "expired" in await expired.inner_text() and "Nothing is waiting for you" in await live.content()
+
+
+async def test_the_expiry_counts_down_on_an_open_page(chromium: Browser, world: World) -> None:
+    preview = await world.held_note()
+    page = await signed_in(chromium, world)
+    await page.clock.install()  # the page's clock, moved on below without waiting for it
+    await page.goto(f"{world.inbox.url}/previews/{preview.preview_id}")
+    countdown = page.locator(".countdown")
+    await expect(countdown).to_have_text(re.compile(r"^\d+ min left$"))
+    left_ms = await page.evaluate("Date.parse(document.querySelector('[data-expires-at]').dataset.expiresAt)"
+                                  " - Date.now()")
+    await page.clock.fast_forward(int(left_ms) - 30_000)
+    await expect(countdown).to_have_text(re.compile(r"^(2\d|30) s left$"))
+    await page.clock.fast_forward(31_000)
+    await expect(countdown).to_have_text("expired")
 
 
 async def test_a_person_without_the_approver_role_sees_nothing(chromium: Browser, world: World) -> None:

@@ -3,6 +3,22 @@
 // Without JavaScript the inbox reloads itself every 30 seconds instead (a <noscript> refresh).
 "use strict";
 (function () {
+  // The expiry of each preview shown counts down (the server's wording; seconds in the last minute).
+  function left(seconds) {
+    const minutes = Math.floor(seconds / 60), hours = Math.floor(minutes / 60);
+    if (hours) { return hours + " h " + (minutes % 60) + " min left"; }
+    return minutes ? minutes + " min left" : Math.floor(seconds) + " s left";
+  }
+  function tick() {
+    for (const shown of document.querySelectorAll("[data-expires-at]")) {
+      const seconds = (Date.parse(shown.dataset.expiresAt) - Date.now()) / 1000;
+      const text = seconds > 0 ? left(seconds) : "expired";
+      if (shown.textContent !== text) { shown.textContent = text; }
+    }
+  }
+  tick();
+  window.setInterval(tick, 1000);
+
   const region = document.getElementById("live-region");
   const status = document.getElementById("live-status");
   if (!region || !region.dataset.live || !window.EventSource) {
