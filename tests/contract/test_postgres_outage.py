@@ -17,6 +17,9 @@ import pytest
 from sidecar.cli import main
 from sidecar.client import AsyncClient
 from sidecar.contract import ErrorCode, Status
+from sidecar.errors import StoreUnavailableError
+from sidecar.state import KeyScope
+from sidecar.state.postgres import PostgresStore
 from tests.contract.test_postgres_partition import through, upstream
 from tests.support.postgres import PostgresServer
 from tests.support.sidecar_process import SidecarProcess, appended
@@ -116,3 +119,31 @@ async def test_a_restarting_database_gets_fast_typed_refusals_and_loses_nothing(
     direct = tmp_path / "direct.json"
     direct.write_text(json.dumps({"store": {"postgres_dsn": postgres_dsn}}))
     assert await asyncio.to_thread(main, ["audit", "verify", "--config", str(direct)]) == 0
+
+
+async def test_a_store_fails_fast_while_its_database_is_down_and_recovers_once_it_is_back(postgres_dsn: str) -> None:
+    async with StallingProxy.running(upstream(postgres_dsn)) as proxy:
+        store = await PostgresStore.open(through(proxy, postgres_dsn), max_size=2, connect_timeout=CONNECT_TIMEOUT,
+                                         lock_timeout_ms=200, statement_timeout=STATEMENT_TIMEOUT, down_wait=DOWN_WAIT)
+        scope = KeyScope("acme", "dev-1", "create_note", "k")
+
+        async def answers() -> bool:
+            try:
+                return await store.operation(scope) is not None
+            except StoreUnavailableError:
+                return False
+
+        try:
+            assert (await store.claim(scope, "hash", "r1")).claimed
+            proxy.cut()
+            with pytest.raises(StoreUnavailableError):
+                await store.operation(scope)  # the connection reset: the database is down
+            for _ in range(3):  # then no call waits the pool's full wait (CONNECT_TIMEOUT) for a connection
+                started = time.monotonic()
+                with pytest.raises(StoreUnavailableError, match="PoolTimeout"):
+                    await store.operation(scope)
+                assert time.monotonic() - started < FAST
+            await proxy.restore()
+            await until(answers, timeout=CONNECT_TIMEOUT + MARGIN, what="the store answering again")
+        finally:
+            await store.aclose()
