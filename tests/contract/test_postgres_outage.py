@@ -89,8 +89,10 @@ async def test_a_restarting_database_gets_fast_typed_refusals_and_loses_nothing(
                 stop.set()
                 await asyncio.gather(*writers)
                 refused = [c for c in calls if c.status is not Status.SUCCESS]
-                for call in refused:  # retried after the outage: runs once, replays, or is held by its claim
-                    again = await client.execute("append_line", {"text": call.key}, idempotency_key=call.key)
+                # retried after the outage: runs once, replays, or is held by its claim (whose answer was lost)
+                retried = await asyncio.gather(*(client.execute("append_line", {"text": call.key},
+                                                                   idempotency_key=call.key) for call in refused))
+                for call, again in zip(refused, retried, strict=True):
                     assert again.status is Status.SUCCESS or (
                         again.error is not None and again.error.code is ErrorCode.OPERATION_IN_PROGRESS), again
                     if again.status is Status.SUCCESS:
