@@ -118,7 +118,7 @@ class PostgresDriver:
     def __init__(self, source: Pool | AsyncConnection[Any], where: str, *, answer_timeout: float | None = None,
                  down_wait: float | None = None) -> None:
         self._source, self._where, self._timeout, self._down_wait = source, where, answer_timeout, down_wait
-        self.down = False  # the database could not be reached, and no statement succeeded since
+        self._down = False  # the database could not be reached, and no statement succeeded since
 
     async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
         """The rows of ``sql``, run on its own."""
@@ -161,7 +161,7 @@ class PostgresDriver:
         session: _Session | None = None
         try:
             if isinstance(self._source, AsyncConnectionPool):
-                async with self._source.connection(timeout=self._down_wait if self.down else None) as conn:
+                async with self._source.connection(timeout=self._down_wait if self._down else None) as conn:
                     session = _Session(conn, self._timeout)
                     yield session
             else:
@@ -169,11 +169,11 @@ class PostgresDriver:
                 yield session
         except psycopg.Error as exc:
             if isinstance(exc, PoolTimeout) or (session is not None and (session.severed or session.conn.broken)):
-                self.down = True
+                self._down = True
             if session is not None and session.severed:
                 raise StoreUnavailableError(f"PostgreSQL store at {self._where}: no answer within {self._timeout} s "
                                             "(connection severed)") from exc
             if isinstance(exc, psycopg.DataError):  # the value itself: a NUL in text, a number out of range
                 raise StoreRefusedError(f"PostgreSQL store at {self._where} refuses the data: {reason(exc)}") from exc
             raise StoreUnavailableError(f"PostgreSQL store at {self._where}: {reason(exc)}") from exc
-        self.down = False
+        self._down = False
