@@ -58,6 +58,8 @@ class StoreSettings(Section):
     connect_timeout_seconds: float = Field(default=5.0, gt=0)  # also the wait for a free pooled connection
     # PostgreSQL: a statement without an answer this long fails (its connection severed), on the server too
     statement_timeout_seconds: float = Field(default=10.0, gt=0)
+    # PostgreSQL: while the database cannot be reached, a call waits this long for a connection, then fails
+    down_wait_seconds: float = Field(default=0.2, gt=0)
     idempotency_retention_hours: float = Field(default=24.0, gt=0)  # finished records are deleted after this
     # outcomes and audit events the store cannot take are kept here until it is back (a local file, not the store)
     journal_file: Path | None = None
@@ -82,6 +84,14 @@ class StoreSettings(Section):
         if self.statement_timeout_seconds * 1000 <= self.busy_timeout_ms:
             raise ValueError(f"statement_timeout_seconds ({self.statement_timeout_seconds}) must be longer than "
                              f"busy_timeout_ms ({self.busy_timeout_ms} ms): a statement may wait that long for a lock")
+        return self
+
+    @model_validator(mode="after")
+    def _down_wait_within_the_pool_wait(self) -> StoreSettings:
+        if self.down_wait_seconds > self.connect_timeout_seconds:
+            raise ValueError(f"down_wait_seconds ({self.down_wait_seconds}) must not be longer than "
+                             f"connect_timeout_seconds ({self.connect_timeout_seconds}), the wait for a connection "
+                             "while the database answers")
         return self
 
     def identity(self) -> str:

@@ -23,7 +23,8 @@ async def open_store(settings: StoreSettings, *, metrics: Metrics | None = None)
                                          max_size=settings.pool_max_size,
                                          connect_timeout=settings.connect_timeout_seconds,
                                          lock_timeout_ms=settings.busy_timeout_ms,
-                                         statement_timeout=settings.statement_timeout_seconds)
+                                         statement_timeout=settings.statement_timeout_seconds,
+                                         down_wait=settings.down_wait_seconds)
     else:
         store = await SqliteStore.open(settings.sqlite_path, busy_timeout_ms=settings.busy_timeout_ms)
     if metrics is not None:

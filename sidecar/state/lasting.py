@@ -7,9 +7,11 @@ background task as soon as the store takes writes again, pausing longer between 
 their order, and each batch does not wait for a store known to be failing); outcomes still try the
 store first. ``catch_up`` applies the kept outcomes before anything claims or reads a key, so a retry
 replays the real result and a released key can be claimed again; kept audit rows follow in the
-background. Shutdown tries once more unless the last try failed; what is still kept then is applied
-at the next start. A write the store refuses for its data (``StoreRefusedError``) is neither retried
-nor kept: it would fail again.
+background (each kind in its order; the two are independent). A try that fails while other callers
+wait their turn fails them too, at once: none waits out a failing store behind the others. Shutdown
+tries once more unless the last try failed; what is still kept then is applied at the next start. A
+write the store refuses for its data (``StoreRefusedError``) is neither retried nor kept: it would
+fail again.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Lasting:
         self._replayer: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()  # set by ``aclose``: the replayer ends after the try it is making
         self._failing = False  # the last try to apply kept writes failed
+        self._failures = 0  # tries that failed so far
+        self._failure: StoreUnavailableError | None = None  # the last one's error
 
     @property
     def behind(self) -> bool:
@@ -85,21 +89,32 @@ class Lasting:
             self.replay_soon()
 
     async def catch_up(self, *, audit: bool = False) -> None:
-        """Apply the kept writes, oldest first: the outcomes, and audit rows too if ``audit``.
-        ``StoreUnavailableError`` if the store still cannot take them (those stay kept)."""
-        if self.journal is None or not (self.journal.size if audit else self.journal.outcomes):
+        """Apply the kept writes, oldest first: the outcomes, then audit rows too if ``audit`` (the two are
+        independent: a claim waits only for the outcomes). ``StoreUnavailableError`` if the store still cannot
+        take them (those stay kept), also when a try made while this one waited its turn failed: callers do not
+        queue up, each waiting out a failing store in turn."""
+        await self._catch_up(audit=False)
+        if audit:
+            await self._catch_up(audit=True)
+
+    async def _catch_up(self, *, audit: bool) -> None:
+        if self.journal is None or not (self.journal.size - self.journal.outcomes if audit else self.journal.outcomes):
             return
+        failures = self._failures
         async with self._lock:
+            if self._failures != failures and self._failure is not None:
+                raise StoreUnavailableError(f"the store cannot take the kept writes: {self._failure}")
             try:
                 await self._apply_kept(self.journal, audit=audit)
-            except StoreUnavailableError:
-                self._failing = True
+            except StoreUnavailableError as exc:
+                self._failing, self._failure = True, exc
+                self._failures += 1
                 raise
             self._failing = False
 
     async def _apply_kept(self, journal: Journal, *, audit: bool) -> None:
         for entry in await journal.entries():
-            if isinstance(entry.write, AuditRows) and not audit:
+            if isinstance(entry.write, AuditRows) != audit:
                 continue
             try:
                 await self._apply(entry.write)

@@ -14,7 +14,9 @@ from sidecar.client import AsyncClient
 from sidecar.contract import ErrorCode, Status
 from sidecar.errors import StoreUnavailableError
 from sidecar.state import KeyScope
+from sidecar.state.journal import Journal
 from sidecar.state.postgres import PostgresStore
+from tests.contract.test_audit_cli_postgres import event
 from tests.support.sidecar_process import SidecarProcess, appended
 from tests.support.tcp_proxy import StallingProxy
 
@@ -53,6 +55,28 @@ async def test_a_store_that_gets_no_answer_fails_in_time_and_recovers(postgres_d
             await store.aclose()
             assert time.monotonic() - started < TIMEOUT + MARGIN
 
+
+
+async def test_closing_a_partitioned_store_with_writes_to_keep_is_bounded_by_its_timeouts(postgres_dsn: str,
+                                                                                        tmp_path: Path) -> None:
+    """Not by the pool's wait for a connection (``connect_timeout``, long here): once a statement went
+    unanswered, the kept writes' replay and the last tries wait ``down_wait`` for one."""
+    async with StallingProxy.running(upstream(postgres_dsn)) as proxy:
+        store = await PostgresStore.open(through(proxy, postgres_dsn), min_size=1, max_size=2, connect_timeout=8,
+                                         lock_timeout_ms=200, statement_timeout=TIMEOUT)
+        journal = Journal.open(tmp_path / "store.journal", "test")
+        await store.keep_in(journal)
+        scope = KeyScope("acme", "dev-1", "create_note", "k")
+        assert (await store.claim(scope, "hash", "r1")).claimed
+        proxy.stall()
+        await store.complete(scope, "{}", request_id="r1")  # unanswered: kept in the journal
+        for n in range(5):
+            store.queue_audit(event(n))
+        started = time.monotonic()
+        await store.aclose()
+        took = time.monotonic() - started
+    assert took < 2 * TIMEOUT + MARGIN, f"closing took {took:.1f} s"
+    assert Journal.open(tmp_path / "store.journal", "test").size == 2  # the outcome and the batch, for the next start
 
 async def test_a_partitioned_sidecar_answers_unavailable_runs_nothing_and_stops(postgres_dsn: str,
                                                                                tmp_path: Path) -> None:

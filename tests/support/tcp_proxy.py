@@ -2,6 +2,8 @@
 
 While ``stalled``, bytes in either direction are held, not forwarded (the peers' kernels still
 acknowledge them, so only a timeout of the application notices). ``resume`` lets them through again.
+``cut`` is a server restarting instead: every connection is reset and new ones are refused (the
+port stops listening) until ``restore``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ class StallingProxy:
 
     def stall(self) -> None:
         self._flowing.clear()
+
+    def cut(self) -> None:
+        """Reset every connection (RST, as a killed server's) and refuse new ones until ``restore``."""
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.transport.abort()
+
+    async def restore(self) -> None:
+        """Listen on the same port again."""
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
 
     def resume(self) -> None:
         self._flowing.set()

@@ -83,6 +83,10 @@ def test_jwt_mode_is_chosen_by_a_jwt_section() -> None:
     ({"store": {"pool_min_size": 5, "pool_max_size": 2}},
      "config error at store.pool_max_size: must be at least pool_min_size (5)"),
     ({"store": {"connect_timeout_seconds": 0}}, "config error at store.connect_timeout_seconds: Input should be"),
+    ({"store": {"down_wait_seconds": 0}}, "config error at store.down_wait_seconds: Input should be greater than 0"),
+    ({"store": {"down_wait_seconds": "soon"}}, "config error at store.down_wait_seconds: Input should be a valid"),
+    ({"store": {"down_wait_seconds": 3, "connect_timeout_seconds": 2}},
+     "down_wait_seconds (3.0) must not be longer than connect_timeout_seconds (2.0)"),
 ])
 def test_errors_name_the_key(raw: dict[str, object], expected: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -225,3 +226,48 @@ async def test_audit_rows_kept_before_the_decision_log_get_its_columns_unset(tmp
     kept.close()
     [entry] = await journal(tmp_path).entries()
     assert entry.write == AuditRows(((*former, None, None),))
+
+
+async def test_callers_waiting_to_catch_up_share_the_failure_of_the_try_in_front(tmp_path: Path) -> None:
+    kept, tries, gate = journal(tmp_path), 0, asyncio.Event()
+
+    async def slowly_down(write: Write) -> None:
+        nonlocal tries
+        tries += 1
+        await gate.wait()  # a store that takes its time to fail (the pool's wait for a connection)
+        raise StoreUnavailableError("store down")
+
+    writes = Lasting(slowly_down, kept)
+    await kept.keep(Release(SCOPE, "r1"))
+    callers = [asyncio.create_task(writes.catch_up()) for _ in range(8)]
+    await until(lambda: tries == 1, what="the first try")
+    gate.set()
+    failures = await asyncio.gather(*callers, return_exceptions=True)
+    assert all(isinstance(failure, StoreUnavailableError) for failure in failures), failures
+    assert tries == 1, "each waiting caller tried the failing store again in turn"
+    assert "store down" in str(failures[-1])
+    await writes.aclose()
+
+
+async def test_a_later_caller_tries_again_after_a_failure_it_did_not_wait_for(tmp_path: Path) -> None:
+    store, kept = FlakyStore(), journal(tmp_path)
+    writes = Lasting(store.apply, kept)
+    await kept.keep(Release(SCOPE, "r1"))
+    store.up = False
+    with pytest.raises(StoreUnavailableError):
+        await writes.catch_up()
+    store.up = True
+    await writes.catch_up()
+    assert store.taken == [Release(SCOPE, "r1")]
+    await writes.aclose()
+
+
+async def test_kept_outcomes_are_applied_before_the_audit_rows_kept_ahead_of_them(tmp_path: Path) -> None:
+    store, kept = FlakyStore(), journal(tmp_path)
+    writes = Lasting(store.apply, kept)
+    rows = AuditRows((("a",),))
+    await kept.keep(rows)
+    await kept.keep(Completion(SCOPE, "r1", "{}"))
+    await writes.catch_up(audit=True)
+    assert store.taken == [Completion(SCOPE, "r1", "{}"), rows] and kept.size == 0
+    await writes.aclose()

@@ -13,6 +13,11 @@ partition: no error, no reset, nothing) gets that connection severed (``shutdown
 the statement fails at once as ``StoreUnavailableError`` and the pool replaces the connection. Cancelling
 the waiting task instead would make psycopg spend up to ten more seconds trying to cancel the query over
 the same dead network.
+
+A database that cannot be reached (a connection lost, or none to be had within the pool's wait) makes the
+driver *down*: until a statement succeeds again, a call waits at most ``down_wait`` seconds for a pooled
+connection (one the pool opened meanwhile, or the first one back) before it fails, instead of the pool's
+full wait each, so calls during an outage fail fast.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from sidecar.errors import StoreRefusedError, StoreUnavailableError
 from sidecar.state.driver import Deferred, Dialect, Params, Row, StatementRunner, Transaction
@@ -110,8 +115,10 @@ class PostgresDriver:
 
     dialect = POSTGRES
 
-    def __init__(self, source: Pool | AsyncConnection[Any], where: str, *, answer_timeout: float | None = None) -> None:
-        self._source, self._where, self._timeout = source, where, answer_timeout
+    def __init__(self, source: Pool | AsyncConnection[Any], where: str, *, answer_timeout: float | None = None,
+                 down_wait: float | None = None) -> None:
+        self._source, self._where, self._timeout, self._down_wait = source, where, answer_timeout, down_wait
+        self._down = False  # the database could not be reached, and no statement succeeded since
 
     async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
         """The rows of ``sql``, run on its own."""
@@ -154,16 +161,19 @@ class PostgresDriver:
         session: _Session | None = None
         try:
             if isinstance(self._source, AsyncConnectionPool):
-                async with self._source.connection() as conn:
+                async with self._source.connection(timeout=self._down_wait if self._down else None) as conn:
                     session = _Session(conn, self._timeout)
                     yield session
             else:
                 session = _Session(self._source, self._timeout)
                 yield session
         except psycopg.Error as exc:
+            if isinstance(exc, PoolTimeout) or (session is not None and (session.severed or session.conn.broken)):
+                self._down = True
             if session is not None and session.severed:
                 raise StoreUnavailableError(f"PostgreSQL store at {self._where}: no answer within {self._timeout} s "
                                             "(connection severed)") from exc
             if isinstance(exc, psycopg.DataError):  # the value itself: a NUL in text, a number out of range
                 raise StoreRefusedError(f"PostgreSQL store at {self._where} refuses the data: {reason(exc)}") from exc
             raise StoreUnavailableError(f"PostgreSQL store at {self._where}: {reason(exc)}") from exc
+        self._down = False

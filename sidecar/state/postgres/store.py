@@ -23,9 +23,11 @@ class PostgresStore(SqlStore):
 
     @classmethod
     async def open(cls, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 5.0,
-                   lock_timeout_ms: int = 5000, statement_timeout: float = 10.0) -> PostgresStore:
+                   lock_timeout_ms: int = 5000, statement_timeout: float = 10.0,
+                   down_wait: float = 0.2) -> PostgresStore:
         """Migrate the schema of the database at ``dsn``, then open a pool of connections to it. A statement
-        without an answer within ``statement_timeout`` seconds fails (``PostgresDriver``), on the server too."""
+        without an answer within ``statement_timeout`` seconds fails (``PostgresDriver``), on the server too;
+        while the database cannot be reached, a call waits at most ``down_wait`` seconds for a connection."""
         where = redact_dsn(dsn)
         kwargs = _connection_options(connect_timeout, statement_timeout)
         try:
@@ -36,7 +38,7 @@ class PostgresStore(SqlStore):
                                               "statement_timeout": f"{round(statement_timeout * 1000)}ms"})
         except psycopg.Error as exc:
             raise StoreUnavailableError(f"cannot open the PostgreSQL store at {where}: {reason(exc)}") from exc
-        return cls(PostgresDriver(pool, where, answer_timeout=statement_timeout))
+        return cls(PostgresDriver(pool, where, answer_timeout=statement_timeout, down_wait=down_wait))
 
 
 def _connection_options(connect_timeout: float, statement_timeout: float) -> dict[str, Any]:
@@ -50,10 +52,13 @@ def _connection_options(connect_timeout: float, statement_timeout: float) -> dic
 
 async def _open_pool(dsn: str, kwargs: dict[str, Any], *, min_size: int, max_size: int, timeout: float,
                      settings: dict[str, str]) -> Pool:
-    """A pool with ``min_size`` connections ready; ``timeout`` also bounds the wait for a free connection.
-    Each new connection gets ``settings`` (lock and statement timeouts)."""
+    """A pool with ``min_size`` connections ready; ``timeout`` also bounds the wait for a free connection, and
+    how long the pool keeps trying to replace a lost connection (pausing 1, 2, 4... s between tries) before it
+    gives up and opens one again only when a call asks: after an outage, a connection is back within a pause
+    of at most ``timeout``. Each new connection gets ``settings`` (lock and statement timeouts)."""
     pool: Pool = Pool(dsn, kwargs=kwargs, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
-                      name="toolbooth", configure=functools.partial(_configure, settings=settings))
+                      name="toolbooth", configure=functools.partial(_configure, settings=settings),
+                      reconnect_timeout=timeout)
     try:
         await pool.open(wait=True, timeout=timeout)
     except BaseException:
