@@ -1,0 +1,84 @@
+"""The ``store`` section: a SQLite file by default, or a PostgreSQL database shared by replicas."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+
+from sidecar.config.base import Section, default_state_dir
+from sidecar.config.dsn import dsn_parts, redact_dsn
+
+__all__ = ["StoreSettings"]
+
+
+class StoreSettings(Section):
+    """A SQLite file by default; a PostgreSQL database, shared by many replicas, when ``postgres_dsn`` is set."""
+
+    sqlite_path: Path = Field(default_factory=lambda: default_state_dir() / "toolbooth.db")
+    busy_timeout_ms: int = Field(default=5000, gt=0)  # lock wait: SQLite's busy timeout, PostgreSQL's lock_timeout
+    postgres_dsn: SecretStr | None = Field(default=None, min_length=1)
+    pool_min_size: int = Field(default=1, ge=0)
+    pool_max_size: int = Field(default=10, gt=0)
+    connect_timeout_seconds: float = Field(default=5.0, gt=0)  # also the wait for a free pooled connection
+    # PostgreSQL: a statement without an answer this long fails (its connection severed), on the server too
+    statement_timeout_seconds: float = Field(default=10.0, gt=0)
+    # PostgreSQL: while the database cannot be reached, a call waits this long for a connection, then fails
+    down_wait_seconds: float = Field(default=0.2, gt=0)
+    idempotency_retention_hours: float = Field(default=24.0, gt=0)  # finished records are deleted after this
+    # outcomes and audit events the store cannot take are kept here until it is back (a local file, not the store)
+    journal_file: Path | None = None
+
+    @field_validator("postgres_dsn")
+    @classmethod
+    def _valid_dsn(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            dsn_parts(value.get_secret_value())
+        return value
+
+    @field_validator("pool_max_size")
+    @classmethod
+    def _max_not_below_min(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("pool_min_size")
+        if low is not None and value < low:
+            raise ValueError(f"must be at least pool_min_size ({low})")
+        return value
+
+    @model_validator(mode="after")
+    def _statements_outlast_lock_waits(self) -> StoreSettings:
+        if self.statement_timeout_seconds * 1000 <= self.busy_timeout_ms:
+            raise ValueError(f"statement_timeout_seconds ({self.statement_timeout_seconds}) must be longer than "
+                             f"busy_timeout_ms ({self.busy_timeout_ms} ms): a statement may wait that long for a lock")
+        return self
+
+    @model_validator(mode="after")
+    def _down_wait_within_the_pool_wait(self) -> StoreSettings:
+        if self.down_wait_seconds > self.connect_timeout_seconds:
+            raise ValueError(f"down_wait_seconds ({self.down_wait_seconds}) must not be longer than "
+                             f"connect_timeout_seconds ({self.connect_timeout_seconds}), the wait for a connection "
+                             "while the database answers")
+        return self
+
+    def identity(self) -> str:
+        """Which database this is (the SQLite file; PostgreSQL's user, server and database): the local journal
+        belongs to it."""
+        if self.postgres_dsn is None:
+            return f"sqlite {self.sqlite_path.resolve()}"
+        return redact_dsn(self.postgres_dsn.get_secret_value())
+
+    def journal_path(self) -> Path:
+        """``journal_file``, else ``<sqlite file>.journal`` (SQLite) or ``store-<digest of identity>.journal`` in
+        the state directory (PostgreSQL)."""
+        if self.journal_file is not None:
+            return self.journal_file
+        if self.postgres_dsn is None:
+            return self.sqlite_path.with_name(self.sqlite_path.name + ".journal")
+        return default_state_dir() / f"store-{hashlib.sha256(self.identity().encode()).hexdigest()[:16]}.journal"
+
+    def describe(self) -> str:
+        """The store in one line, for people: never with the database password."""
+        if self.postgres_dsn is None:
+            return f"sqlite {self.sqlite_path}"
+        dsn = redact_dsn(self.postgres_dsn.get_secret_value())
+        return f"postgres {dsn} (pool {self.pool_min_size}-{self.pool_max_size})"
