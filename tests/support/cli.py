@@ -12,13 +12,14 @@ import subprocess
 import sys
 import tempfile
 import termios
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.support.waiting import until_blocking
 
 REPO = Path(__file__).resolve().parents[2]
 ADD_2_3 = '{"operation": "add", "operands": [2, 3]}'
@@ -86,14 +87,15 @@ def start_sidecar(home: Path, socket: Path, *args: str) -> Sidecar:
 
 
 def _wait_serving(sidecar: Sidecar) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
+    def serving() -> bool:
         if sidecar.process.poll() is not None:
             pytest.fail(f"serve exited with {sidecar.process.returncode}:\n{sidecar.log.read_text()}")
-        if sidecar.socket.exists() and _serving(sidecar.target):
-            return
-        time.sleep(0.1)
-    pytest.fail(f"serve did not become healthy within {START_TIMEOUT}s:\n{sidecar.log.read_text()}")
+        return sidecar.socket.exists() and _serving(sidecar.target)
+
+    try:
+        until_blocking(serving, timeout=START_TIMEOUT, what="serve's health SERVING")
+    except AssertionError as exc:
+        pytest.fail(f"{exc}:\n{sidecar.log.read_text()}")
 
 
 def _serving(target: str) -> bool:
