@@ -631,13 +631,7 @@ async def _level(args: argparse.Namespace, children: Children, calls: dict[str, 
     runs: dict[str, list[Run]] = {"echo": [], "sidecar": []}
     for rep in range(args.repeat):
         for server in ("echo", "sidecar") if rep % 2 == 0 else ("sidecar", "echo"):
-            children.check_alive(server)
-            pid = children.procs[server].pid
-            if args.warmup:
-                await measure(server, calls[server], concurrency=concurrency, calls=args.warmup,
-                              max_seconds=args.max_seconds, server_pid=pid)
-            run = await measure(server, calls[server], concurrency=concurrency, calls=args.calls,
-                                max_seconds=args.max_seconds, server_pid=pid)
+            run = await measure_turn(children, server, calls[server], concurrency=concurrency, args=args)
             runs[server].append(run)
             _report_run(f"c={concurrency:<3} {arguments:<8}", rep, args.repeat, run)
     echo_summary, sidecar_summary = summarize(runs["echo"]), summarize(runs["sidecar"])
@@ -724,19 +718,17 @@ def raise_keyboard_interrupt(number: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.echo_server is not None:
-        return run_echo_server(*args.echo_server)
-
-    # Until bench() installs its handlers, SIGTERM ends the run like Ctrl-C: through the finally below.
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
+def run_with_children(bench: Callable[[argparse.Namespace, Children], Awaitable[dict[str, Any]]],
+                      args: argparse.Namespace, *, what: str = "the servers") -> dict[str, Any] | int:
+    """``bench``'s results with children of its own, stopped on every way out; or the exit code of a run
+    interrupted (130: Ctrl-C, SIGTERM) or failed (1), said on stderr."""
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # until the bench installs its own handlers
     sidecar_env_clean()
     children = Children()
     try:
-        results = asyncio.run(bench(args, children))
+        return asyncio.run(bench(args, children))
     except (KeyboardInterrupt, Interrupted):
-        progress("interrupted; stopping the servers")
+        progress(f"interrupted; stopping {what}")
         return 130
     except RuntimeError as exc:
         progress(f"error: {exc}")
@@ -744,6 +736,27 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         children.close()
 
+
+async def measure_turn(children: Children, name: str, call: Call, *, concurrency: int,
+                       args: argparse.Namespace) -> Run:
+    """One measured run of the child ``name`` (``args.calls`` calls) after its own warm-up (``args.warmup``)."""
+    children.check_alive(name)
+    pid = children.procs[name].pid
+    if args.warmup:
+        await measure(name, call, concurrency=concurrency, calls=args.warmup, max_seconds=args.max_seconds,
+                      server_pid=pid)
+    return await measure(name, call, concurrency=concurrency, calls=args.calls, max_seconds=args.max_seconds,
+                         server_pid=pid)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.echo_server is not None:
+        return run_echo_server(*args.echo_server)
+
+    results = run_with_children(bench, args)
+    if isinstance(results, int):
+        return results
     table = format_table(results["levels"])
     out = sys.stderr if args.json else sys.stdout
     print(f"\nExecuteTool {TOOL} {json.dumps(ARGUMENTS)}; medians of {args.repeat} runs of {args.calls} calls; "

@@ -20,11 +20,9 @@ nothing). Every reply is checked: the listing's tool count, the call's result.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,14 +34,12 @@ from bench_execute import (
     TOOL,
     Call,
     Children,
-    Interrupted,
     Run,
     grpc_call,
     health_serving,
-    measure,
+    measure_turn,
     progress,
-    raise_keyboard_interrupt,
-    sidecar_env_clean,
+    run_with_children,
     summarize,
     wait_ready,
     write_sidecar_config,
@@ -160,13 +156,7 @@ async def _bench(args: argparse.Namespace, children: Children) -> dict[str, Any]
             runs: dict[str, list[Run]] = {"installed": [], "many": []}
             for rep in range(args.repeat):
                 for name in ("installed", "many") if rep % 2 == 0 else ("many", "installed"):
-                    children.check_alive(name)
-                    pid = children.procs[name].pid
-                    if args.warmup:
-                        await measure(name, calls[name], concurrency=concurrency, calls=args.warmup,
-                                      max_seconds=args.max_seconds, server_pid=pid)
-                    run = await measure(name, calls[name], concurrency=concurrency, calls=args.calls,
-                                        max_seconds=args.max_seconds, server_pid=pid)
+                    run = await measure_turn(children, name, calls[name], concurrency=concurrency, args=args)
                     runs[name].append(run)
                     progress(f"  {what:<7} run {rep + 1}/{args.repeat} {name:<9} {run.calls_per_s:7.0f} calls/s  "
                              f"p50 {run.p50_ms:6.2f} ms  p99 {run.p99_ms:6.2f} ms  server cpu "
@@ -204,19 +194,9 @@ def report(results: dict[str, Any], concurrency: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
-    sidecar_env_clean()
-    children = Children()
-    try:
-        results = asyncio.run(_bench(args, children))
-    except (KeyboardInterrupt, Interrupted):
-        progress("interrupted; stopping the servers")
-        return 130
-    except RuntimeError as exc:
-        progress(f"error: {exc}")
-        return 1
-    finally:
-        children.close()
+    results = run_with_children(_bench, args)
+    if isinstance(results, int):
+        return results
     out = sys.stderr if args.json else sys.stdout
     print("\n" + report(results, args.concurrency), file=out)
     if results["failures"]:

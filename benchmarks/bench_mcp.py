@@ -57,8 +57,7 @@ from bench_execute import (
     health_serving,
     measure,
     progress,
-    raise_keyboard_interrupt,
-    sidecar_env_clean,
+    run_with_children,
     summarize,
     wait_ready,
 )
@@ -291,19 +290,9 @@ async def _bench(args: argparse.Namespace, children: Children, stack: contextlib
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # until bench() installs its handlers
-    sidecar_env_clean()
-    children = Children()
-    try:
-        results = asyncio.run(bench(args, children))
-    except (KeyboardInterrupt, Interrupted):
-        progress("interrupted; stopping the sidecar")
-        return 130
-    except RuntimeError as exc:
-        progress(f"error: {exc}")
-        return 1
-    finally:
-        children.close()
+    results = run_with_children(bench, args, what="the sidecar")
+    if isinstance(results, int):
+        return results
     out = sys.stderr if args.json else sys.stdout
     print(f"\n{TOOL} {json.dumps(ARGUMENTS)}; medians of {args.repeat} runs of {args.calls} calls; "
           f"{os.cpu_count()} CPUs shared by client and sidecar", file=out)

@@ -59,8 +59,7 @@ from bench_execute import (
     health_serving,
     measure,
     progress,
-    raise_keyboard_interrupt,
-    sidecar_env_clean,
+    run_with_children,
     summarize,
     wait_ready,
     write_sidecar_config,
@@ -440,19 +439,9 @@ def format_table(configs: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # until bench() installs its handlers
-    sidecar_env_clean()
-    children = Children()
-    try:
-        results = asyncio.run(bench(args, children))
-    except (KeyboardInterrupt, Interrupted):
-        progress("interrupted; stopping the sidecars")
-        return 130
-    except RuntimeError as exc:
-        progress(f"error: {exc}")
-        return 1
-    finally:
-        children.close()
+    results = run_with_children(bench, args, what="the sidecars")
+    if isinstance(results, int):
+        return results
     out = sys.stderr if args.json else sys.stdout
     print(f"\nExecuteTool {TOOL} {json.dumps(ARGUMENTS)} at {args.concurrency} in flight; medians of {args.repeat} "
           f"runs of {args.calls} calls; {os.cpu_count()} CPUs shared by the client and the sidecars", file=out)
