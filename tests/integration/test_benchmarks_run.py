@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,12 @@ def test_the_targets_run_refuses_an_unknown_benchmark() -> None:
     done = subprocess.run([sys.executable, "benchmarks/targets.py", "--only", "execute,soak"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and "--only: unknown benchmark(s) ['soak']" in done.stderr
+
+
+def test_the_targets_run_names_a_benchmark_that_failed_and_exits_1() -> None:
+    env = {**os.environ, "TOOLBOOTH_TEST_POSTGRES_DSN": "postgresql://postgres@127.0.0.1:1/none?connect_timeout=2"}
+    command = ["benchmarks/targets.py", "--only", "writes", "--calls", "20", "--repeat", "1"]
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL, env=env)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "FAILED writes: bench_writes.py exited with" in done.stdout
