@@ -129,7 +129,8 @@ async def create_server(settings: Settings, gateway: ToolGateway, *, policy: Sta
     dev = settings.auth.effective_mode is AuthMode.DEV
     chain = interceptors.chain(Authenticator(settings.auth), metrics=metrics, trace_context=trace_context,
                                access_log=settings.logging.access)
-    server = grpc.aio.server(interceptors=chain, options=_channel_options(settings.limits, reuse_port))
+    server = grpc.aio.server(interceptors=[interceptors.Layered(chain)],
+                             options=_channel_options(settings.limits, reuse_port))
     pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway), server)
     names = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
     operators = Operators(settings.auth)

@@ -6,7 +6,7 @@
 ``AuthInterceptor`` authenticates the caller and hands servicers the ``current_principal()``;
 ``MetricsInterceptor`` (with ``metrics.listen``) counts and times every call, and ``AccessLogInterceptor``
 (``logging.access``) writes its access line, outside all of them.
-All build on ``UnaryInterceptor``.
+All are ``UnaryInterceptor`` layers, which ``Layered`` runs as the server's one gRPC interceptor.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from sidecar.server.interceptors.auth import AuthInterceptor, current_principal
 from sidecar.server.interceptors.metrics import MetricsInterceptor
 from sidecar.server.interceptors.status import StatusInterceptor
 from sidecar.server.interceptors.trace_context import TraceContextInterceptor
-from sidecar.server.interceptors.unary import UnaryInterceptor
+from sidecar.server.interceptors.unary import Layered, UnaryInterceptor
 
-__all__ = ["AccessLogInterceptor", "AuthInterceptor", "MetricsInterceptor", "StatusInterceptor",
+__all__ = ["AccessLogInterceptor", "AuthInterceptor", "Layered", "MetricsInterceptor", "StatusInterceptor",
            "TraceContextInterceptor", "UnaryInterceptor", "chain", "current_principal"]
 
 

@@ -1,12 +1,18 @@
-"""``UnaryInterceptor``: code that runs around every RPC of Toolbooth's own services (each served by a coroutine).
+"""``UnaryInterceptor``: code that runs around every RPC of Toolbooth's own services (each served by a coroutine),
+and ``Layered``, the one ``grpc.aio.ServerInterceptor`` that runs them.
 
 A ``grpc.aio.ServerInterceptor`` only chooses the method handler: ``intercept_service`` returns
 before the servicer method runs, so an exception the servicer raises never passes through it, and
-what it sets there is not guaranteed to be seen by the servicer. So this base class returns a
-handler whose behaviour wraps the servicer's: a subclass's ``around`` gets the call and a
-``proceed`` that runs the rest of the chain and the servicer method, in the same task, inside any
-``try`` or context variable it sets up. Status mapping and authentication are such subclasses; an
-access log, metrics or tracing would be others.
+what it sets there is not guaranteed to be seen by the servicer. So a layer's ``around`` gets the
+call and a ``proceed`` that runs the inner layers and the servicer method, in the same task, inside
+any ``try`` or context variable it sets up. Status mapping, authentication, the access log, metrics
+and the trace context are such layers.
+
+``Layered`` wraps each method's handler in all the layers once, the first time the method is called,
+and hands gRPC that handler from then on: an RPC pays one ``intercept_service`` and a coroutine per
+layer, not one interceptor of gRPC's per layer, each making its handler anew. Request bytes that do not
+decode as the method's message reach the layers as ``Rpc.undecodable`` (the status layer refuses them
+with INVALID_ARGUMENT, before authentication), never the servicer.
 
 Only ``toolbooth.v1.*`` methods are wrapped; health and reflection pass through untouched. Every
 Toolbooth method is served by a coroutine: a unary one returns its reply; a server-streaming one
@@ -21,17 +27,19 @@ from __future__ import annotations
 import abc
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
+from sidecar.errors import InvalidRequestError
 
-__all__ = ["TOOLBOOTH_METHOD_PREFIX", "Behavior", "Proceed", "Rpc", "UnaryInterceptor", "behavior_of",
-           "is_toolbooth_method"]
+__all__ = ["TOOLBOOTH_METHOD_PREFIX", "UNDECODABLE_DETAILS", "Behavior", "Layered", "Proceed", "Rpc",
+           "UnaryInterceptor", "behavior_of", "is_toolbooth_method"]
 
 TOOLBOOTH_METHOD_PREFIX = f"/{pb.DESCRIPTOR.package}."
+UNDECODABLE_DETAILS = "the request is not a valid protobuf message of this method"
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -41,15 +49,18 @@ _Context = grpc.aio.ServicerContext[Any, Any]
 _Continuation = Callable[[grpc.HandlerCallDetails], Awaitable["grpc.RpcMethodHandler[Request, Response] | None"]]
 Behavior = Callable[[Any, _Context], Awaitable[Any]]
 _Rewrap = Callable[[Behavior, Any, Any], "grpc.RpcMethodHandler[Any, Any]"]  # (behavior, deserializer, serializer)
+_Served = Callable[["Rpc", Any], Awaitable[Any]]  # one layer and all inside it, for one request
 
 
-@dataclass(frozen=True)
 class Rpc:
-    """One call as an interceptor sees it: the full method name, the caller's metadata, the context."""
+    """One call as a layer sees it: the full method name, the caller's metadata, the context, and whether the
+    request bytes failed to decode as the method's message."""
 
-    method: str
-    metadata: Sequence[tuple[str, str | bytes]]
-    context: _Context
+    __slots__ = ("context", "metadata", "method", "undecodable")
+
+    def __init__(self, method: str, metadata: Sequence[tuple[str, str | bytes]], context: _Context,
+                 undecodable: bool = False) -> None:
+        self.method, self.metadata, self.context, self.undecodable = method, metadata, context, undecodable
 
 
 def is_toolbooth_method(method: str) -> bool:
@@ -68,26 +79,71 @@ def behavior_of(method: str, handler: grpc.RpcMethodHandler[Any, Any]) -> tuple[
     raise TypeError(f"{method}: only unary methods and server streams served by a coroutine can be intercepted")
 
 
-class UnaryInterceptor(grpc.aio.ServerInterceptor, abc.ABC):
-    """Runs ``around`` around every ``toolbooth.v1`` method (unary, or a server stream served by a coroutine);
-    other services are left alone."""
+class UnaryInterceptor(abc.ABC):
+    """A layer around every ``toolbooth.v1`` method (unary, or a server stream served by a coroutine), run by
+    ``Layered``."""
 
     @abc.abstractmethod
     async def around(self, rpc: Rpc, proceed: Proceed[T]) -> T:
         """Serve ``rpc``: usually ``return await proceed()``, with something before, after or around it."""
 
+
+class _Undecodable:
+    """What the lenient request deserializer gives for bytes that are not the method's message."""
+
+
+class Layered(grpc.aio.ServerInterceptor):
+    """``layers`` (outermost first) around every Toolbooth method, each method's handler wrapped once."""
+
+    def __init__(self, layers: Sequence[UnaryInterceptor]) -> None:
+        self.layers = tuple(layers)
+        self._handlers: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
+
     async def intercept_service(
         self, continuation: _Continuation[Request, Response], handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Request, Response] | None:
-        """The handler of the method, its behaviour wrapped in ``around`` for Toolbooth's methods."""
+        """The handler of the method, wrapped in the layers for Toolbooth's methods (made once per method)."""
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or not is_toolbooth_method(method):
             return handler
+        known = self._handlers.get(method)
+        if known is None or known[0] is not handler:
+            known = self._handlers[method] = (handler, self._wrapped(method, handler))
+        return cast("grpc.RpcMethodHandler[Request, Response]", known[1])
+
+    def _wrapped(self, method: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
         behavior, rewrap = behavior_of(method, handler)
-        metadata = tuple(handler_call_details.invocation_metadata or ())
+        decode = handler.request_deserializer
 
-        async def wrapped(request: Any, context: _Context) -> Any:
-            return await self.around(Rpc(method, metadata, context), lambda: behavior(request, context))
+        def lenient(data: bytes) -> Any:
+            try:
+                return data if decode is None else decode(data)
+            except DecodeError:
+                return _Undecodable()
 
-        return rewrap(wrapped, handler.request_deserializer, handler.response_serializer)
+        async def servicer(rpc: Rpc, request: Any) -> Any:
+            if rpc.undecodable:  # never served, even where no layer refused it
+                raise InvalidRequestError(UNDECODABLE_DETAILS)
+            return await behavior(request, rpc.context)
+
+        served: _Served = servicer
+        for layer in reversed(self.layers):
+            served = _around(layer, served)
+
+        async def serve(request: Any, context: _Context) -> Any:
+            metadata = cast("Sequence[tuple[str, str | bytes]]", context.invocation_metadata() or ())
+            rpc = Rpc(method, metadata, context, type(request) is _Undecodable)
+            return await served(rpc, request)
+
+        return rewrap(serve, lenient, handler.response_serializer)
+
+
+def _around(layer: UnaryInterceptor, inner: _Served) -> _Served:
+    """``layer`` around ``inner``."""
+    around = layer.around
+
+    async def served(rpc: Rpc, request: Any) -> Any:
+        return await around(rpc, lambda: inner(rpc, request))
+
+    return served
