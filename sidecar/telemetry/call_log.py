@@ -1,8 +1,14 @@
-"""The call a log line is written during: set for the time it runs through the chain (``in_call``), read only
-when a line is actually written (``call_fields``), so a call costs one context variable, not a line's fields.
+"""The call a log line is written during: its fields set for the time it runs through the chain (``in_call``),
+read only when a line is actually written (``call_fields``), so a call costs one context variable holding a small
+tuple, not a line's fields.
 
 Each JSON line written during a call carries ``request_id``, ``tool``, ``principal`` (the caller's id) and,
 when the sidecar traces, the ``trace_id`` and ``span_id`` of the call's span.
+
+The variable holds those values, never the ``Call``: every timer and callback scheduled during the call copies
+the context, and a cancelled timer stays in the event loop's queue for a while, so a context holding the call
+kept each call's whole object graph alive after it ended, for the garbage collector to walk again and again
+(~15 µs of CPU per call at 16 in flight, measured).
 """
 
 from __future__ import annotations
@@ -13,35 +19,38 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
+from opentelemetry.trace import SpanContext
 
 if TYPE_CHECKING:
     from sidecar.pipeline.call import Call
 
 __all__ = ["call_fields", "in_call"]
 
-_call: ContextVar[Call | None] = ContextVar("toolbooth_log_call", default=None)
+_Fields = tuple[str, str, str, SpanContext | None]  # request id, tool, principal id, the call's span
+_fields: ContextVar[_Fields | None] = ContextVar("toolbooth_log_call", default=None)
 
 
 @contextlib.contextmanager
 def in_call(call: Call) -> Iterator[None]:
-    """Lines written inside carry ``call``'s fields."""
-    token = _call.set(call)
+    """Lines written inside carry ``call``'s fields (those of its span: the span it has on entry)."""
+    span = None if call.trace is None else call.trace.span.get_span_context()
+    token = _fields.set((call.request_id, call.request.tool, call.principal.id, span))
     try:
         yield
     finally:
-        _call.reset(token)
+        _fields.reset(token)
 
 
 def call_fields(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """structlog processor: the fields of the call being served, and of its span, added to ``event``."""
-    call = _call.get()
-    if call is None:
+    fields = _fields.get()
+    if fields is None:
         return event
-    event.setdefault("request_id", call.request_id)
-    event.setdefault("tool", call.request.tool)
-    event.setdefault("principal", call.principal.id)
-    if call.trace is not None:
-        span = call.trace.span.get_span_context()
+    request_id, tool, principal, span = fields
+    event.setdefault("request_id", request_id)
+    event.setdefault("tool", tool)
+    event.setdefault("principal", principal)
+    if span is not None:
         event.setdefault("trace_id", trace.format_trace_id(span.trace_id))
         event.setdefault("span_id", trace.format_span_id(span.span_id))
     return event
