@@ -12,12 +12,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from sidecar.canonical import canonical_json
 from sidecar.contract import ApprovalResult, Preview, Principal
+from sidecar.ids import random_uuid_hex
 from sidecar.state import AuditEvent, AuditRecord, PreviewRecord, Store
 
 __all__ = ["CALLS_LOOKBACK", "calls_with", "decision_event"]
@@ -46,7 +46,7 @@ def decision_event(approver: Principal, record: PreviewRecord | None, action: di
                    revision: str, started: float) -> AuditEvent:
     """An approver's attempt as an audit event: status ``approved``/``denied``, or ``refused`` with its code."""
     return AuditEvent(
-        request_id=uuid.uuid4().hex, time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+        request_id=random_uuid_hex(), time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
         principal_id=approver.id, tenant=approver.tenant, tool=record.tool if record else "",
         tool_version=record.tool_version if record else "", input_hash=record.preview_hash if record else "",
         decisions_json=canonical_json({"approver": action}), policy_revision=revision, idempotency_key=None,

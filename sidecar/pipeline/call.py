@@ -21,7 +21,6 @@ import contextlib
 import functools
 import hashlib
 import logging
-import uuid
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from pydantic import BaseModel
 
 from sidecar.canonical import canonical_bytes, legacy_sha256_hex, sha256_hex
 from sidecar.contract import CallRequest, Principal, ToolResult
+from sidecar.ids import random_uuid_hex
 from sidecar.policy.input import CallInput, InputParts, now_utc
 from sidecar.state import KeyScope
 from sidecar.tools.definition import ProgressSink, ToolContext, ToolDefinition
@@ -70,7 +70,7 @@ class Call:
     caller_deadline: float | None = None  # ``time.monotonic()`` by which the caller stops waiting
     progress: ProgressSink | None = None  # the transport's: where the handler's progress reports go
     time: str = field(default_factory=now_utc)  # ``input.context.time`` of every decision of the call
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    request_id: str = field(default_factory=random_uuid_hex)
     started: float = field(default_factory=monotonic)
     tool: ToolDefinition[Any, Any] | None = None  # resolve: the tool, once available to the caller
     inputs: InputParts | None = None  # resolve: the policy input's shared parts

@@ -6,7 +6,6 @@ import asyncio
 import json
 import shutil
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from sidecar.contract import CallRequest, ErrorCode, Recovery, Status, ToolResul
 from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
 from sidecar.pipeline import Pipeline
 from sidecar.pipeline.call import Arguments, Call
-from sidecar.pipeline.decisions import decision_id
 from sidecar.policy import CALL_STAGES, Decision, DelegatingEngine, PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import CallInput, PolicyInput
@@ -572,14 +570,6 @@ async def test_a_deadline_already_passed_runs_nothing(make_pipeline: PipelineFac
                                     caller_deadline=time.monotonic() - 1)
     assert result.error is not None and result.error.code is ErrorCode.TIMEOUT
     assert result.error.message == "the call's deadline passed before the tool ran"
-
-
-def test_decision_ids_are_random_version_4_uuids() -> None:
-    ids = [decision_id() for _ in range(2000)]
-    parsed = [uuid.UUID(text) for text in ids]
-    assert all(str(one) == text and one.version == 4 and one.variant == uuid.RFC_4122
-               for one, text in zip(parsed, ids, strict=True))
-    assert len(set(ids)) == len(ids) and {text[19] for text in ids} == set("89ab")
 
 
 @pytest.mark.parametrize("data", [{}, {"text": "hi", "n": 2}, {"x": 1e-07, "y": 2.0, "z": [1.5, None, True]},
