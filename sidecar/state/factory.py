@@ -27,6 +27,7 @@ async def open_store(settings: StoreSettings, *, metrics: Metrics | None = None)
                                          down_wait=settings.down_wait_seconds)
     else:
         store = await SqliteStore.open(settings.sqlite_path, busy_timeout_ms=settings.busy_timeout_ms)
+    store.linger_audit(settings.audit_linger_ms / 1000)
     if metrics is not None:
         store.observe(metrics)
     try:

@@ -222,6 +222,10 @@ class SqlStore:
         [(key,)] = await self.driver.fetch(self._sql.mask_key)
         return bytes.fromhex(key)
 
+    def linger_audit(self, seconds: float) -> None:
+        """Let queued audit events gather ``seconds`` before a commit writes them together (0: write at once)."""
+        self._audit.linger = seconds
+
     def use_chain_key(self, key: bytes | None) -> None:
         """Key the links appended from now on with ``key`` (``None``: unkeyed); the key is never stored."""
         self._chain_key = key
