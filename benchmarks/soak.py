@@ -17,7 +17,10 @@ In one run this script
    of that preview: ``APPROVAL_REQUIRED``, the expected typed result, timed alone); it rewrites the policy
    data every ``--bucket-seconds`` (60) so hot reload fires;
 4. with ``--postgres``, cuts the database off halfway (the proxy drops every connection and refuses new
-   ones, as a restarting server does) for ``--outage-seconds``, then lets it back;
+   ones, as a restarting server does) for ``--outage-seconds``, then lets it back; or, with
+   ``--stop-command`` and ``--start-command``, really stops the server with the one, waits
+   ``--outage-seconds`` and starts it again with the other (then the sidecar reaches the server directly,
+   and the server is started again whatever happens to the run);
 5. stops the sidecar (SIGTERM) and runs ``toolbooth audit verify`` and ``toolbooth audit export`` on its store.
 
 It reports, per bucket (a minute): calls/s, p50 and p99, RSS; and the verdicts: no error other than the
@@ -121,6 +124,54 @@ async def _proxy_main(port: int, upstream: tuple[str, int]) -> None:
     loop.add_signal_handler(signal.SIGUSR2, lambda: asyncio.ensure_future(restore()))
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
+
+
+class ProxyCut:
+    """The outage as the proxy makes it: every connection dropped and new ones refused, until restored."""
+
+    def __init__(self, proxy: subprocess.Popen[bytes]) -> None:
+        self._proxy = proxy
+
+    async def cut(self) -> None:
+        self._proxy.send_signal(signal.SIGUSR1)
+
+    async def restore(self) -> None:
+        self._proxy.send_signal(signal.SIGUSR2)
+
+    async def ensure_up(self) -> None:
+        """Nothing to do: the proxy dies with the run."""
+
+
+class ServerRestart:
+    """The outage as a restart of the database server: ``stop`` and ``start`` are shell commands."""
+
+    def __init__(self, stop: str, start: str) -> None:
+        self._stop, self._start, self._down = stop, start, False
+
+    async def cut(self) -> None:
+        self._down = True
+        await _shell(self._stop)
+
+    async def restore(self) -> None:
+        await _shell(self._start)
+        self._down = False
+
+    async def ensure_up(self) -> None:
+        """Start the server again if the run stopped it and ended before it could (an error, Ctrl-C)."""
+        if self._down:
+            be.progress("starting the database server again")
+            await self.restore()
+
+
+Outage = ProxyCut | ServerRestart
+
+
+async def _shell(command: str) -> None:
+    process = await asyncio.create_subprocess_shell(command, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+    output, _ = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"{command!r} exited with {process.returncode}: {output.decode(errors='replace')[-500:]}")
 
 
 # --- calls ------------------------------------------------------------------------------------------------
@@ -248,7 +299,7 @@ def rewrite_policy(policies: Path, generation: int) -> None:
 
 
 async def paced(mix: Mix, rate: float, args: argparse.Namespace, pid: int, policies: Path,
-                proxy: subprocess.Popen[bytes] | None) -> Soak:
+                outage: Outage | None) -> Soak:
     soak = Soak()
     duration = args.minutes * 60
     started = time.monotonic()
@@ -259,7 +310,7 @@ async def paced(mix: Mix, rate: float, args: argparse.Namespace, pid: int, polic
 
     async def background() -> None:
         generation, next_reload, next_rss = 0, args.bucket_seconds, 0.0
-        outage_at = duration / 2 if proxy is not None else None
+        outage_at = duration / 2 if outage is not None else None
         while (now := time.monotonic() - started) < duration:
             if now >= next_rss:
                 if (rss := rss_bytes(pid)) is not None:
@@ -270,13 +321,13 @@ async def paced(mix: Mix, rate: float, args: argparse.Namespace, pid: int, polic
                 rewrite_policy(policies, generation)
                 soak.reloads += 1
                 next_reload += args.bucket_seconds
-            if outage_at is not None and proxy is not None and now >= outage_at:
+            if outage_at is not None and outage is not None and now >= outage_at:
                 outage_at = None
-                proxy.send_signal(signal.SIGUSR1)
                 cut = time.monotonic() - started
-                be.progress(f"  database cut at {cut:.1f} s")
+                await outage.cut()
+                be.progress(f"  database cut at {cut:.1f} s (down at {time.monotonic() - started:.1f} s)")
                 await asyncio.sleep(args.outage_seconds)
-                proxy.send_signal(signal.SIGUSR2)
+                await outage.restore()
                 soak.outage = (cut, time.monotonic() - started)
                 be.progress(f"  database back at {soak.outage[1]:.1f} s")
             await asyncio.sleep(0.05)
@@ -473,16 +524,29 @@ async def soak(args: argparse.Namespace, children: be.Children, database: Any) -
     executions = tmp / "executions.log"
     os.environ["PYTHONPATH"] = os.pathsep.join([str(site), str(BENCHMARKS), os.environ.get("PYTHONPATH", "")])
     os.environ[soak_tools.EXECUTIONS_ENV] = str(executions)
-    proxy = None
+    outage: Outage | None = None
     dsn = None
     if database is not None:
         parts, name = database
-        port = be_free_port()
-        proxy = children.start("proxy", [sys.executable, __file__, "--proxy", str(port),
-                                         f"{parts.get('host', '127.0.0.1')}:{parts.get('port', 5432)}"],
-                               pdeathsig=True)
-        user = parts.get("user", "postgres")
-        dsn = f"postgresql://{user}@127.0.0.1:{port}/{name}"
+        host, port, user = parts.get("host", "127.0.0.1"), int(parts.get("port", 5432)), parts.get("user", "postgres")
+        if args.stop_command:
+            outage = ServerRestart(args.stop_command, args.start_command)
+        else:
+            port, upstream = be_free_port(), f"{host}:{port}"
+            host = "127.0.0.1"
+            outage = ProxyCut(children.start("proxy", [sys.executable, __file__, "--proxy", str(port), upstream],
+                                             pdeathsig=True))
+        dsn = f"postgresql://{user}@{host}:{port}/{name}"
+    try:
+        return await _soak(args, children, outage, dsn, executions)
+    finally:
+        if outage is not None:
+            await outage.ensure_up()
+
+
+async def _soak(args: argparse.Namespace, children: be.Children, outage: Outage | None, dsn: str | None,
+                executions: Path) -> dict[str, Any]:
+    tmp = children.tmp
     config, policies = configure(tmp, args, dsn)
     sidecar = children.start("sidecar", [sys.executable, "-m", "sidecar", "serve", "--config", str(config)],
                              pdeathsig=True)
@@ -496,7 +560,7 @@ async def soak(args: argparse.Namespace, children: be.Children, database: Any) -
         be.progress(f"peak {peak:.0f} calls/s at {args.concurrency} in flight; pacing at {rate:.0f} calls/s for "
                     f"{args.minutes} min")
         mix.count = 0
-        result = await paced(mix, rate, args, sidecar.pid, policies, proxy)
+        result = await paced(mix, rate, args, sidecar.pid, policies, outage)
     sidecar.send_signal(signal.SIGTERM)
     stopped = await asyncio.to_thread(sidecar.wait, 120)
     fresh = {o.key for o in result.outcomes if o.result == "fresh"}
@@ -525,6 +589,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-in-flight", type=int, default=256, help="paced calls in flight at most (256)")
     parser.add_argument("--postgres", action="store_true", help="PostgreSQL, cut off once halfway")
     parser.add_argument("--outage-seconds", type=float, default=10.0, help="how long the database is cut off")
+    parser.add_argument("--stop-command", help="with --postgres: a shell command that stops the database server, "
+                        "run halfway instead of the proxy's cut (e.g. 'pg_ctlcluster 15 main stop')")
+    parser.add_argument("--start-command", help="with --stop-command: the command that starts it again")
     parser.add_argument("--json", action="store_true", help="a JSON document on stdout (the report on stderr)")
     parser.add_argument("--proxy", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -532,6 +599,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                or args.peak_seconds <= 0 or args.concurrency < 1 or args.max_in_flight < 1):
         parser.error("--minutes, --bucket-seconds, --peak-seconds must be positive, --load-fraction in (0, 1], "
                      "--concurrency and --max-in-flight at least 1")
+    if (args.stop_command is None) != (args.start_command is None) or (args.stop_command and not args.postgres):
+        parser.error("--stop-command and --start-command go together, and with --postgres")
     return args
 
 

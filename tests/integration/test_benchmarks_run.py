@@ -63,6 +63,12 @@ def test_the_soak_runs_to_its_report() -> None:
     assert report["reloads"] >= 1 and report["fresh_writes"] > 0 and report["typed_results"]["approval_required"] > 0
 
 
+def test_a_stop_command_needs_a_start_command() -> None:
+    done = subprocess.run([sys.executable, "benchmarks/soak.py", "--postgres", "--stop-command", "true"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "--stop-command and --start-command go together" in done.stderr
+
+
 def test_a_bad_arguments_mode_is_refused() -> None:
     done = subprocess.run([sys.executable, "benchmarks/bench_execute.py", "--arguments", "repeated,random"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
