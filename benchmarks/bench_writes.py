@@ -137,6 +137,14 @@ class Run:
     cpu_us_per_call: float  # the sidecars' CPU time (all threads) per measured call
     load: float  # 1-minute load average at the end of the run
     problems: list[str]
+    busy_cores: float = 0.0  # the whole machine's busy CPU during the measured phase, in cores
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the machine's cores have spent busy (neither idle nor waiting for I/O) since boot: the
+    client, the sidecars, PostgreSQL and anything else running."""
+    values = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
 
 
 class Driver:
@@ -229,9 +237,9 @@ async def run_mode(mode: str, args: argparse.Namespace, children: base.Children,
         driver = Driver(targets, args.concurrency, f"{mode}-{index}")
         try:
             await driver.phase(args.warmup, args.max_seconds)
-            cpu = cpu_seconds(children, names)
+            cpu, busy = cpu_seconds(children, names), machine_busy_seconds()
             measured, seconds = await driver.phase(args.calls, args.max_seconds)
-            cpu = cpu_seconds(children, names) - cpu
+            cpu, busy = cpu_seconds(children, names) - cpu, machine_busy_seconds() - busy
         finally:
             await driver.aclose()
         load, keys, failures = os.getloadavg()[0], driver.keys, driver.failures
@@ -249,7 +257,7 @@ async def run_mode(mode: str, args: argparse.Namespace, children: base.Children,
         if schema is not None:
             drop_schema(args.postgres_dsn, schema)
     return Run(mode, measured, seconds, len(failures), measured / seconds if seconds else 0.0,
-               cpu * 1e6 / measured if measured else 0.0, load, problems)
+               cpu * 1e6 / measured if measured else 0.0, load, problems, busy / seconds if seconds else 0.0)
 
 
 async def run_store(mode: str, args: argparse.Namespace, tmp: Path) -> Run:
@@ -284,10 +292,10 @@ async def run_store(mode: str, args: argparse.Namespace, tmp: Path) -> Run:
                 store.queue_audit(dataclasses.replace(event, status="success"))
 
         await asyncio.gather(*(call(n) for n in range(args.warmup)))
-        cpu, started = time.process_time(), time.monotonic()
+        cpu, started, busy = time.process_time(), time.monotonic(), machine_busy_seconds()
         await asyncio.gather(*(call(n) for n in range(args.warmup, args.warmup + args.calls)))
         await store.flush_audit()
-        seconds, cpu = time.monotonic() - started, time.process_time() - cpu
+        seconds, cpu, busy = time.monotonic() - started, time.process_time() - cpu, machine_busy_seconds() - busy
         load = os.getloadavg()[0]
         problems = [f"{n} has no result" for n in range(args.warmup + args.calls)
                     if (record := await store.operation(KeyScope("bench", "dev", TOOL, f"{mode}-{n}"))) is None
@@ -299,7 +307,8 @@ async def run_store(mode: str, args: argparse.Namespace, tmp: Path) -> Run:
         await store.aclose()
         if schema is not None:
             drop_schema(args.postgres_dsn, schema)
-    return Run(mode, args.calls, seconds, 0, args.calls / seconds, cpu * 1e6 / args.calls, load, problems)
+    return Run(mode, args.calls, seconds, 0, args.calls / seconds, cpu * 1e6 / args.calls, load, problems,
+               busy / seconds)
 
 
 def stop(children: base.Children, name: str) -> None:
@@ -339,6 +348,7 @@ def summarize(runs: list[Run], modes: list[str], repeat: int) -> dict[str, Any]:
     summary: dict[str, Any] = {
         mode: {"median_calls_per_s": statistics.median(r.calls_per_s for r in rs),
                "median_cpu_us_per_call": statistics.median(r.cpu_us_per_call for r in rs),
+               "median_busy_cores": statistics.median(r.busy_cores for r in rs),
                "runs": [round(r.calls_per_s, 1) for r in rs], "loads": [round(r.load, 2) for r in rs]}
         for mode, rs in by_mode.items() if rs}
     if by_mode.get("pg1") and by_mode.get("pg2"):
@@ -349,16 +359,18 @@ def summarize(runs: list[Run], modes: list[str], repeat: int) -> dict[str, Any]:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    lines = [f"{'mode':<13} {'calls/s (median)':>17} {'CPU µs/call':>12}  runs (load average)"]
+    lines = [f"{'mode':<13} {'calls/s (median)':>17} {'CPU µs/call':>12} {'busy cores':>10}  runs (load average)"]
     for mode in MODES:
         if mode in summary:
             row = summary[mode]
             runs = ", ".join(f"{value} ({load})" for value, load in zip(row["runs"], row["loads"], strict=True))
-            rate, cpu = row["median_calls_per_s"], row["median_cpu_us_per_call"]
-            lines.append(f"{mode:<13} {rate:>17.1f} {cpu:>12.0f}  {runs}")
+            rate, cpu, busy = row["median_calls_per_s"], row["median_cpu_us_per_call"], row["median_busy_cores"]
+            lines.append(f"{mode:<13} {rate:>17.1f} {cpu:>12.0f} {busy:>10.2f}  {runs}")
     if "ratio_pg2_pg1" in summary:
         ratio = summary["ratio_pg2_pg1"]
-        lines.append(f"pg2/pg1       {ratio['median']:>17.2f} {'':>12}  {', '.join(map(str, ratio['runs']))}")
+        lines.append(f"pg2/pg1       {ratio['median']:>17.2f} {'':>12} {'':>10}  {', '.join(map(str, ratio['runs']))}")
+    lines.append(f"busy cores: the whole machine's CPU in use while measuring, of {os.cpu_count()}: what a second "
+                 "sidecar can add is at most what is left")
     return "\n".join(lines)
 
 
@@ -392,7 +404,8 @@ async def bench(args: argparse.Namespace, children: base.Children) -> list[Run]:
             run = await run_mode(mode, args, children, index)
             problems = "".join(f"; {problem}" for problem in run.problems)
             print(f"{mode} #{index + 1}: {run.calls_per_s:.1f} calls/s ({run.calls} calls in {run.seconds:.2f} s, "
-                  f"{run.cpu_us_per_call:.0f} µs CPU/call, load {run.load:.2f}){problems}", file=sys.stderr)
+                  f"{run.cpu_us_per_call:.0f} µs CPU/call, machine {run.busy_cores:.2f} cores busy, "
+                  f"load {run.load:.2f}){problems}", file=sys.stderr)
             runs.append(run)
     return runs
 
