@@ -36,6 +36,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -716,6 +717,13 @@ TARGET_HEADER = ("target", "figure", "ratio", "wanted", "met")
 
 def raise_keyboard_interrupt(number: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (a child binds it next)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def run_with_children(bench: Callable[[argparse.Namespace, Children], Awaitable[dict[str, Any]]],

@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,7 @@ from bench_execute import (
     Children,
     Interrupted,
     Run,
+    free_port,
     grpc_call,
     health_serving,
     measure,
@@ -71,13 +71,6 @@ from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 
 CLIENTS = {"sdk": "mcp-sdk", "lean": "mcp-lean"}  # --clients value: the name of its runs
 LABELS = {"grpc": "gRPC", "mcp-sdk": "MCP, SDK client", "mcp-lean": "MCP, lean client"}
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the sidecar binds it next)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def write_config(tmp: Path, socket_path: Path, port: int, *, json_response: bool) -> Path:

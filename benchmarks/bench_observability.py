@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,7 @@ from bench_execute import (
     Children,
     Interrupted,
     Run,
+    free_port,
     grpc_call,
     health_serving,
     measure,
@@ -106,12 +106,6 @@ class Scrapes:
     ok: int = 0
     failed: int = 0
     last: str = ""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:

@@ -21,14 +21,11 @@ each to the echo's calls/s within the same repeat, as medians of ``--repeat`` ru
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import itertools
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
 import sys
 import time
@@ -46,12 +43,6 @@ from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 
 SERVERS = ("echo", "workers1", "workers2")
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def sidecar_config(tmp: Path, name: str, port: int, workers: int) -> Path:
@@ -92,7 +83,7 @@ async def run(args: argparse.Namespace, children: be.Children) -> dict[str, Any]
     request = pb.ExecuteToolRequest(tool=be.TOOL, arguments_json=json.dumps(be.ARGUMENTS))
     targets: dict[str, str] = {}
     for name, workers in (("workers1", 1), ("workers2", 2)):
-        port = free_port()
+        port = be.free_port()
         (children.tmp / name).mkdir()
         config = sidecar_config(children.tmp, name, port, workers)
         children.start(name, [sys.executable, "-m", "sidecar", "serve", "--config", str(config)], pdeathsig=True)
@@ -105,7 +96,7 @@ async def run(args: argparse.Namespace, children: be.Children) -> dict[str, Any]
         if reply.status != pb.STATUS_SUCCESS:
             raise RuntimeError(f"the sidecar's first reply is not a success: {reply}")
         (children.tmp / "reply.bin").write_bytes(reply.SerializeToString())
-        targets["echo"] = f"127.0.0.1:{free_port()}"
+        targets["echo"] = f"127.0.0.1:{be.free_port()}"
         children.start("echo", [sys.executable, str(Path(be.__file__).resolve()), "--echo-server", targets["echo"],
                                 str(children.tmp / "reply.bin")], pdeathsig=False)
         await be.wait_ready(children, "echo", targets["echo"], be.answers(request))
@@ -169,20 +160,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, be.raise_keyboard_interrupt)
-    be.sidecar_env_clean()
-    children = be.Children()
     started = time.monotonic()
-    try:
-        results = asyncio.run(run(args, children))
-    except KeyboardInterrupt:
-        be.progress("interrupted; stopping the servers")
-        return 130
-    except RuntimeError as exc:
-        be.progress(f"error: {exc}")
-        return 1
-    finally:
-        children.close()
+    results = be.run_with_children(run, args)
+    if isinstance(results, int):
+        return results
     out = sys.stderr if args.json else sys.stdout
     print(f"\nExecuteTool {be.TOOL} over 127.0.0.1 TCP, {args.concurrency} in flight over {args.channels} channels; "
           f"medians of {args.repeat} runs of {args.calls} calls; {os.cpu_count()} CPUs shared; load average "

@@ -532,7 +532,7 @@ async def soak(args: argparse.Namespace, children: be.Children, database: Any) -
         if args.stop_command:
             outage = ServerRestart(args.stop_command, args.start_command)
         else:
-            port, upstream = be_free_port(), f"{host}:{port}"
+            port, upstream = be.free_port(), f"{host}:{port}"
             host = "127.0.0.1"
             outage = ProxyCut(children.start("proxy", [sys.executable, __file__, "--proxy", str(port), upstream],
                                              pdeathsig=True))
@@ -568,14 +568,6 @@ async def _soak(args: argparse.Namespace, children: be.Children, outage: Outage 
     outcome = report(result, args, peak, rate, executions, store, stopped)
     outcome["sidecar_log_problems"] = children.log_problems("sidecar")
     return outcome
-
-
-def be_free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
