@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import re
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -23,7 +25,7 @@ from typing import TypeVar
 from sidecar.errors import StoreRefusedError, StoreUnavailableError
 from sidecar.state.driver import Deferred, Dialect, Params, Row, StatementRunner, Transaction, naming
 
-__all__ = ["SQLITE", "SqliteDriver", "connect", "script_statements"]
+__all__ = ["SQLITE", "SqliteDriver", "connect", "insert_many", "script_statements"]
 
 T = TypeVar("T")
 
@@ -82,6 +84,34 @@ def script_statements(script: str) -> list[str]:
     if any(line.strip() and not line.strip().startswith("--") for line in pending.splitlines()):
         raise ValueError(f"an SQL statement is not terminated by ';': {pending.strip()!r}")
     return statements
+
+
+_VALUES = re.compile(r"\bVALUES\s*(\(\s*\?(?:\s*,\s*\?)*\s*\))\s*$", re.IGNORECASE)
+
+
+def insert_many(db: sqlite3.Connection, sql: str, rows: Iterable[Params]) -> None:
+    """``db.executemany(sql, rows)``, but an ``INSERT ... VALUES (?, ...)`` goes as few multi-row statements.
+
+    ``sqlite3`` lets go of the GIL around every statement it steps, and this thread then waits to get it back;
+    while the event loop is busy that wait is up to the interpreter's switch interval (5 ms), once per row
+    with ``executemany``. So a batch of audit rows written row by row took seconds under load, while the calls
+    queued more behind it (the queue, and the memory, grew without end). Here the rows go in chunks whose
+    sizes are powers of two (few distinct statements for the statement cache), each within SQLite's limit on
+    variables, in order: the rows of a chunk are inserted in the order given.
+    """
+    match = _VALUES.search(sql)
+    if match is None:
+        db.executemany(sql, rows)
+        return
+    group = match.group(1)
+    width = group.count("?")
+    largest = 1 << max(0, (db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width).bit_length() - 1)
+    head, pending = sql[:match.start(1)], iter(rows)
+    while chunk := list(itertools.islice(pending, largest)):
+        while chunk:
+            size = 1 << (len(chunk).bit_length() - 1)  # the largest power of two it holds
+            part, chunk = chunk[:size], chunk[size:]
+            db.execute(head + ", ".join(itertools.repeat(group, size)), [value for row in part for value in row])
 
 
 def _named(sql: str, step: Callable[[sqlite3.Connection], object]) -> Callable[[sqlite3.Connection], None]:
@@ -161,7 +191,7 @@ class _Transaction:
         return deferred
 
     async def execute_many(self, sql: str, rows: Iterable[Params]) -> None:
-        self._pending.append(_named(sql, lambda db: db.executemany(sql, rows)))
+        self._pending.append(_named(sql, lambda db: insert_many(db, sql, rows)))
 
     async def execute_script(self, script: str) -> None:
         statements = script_statements(script)
