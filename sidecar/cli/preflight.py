@@ -112,6 +112,7 @@ async def preflight(settings: Settings) -> Checked:
 
 async def _check_policy(settings: Settings) -> str:
     """Load the policies as ``serve`` does, but never upload them to an OPA server."""
+    from sidecar.policy.compiling import compiled
     from sidecar.policy.factory import open_reloading
     from sidecar.policy.files import checked_files
 
@@ -120,7 +121,7 @@ async def _check_policy(settings: Settings) -> str:
         assert policy.opa is not None
         if not policy.opa.upload_policies:
             return f"opa {policy.opa.url}: policies managed by OPA (not contacted)"
-        files = await asyncio.to_thread(checked_files, policy.path)
+        files = await compiled(checked_files, policy.path)
         return f"opa {policy.opa.url} (not contacted): directory {policy.path}, revision {files.revision}"
     reloader = await open_reloading(policy)
     try:

@@ -5,7 +5,6 @@ Closing one is ``await engine.aclose()``, whatever it wraps.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from sidecar.config import PolicyEngineKind, PolicySettings
@@ -13,6 +12,7 @@ from sidecar.errors import PolicyLoadError
 from sidecar.policy.bundle.fetch import BundleFetcher
 from sidecar.policy.bundle.signing import VerificationConfig
 from sidecar.policy.cache import CachingEngine
+from sidecar.policy.compiling import compiled
 from sidecar.policy.devtools.runner import Outcome, run_tests
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.engine import PolicyEngine
@@ -30,7 +30,7 @@ async def open_engine(settings: PolicySettings) -> PolicyEngine:
 
         assert settings.opa is not None  # config validation requires the section for this engine
         return await OpaEngine.open(settings.opa, settings.path)
-    return EmbeddedEngine(await asyncio.to_thread(checked_files, settings.path))
+    return EmbeddedEngine(await compiled(checked_files, settings.path))
 
 
 def policy_source(settings: PolicySettings) -> PolicySource:
@@ -49,7 +49,7 @@ def policy_source(settings: PolicySettings) -> PolicySource:
 async def _load_directory(settings: PolicySettings) -> PolicyEngine:
     """Compile ``policy.path`` here (and run its tests when required) before any engine serves it:
     an OPA server only ever receives a set that passed."""
-    files = await asyncio.to_thread(checked_files, settings.path)
+    files = await compiled(checked_files, settings.path)
     if settings.reload_requires_tests:
         await _require_passing_tests(settings.path)
     if settings.engine is PolicyEngineKind.OPA:
@@ -74,7 +74,7 @@ async def open_reloading(settings: PolicySettings) -> ReloadingEngine:
 
 
 async def _require_passing_tests(root: Path) -> None:
-    report = await asyncio.to_thread(run_tests, root)
+    report = await compiled(run_tests, root)
     if not report.passed:
         failed = [test.rule for test in report.tests if test.outcome is not Outcome.PASS]
         raise PolicyLoadError(f"policy tests under {root} failed: {', '.join(failed) or 'no tests found'}")

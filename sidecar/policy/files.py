@@ -109,7 +109,7 @@ class PolicyFiles:
 def checked_files(path: Path) -> PolicyFiles:
     """Read, compile and check a policy directory; safe on any thread (keeps no regorus engine).
 
-    Load off the event loop as ``EmbeddedEngine(await asyncio.to_thread(checked_files, path))``:
+    Load off the event loop as ``EmbeddedEngine(await compiled(checked_files, path))`` (``sidecar.policy.compiling``):
     the engine object itself should not pass through a worker thread, which might drop it last.
     """
     return check_files(PolicyFiles.read(Path(path)))

@@ -18,6 +18,7 @@ from pathlib import Path
 from sidecar.policy.bundle.fetch import BundleFetcher
 from sidecar.policy.bundle.format import load_bundle
 from sidecar.policy.bundle.signing import VerificationConfig
+from sidecar.policy.compiling import compiled
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.engine import PolicyEngine
 from sidecar.policy.files import PolicyFiles, check_files, policy_paths
@@ -107,7 +108,7 @@ class BundleSource:
 
     async def load(self) -> PolicyEngine:
         """Verify, check and compile the bundle last fingerprinted (off the event loop)."""
-        return EmbeddedEngine(await asyncio.to_thread(self._checked, self._content))
+        return EmbeddedEngine(await compiled(self._checked, self._content))
 
     def _checked(self, content: bytes) -> PolicyFiles:
         bundle = load_bundle(content, self.verification, name=self.description.removeprefix("bundle "))
