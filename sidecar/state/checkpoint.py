@@ -135,11 +135,12 @@ class Checkpointer:
     def __init__(self, store: Store, key: bytes, path: Path) -> None:
         self.store, self.path = store, path
         self._key = key
+        self._heads: list[ChainHead] = []  # of the last checkpoint written: the next counts on from them
 
     async def write(self) -> Checkpoint | None:
         """Write queued events, then the checkpoint of the chains' heads (none while the log has no links)."""
         await self.store.flush_audit()
-        heads = await self.store.audit_heads()
+        heads = self._heads = await self.store.audit_heads(self._heads)  # counted on from the last checkpoint
         if not heads:
             return None
         now = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")

@@ -40,7 +40,8 @@ class StoreStatements:
     last_audit_hash: str  # of one chain
     start_chain: str  # register a new chain after the newest link of the log: its id and that link's hash
     chains: str
-    audit_heads: str  # per chain: its id, id and hash of its newest link, and the number of its links up to it
+    last_audit_link: str  # of one chain: id and hash of its newest link
+    count_audit_links: str  # of one chain: its links after one id, up to another
     audit_after: str  # records after an id, oldest first, at most a limit; ``_newest``: newest first
     audit_after_newest: str
     audit_all_after: str  # the same without a limit
@@ -87,9 +88,10 @@ class StoreStatements:
                         "FROM (SELECT 1 AS one) o LEFT JOIN (SELECT id, hash FROM audit WHERE hash IS NOT NULL "
                         "ORDER BY id DESC LIMIT 1) l ON o.one = 1 RETURNING id, link_hash",
             chains="SELECT id, link_id, link_hash FROM audit_chains ORDER BY id",
-            audit_heads="SELECT a.chain_id, a.id, a.hash, (SELECT COUNT(*) FROM audit c WHERE c.chain_id = a.chain_id "
-                        "AND c.hash IS NOT NULL AND c.id <= a.id) FROM audit a WHERE a.id = (SELECT MAX(m.id) "
-                        "FROM audit m WHERE m.chain_id = a.chain_id AND m.hash IS NOT NULL) ORDER BY a.chain_id",
+            last_audit_link="SELECT id, hash FROM audit WHERE chain_id = ? AND hash IS NOT NULL "
+                            "ORDER BY id DESC LIMIT 1",
+            count_audit_links="SELECT COUNT(*) FROM audit WHERE chain_id = ? AND hash IS NOT NULL "
+                              "AND id > ? AND id <= ?",
             audit_after=f"{audit} ORDER BY id ASC LIMIT ?",
             audit_after_newest=f"{audit} ORDER BY id DESC LIMIT ?",
             audit_all_after=f"{audit} ORDER BY id ASC",

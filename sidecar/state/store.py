@@ -12,6 +12,7 @@ applied when it is back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from sidecar.contract import PreviewState
@@ -139,8 +140,9 @@ class Store(Protocol):
         before any append, by whoever opened the store; the key is never stored."""
         ...
 
-    async def audit_heads(self) -> list[ChainHead]:
-        """The newest link of each audit chain that has links, and the number of its links up to it, by chain."""
+    async def audit_heads(self, known: Sequence[ChainHead] = ()) -> list[ChainHead]:
+        """The newest link of each audit chain that has links, and the number of its links up to it, by chain;
+        each chain's links counted on from its head in ``known`` (an earlier answer of this store)."""
         ...
 
     async def audit_chains(self) -> list[ChainStart]:

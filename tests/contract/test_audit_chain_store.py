@@ -5,6 +5,7 @@ sharing one database append to one chain, and the mask key is created once."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from sidecar.state.chain import GENESIS_HASH, verify_store
 from tests.contract import test_store_contract as contract
@@ -94,3 +95,23 @@ async def test_a_keyed_chain_verifies_with_its_key_and_names_its_head(store: Any
     assert all((r.hash or "").startswith("hmac-sha256:") for r in records)
     report = await verify_store(store, key=b"k" * 32, marks={chain: 3}, page=2)
     assert (report.checked, report.broken, report.marks) == (5, None, {chain: records[2].hash})
+
+
+async def test_heads_count_on_from_earlier_heads_as_a_full_count_does(stores: Stores, store: AnyStore) -> None:
+    """A checkpoint counts only the links since the last one (the whole log was read under the write lock every
+    minute); the count it reaches is the full count, for every chain."""
+    await chain_of(store, 4)
+    earlier = await store.audit_heads()
+    other = await stores.open()  # a second chain (PostgreSQL), or more of the one chain (SQLite)
+    await chain_of(other, 3)
+    await chain_of(store, 2)
+    onward = await store.audit_heads(earlier)
+    assert onward == await store.audit_heads()
+    assert sum(head.count for head in onward) == 9
+
+
+async def test_an_earlier_head_beyond_the_chain_is_not_trusted(store: AnyStore) -> None:
+    await chain_of(store, 3)
+    [head] = await store.audit_heads()
+    ahead = replace(head, id=head.id + 100, count=head.count + 100)  # not a head this chain ever had
+    assert await store.audit_heads([ahead]) == [head]
