@@ -37,7 +37,6 @@ class StoreStatements:
     consume_approval: str  # approved -> used, once
     restore_approval: str  # used -> approved: given back by the call that used it, when that call had no effect
     insert_audit: str  # the chain id, then ``CHAINED_COLUMNS``
-    last_audit_hash: str  # of one chain
     start_chain: str  # register a new chain after the newest link of the log: its id and that link's hash
     chains: str
     last_audit_link: str  # of one chain: id and hash of its newest link
@@ -83,7 +82,6 @@ class StoreStatements:
                              "WHERE preview_id = ? AND state = 'used'",
             insert_audit=f"INSERT INTO audit (chain_id, {', '.join(CHAINED_COLUMNS)}) "
                          f"VALUES (?, {_values(len(CHAINED_COLUMNS))})",
-            last_audit_hash="SELECT hash FROM audit WHERE chain_id = ? ORDER BY id DESC LIMIT 1",
             start_chain=f"INSERT INTO audit_chains (started_at, link_id, link_hash) SELECT {d.now}, l.id, l.hash "
                         "FROM (SELECT 1 AS one) o LEFT JOIN (SELECT id, hash FROM audit WHERE hash IS NOT NULL "
                         "ORDER BY id DESC LIMIT 1) l ON o.one = 1 RETURNING id, link_hash",

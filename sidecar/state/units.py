@@ -81,7 +81,7 @@ class AuditWrite:
         self._sql, self._rows, self._key, self._tail = sql, rows, key, tail
 
     async def stage(self, tx: Transaction) -> None:
-        last = None if self._tail.known else await tx.later(self._sql.last_audit_hash, (self._tail.chain,))
+        last = None if self._tail.known else await tx.later(self._sql.last_audit_link, (self._tail.chain,))
         await tx.execute_many(self._sql.insert_audit, _linked(last, self._rows, self._key, self._tail))
 
     def result(self) -> None:
@@ -97,7 +97,7 @@ def _linked(last: Deferred | None, rows: Sequence[Row], key: bytes | None, tail:
     if last is None:
         prev = tail.last
     else:
-        prev = last.rows[0][0] if last.rows else tail.start
+        prev = last.rows[0][1] if last.rows else tail.start  # the newest link's (id, hash)
     for row in chained(prev, rows, key):
         tail.last = row[-1]
         yield (tail.chain, *row)
