@@ -22,14 +22,16 @@ pytestmark = pytest.mark.integration
     ["benchmarks/bench_list_tools.py", "--tools", "30", "--calls", "20", "--warmup", "2", "--concurrency", "2",
      "--repeat", "1", "--json"],
     ["benchmarks/bench_workers.py", "--calls", "40", "--warmup", "5", "--channels", "4", "--repeat", "1", "--json"],
+    ["benchmarks/bench_transport.py", "--calls", "40", "--warmup", "5", "--concurrency", "2", "--threads", "2",
+     "--repeat", "1", "--json"],
     ["benchmarks/bench_batch.py", "--calls", "32", "--warmup", "8", "--batch-size", "4", "--repeat", "1", "--json"],
     ["benchmarks/bench_mcp.py", "--calls", "20", "--warmup", "2", "--concurrency", "2", "--repeat", "1", "--json"],
     ["benchmarks/bench_observability.py", "--calls", "40", "--warmup", "5", "--concurrency", "2", "--repeat", "1",
      "--variant", "metrics=metrics: {listen: '127.0.0.1:$PORT'}",
      "--variant", "nocache=policy: {cache: {enabled: false}}", "--variant-env", "nocache=TOOLBOOTH_TEST_UNUSED=1",
      "--json"],
-], ids=["bench_policy", "bench_execute", "bench_execute_targets", "bench_list_tools", "bench_workers", "bench_batch",
-        "bench_mcp", "bench_observability"])
+], ids=["bench_policy", "bench_execute", "bench_execute_targets", "bench_list_tools", "bench_workers",
+        "bench_transport", "bench_batch", "bench_mcp", "bench_observability"])
 def test_a_benchmark_runs_to_its_report(command: list[str]) -> None:
     done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL)
