@@ -68,8 +68,8 @@ class JournalEntry:
 
 
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS pending (id INTEGER PRIMARY KEY AUTOINCREMENT, outcome INTEGER NOT NULL, "
-           "entry TEXT NOT NULL); CREATE TABLE IF NOT EXISTS owner (id INTEGER PRIMARY KEY CHECK (id = 1), "
-           "store TEXT NOT NULL)")
+           "entry TEXT NOT NULL); CREATE INDEX IF NOT EXISTS pending_by_kind ON pending (outcome, id); "
+           "CREATE TABLE IF NOT EXISTS owner (id INTEGER PRIMARY KEY CHECK (id = 1), store TEXT NOT NULL)")
 
 
 class Journal:
@@ -78,8 +78,9 @@ class Journal:
 
     def __init__(self, path: Path, db: sqlite3.Connection, lock: int, *, spare: bool) -> None:
         self.path, self._db, self._lock, self._spare = path, db, lock, spare
-        size, outcomes = db.execute("SELECT COUNT(*), COALESCE(SUM(outcome), 0) FROM pending").fetchone()
-        self._size, self._outcomes = int(size), int(outcomes)
+        size, outcomes, newest = db.execute("SELECT COUNT(*), COALESCE(SUM(outcome), 0), COALESCE(MAX(id), 0) "
+                                            "FROM pending").fetchone()
+        self._size, self._outcomes, self._newest = int(size), int(outcomes), int(newest)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolbooth-journal")
 
     @classmethod
@@ -122,6 +123,11 @@ class Journal:
         return self._size
 
     @property
+    def newest(self) -> int:
+        """The place of the last write kept so far (0: none yet)."""
+        return self._newest
+
+    @property
     def outcomes(self) -> int:
         """How many of them are outcomes (completions and releases), not audit rows."""
         return self._outcomes
@@ -129,21 +135,39 @@ class Journal:
     async def keep(self, write: Write) -> None:
         """Append ``write``; durable on return (``StoreUnavailableError`` if the file cannot take it)."""
         entry, outcome = json.dumps(_encoded(write), separators=(",", ":")), _is_outcome(write)
-        await self._run(lambda: self._db.execute("INSERT INTO pending (outcome, entry) VALUES (?, ?)",
-                                                 (outcome, entry)))
+        kept = await self._run(lambda: self._db.execute("INSERT INTO pending (outcome, entry) VALUES (?, ?)",
+                                                        (outcome, entry)))
+        self._newest = int(kept.lastrowid)
         self._size += 1
         self._outcomes += outcome
 
-    async def entries(self) -> list[JournalEntry]:
-        """Every kept write, oldest first."""
-        rows = await self._run(lambda: self._db.execute("SELECT id, entry FROM pending ORDER BY id").fetchall())
+    async def entries(self, *, outcomes: bool | None = None, after: int = 0, limit: int = -1) -> list[JournalEntry]:
+        """The kept writes after the entry ``after`` (at most ``limit``; -1: all), oldest first: of one kind when
+        ``outcomes`` is given (outcomes, or audit rows), read through the index of that kind."""
+        kind = "" if outcomes is None else f"outcome = {int(outcomes)} AND "
+        query = f"SELECT id, entry FROM pending WHERE {kind}id > ? ORDER BY id LIMIT ?"
+        rows = await self._run(lambda: self._db.execute(query, (after, limit)).fetchall())
         return [JournalEntry(int(ident), _decoded(json.loads(entry))) for ident, entry in rows]
 
-    async def forget(self, entry: JournalEntry) -> None:
-        """Remove ``entry``: the store has taken it."""
-        removed = await self._run(lambda: self._db.execute("DELETE FROM pending WHERE id = ?", (entry.ident,)))
-        self._size -= removed.rowcount
-        self._outcomes -= removed.rowcount * _is_outcome(entry.write)
+    async def forget(self, *entries: JournalEntry) -> None:
+        """Remove ``entries`` (in one transaction): the store has taken them."""
+        kinds = ([entry.ident for entry in entries if not _is_outcome(entry.write)],
+                 [entry.ident for entry in entries if _is_outcome(entry.write)])
+        rows, outcomes = await self._run(lambda: self._deleted(*kinds))
+        self._size -= rows + outcomes
+        self._outcomes -= outcomes
+
+    def _deleted(self, rows: list[int], outcomes: list[int]) -> tuple[int, int]:
+        """How many of the audit entries ``rows`` and of the outcomes ``outcomes`` were removed (the thread's)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            removed = tuple(self._db.execute(f"DELETE FROM pending WHERE id IN ({', '.join('?' * len(ids))})",
+                                             ids).rowcount if ids else 0 for ids in (rows, outcomes))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return removed[0], removed[1]
 
     def close(self) -> None:
         """Close the file (what is kept stays for the next start; an empty spare is removed)."""

@@ -7,7 +7,11 @@ background task as soon as the store takes writes again, pausing longer between 
 their order, and each batch does not wait for a store known to be failing); outcomes still try the
 store first. ``catch_up`` applies the kept outcomes before anything claims or reads a key, so a retry
 replays the real result and a released key can be claimed again; kept audit rows follow in the
-background (each kind in its order; the two are independent). A try that fails while other callers
+background (each kind in its order; the two are independent). The journal is read ``PAGE`` writes at a time,
+one kind at a time, so a catch-up after a long outage holds a page in memory, not the outage; the audit rows of
+a page are appended as one batch and forgotten in one journal transaction (a crash between the two appends
+that page again: the same events twice, never a gap), so they are applied faster than a loaded sidecar adds to
+them, and the journal empties. A try that fails while other callers
 wait their turn fails them too, at once: none waits out a failing store behind the others. Shutdown
 tries once more unless the last try failed; what is still kept then is applied at the next start. A
 write the store refuses for its data (``StoreRefusedError``) is neither retried nor kept: it would
@@ -23,12 +27,13 @@ import time
 from collections.abc import Awaitable, Callable
 
 from sidecar.errors import StoreRefusedError, StoreUnavailableError
-from sidecar.state.journal import AuditRows, Journal, Write
+from sidecar.state.journal import AuditRows, Journal, JournalEntry, Write
 
-__all__ = ["LONGEST_PAUSE_SECONDS", "RETRY_SECONDS", "Lasting", "retried"]
+__all__ = ["LONGEST_PAUSE_SECONDS", "PAGE", "RETRY_SECONDS", "Lasting", "retried"]
 
 RETRY_SECONDS = 1.0
 LONGEST_PAUSE_SECONDS = 5.0
+PAGE = 16  # kept writes read from the journal at once: all a catch-up holds, however long the store was away
 _FIRST_PAUSE_SECONDS = 0.02
 log = logging.getLogger("toolbooth.store")
 
@@ -113,18 +118,42 @@ class Lasting:
             self._failing = False
 
     async def _apply_kept(self, journal: Journal, *, audit: bool) -> None:
-        for entry in await journal.entries():
-            if isinstance(entry.write, AuditRows) != audit:
-                continue
-            try:
-                await self._apply(entry.write)
-            except StoreRefusedError as exc:
-                log.error("a write kept in the local journal is refused by the store, dropped: %s", exc)
-            except StoreUnavailableError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a row the chain refuses: dropped, as the store's refusal
-                log.error("a write kept in the local journal cannot be applied, dropped: %s", exc)
-            await journal.forget(entry)
+        """Apply the writes of one kind kept so far, oldest first, read ``PAGE`` at a time (those kept meanwhile
+        are the next try's: callers waiting for the lock are not held up by a journal that keeps growing)."""
+        after, until = 0, journal.newest
+        while page := [entry for entry in await journal.entries(outcomes=not audit, after=after, limit=PAGE)
+                       if entry.ident <= until]:
+            if not (audit and await self._applied_together(journal, page)):
+                for entry in page:
+                    await self._apply_entry(journal, entry)
+            after = page[-1].ident
+
+    async def _applied_together(self, journal: Journal, page: list[JournalEntry]) -> bool:
+        """Whether the audit rows of ``page`` were appended as one batch (one transaction), and forgotten: kept
+        rows are applied faster than a loaded sidecar adds to them, so the journal empties. False if the store
+        refuses a row of them: then each entry is applied alone, and only one the store refuses is dropped."""
+        rows = tuple(row for entry in page if isinstance(entry.write, AuditRows) for row in entry.write.rows)
+        try:
+            await self._apply(AuditRows(rows))
+        except StoreRefusedError:
+            return False
+        except StoreUnavailableError:
+            raise
+        except Exception:  # noqa: BLE001 - a row the chain refuses: entry by entry, as the store's refusal
+            return False
+        await journal.forget(*page)
+        return True
+
+    async def _apply_entry(self, journal: Journal, entry: JournalEntry) -> None:
+        try:
+            await self._apply(entry.write)
+        except StoreRefusedError as exc:
+            log.error("a write kept in the local journal is refused by the store, dropped: %s", exc)
+        except StoreUnavailableError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a row the chain refuses: dropped, as the store's refusal
+            log.error("a write kept in the local journal cannot be applied, dropped: %s", exc)
+        await journal.forget(entry)
 
     def replay_soon(self) -> None:
         """Start the background task applying the kept writes, unless it runs (or the writes are closing)."""
@@ -150,12 +179,12 @@ class Lasting:
     async def _replay(self) -> None:
         pause = _FIRST_PAUSE_SECONDS
         while self.behind:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), pause)
+            await self._rest(pause)
             if self._closing.is_set():
                 return
             try:
                 await self.catch_up(audit=True)
+                pause = _FIRST_PAUSE_SECONDS  # the store is back: what was kept meanwhile follows at once
             except StoreUnavailableError as exc:
                 pause = min(pause * 2, LONGEST_PAUSE_SECONDS)
                 log.debug("the store cannot take the kept writes yet (%s); next try in %.2f s", exc, pause)
@@ -164,3 +193,8 @@ class Lasting:
                 log.exception("the kept writes of the local journal %s cannot be applied",
                               self.journal.path if self.journal else None)
         log.info("every write kept in the local journal is now in the store")
+
+    async def _rest(self, seconds: float) -> None:
+        """Wait ``seconds`` between tries, less if the writes are closing."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), seconds)

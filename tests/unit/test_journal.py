@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +18,7 @@ from sidecar.state import AuditEvent, KeyScope, lasting
 from sidecar.state.audit import AuditBatcher
 from sidecar.state.chain import EVENT_COLUMNS, LATER_COLUMNS
 from sidecar.state.driver import Row
-from sidecar.state.journal import AuditRows, Completion, Journal, Release, Write
+from sidecar.state.journal import AuditRows, Completion, Journal, JournalEntry, Release, Write
 from sidecar.state.lasting import Lasting
 from tests.support.waiting import until
 
@@ -37,9 +40,16 @@ class FlakyStore:
     async def apply(self, write: Write) -> None:
         if isinstance(write, Completion) and write.result_json in self.refused:
             raise StoreRefusedError("refused: the data")
+        if isinstance(write, AuditRows) and any(row[0] in self.refused for row in write.rows):
+            raise StoreRefusedError("refused: a row")
         if not self.up:
             raise StoreUnavailableError("store down")
         self.taken.append(write)
+
+    @property
+    def rows(self) -> list[Row]:
+        """The audit rows taken, in the order they were appended."""
+        return [row for write in self.taken if isinstance(write, AuditRows) for row in write.rows]
 
 
 def journal(tmp_path: Path, store: str = STORE) -> Journal:
@@ -157,7 +167,7 @@ async def test_audit_rows_join_the_kept_writes_in_order(tmp_path: Path) -> None:
     await writes.catch_up()  # outcomes only: audit rows are applied in the background
     assert store.taken == []
     await writes.catch_up(audit=True)
-    assert store.taken == [first, second]
+    assert store.rows == [*first.rows, *second.rows]
     await writes.aclose()
 
 
@@ -270,4 +280,150 @@ async def test_kept_outcomes_are_applied_before_the_audit_rows_kept_ahead_of_the
     await kept.keep(Completion(SCOPE, "r1", "{}"))
     await writes.catch_up(audit=True)
     assert store.taken == [Completion(SCOPE, "r1", "{}"), rows] and kept.size == 0
+    await writes.aclose()
+
+
+class ReadCounting:
+    """Wraps a journal's ``entries`` and ``forget``: the sizes of the pages read, whether an audit entry was among
+    them, and how many entries each ``forget`` removed."""
+
+    def __init__(self, kept: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.pages: list[int] = []
+        self.forgotten: list[int] = []
+        self.audit_read = False
+        read, forget = kept.entries, kept.forget
+
+        async def entries(**kwargs: Any) -> list[JournalEntry]:
+            page = await read(**kwargs)
+            self.pages.append(len(page))
+            self.audit_read |= any(isinstance(entry.write, AuditRows) for entry in page)
+            return page
+
+        async def forgetting(*entries: JournalEntry) -> None:
+            self.forgotten.append(len(entries))
+            await forget(*entries)
+
+        monkeypatch.setattr(kept, "entries", entries)
+        monkeypatch.setattr(kept, "forget", forgetting)
+
+
+async def test_a_long_outage_is_applied_a_page_at_a_time_in_order(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    store, kept = FlakyStore(), journal(tmp_path)
+    writes = Lasting(store.apply, kept)
+    backlog = [AuditRows(((f"event-{n}",),)) for n in range(5 * lasting.PAGE + 3)]
+    for rows in backlog:
+        await kept.keep(rows)
+    reads = ReadCounting(kept, monkeypatch)
+    await writes.catch_up(audit=True)
+    assert store.rows == [row for rows in backlog for row in rows.rows] and kept.size == 0
+    assert max(reads.pages) == lasting.PAGE, "a catch-up held more of the journal in memory than a page"
+    assert len(store.taken) == 6, "each page of kept rows is appended as one batch (one transaction)"
+    assert reads.forgotten == [lasting.PAGE] * 5 + [3], "each page is forgotten in one journal transaction"
+    await writes.aclose()
+
+
+async def test_a_row_the_store_refuses_drops_its_entry_alone_from_a_page(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    store, kept = FlakyStore(), journal(tmp_path)
+    writes = Lasting(store.apply, kept)
+    backlog = [AuditRows(((f"event-{n}",),)) for n in range(4)]
+    for rows in backlog:
+        await kept.keep(rows)
+    store.refused.add("event-2")
+    await writes.catch_up(audit=True)
+    assert store.rows == [("event-0",), ("event-1",), ("event-3",)] and kept.size == 0
+    assert "refused by the store, dropped" in caplog.text
+    await writes.aclose()
+
+
+async def test_a_keyed_call_catching_up_reads_no_kept_audit_rows(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A keyed call applies the kept outcomes before it claims: the audit rows of an outage are not read on its
+    way (they are the background replay's)."""
+    store, kept = FlakyStore(), journal(tmp_path)
+    writes = Lasting(store.apply, kept)
+    for n in range(3 * lasting.PAGE):
+        await kept.keep(AuditRows(((f"event-{n}",),)))
+    await kept.keep(Completion(SCOPE, "r1", "{}"))
+    reads = ReadCounting(kept, monkeypatch)
+    await writes.catch_up()
+    assert store.taken == [Completion(SCOPE, "r1", "{}")] and (kept.size, kept.outcomes) == (3 * lasting.PAGE, 0)
+    assert not reads.audit_read
+    kept.close()
+
+
+async def test_rows_kept_while_a_catch_up_runs_are_left_to_the_next(tmp_path: Path) -> None:
+    """A pass applies what was kept when it began: a journal that keeps growing under load does not hold the
+    callers waiting for their turn."""
+    kept = journal(tmp_path)
+    taken: list[Write] = []
+    late = AuditRows((("late",),))
+
+    async def apply(write: Write) -> None:
+        if not taken:
+            await kept.keep(late)  # audit rows join the journal while it is being applied
+        taken.append(write)
+
+    writes = Lasting(apply, kept)
+    first = AuditRows((("first",),))
+    await kept.keep(first)
+    await writes.catch_up(audit=True)
+    assert taken == [first] and kept.size == 1
+    await writes.catch_up(audit=True)
+    assert taken == [first, late] and kept.size == 0
+    await writes.aclose()
+
+
+async def test_a_journal_kept_before_its_index_existed_opens_with_its_writes(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "kept.journal"
+    path.parent.mkdir()
+    with contextlib.closing(sqlite3.connect(path)) as old, old:  # the schema before pending_by_kind
+        old.executescript("CREATE TABLE pending (id INTEGER PRIMARY KEY AUTOINCREMENT, outcome INTEGER NOT NULL, "
+                          "entry TEXT NOT NULL); CREATE TABLE owner (id INTEGER PRIMARY KEY CHECK (id = 1), "
+                          "store TEXT NOT NULL)")
+        old.execute("INSERT INTO pending (outcome, entry) VALUES (1, ?)",
+                    ('{"kind":"release","scope":["acme","dev-1","create_note","key-1"],"request_id":"r1"}',))
+    kept = journal(tmp_path)
+    assert (kept.size, kept.outcomes, kept.newest) == (1, 1, 1)
+    assert [entry.write for entry in await kept.entries(outcomes=True)] == [Release(SCOPE, "r1")]
+    assert await kept.entries(outcomes=False) == []
+    kept.close()
+    with contextlib.closing(sqlite3.connect(path)) as reopened:
+        assert reopened.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND name = 'pending_by_kind'"
+                                ).fetchone() is not None
+
+
+
+async def test_once_the_store_is_back_the_replay_tries_again_at_once(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pause between tries grows while the store is down; a try that succeeds starts it over. Otherwise, after
+    an outage, the rows a loaded sidecar keeps adding waited the longest pause between passes, and every audit
+    batch went through the journal for as long as the load lasted."""
+    store, kept = FlakyStore(), journal(tmp_path)
+    writes = Lasting(store.apply, kept)
+    pauses: list[float] = []
+    arrivals = 3  # batches that join the journal while a pass applies (a loaded sidecar's audit rows)
+
+    async def rest(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 5:
+            store.up = True
+        await asyncio.sleep(0)
+
+    async def apply(write: Write) -> None:
+        nonlocal arrivals
+        await store.apply(write)
+        if arrivals:
+            arrivals -= 1
+            await kept.keep(AuditRows(((f"late-{arrivals}",),)))
+
+    monkeypatch.setattr(writes, "_rest", rest)
+    monkeypatch.setattr(writes, "_apply", apply)
+    store.up = False
+    await writes.write(AuditRows((("during the outage",),)))
+    await until(lambda: not writes.behind, what="the journal emptied")
+    first = lasting._FIRST_PAUSE_SECONDS
+    assert pauses == [first, 2 * first, 4 * first, 8 * first, 16 * first, first, first, first]
+    assert store.rows == [("during the outage",), ("late-2",), ("late-1",), ("late-0",)]
     await writes.aclose()
