@@ -204,9 +204,11 @@ def sidecar_env_clean() -> None:
 
 
 async def wait_ready(children: Children, name: str, target: str,
-                     probe: Callable[[grpc.aio.Channel], Awaitable[bool]]) -> None:
-    """Poll ``probe`` on a channel to ``target`` until it is true, while the child stays alive."""
-    deadline = time.monotonic() + START_TIMEOUT_S
+                     probe: Callable[[grpc.aio.Channel], Awaitable[bool]], *,
+                     timeout: float = START_TIMEOUT_S) -> None:
+    """Poll ``probe`` on a channel to ``target`` until it is true, while the child stays alive (at most
+    ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
     async with grpc.aio.insecure_channel(target) as channel:
         while True:
             children.check_alive(name)
@@ -214,7 +216,7 @@ async def wait_ready(children: Children, name: str, target: str,
                 if await probe(channel):
                     return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} not ready after {START_TIMEOUT_S:.0f} s:\n{children.log_tail(name)}")
+                raise RuntimeError(f"{name} not ready after {timeout:.0f} s:\n{children.log_tail(name)}")
             await asyncio.sleep(0.1)
 
 

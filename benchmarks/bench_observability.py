@@ -37,7 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,8 +209,9 @@ def stop_child(children: Children, name: str) -> int | None:
     return proc.returncode
 
 
-def start_sidecar(children: Children, variant: Variant) -> str:
-    """Start ``variant``'s sidecar in its own directory; its gRPC target."""
+def start_sidecar(children: Children, variant: Variant, *, wrapper: Sequence[str] = ()) -> str:
+    """Start ``variant``'s sidecar in its own directory (under ``wrapper``, a command that runs it: valgrind, say);
+    its gRPC target."""
     home = children.tmp / variant.name
     home.mkdir(exist_ok=True)
     sock = home / "sidecar.sock"
@@ -221,8 +222,8 @@ def start_sidecar(children: Children, variant: Variant) -> str:
     path = home / "sidecar.yaml"
     path.write_text(json.dumps(config, indent=2))
     with environment(variant.env):
-        proc = children.start(variant.name, [sys.executable, "-m", "sidecar", "serve", "--config", str(path)],
-                              pdeathsig=True)
+        proc = children.start(variant.name, [*wrapper, sys.executable, "-m", "sidecar", "serve", "--config",
+                                             str(path)], pdeathsig=True)
     extra = f", metrics {variant.metrics_url}" if variant.metrics_url else ""
     env = f", env {' '.join(f'{k}={v}' for k, v in variant.env.items())}" if variant.env else ""
     progress(f"{variant.name}: pid {proc.pid}, unix://{sock}{extra}{env}")

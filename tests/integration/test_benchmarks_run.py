@@ -103,3 +103,17 @@ def test_the_targets_run_names_a_benchmark_that_failed_and_exits_1() -> None:
                           stdin=subprocess.DEVNULL, env=env)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "FAILED writes: bench_writes.py exited with" in done.stdout
+
+
+def test_the_instruction_count_benchmark_counts_each_config() -> None:
+    """A few calls under callgrind: each config's count is a whole call's work (the dump's, not start-up's)."""
+    command = ["benchmarks/bench_instructions.py", "--calls", "20", "--warmup", "5", "--concurrency", "2",
+               "--variant", "metrics=metrics: {listen: '127.0.0.1:$PORT'}", "--json"]
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    configs = {config["name"]: config for config in json.loads(done.stdout)["configs"]}
+    assert set(configs) == {"baseline", "metrics"}
+    for config in configs.values():  # a call is hundreds of thousands of instructions; start-up is billions
+        assert 100_000 < config["instructions_per_call"] < 50_000_000, config
+    assert configs["baseline"]["ratio"] == 1.0
