@@ -287,14 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         children.close()
     out = sys.stderr if args.json else sys.stdout
     print(format_report(results), file=out)
-    if results["sidecar_log_problems"]:
-        print(f"sidecar log: {len(results['sidecar_log_problems'])} error line(s), first: "
-              f"{results['sidecar_log_problems'][0]}", file=out)
-    if results["failures"]:
-        print(f"FAILURES: {results['failures']} calls did not return the expected result (see above)", file=out)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    return 1 if results["failures"] else 0
+    return base.finish(results, out, json_out=args.json, problems=results["sidecar_log_problems"])
 
 
 if __name__ == "__main__":

@@ -44,10 +44,10 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -759,6 +759,18 @@ async def measure_turn(children: Children, name: str, call: Call, *, concurrency
                          server_pid=pid)
 
 
+def finish(results: dict[str, Any], out: TextIO, *, json_out: bool, problems: Sequence[str] = ()) -> int:
+    """The end of a benchmark's report: the first of the servers' log ``problems``, the failed calls, the JSON
+    document on stdout when ``json_out``; the exit code (1 if a call failed)."""
+    if problems:
+        print(f"server log: {len(problems)} error line(s), first: {problems[0]}", file=out)
+    if results["failures"]:
+        print(f"FAILURES: {results['failures']} calls did not return the expected result (see above)", file=out)
+    if json_out:
+        print(json.dumps(results, indent=2))
+    return 1 if results["failures"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.echo_server is not None:
@@ -787,14 +799,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{_ms(side['server_cpu_ms_per_call'])}", file=out)
     if args.targets:
         print("\n" + format_rows([TARGET_HEADER, *target_rows(results)]), file=out)
-    if results["sidecar_log_problems"]:
-        print(f"sidecar log: {len(results['sidecar_log_problems'])} error line(s), first: "
-              f"{results['sidecar_log_problems'][0]}", file=out)
-    if results["failures"]:
-        print(f"FAILURES: {results['failures']} calls did not return the expected result (see above)", file=out)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    return 1 if results["failures"] else 0
+    return finish(results, out, json_out=args.json, problems=results["sidecar_log_problems"])
 
 
 if __name__ == "__main__":

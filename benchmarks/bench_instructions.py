@@ -39,6 +39,7 @@ from bench_execute import (
     CALL_TIMEOUT_S,
     TOOL,
     Children,
+    finish,
     grpc_call,
     health_serving,
     measure,
@@ -46,13 +47,19 @@ from bench_execute import (
     run_with_children,
     wait_ready,
 )
-from bench_observability import Variant, received_spans, start_sidecar, start_sink, variants_of
+from bench_observability import (
+    Variant,
+    add_variant_arguments,
+    received_spans,
+    start_sidecar,
+    start_sink,
+    variants_of,
+)
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 
 START_TIMEOUT_S = 300.0  # a sidecar under valgrind starts slowly
-DEFAULT_VARIANTS = {"metrics": "metrics: {listen: '127.0.0.1:$PORT'}"}
 
 
 def callgrind(pid: int, *options: str) -> None:
@@ -139,17 +146,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=16, help="calls in flight (default: 16)")
     parser.add_argument("--max-seconds", type=float, default=900.0,
                         help="a run stops after this long even if calls remain (default: 900)")
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME=YAML_OR_FILE",
-                        help="a config overlay to compare with the baseline (repeatable; default: "
-                             f"{'; '.join(f'{k}={v}' for k, v in DEFAULT_VARIANTS.items())})")
-    parser.add_argument("--variant-env", action="append", default=[], metavar="NAME=VAR=VALUE",
-                        help="an environment variable of variant NAME's sidecar (repeatable)")
-    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout (the table: stderr)")
+    add_variant_arguments(parser)
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.calls < 1 or args.warmup < 0:
         parser.error("--concurrency and --calls must be at least 1, --warmup at least 0")
-    if not args.variant:
-        args.variant = [f"{name}={text}" for name, text in DEFAULT_VARIANTS.items()]
     args.variants = variants_of(args)
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
@@ -173,11 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         if config["log_problems"]:
             print(f"  {config['name']} log: {len(config['log_problems'])} error line(s), first: "
                   f"{config['log_problems'][0]}", file=out)
-    if results["failures"]:
-        print(f"FAILURES: {results['failures']} calls did not return the expected result", file=out)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    return 1 if results["failures"] else 0
+    return finish(results, out, json_out=args.json)
 
 
 if __name__ == "__main__":

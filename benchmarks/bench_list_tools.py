@@ -35,6 +35,7 @@ from bench_execute import (
     Call,
     Children,
     Run,
+    finish,
     grpc_call,
     health_serving,
     measure_turn,
@@ -199,11 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         return results
     out = sys.stderr if args.json else sys.stdout
     print("\n" + report(results, args.concurrency), file=out)
-    if results["failures"]:
-        print(f"FAILURES: {results['failures']} calls did not return the expected result", file=out)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    return 1 if results["failures"] else 0
+    return finish(results, out, json_out=args.json)
 
 
 if __name__ == "__main__":

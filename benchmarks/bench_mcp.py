@@ -52,6 +52,7 @@ from bench_execute import (
     Children,
     Interrupted,
     Run,
+    finish,
     free_port,
     grpc_call,
     health_serving,
@@ -292,14 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(results["levels"], args.names), file=out)
     print("ratio = MCP calls/s / gRPC calls/s (issue target: >= 0.5); server = the sidecar process, all threads",
           file=out)
-    if results["sidecar_log_problems"]:
-        print(f"sidecar log: {len(results['sidecar_log_problems'])} error line(s), first: "
-              f"{results['sidecar_log_problems'][0]}", file=out)
-    if results["failures"]:
-        print(f"FAILURES: {results['failures']} calls did not return the expected result (see above)", file=out)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    return 1 if results["failures"] else 0
+    return finish(results, out, json_out=args.json, problems=results["sidecar_log_problems"])
 
 
 if __name__ == "__main__":

@@ -260,6 +260,16 @@ async def measured(variant: Variant, run: Any) -> tuple[Run, Scrapes]:
             await scraper
 
 
+def add_variant_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--variant``, ``--variant-env`` and ``--json``, as this benchmark and ``bench_instructions.py`` take them."""
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=YAML_OR_FILE",
+                        help="a config overlay to compare with the baseline (repeatable; default: "
+                             f"{'; '.join(f'{k}={v}' for k, v in DEFAULT_VARIANTS.items())})")
+    parser.add_argument("--variant-env", action="append", default=[], metavar="NAME=VAR=VALUE",
+                        help="an environment variable of variant NAME's sidecar (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout (the table: stderr)")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -269,12 +279,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=3, help="runs per config; medians reported (default: 3)")
     parser.add_argument("--max-seconds", type=float, default=30.0,
                         help="a run stops after this long even if calls remain (default: 30)")
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME=YAML_OR_FILE",
-                        help="a config overlay to compare with the baseline (repeatable; default: "
-                             f"{'; '.join(f'{k}={v}' for k, v in DEFAULT_VARIANTS.items())})")
-    parser.add_argument("--variant-env", action="append", default=[], metavar="NAME=VAR=VALUE",
-                        help="an environment variable of variant NAME's sidecar (repeatable)")
-    parser.add_argument("--json", action="store_true", help="print a JSON document on stdout (the table: stderr)")
+    add_variant_arguments(parser)
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.calls < 1 or args.repeat < 1 or args.warmup < 0:
         parser.error("--concurrency, --calls and --repeat must be at least 1, --warmup at least 0")

@@ -219,14 +219,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{'n/a' if cpu is None else f'{cpu:.3f}':>13}{results['ratio'][name]:>7.2f}", file=out)
     for name in SERVERS[1:]:
         print(f"  {name} / aio per run: {', '.join(f'{x:.2f}' for x in results['run_ratios'][name])}", file=out)
-    if results["sidecar_log_problems"]:
-        print(f"server logs: {len(results['sidecar_log_problems'])} error line(s), first: "
-              f"{results['sidecar_log_problems'][0]}", file=out)
-    if results["failures"]:
-        print(f"FAILURES: {results['failures']} calls did not return the expected result (see above)", file=out)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    return 1 if results["failures"] else 0
+    return be.finish(results, out, json_out=args.json, problems=results["sidecar_log_problems"])
 
 
 if __name__ == "__main__":

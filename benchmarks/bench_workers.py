@@ -178,11 +178,7 @@ def main(argv: list[str] | None = None) -> int:
               file=out)
     for name, values in results["run_ratios"].items():
         print(f"  {name} / echo per run: {', '.join(f'{x:.2f}' for x in values)}", file=out)
-    if results["failures"]:
-        print(f"FAILURES: {results['failures']}", file=out)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    return 1 if results["failures"] else 0
+    return be.finish(results, out, json_out=args.json)
 
 
 if __name__ == "__main__":
