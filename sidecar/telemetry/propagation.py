@@ -9,11 +9,12 @@ else of the caller's metadata reaches a span.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator, Mapping
-from contextvars import ContextVar
+import functools
+from collections.abc import Iterable, Mapping
+from contextvars import ContextVar, Token
 
 from opentelemetry import propagate
+from opentelemetry.propagators.textmap import TextMapPropagator
 
 __all__ = ["continuing", "incoming", "trace_headers"]
 
@@ -22,7 +23,7 @@ _incoming: ContextVar[Mapping[str, str] | None] = ContextVar("toolbooth_trace_he
 
 def trace_headers(pairs: Iterable[tuple[str, str | bytes]]) -> dict[str, str]:
     """The propagators' headers among ``pairs`` (gRPC metadata, HTTP headers), names lower case."""
-    fields = propagate.get_global_textmap().fields
+    fields = _fields(propagate.get_global_textmap())
     picked: dict[str, str] = {}
     for name, value in pairs:
         key = name.lower()
@@ -31,17 +32,29 @@ def trace_headers(pairs: Iterable[tuple[str, str | bytes]]) -> dict[str, str]:
     return picked
 
 
-@contextlib.contextmanager
-def continuing(headers: Mapping[str, str]) -> Iterator[None]:
-    """Calls made inside continue the trace of ``headers`` (nothing to continue when empty)."""
-    if not headers:
-        yield
-        return
-    token = _incoming.set(headers)
-    try:
-        yield
-    finally:
-        _incoming.reset(token)
+@functools.lru_cache(maxsize=4)
+def _fields(propagator: TextMapPropagator) -> frozenset[str]:
+    """The header names ``propagator`` reads, once per propagator (its ``fields`` builds new sets on every read)."""
+    return frozenset(propagator.fields)
+
+
+class continuing:
+    """Calls made inside continue the trace of ``headers`` (nothing to continue when empty). A class, not a
+    generator: it runs around every RPC when the sidecar traces."""
+
+    __slots__ = ("_headers", "_token")
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self._headers: Mapping[str, str] = headers
+        self._token: Token[Mapping[str, str] | None] | None = None
+
+    def __enter__(self) -> None:
+        if self._headers:
+            self._token = _incoming.set(self._headers)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _incoming.reset(self._token)
 
 
 def incoming() -> Mapping[str, str] | None:
