@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import sqlite3
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,12 +142,14 @@ class Journal:
         self._size += 1
         self._outcomes += outcome
 
-    async def entries(self, *, outcomes: bool | None = None, after: int = 0, limit: int = -1) -> list[JournalEntry]:
-        """The kept writes after the entry ``after`` (at most ``limit``; -1: all), oldest first: of one kind when
-        ``outcomes`` is given (outcomes, or audit rows), read through the index of that kind."""
+    async def entries(self, *, outcomes: bool | None = None, after: int = 0, until: int | None = None,
+                      limit: int = -1) -> list[JournalEntry]:
+        """The kept writes after the entry ``after`` and up to ``until`` (at most ``limit``; -1: all), oldest first:
+        of one kind when ``outcomes`` is given (outcomes, or audit rows), read through the index of that kind."""
         kind = "" if outcomes is None else f"outcome = {int(outcomes)} AND "
-        query = f"SELECT id, entry FROM pending WHERE {kind}id > ? ORDER BY id LIMIT ?"
-        rows = await self._run(lambda: self._db.execute(query, (after, limit)).fetchall())
+        query = f"SELECT id, entry FROM pending WHERE {kind}id > ? AND id <= ? ORDER BY id LIMIT ?"
+        last = self._newest if until is None else until
+        rows = await self._run(lambda: self._db.execute(query, (after, last, limit)).fetchall())
         return [JournalEntry(int(ident), _decoded(json.loads(entry))) for ident, entry in rows]
 
     async def forget(self, *entries: JournalEntry) -> None:
@@ -159,15 +162,13 @@ class Journal:
 
     def _deleted(self, rows: list[int], outcomes: list[int]) -> tuple[int, int]:
         """How many of the audit entries ``rows`` and of the outcomes ``outcomes`` were removed (the thread's)."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            removed = tuple(self._db.execute(f"DELETE FROM pending WHERE id IN ({', '.join('?' * len(ids))})",
-                                             ids).rowcount if ids else 0 for ids in (rows, outcomes))
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        return removed[0], removed[1]
+        with _transaction(self._db):
+            return self._delete(rows), self._delete(outcomes)
+
+    def _delete(self, ids: list[int]) -> int:
+        if not ids:
+            return 0
+        return int(self._db.execute(f"DELETE FROM pending WHERE id IN ({', '.join('?' * len(ids))})", ids).rowcount)
 
     def close(self) -> None:
         """Close the file (what is kept stays for the next start; an empty spare is removed)."""
@@ -241,15 +242,10 @@ def _adopt(db: sqlite3.Connection, other: Path, store: str) -> None:
             pass  # it exists with its tables, and belongs to this store
         db.execute("ATTACH DATABASE ? AS other", (str(other),))
         try:
-            db.execute("BEGIN IMMEDIATE")
-            db.execute("INSERT INTO main.pending (outcome, entry) SELECT outcome, entry FROM other.pending "
-                       "ORDER BY id")
-            db.execute("DELETE FROM other.pending")
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
+            with _transaction(db):
+                db.execute("INSERT INTO main.pending (outcome, entry) SELECT outcome, entry FROM other.pending "
+                           "ORDER BY id")
+                db.execute("DELETE FROM other.pending")
         finally:
             db.execute("DETACH DATABASE other")
         other.unlink()
@@ -257,6 +253,19 @@ def _adopt(db: sqlite3.Connection, other: Path, store: str) -> None:
         raise StoreUnavailableError(f"cannot move the writes of the local journal at {other}: {exc}") from exc
     finally:
         os.close(lock)
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction on ``db`` (a connection in autocommit mode): committed, or rolled back on any error."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
 
 
 def _refuse_another_store(db: sqlite3.Connection, path: Path, store: str) -> None:

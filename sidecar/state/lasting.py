@@ -121,8 +121,7 @@ class Lasting:
         """Apply the writes of one kind kept so far, oldest first, read ``PAGE`` at a time (those kept meanwhile
         are the next try's: callers waiting for the lock are not held up by a journal that keeps growing)."""
         after, until = 0, journal.newest
-        while page := [entry for entry in await journal.entries(outcomes=not audit, after=after, limit=PAGE)
-                       if entry.ident <= until]:
+        while page := await journal.entries(outcomes=not audit, after=after, until=until, limit=PAGE):
             if not (audit and await self._applied_together(journal, page)):
                 for entry in page:
                     await self._apply_entry(journal, entry)
@@ -133,27 +132,31 @@ class Lasting:
         rows are applied faster than a loaded sidecar adds to them, so the journal empties. False if the store
         refuses a row of them: then each entry is applied alone, and only one the store refuses is dropped."""
         rows = tuple(row for entry in page if isinstance(entry.write, AuditRows) for row in entry.write.rows)
-        try:
-            await self._apply(AuditRows(rows))
-        except StoreRefusedError:
-            return False
-        except StoreUnavailableError:
-            raise
-        except Exception:  # noqa: BLE001 - a row the chain refuses: entry by entry, as the store's refusal
+        if await self._refusal(AuditRows(rows)) is not None:
             return False
         await journal.forget(*page)
         return True
 
     async def _apply_entry(self, journal: Journal, entry: JournalEntry) -> None:
+        refused = await self._refusal(entry.write)
+        if isinstance(refused, StoreRefusedError):
+            log.error("a write kept in the local journal is refused by the store, dropped: %s", refused)
+        elif refused is not None:
+            log.error("a write kept in the local journal cannot be applied, dropped: %s", refused)
+        await journal.forget(entry)
+
+    async def _refusal(self, write: Write) -> Exception | None:
+        """Apply ``write``: ``None`` once the store took it, else why its data was refused (the store's refusal,
+        or a row the chain refuses); ``StoreUnavailableError`` when the store cannot take writes at all."""
         try:
-            await self._apply(entry.write)
+            await self._apply(write)
         except StoreRefusedError as exc:
-            log.error("a write kept in the local journal is refused by the store, dropped: %s", exc)
+            return exc
         except StoreUnavailableError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a row the chain refuses: dropped, as the store's refusal
-            log.error("a write kept in the local journal cannot be applied, dropped: %s", exc)
-        await journal.forget(entry)
+        except Exception as exc:  # noqa: BLE001 - a row the chain refuses, as the store's refusal
+            return exc
+        return None
 
     def replay_soon(self) -> None:
         """Start the background task applying the kept writes, unless it runs (or the writes are closing)."""

@@ -117,3 +117,11 @@ def test_the_instruction_count_benchmark_counts_each_config() -> None:
     for config in configs.values():  # a call is hundreds of thousands of instructions; start-up is billions
         assert 100_000 < config["instructions_per_call"] < 50_000_000, config
     assert configs["baseline"]["ratio"] == 1.0
+
+
+def test_the_instruction_count_benchmark_without_valgrind_says_what_to_install(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "benchmarks/bench_instructions.py", "--calls", "1"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PATH": str(tmp_path)})  # no valgrind on it
+    assert done.returncode == 2
+    assert "valgrind is not installed (Debian: apt-get install valgrind)" in done.stderr

@@ -427,3 +427,41 @@ async def test_once_the_store_is_back_the_replay_tries_again_at_once(tmp_path: P
     assert pauses == [first, 2 * first, 4 * first, 8 * first, 16 * first, first, first, first]
     assert store.rows == [("during the outage",), ("late-2",), ("late-1",), ("late-0",)]
     await writes.aclose()
+
+
+async def test_a_row_the_chain_refuses_drops_its_entry_alone_and_says_why(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """Not the store's refusal of the data but any other failure of one write (a row the chain refuses): the page
+    goes entry by entry, the entry is dropped and the log says it could not be applied, and why."""
+    kept = journal(tmp_path)
+    taken: list[Row] = []
+
+    async def apply(write: Write) -> None:
+        assert isinstance(write, AuditRows)
+        if ("broken",) in write.rows:
+            raise ValueError("the chain refuses this row")
+        taken.extend(write.rows)
+
+    writes = Lasting(apply, kept)
+    for row in (("before",), ("broken",), ("after",)):
+        await kept.keep(AuditRows((row,)))
+    with caplog.at_level(logging.ERROR):
+        await writes.catch_up(audit=True)
+    assert taken == [("before",), ("after",)] and kept.size == 0
+    assert "a write kept in the local journal cannot be applied, dropped: the chain refuses this row" in caplog.text
+    await writes.aclose()
+
+
+async def test_a_journal_that_cannot_forget_rolls_back_and_keeps_what_it_holds(tmp_path: Path) -> None:
+    kept = journal(tmp_path)
+    await kept.keep(Release(SCOPE, "r1"))
+    [entry] = await kept.entries()
+    with contextlib.closing(sqlite3.connect(kept.path, timeout=0)) as other:
+        other.execute("BEGIN IMMEDIATE")  # another writer holds the file: the removal cannot take its lock
+        with pytest.raises(StoreUnavailableError, match="cannot be written: database is locked"):
+            await kept.forget(entry)
+        other.execute("ROLLBACK")
+    assert (kept.size, kept.outcomes) == (1, 1)
+    await kept.forget(entry)
+    assert (kept.size, kept.outcomes) == (0, 0) and await kept.entries() == []
+    kept.close()
