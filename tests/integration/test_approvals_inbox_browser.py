@@ -28,6 +28,7 @@ from tests.support.approvals import NOTE
 from tests.support.contract_tools import SENT
 from tests.support.inbox import MAIL, World, free_port, served_inbox
 from tests.support.oidc_issuer import CLIENT_ID, oidc_issuer
+from tests.support.required import missing
 
 pytestmark = pytest.mark.integration
 
@@ -46,10 +47,7 @@ async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth
 @pytest.fixture
 async def chromium() -> AsyncIterator[Browser]:
     if not Path(CHROMIUM).exists():
-        message = "no Chromium at /usr/bin/chromium (apt-get install chromium)"
-        if os.environ.get("CI", "").lower() in ("true", "1"):
-            pytest.fail(f"{message} (CI=true: the browser tests must run; .ci/run installs it)")
-        pytest.skip(message)
+        missing("no Chromium at /usr/bin/chromium", install="apt-get install chromium; .ci/run installs it")
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         try:
