@@ -262,12 +262,29 @@ def _client_failure(exc: ClientError, target: str, *, explicit: bool, tls: Clien
         elif tls.cert_file is None:
             hints.append("if the sidecar requires client certificates (server.tls.client_ca_file), give "
                          "--tls-cert FILE and --tls-key FILE")
-    message += "".join(f"\n{hint}" for hint in hints)
     socket = socket_path(target)
-    if socket is not None and not socket.exists():
-        start = "toolbooth serve" + (f" --listen {target}" if explicit and _listenable(target) else "")
-        message += f"\nno socket at {socket}: is the sidecar running? start it with `{start}`"
-    return message
+    if socket is not None:
+        hints.extend(_socket_hints(socket, target, exc.details, explicit=explicit))
+    return message + "".join(f"\n{hint}" for hint in hints)
+
+
+def _socket_hints(socket: Path, target: str, details: str, *, explicit: bool) -> list[str]:
+    """Why a Unix socket could not be reached: this user may not search its directory or connect to it, or it
+    does not exist (then how to start the sidecar: ``--listen TARGET`` only when ``serve`` accepts it as it is)."""
+    try:
+        present = socket.exists()
+    except PermissionError:  # a directory on the way this user may not search
+        return [_NO_ACCESS.format(what=f"the directory of {socket}")]
+    if "Permission denied" in details:
+        return [_NO_ACCESS.format(what=socket)]
+    if present:
+        return []
+    start = "toolbooth serve" + (f" --listen {target}" if explicit and _listenable(target) else "")
+    return [f"no socket at {socket}: is the sidecar running? start it with `{start}`"]
+
+
+_NO_ACCESS = ("permission denied: this user may not reach {what}; the sidecar makes its socket 0660 in a 0750 "
+              "directory: run as its user or in its group")
 
 
 def _listenable(target: str) -> bool:

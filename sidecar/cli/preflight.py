@@ -122,7 +122,7 @@ async def _check_policy(settings: Settings) -> str:
         if not policy.opa.upload_policies:
             return f"opa {policy.opa.url}: policies managed by OPA (not contacted)"
         files = await compiled(checked_files, policy.path)
-        return f"opa {policy.opa.url} (not contacted): directory {policy.path}, revision {files.revision}"
+        return f"opa {policy.opa.url} (not contacted): directory {policy.path}, revision {files.revision()}"
     reloader = await open_reloading(policy)
     try:
         return f"embedded: {reloader.status.source}, revision {reloader.revision}"

@@ -134,6 +134,41 @@ def test_the_hint_for_an_absent_socket_is_a_command_that_works(form: str, short_
     assert parse_settings({"server": {"listen": [target]}}).server.listen == (target,)  # the hint is valid
 
 
+# Run as a user the socket does not admit: nobody, when the tests run as root (the modules are imported first,
+# since nobody may not read this interpreter's); the owner itself, with the mode set to 0, otherwise.
+_STRANGER = """import os, sys
+import grpc, sidecar.cli.tools, sidecar.client
+from sidecar.cli import main
+if os.geteuid() == 0:
+    os.setgroups([]); os.setgid(65534); os.setuid(65534)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("closed", ["directory", "socket"])
+async def test_a_client_the_socket_does_not_admit_is_told_why_not_shown_a_traceback(
+    closed: str, short_dir: Path, start_sidecar: StartSidecar, make_settings: Callable[..., Settings],
+) -> None:
+    socket = short_dir / "run" / "tb.sock"
+    await start_sidecar(make_settings(server={"listen": [f"unix://{socket}"]}), FakeGateway())
+    shut = socket.parent if closed == "directory" else socket
+    mode = shut.stat().st_mode & 0o777
+    socket.parent.chmod(0o755)  # only what is shut stands in the way
+    shut.chmod(0)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-c", _STRANGER, "tools", "list", "--target", f"unix://{socket}"],
+            cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        shut.chmod(mode)
+    assert done.returncode == 1, done.stderr
+    what = f"the directory of {socket}" if closed == "directory" else str(socket)
+    assert done.stderr.splitlines()[-1] == (
+        f"toolbooth: error: permission denied: this user may not reach {what}; the sidecar makes its socket 0660 "
+        "in a 0750 directory: run as its user or in its group")
+
+
 def test_no_listen_hint_for_a_target_serve_would_refuse(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tools", "list", "--target", "unix:" + "x" * 120]) == 1
     assert _errors(capsys).splitlines()[-1].endswith("start it with `toolbooth serve`")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,17 @@ def test_config_validate_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert f"{tmp_path}/tb.db" in out
     assert "policy:   embedded: directory " in out
     assert "mcp:" not in out  # off by default
+
+
+def test_config_validate_names_the_revision_it_would_upload_to_opa(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    config = _config(tmp_path, f"server:\n  listen: ['unix://{tmp_path}/tb.sock']\n"
+                               f"store:\n  sqlite_path: {tmp_path}/tb.db\n"
+                               "policy:\n  engine: opa\n  opa:\n    url: http://127.0.0.1:8181\n")
+    assert main(["config", "validate", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    expected = r"policy:   opa http://127\.0\.0\.1:8181 \(not contacted\): directory \S+, revision sha256:[0-9a-f]{16}\n"
+    assert re.search(expected, out), out
 
 
 def test_config_validate_shows_the_mcp_endpoint_and_refuses_a_public_one_in_dev_mode(
