@@ -1,22 +1,26 @@
-"""``deploy/kubernetes`` and the Helm chart ``deploy/helm/toolbooth``: what a pod gets, checked offline.
+"""``deploy/kubernetes`` and the Helm chart ``deploy/helm/toolbooth``: what a pod gets, as real Helm and kubectl
+render it, checked offline.
 
-Every object is validated, strictly (an unknown field is an error), against the Kubernetes API's schemas of
-1.29 (the first release with native sidecars on by default) and of the newest release ``kubernetes-validate``
-ships. The pod is then checked for what the deployment promises: Toolbooth as a native sidecar, its socket
-on an emptyDir both containers mount, gRPC probes on the health-only port, policies from a ConfigMap, the
-JWT key from a Secret, a locked-down ``securityContext`` and resources for every container. The
-ConfigMap's ``toolbooth.yaml`` is loaded by Toolbooth's own settings and start-up file checks, its paths
-moved under a temporary directory holding what the volumes would; with it, ``toolbooth serve`` runs in a
-process of its own, answers the probe on the health port and serves a token-bearing call on the socket.
-
-The chart is rendered by ``tests/support/helm_lite.py`` (a subset of Go templates that refuses what it
-does not implement), not by Helm: no ``helm`` is installed here. Its defaults render the same pod as the
-plain manifests. ``kubectl kustomize`` renders the plain manifests when ``kubectl`` is installed.
+``helm lint --strict`` passes and ``helm template`` renders the chart for each of its value variants (a Secret
+or a JWKS, a ConfigMap or a bundle URL, metrics on or off, further config sections), and ``kubectl kustomize``
+renders the plain manifests; both are the pinned official binaries ``.ci/helm-tools`` links into the
+virtualenv (without them these tests are skipped, or fail under ``CI=true``). Every object rendered is
+validated, strictly (an unknown field is an error), against the Kubernetes API's schemas of the lowest
+release the chart's ``kubeVersion`` accepts (1.29, the first with native sidecars on by default) and of the
+newest release ``kubernetes-validate`` ships. The pod is then checked for what the deployment promises:
+Toolbooth as a native sidecar, its socket on an emptyDir both containers mount, gRPC probes on the health-only
+port, policies from a ConfigMap, the JWT key from a Secret, a locked-down ``securityContext`` and resources
+for every container; the chart's defaults render the same pod as the manifests. The ConfigMap's
+``toolbooth.yaml`` is loaded by Toolbooth's own settings and start-up file checks, its paths moved under a
+temporary directory holding what the volumes would; with it, ``toolbooth serve`` runs in a process of its
+own, answers the probe on the health port and serves a token-bearing call on the socket.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import os
 import re
 import shutil
@@ -24,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import urllib.request
@@ -45,7 +50,7 @@ from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.cli.preflight import check_files_named
 from sidecar.client import Client
 from sidecar.config import bundled_policy_dir, parse_listen, parse_settings, socket_path
-from tests.support.helm_lite import Unsupported, render, render_chart
+from tests.support.required import missing
 from tests.support.waiting import until_blocking
 
 pytestmark = pytest.mark.integration
@@ -53,23 +58,70 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "deploy" / "kubernetes"
 CHART = REPO / "deploy" / "helm" / "toolbooth"
-KUBERNETES = ("1.29", kubernetes_validate.latest_version())
+TOOLS = Path(sysconfig.get_path("scripts"))  # where .ci/helm-tools links helm and kubectl
 LOCKED_DOWN = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 
 Doc = dict[str, Any]
 
+
+def _kubernetes() -> tuple[str, str]:
+    """The lowest release the chart's ``kubeVersion`` (``>=X.Y.Z-0``) accepts, the newest kubernetes-validate knows."""
+    declared = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    lowest = re.fullmatch(r">=(\d+\.\d+\.\d+)-0", declared)
+    assert lowest, f"Chart.yaml's kubeVersion {declared!r} is not >=X.Y.Z-0"
+    return lowest[1], kubernetes_validate.latest_version()
+
+
+KUBERNETES = _kubernetes()
+
 SIGNER = {"algorithm": "RS256", "key": rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
           .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()}
 
+EXTRA: Doc = {"extraConfig": {"limits": {"max_argument_bytes": 32768}, "logging": {"format": "json"}},
+              "agent": {"command": [], "env": [{"name": "AGENT_MODE", "value": "test"}]}, "image": {"tag": "0.2.0"}}
+CHART_VALUES: dict[str, Doc] = {
+    "defaults": {},
+    "a JWKS": {"auth": {"jwksUrl": "https://issuer.example/.well-known/jwks.json"}},
+    "no metrics": {"metricsPort": 0},
+    "a bundle URL": {"policies": {"bundleUrl": "https://bundles.example/toolbooth.tar.gz"}},
+    "a signed bundle URL": {"policies": {"bundleUrl": "https://bundles.example/toolbooth.tar.gz",
+                                         "bundleVerification": {"keys": {"signer": SIGNER}}}},
+    "extra config": EXTRA,
+}
+VARIANTS = ["kubectl kustomize", *(f"chart: {name}" for name in CHART_VALUES)]
 
-def _manifests() -> list[Doc]:
-    kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
-    return [doc for name in kustomization["resources"] for doc in yaml.safe_load_all((MANIFESTS / name).read_text())]
+
+def _tool(name: str) -> str:
+    path = TOOLS / name
+    if not os.access(path, os.X_OK):
+        missing(f"no {name} in {TOOLS}", install="bash .ci/helm-tools")
+    return str(path)
 
 
-def _chart(**values: Any) -> list[Doc]:
-    return [doc for docs in render_chart(CHART, release="agent", values=values).values() for doc in docs]
+def _run(*command: str, values: Doc | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, input=None if values is None else json.dumps(values), capture_output=True,
+                          text=True, timeout=60)
+
+
+def _helm(kubernetes: str, values: Doc, *command: str) -> subprocess.CompletedProcess[str]:
+    """``helm COMMAND... CHART`` for Kubernetes ``kubernetes``, with ``values`` over values.yaml."""
+    return _run(_tool("helm"), *command, str(CHART), "--kube-version", kubernetes, "--values", "-", values=values)
+
+
+@functools.cache
+def _rendered(variant: str, kubernetes: str) -> list[Doc]:
+    if variant == "kubectl kustomize":
+        done = _run(_tool("kubectl"), "kustomize", str(MANIFESTS))
+    else:
+        done = _helm(kubernetes, CHART_VALUES[variant.removeprefix("chart: ")], "template", "agent")
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def _render(variant: str, kubernetes: str = KUBERNETES[-1]) -> list[Doc]:
+    """The objects ``variant`` renders (a copy: each test may change its own)."""
+    return copy.deepcopy(_rendered(variant, kubernetes))
 
 
 def _one(docs: list[Doc], kind: str) -> Doc:
@@ -97,24 +149,19 @@ def _volume_of(pod: Doc, container: Doc, path: Path) -> Doc:
     return next(volume for volume in pod["volumes"] if volume["name"] == name)  # type: ignore[no-any-return]
 
 
-VARIANTS = {
-    "manifests": _manifests,
-    "chart": _chart,
-    "chart with a JWKS": lambda: _chart(auth={"jwksUrl": "https://issuer.example/.well-known/jwks.json"}),
-    "chart without metrics": lambda: _chart(metricsPort=0),
-    "chart with a bundle URL": lambda: _chart(policies={"bundleUrl": "https://bundles.example/toolbooth.tar.gz",
-                                                        "bundleVerification": {"keys": {"signer": SIGNER}}}),
-}
+@pytest.fixture(params=VARIANTS)
+def variant(request: pytest.FixtureRequest) -> str:
+    return request.param  # type: ignore[no-any-return]
 
 
-@pytest.fixture(params=list(VARIANTS))
-def docs(request: pytest.FixtureRequest) -> list[Doc]:
-    return VARIANTS[request.param]()
+@pytest.fixture
+def docs(variant: str) -> list[Doc]:
+    return _render(variant)
 
 
 @pytest.mark.parametrize("version", KUBERNETES)
-def test_every_object_is_valid_against_the_kubernetes_schemas(docs: list[Doc], version: str) -> None:
-    for doc in docs:
+def test_every_object_is_valid_against_the_kubernetes_schemas(variant: str, version: str) -> None:
+    for doc in _render(variant, version):
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -268,7 +315,7 @@ def test_toolbooth_serve_runs_the_pods_configuration(pod_root: Path, jwt_key: rs
     port = _free_port()
     config = pod_root / "toolbooth.yaml"
     metrics_port = _free_port()
-    config.write_text(_moved(_manifests(), pod_root).replace('"0.0.0.0:8081"', f'"127.0.0.1:{port}"')
+    config.write_text(_moved(_render("kubectl kustomize"), pod_root).replace('"0.0.0.0:8081"', f'"127.0.0.1:{port}"')
                       .replace('"0.0.0.0:9464"', f'"127.0.0.1:{metrics_port}"'))
     env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
     env.update(PYTHONPATH=str(REPO), XDG_STATE_HOME=str(pod_root / "var/lib"), XDG_RUNTIME_DIR=str(pod_root / "run"))
@@ -309,22 +356,25 @@ def test_the_kustomization_lists_every_manifest() -> None:
                                                         if p.name != "kustomization.yaml")
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_kubectl_kustomize_renders_the_manifests_with_their_labels() -> None:
-    rendered = subprocess.run(["kubectl", "kustomize", str(MANIFESTS)], capture_output=True, text=True, timeout=60,
-                              check=True).stdout
-    docs = list(yaml.safe_load_all(rendered))
+    docs = _render("kubectl kustomize")
     assert sorted(doc["kind"] for doc in docs) == ["ConfigMap", "Deployment"]
     assert all(doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "toolbooth" for doc in docs)
-    assert _pod(docs)["initContainers"][0]["restartPolicy"] == "Always"
 
 
 # --- the Helm chart ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("version", KUBERNETES)
+@pytest.mark.parametrize("values", list(CHART_VALUES))
+def test_helm_lint_strict_passes(values: str, version: str) -> None:
+    done = _helm(version, CHART_VALUES[values], "lint", "--strict")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def _without_names(docs: list[Doc]) -> Iterator[Any]:
     """The chart's and the manifests' objects compared with names, labels and comments left out."""
-    pod = copy.deepcopy(_pod(docs))
+    pod = _pod(docs)
     for volume in pod["volumes"]:
         volume.get("configMap", {}).pop("name", None)
     yield pod
@@ -332,7 +382,32 @@ def _without_names(docs: list[Doc]) -> Iterator[Any]:
 
 
 def test_the_charts_defaults_render_the_same_pod_as_the_manifests() -> None:
-    assert list(_without_names(_chart())) == list(_without_names(_manifests()))
+    assert list(_without_names(_render("chart: defaults"))) == list(_without_names(_render("kubectl kustomize")))
+
+
+def test_the_charts_further_config_and_agent_values_reach_the_pod() -> None:
+    docs = _render("chart: extra config")
+    config, (sidecar,), (agent,) = _config(docs), _pod(docs)["initContainers"], _pod(docs)["containers"]
+    assert {key: config[key] for key in EXTRA["extraConfig"]} == EXTRA["extraConfig"]
+    assert sidecar["image"] == "toolbooth:0.2.0" and "command" not in agent
+    assert agent["env"][1:] == EXTRA["agent"]["env"]
+
+
+@pytest.mark.parametrize("section", ["server", "metrics", "auth", "policy", "store"])
+def test_the_chart_refuses_further_config_replacing_a_section_it_makes(section: str) -> None:
+    done = _helm(KUBERNETES[-1], {"extraConfig": {section: {}, "limits": {}}}, "template", "agent")
+    assert done.returncode != 0 and f"extraConfig cannot set {section}:" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("values", "refusal"), [
+    ({"metricPort": 0}, "additional properties 'metricPort' not allowed"),
+    ({"auth": {"jwksURL": "https://issuer.example/jwks"}}, "additional properties 'jwksURL' not allowed"),
+    ({"healthPort": 0}, "at '/healthPort'"),
+    ({"policies": {"bundleUrl": "bundles.example/toolbooth.tar.gz"}}, "at '/policies/bundleUrl'"),
+])
+def test_the_charts_schema_refuses_unknown_or_malformed_values(values: Doc, refusal: str) -> None:
+    done = _helm(KUBERNETES[-1], values, "template", "agent")
+    assert done.returncode != 0 and refusal in done.stderr, done.stderr
 
 
 def test_every_value_is_used_by_a_template() -> None:
@@ -346,12 +421,5 @@ def test_the_chart_needs_kubernetes_with_native_sidecars() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2" and chart["kubeVersion"] == ">=1.29.0-0"
     assert chart["appVersion"] == "0.1.0"  # the image tag by default
-
-
-def test_the_renderer_refuses_what_it_does_not_implement() -> None:
-    for template in ("{{ range .Values.x }}{{ end }}", "{{ include \"x\" . }}", "{{ $x := 1 }}",
-                     "{{ .Values.x | b64enc }}"):
-        with pytest.raises(Unsupported):
-            render(template, {"Values": {"x": [1]}})
-    assert render("a\n  {{- if .Values.on }}\n  b: {{ .Values.n | default 3 }}\n  {{- end }}\nc",
-                  {"Values": {"on": True}}) == "a\n  b: 3\nc"
+    refused = _helm("1.28.0", {}, "template", "agent")
+    assert refused.returncode != 0 and "incompatible with Kubernetes v1.28.0" in refused.stderr, refused.stderr
