@@ -55,7 +55,7 @@ decision := {
 } if {
 	some name in data.toolbooth.email.recipient_arguments[input.tool.name]
 	some recipient in as_list(input.call.arguments[name])
-	not internal(recipient)
+	not internal_recipient(recipient)
 	not data.toolbooth.email.external_permission in granted
 } else := {"allow": true, "reason": "all required permissions are held"}
 
@@ -71,12 +71,18 @@ missing contains permission if {
 	not permission in granted
 }
 
-other_tenants contains sprintf("%s=%v", [name, value]) if {
+other_tenants contains sprintf("%s=%s", [name, shown(value)]) if {
 	some name in data.toolbooth.tenant_scoped_arguments
 	value := input.call.arguments[name]
 	value != null
 	value != input.principal.tenant
 }
+
+# An argument's value as a reason shows it: a string as it is, any other value by its
+# type (%v writes numbers and nested values differently in OPA and in regorus).
+shown(value) := value if {
+	is_string(value)
+} else := sprintf("<%s>", [type_name(value)])
 
 # The recipients of one argument: a list, one value, or none (null).
 as_list(value) := value if {
@@ -98,12 +104,12 @@ domain_or_none(recipient) := found if {
 	found := domain(recipient)
 } else := "an address without a domain"
 
-internal(recipient) if {
+internal_recipient(recipient) if {
 	some own in data.toolbooth.email.internal_domains
 	lower(own) == domain(recipient)
 }
 
-internal(recipient) if {
+internal_recipient(recipient) if {
 	some own in data.toolbooth.email.internal_domains
 	endswith(domain(recipient), concat("", [".", lower(own)]))
 }
@@ -111,5 +117,5 @@ internal(recipient) if {
 external_domains contains domain_or_none(recipient) if {
 	some name in data.toolbooth.email.recipient_arguments[input.tool.name]
 	some recipient in as_list(input.call.arguments[name])
-	not internal(recipient)
+	not internal_recipient(recipient)
 }

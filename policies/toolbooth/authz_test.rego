@@ -83,6 +83,13 @@ test_every_argument_naming_another_tenant_is_named_internally if {
 	endswith(d.internal_reason, `("t1"): tenant=t3, tenant_id=t2`)
 }
 
+test_a_tenant_argument_that_is_no_string_is_named_by_its_type if {
+	d := authz.decision with input as call_naming({"tenant": 1e+16, "tenant_id": [null, "t2"]})
+		with data.toolbooth.role_permissions as roles
+		with data.toolbooth.tenant_scoped_arguments as ["tenant", "tenant_id"]
+	endswith(d.internal_reason, `("t1"): tenant=<number>, tenant_id=<array>`)
+}
+
 test_null_tenant_argument_names_no_tenant if {
 	authz.decision.allow with input as call_naming({"path": "a.txt", "tenant_id": null})
 		with data.toolbooth.role_permissions as roles

@@ -6,10 +6,10 @@ which becomes ``data``. Hidden files and directories (a name starting with ``.``
 skipped (``policy_paths``): among them the versions a Kubernetes ConfigMap volume keeps
 (``..data``, ``..<timestamp>``), whose current one the visible files link to.
 ``checked_files`` reads one and checks it with a throwaway regorus engine: every
-module compiles, the three entry packages exist and ``data.toolbooth.audit.mask`` is
-well formed. Every engine serves a ``PolicyFiles`` and reports its ``revision``, a
-content hash (or the bundle's revision), so the embedded and the OPA engine name the
-same set alike.
+module compiles, no rule hides one of OPA's built-ins (``sidecar.policy.shadowing``),
+the three entry packages exist and ``data.toolbooth.audit.mask`` is well formed.
+Every engine serves a ``PolicyFiles`` and reports its ``revision``, a content hash
+(or the bundle's revision), so the embedded and the OPA engine name the same set alike.
 
 A regorus engine must be dropped by the thread that made it: no function here keeps
 one, or lets a traceback keep one alive, so they are safe on any thread.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 from sidecar.errors import PolicyEvaluationError, PolicyLoadError
 from sidecar.policy._regorus import regorus
 from sidecar.policy.decision import AUDIT_MASK_RULE, CALL_STAGES, RULES, parse_audit_masks
+from sidecar.policy.shadowing import shadowing
 
 __all__ = ["DATA_FILE", "TEST_SUFFIX", "PolicyFiles", "check_files", "checked_files", "clean_regorus_error",
            "content_revision", "policy_paths", "read_audit_masks"]
@@ -116,10 +118,14 @@ def checked_files(path: Path) -> PolicyFiles:
 
 
 def check_files(files: PolicyFiles) -> PolicyFiles:
-    """Compile ``files`` once; check the three entrypoints' packages exist and ``data.toolbooth.audit.mask``."""
+    """Compile ``files`` once; check no rule hides a built-in, the three entrypoints' packages exist and
+    ``data.toolbooth.audit.mask``."""
     engine = files.build()
+    hiding = shadowing(json.loads(engine.get_ast_as_json()))
     packages, mask_problem = set(engine.get_packages()), _mask_problem(engine)
     del engine  # gone before any raise
+    if hiding:
+        raise PolicyLoadError(hiding)
     _check_packages(packages, files.root)
     if mask_problem is not None:
         raise PolicyLoadError(f"policy directory {files.root}: {mask_problem}")

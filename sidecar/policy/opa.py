@@ -153,12 +153,25 @@ def _result(where: str, status: int, body: bytes) -> Any:
     if status != 200:
         error = answer if isinstance(answer, dict) else {}
         detail = f" {error.get('code')}: {error.get('message')}" if "code" in error else ""
-        raise PolicyEvaluationError(f"{where}: OPA answered HTTP {status}{detail}")
+        raise PolicyEvaluationError(f"{where}: OPA answered HTTP {status}{detail}{_listed(error.get('errors'))}")
     if problem is not None:
         raise PolicyEvaluationError(f"{where}: {problem}")
     if not isinstance(answer, dict):
         raise PolicyEvaluationError(f"{where}: the answer is not a JSON object: {body[:80]!r}")
     return answer.get("result")
+
+
+def _listed(errors: Any) -> str:
+    """The errors OPA lists in an error answer (an evaluation error's code, place and message), as text."""
+    if not isinstance(errors, list):
+        return ""
+    found = [error for error in errors if isinstance(error, dict)]
+    return "".join(f"; {_place(error.get('location'))}{error.get('code')}: {error.get('message')}" for error in found)
+
+
+def _place(location: Any) -> str:
+    """``file:row: `` of an OPA error's location, or nothing."""
+    return f"{location.get('file')}:{location.get('row')}: " if isinstance(location, dict) else ""
 
 
 def _decode(body: bytes) -> tuple[Any, str | None]:

@@ -31,7 +31,7 @@ from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.integration.test_policy_engines import AUTHZ_PATH, TIMEOUT, nothing_listening
 from tests.support import tools
-from tests.support.fake_opa import ALLOW, FakeOpa, Fault, deep_json, huge_json
+from tests.support.opa_server import ALLOW, Fault, OpaServer, deep_json, huge_json
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.integration
@@ -71,15 +71,15 @@ CASES = {
 
 
 @pytest.fixture
-def opa() -> Iterator[FakeOpa]:
-    with FakeOpa() as server:
+def opa() -> Iterator[OpaServer]:
+    with OpaServer() as server:
         yield server
 
 
 @pytest.fixture
-def elsewhere() -> Iterator[FakeOpa]:
+def elsewhere() -> Iterator[OpaServer]:
     """Another server, allowing every decision: where hostile redirects point."""
-    with FakeOpa() as server:
+    with OpaServer() as server:
         server.inject(Fault(body=ALLOW))
         yield server
 
@@ -104,7 +104,7 @@ async def audited(db: Path, key: str) -> AuditRecord:
 
 @pytest.mark.parametrize("name", list(CASES))
 async def test_a_failing_opa_fails_the_call_closed_in_time_and_audited(
-        serve_in_background: Any, opa: FakeOpa, elsewhere: FakeOpa, tmp_path: Path, name: str) -> None:
+        serve_in_background: Any, opa: OpaServer, elsewhere: OpaServer, tmp_path: Path, name: str) -> None:
     case = CASES[name]
     url = nothing_listening() if case.down else opa.url
     target = await serve_in_background(policy=opa_policy(url, upload_policies=not case.down))
@@ -127,8 +127,8 @@ async def test_a_failing_opa_fails_the_call_closed_in_time_and_audited(
     assert (record.event.status, record.event.error_code) == (Status.ERROR.value, case.code.value)
 
 
-async def test_a_redirected_policy_upload_stops_the_start(make_settings: Callable[..., Settings], opa: FakeOpa,
-                                                           elsewhere: FakeOpa) -> None:
+async def test_a_redirected_policy_upload_stops_the_start(make_settings: Callable[..., Settings], opa: OpaServer,
+                                                           elsewhere: OpaServer) -> None:
     opa.inject(Fault(status=307, redirect=elsewhere.url, path="/v1/policies"))
     settings = make_settings(policy=opa_policy(opa.url))
     with pytest.raises(PolicyLoadError, match=r"cannot upload policies to OPA .*HTTP 307.*not followed"):
@@ -136,8 +136,8 @@ async def test_a_redirected_policy_upload_stops_the_start(make_settings: Callabl
     assert elsewhere.seen == []
 
 
-async def test_a_redirected_status_request_is_not_followed(serve_in_background: Any, opa: FakeOpa,
-                                                           elsewhere: FakeOpa) -> None:
+async def test_a_redirected_status_request_is_not_followed(serve_in_background: Any, opa: OpaServer,
+                                                           elsewhere: OpaServer) -> None:
     elsewhere.inject(Fault(body=b'{"result": {"main": {"manifest": {"revision": "forged"}}}}'))
     opa.inject(Fault(status=308, redirect=elsewhere.url, path="/v1/data/system/bundles"))
     target = await serve_in_background(policy=opa_policy(opa.url, upload_policies=False))

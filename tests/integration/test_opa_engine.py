@@ -1,8 +1,8 @@
 """What only the opa engine does: uploading policies, using OPA-managed ones, token, TLS, start-up errors.
 
 Tests that need a server behaviour the test itself sets up (a token, TLS, activated
-bundles) use the fake alone; the others use the same server as
-``test_policy_engines.py`` (the fake, or the fake in front of ``$TOOLBOOTH_TEST_OPA_URL``).
+bundles) use the local server alone; the others use the same server as
+``test_policy_engines.py`` (the local one, or it in front of ``$TOOLBOOTH_TEST_OPA_URL``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from sidecar.policy import PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.factory import open_engine, open_reloading
 from sidecar.policy.input import PolicyInput
-from tests.support.fake_opa import FakeOpa
+from tests.support.opa_server import OpaServer
 from tests.support.reloading import rewrite
 
 pytestmark = pytest.mark.integration
@@ -46,15 +46,15 @@ Open = Callable[..., Any]
 
 
 @pytest.fixture
-def opa() -> Iterator[FakeOpa]:
-    with FakeOpa(upstream=os.environ.get("TOOLBOOTH_TEST_OPA_URL")) as server:
+def opa() -> Iterator[OpaServer]:
+    with OpaServer(upstream=os.environ.get("TOOLBOOTH_TEST_OPA_URL")) as server:
         yield server
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeOpa]:
-    """The fake alone, even when a real OPA is configured."""
-    with FakeOpa() as server:
+def local() -> Iterator[OpaServer]:
+    """The local server alone, even when another OPA server is configured."""
+    with OpaServer() as server:
         yield server
 
 
@@ -75,12 +75,12 @@ async def open_opa() -> AsyncIterator[Open]:
         await engine.aclose()
 
 
-def served_policy_ids(opa: FakeOpa) -> list[str]:
+def served_policy_ids(opa: OpaServer) -> list[str]:
     with urllib.request.urlopen(f"{opa.url}/v1/policies", timeout=5) as response:
         return sorted(p["id"] for p in json.load(response)["result"] if p["id"].startswith("toolbooth/"))
 
 
-async def test_upload_replaces_the_policies_it_uploaded_before(open_opa: Open, opa: FakeOpa, tmp_path: Path) -> None:
+async def test_upload_replaces_the_policies_it_uploaded_before(open_opa: Open, opa: OpaServer, tmp_path: Path) -> None:
     path = Path(shutil.copytree(bundled_policy_dir(), tmp_path / "policies"))
     (path / "lib").mkdir()
     (path / "lib" / "extra.rego").write_text("package toolbooth.extra\n\nlimit := 3\n")
@@ -91,7 +91,7 @@ async def test_upload_replaces_the_policies_it_uploaded_before(open_opa: Open, o
     assert engine.revision == EmbeddedEngine.load(bundled_policy_dir()).revision
 
 
-async def test_policies_managed_by_opa_are_used_as_served(open_opa: Open, opa: FakeOpa) -> None:
+async def test_policies_managed_by_opa_are_used_as_served(open_opa: Open, opa: OpaServer) -> None:
     uploader = await open_opa(opa.url)
     writes = len([seen for seen in opa.seen if seen.method in ("PUT", "DELETE")])
     engine = await open_opa(opa.url, upload_policies=False)
@@ -100,23 +100,23 @@ async def test_policies_managed_by_opa_are_used_as_served(open_opa: Open, opa: F
     assert engine.revision == f"opa:{opa.url}"
 
 
-async def test_revision_of_managed_policies_is_the_bundles(open_opa: Open, fake: FakeOpa) -> None:
+async def test_revision_of_managed_policies_is_the_bundles(open_opa: Open, local: OpaServer) -> None:
     bundles = {"main": {"manifest": {"revision": "r-42", "roots": ["toolbooth"]}}, "extra": {"manifest": {}}}
-    put = urllib.request.Request(f"{fake.url}/v1/data/system/bundles", data=json.dumps(bundles).encode(), method="PUT")
+    put = urllib.request.Request(f"{local.url}/v1/data/system/bundles", data=json.dumps(bundles).encode(), method="PUT")
     urllib.request.urlopen(put, timeout=5).close()
-    engine = await open_opa(fake.url, upload_policies=False)
+    engine = await open_opa(local.url, upload_policies=False)
     assert engine.revision == "opa-bundles:extra@,main@r-42"
 
 
 async def test_unreachable_opa_stops_an_upload_but_not_a_managed_start(open_opa: Open) -> None:
-    with FakeOpa() as gone:
+    with OpaServer() as gone:
         url = gone.url
     with pytest.raises(PolicyLoadError, match=f"cannot upload policies to OPA at {url}"):
         await open_opa(url)
     assert (await open_opa(url, upload_policies=False)).revision == f"opa:{url}"
 
 
-async def test_opa_compile_errors_name_the_file_and_place(open_opa: Open, opa: FakeOpa, tmp_path: Path) -> None:
+async def test_opa_compile_errors_name_the_file_and_place(open_opa: Open, opa: OpaServer, tmp_path: Path) -> None:
     path = Path(shutil.copytree(bundled_policy_dir(), tmp_path / "policies"))
     (path / "approval.rego").write_text("package toolbooth.approval\n\ndecision := {\"required\": \n")
     where = re.escape(f"cannot load {path / 'approval.rego'}: OPA refused it: invalid_parameter: ")
@@ -124,20 +124,20 @@ async def test_opa_compile_errors_name_the_file_and_place(open_opa: Open, opa: F
         await open_opa(opa.url, path)
 
 
-async def test_data_must_be_an_object_of_objects(open_opa: Open, opa: FakeOpa, tmp_path: Path) -> None:
+async def test_data_must_be_an_object_of_objects(open_opa: Open, opa: OpaServer, tmp_path: Path) -> None:
     path = Path(shutil.copytree(bundled_policy_dir(), tmp_path / "policies"))
     (path / "data.json").write_text('{"limit": 3}')
     with pytest.raises(PolicyLoadError, match=r"data\.json: to upload it to OPA"):
         await open_opa(opa.url, path)
 
 
-async def test_decisions_ask_for_strict_builtin_errors(open_opa: Open, opa: FakeOpa) -> None:
+async def test_decisions_ask_for_strict_builtin_errors(open_opa: Open, opa: OpaServer) -> None:
     await (await open_opa(opa.url)).decide(Stage.AVAILABILITY, INPUT)
     assert opa.seen[-1].path == "/v1/data/toolbooth/availability/decision?strict-builtin-errors=true"
 
 
 async def test_bearer_token_is_sent(open_opa: Open) -> None:
-    with FakeOpa(token="s3cret") as guarded:
+    with OpaServer(token="s3cret") as guarded:
         with pytest.raises(PolicyLoadError, match="401"):
             await open_opa(guarded.url)
         engine = await open_opa(guarded.url, token="s3cret")
@@ -204,7 +204,7 @@ def server_tls(pki: dict[str, Path], *, client_certificates: bool) -> ssl.SSLCon
 
 
 async def test_tls_verifies_the_server_against_the_ca_file(open_opa: Open, pki: dict[str, Path]) -> None:
-    with FakeOpa(tls=server_tls(pki, client_certificates=False)) as secure:
+    with OpaServer(tls=server_tls(pki, client_certificates=False)) as secure:
         with pytest.raises(PolicyLoadError, match="certificate verify failed"):
             await open_opa(secure.url)
         engine = await open_opa(secure.url, tls={"ca_file": str(pki["ca"])})
@@ -212,7 +212,7 @@ async def test_tls_verifies_the_server_against_the_ca_file(open_opa: Open, pki: 
 
 
 async def test_tls_presents_the_client_certificate(open_opa: Open, pki: dict[str, Path]) -> None:
-    with FakeOpa(tls=server_tls(pki, client_certificates=True)) as secure:
+    with OpaServer(tls=server_tls(pki, client_certificates=True)) as secure:
         with pytest.raises(PolicyLoadError, match="cannot upload"):
             await open_opa(secure.url, tls={"ca_file": str(pki["ca"])})
         engine = await open_opa(secure.url, tls={"ca_file": str(pki["ca"]), "cert_file": str(pki["client"]),
@@ -226,7 +226,7 @@ async def test_an_unusable_client_certificate_names_the_key(open_opa: Open, pki:
 
 
 @pytest.mark.parametrize("breakage", ["tests fail", "does not compile"])
-async def test_a_refused_reload_never_reaches_opa(opa: FakeOpa, tmp_path: Path, breakage: str) -> None:
+async def test_a_refused_reload_never_reaches_opa(opa: OpaServer, tmp_path: Path, breakage: str) -> None:
     path = Path(shutil.copytree(bundled_policy_dir(), tmp_path / "policies"))
     settings = PolicySettings.model_validate({"engine": "opa", "path": str(path), "reload_requires_tests": True,
                                               "opa": {"url": opa.url, "timeout_seconds": 5}})
@@ -243,12 +243,12 @@ async def test_a_refused_reload_never_reaches_opa(opa: FakeOpa, tmp_path: Path, 
         await reloader.aclose()
 
 
-def served_authz(opa: FakeOpa) -> str:
+def served_authz(opa: OpaServer) -> str:
     with urllib.request.urlopen(f"{opa.url}/v1/policies", timeout=5) as response:
         return next(str(p["raw"]) for p in json.load(response)["result"] if p["id"] == "toolbooth/authz.rego")
 
 
-async def test_audit_masks_are_read_from_opa(open_opa: Open, opa: FakeOpa, tmp_path: Path) -> None:
+async def test_audit_masks_are_read_from_opa(open_opa: Open, opa: OpaServer, tmp_path: Path) -> None:
     path = Path(shutil.copytree(bundled_policy_dir(), tmp_path / "policies"))
     data = json.loads((path / "data.json").read_text())
     data["toolbooth"]["audit"] = {"mask": {"send_email": ["/body"]}}

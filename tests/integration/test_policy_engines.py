@@ -1,10 +1,10 @@
 """Both policy engines through the real pipeline: decisions, failing closed, and the same answers.
 
 Each test that can run on either engine runs on both: ``embedded`` (regorus) and
-``opa`` against a local OPA server. That server is ``tests.support.fake_opa.FakeOpa``
-— evaluating with regorus — or, when ``TOOLBOOTH_TEST_OPA_URL`` is set, the same
-fake in front of that real OPA, forwarding every request to it (the policies are
-uploaded there) and only adding the transport faults a real server cannot be asked
+``opa`` against a local OPA server. That server is ``tests.support.opa_server.OpaServer``
+— evaluating with OPA's own engine — or, when ``TOOLBOOTH_TEST_OPA_URL`` is set, the
+same server in front of that OPA server, forwarding every request to it (the policies
+are uploaded there) and only adding the transport faults a real server cannot be asked
 for. The failures that only a remote engine can have (unreachable, slow, HTTP 500,
 dropped connection, an answer that is not OPA's) run on ``opa`` only.
 """
@@ -32,7 +32,7 @@ from sidecar.policy.factory import open_engine
 from sidecar.policy.input import CallInput, InputParts, PolicyInput, principal_json, tool_json
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools
-from tests.support.fake_opa import FakeOpa, Fault
+from tests.support.opa_server import Fault, OpaServer
 
 pytestmark = pytest.mark.integration
 
@@ -44,9 +44,9 @@ OpenEngine = Callable[..., Awaitable[PolicyEngine]]
 
 
 @pytest.fixture
-def opa() -> Iterator[FakeOpa]:
-    """The OPA server of the opa engine: the fake, or the fake forwarding to ``$TOOLBOOTH_TEST_OPA_URL``."""
-    with FakeOpa(upstream=os.environ.get("TOOLBOOTH_TEST_OPA_URL")) as server:
+def opa() -> Iterator[OpaServer]:
+    """The OPA server of the opa engine: a local one, or one forwarding to ``$TOOLBOOTH_TEST_OPA_URL``."""
+    with OpaServer(upstream=os.environ.get("TOOLBOOTH_TEST_OPA_URL")) as server:
         yield server
 
 
@@ -56,7 +56,7 @@ def engine_kind(request: pytest.FixtureRequest) -> PolicyEngineKind:
 
 
 @pytest.fixture
-async def open_policy(engine_kind: PolicyEngineKind, opa: FakeOpa) -> AsyncIterator[OpenEngine]:
+async def open_policy(engine_kind: PolicyEngineKind, opa: OpaServer) -> AsyncIterator[OpenEngine]:
     """``await open_policy(path, **opa_settings)``: the engine under test over ``path``, as configured."""
     opened: list[PolicyEngine] = []
 
@@ -70,7 +70,7 @@ async def open_policy(engine_kind: PolicyEngineKind, opa: FakeOpa) -> AsyncItera
         await engine.aclose()
 
 
-def settings(kind: PolicyEngineKind, opa: FakeOpa, path: Path | None = None, **opa_settings: Any) -> PolicySettings:
+def settings(kind: PolicyEngineKind, opa: OpaServer, path: Path | None = None, **opa_settings: Any) -> PolicySettings:
     return PolicySettings.model_validate({
         "engine": kind, "path": path or bundled_policy_dir(),
         "opa": {"url": opa.url, "timeout_seconds": TIMEOUT, **opa_settings},
@@ -161,7 +161,7 @@ BREAKAGES = {
     pytest.param(kind, name, id=f"{kind}-{name}") for name, case in BREAKAGES.items() for kind in case.engines
 ])
 async def test_failures_fail_closed_and_nothing_runs(open_policy: OpenEngine, make_pipeline: PipelineFactory,
-                                                     opa: FakeOpa, tmp_path: Path, name: str) -> None:
+                                                     opa: OpaServer, tmp_path: Path, name: str) -> None:
     case = BREAKAGES[name]
     path = policies_with_authz(tmp_path, case.authz) if case.authz else None
     reach = {"url": nothing_listening(), "upload_policies": False} if case.unreachable else {}
@@ -176,7 +176,7 @@ async def test_failures_fail_closed_and_nothing_runs(open_policy: OpenEngine, ma
     assert elapsed < TIMEOUT + MARGIN, elapsed
 
 
-async def test_a_slow_opa_fails_a_listing_within_one_timeout(make_pipeline: PipelineFactory, opa: FakeOpa) -> None:
+async def test_a_slow_opa_fails_a_listing_within_one_timeout(make_pipeline: PipelineFactory, opa: OpaServer) -> None:
     engine = await open_engine(settings(PolicyEngineKind.OPA, opa))
     pipeline = await make_pipeline(policy=engine)
     opa.inject(Fault(latency=10 * TIMEOUT))
@@ -225,7 +225,7 @@ def approver_input(approver: Principal, requested_by: Principal) -> PolicyInput:
                            "context": {"stage": "approver", "time": "2026-11-30T15:00:00Z"}})
 
 
-async def test_both_engines_decide_the_same(opa: FakeOpa) -> None:
+async def test_both_engines_decide_the_same(opa: OpaServer) -> None:
     embedded = await open_engine(settings(PolicyEngineKind.EMBEDDED, opa))
     remote = await open_engine(settings(PolicyEngineKind.OPA, opa, timeout_seconds=5))
     try:

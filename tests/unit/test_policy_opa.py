@@ -15,7 +15,7 @@ from sidecar.errors import MalformedDecisionError, PolicyEvaluationError
 from sidecar.policy import Decision, Stage
 from sidecar.policy.input import PolicyInput
 from sidecar.policy.opa import MAX_ANSWER_BYTES, MAX_ANSWER_DEPTH, OpaEngine
-from tests.support.fake_opa import deep_json, huge_json
+from tests.support.opa_server import deep_json, huge_json
 
 URL = "http://opa.test:8181"
 INPUT = PolicyInput.of({"principal": {"id": "u1"}, "tool": {"name": "echo"}})
@@ -91,9 +91,11 @@ async def test_malformed_decisions_are_malformed(answer: Any, message: str) -> N
 
 
 @pytest.mark.parametrize(("answer", "message"), [
-    pytest.param(answering(500, {"code": "internal_error", "message": "eval_conflict_error: complete rules must not "
-                                 "produce multiple outputs"}), "HTTP 500 internal_error: eval_conflict_error",
-                 id="opa-evaluation-error"),
+    pytest.param(answering(500, {"code": "internal_error", "message": "error(s) occurred while evaluating query",
+                                 "errors": [{"code": "eval_conflict_error", "location": {"file": "a.rego", "row": 3},
+                                             "message": "complete rules must not produce multiple outputs"}]}),
+                 r"HTTP 500 internal_error: error\(s\) occurred while evaluating query; a\.rego:3: "
+                 "eval_conflict_error: complete rules must not produce multiple outputs$", id="opa-evaluation-error"),
     pytest.param(answering(503, b"<html>busy</html>"), "HTTP 503$", id="proxy-error-page"),
     pytest.param(answering(401, {"code": "unauthorized", "message": "no"}), "HTTP 401 unauthorized: no",
                  id="unauthorized"),

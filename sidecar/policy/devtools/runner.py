@@ -22,8 +22,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from sidecar.errors import PolicyLoadError
 from sidecar.policy._regorus import regorus
 from sidecar.policy.files import TEST_SUFFIX, PolicyFiles, clean_regorus_error
+from sidecar.policy.shadowing import ref_path, shadowing
 
 __all__ = ["TEST_PREFIX", "CoverageReport", "FileCoverage", "Outcome", "RegoTestReport", "RegoTestResult",
            "defined_rules", "run_tests"]
@@ -133,10 +135,15 @@ class _PolicySet:
 
     @classmethod
     def load(cls, root: Path) -> _PolicySet:
-        """Load ``root`` as the sidecar does, plus its tests; ``PolicyLoadError`` names the file."""
+        """Load ``root`` as the sidecar does, plus its tests; ``PolicyLoadError`` names the file (also when a
+        rule, of a test too, hides one of OPA's built-ins)."""
         files = PolicyFiles.read(root).with_tests()
         engine = files.build()
-        return cls(root, engine, tuple(_rules(json.loads(engine.get_ast_as_json()), root)), dict(files.modules))
+        modules = json.loads(engine.get_ast_as_json())
+        if hiding := shadowing(modules):
+            del engine  # gone before the raise: a regorus engine must be dropped by its thread
+            raise PolicyLoadError(hiding)
+        return cls(root, engine, tuple(_rules(modules, root)), dict(files.modules))
 
     def tests(self) -> list[_Rule]:
         """The ``test_*`` rules, in file and line order."""
@@ -158,7 +165,7 @@ def _rules(modules: list[dict[str, Any]], root: Path) -> Iterator[_Rule]:
     for module in modules:
         file = Path(module["source"]["file"]).relative_to(root).as_posix()
         text = module["source"]["contents"].encode()
-        package = ".".join(_ref_path(module["ast"]["package"]["refr"]))
+        package = ".".join(ref_path(module["ast"]["package"]["refr"]))
         for rule in module["ast"]["rules"]:
             named = _rule_name(rule)
             if named is not None:
@@ -178,15 +185,6 @@ def _rule_name(rule: dict[str, Any]) -> tuple[str, bool] | None:
         kind = next(iter(head))
         ref, function = head[kind]["refr"], kind == "Func"
     return (ref["Var"]["value"], function) if "Var" in ref else None
-
-
-def _ref_path(ref: dict[str, Any]) -> list[str]:
-    """``a.b["c"]`` as ``["a", "b", "c"]`` (a package path)."""
-    if "Var" in ref:
-        return [ref["Var"]["value"]]
-    if "RefDot" in ref:
-        return [*_ref_path(ref["RefDot"]["refr"]), ref["RefDot"]["field"][1]]
-    return [*_ref_path(ref["RefBrack"]["refr"]), ref["RefBrack"]["index"]["String"]["value"]]
 
 
 @dataclass

@@ -1,37 +1,36 @@
-"""A local stand-in for an OPA server: the REST endpoints the opa engine uses, as OPA documents them.
+"""A local OPA server: the REST endpoints the opa engine uses, as OPA documents them, over OPA's own engine.
 
 - ``GET /v1/policies`` -> ``{"result": [{"id", "raw"}]}``; ``PUT /v1/policies/{id}`` (Rego text)
-  -> ``{}``, or 400 ``invalid_parameter`` with each compile error; ``DELETE /v1/policies/{id}``;
+  -> ``{}``, or 400 ``invalid_parameter`` with each compile error and its location; ``DELETE /v1/policies/{id}``;
 - ``PUT /v1/data/{path}`` (a JSON document) -> 204;
 - ``POST /v1/data/{path}`` (``{"input": ...}``) -> ``{"result": ...}``, no ``result`` when the
-  document is undefined, 500 ``internal_error`` when evaluation fails.
+  document is undefined, 500 ``internal_error`` with each evaluation error when evaluation fails.
 
-Rego is evaluated by regorus on one worker thread that creates, uses and drops every
-regorus engine (they are bound to their thread). With ``upstream`` the server evaluates
-nothing and forwards each request to that (real) OPA instead. Either way ``inject``
-breaks the transport on purpose: added latency, an error status, a dropped connection,
-a fixed body (``deep_json`` and ``huge_json`` build hostile ones) or a redirect. With
-``token``, requests without that bearer token get 401.
+Rego is compiled and evaluated by OPA v1.20.2 itself, in this process (``tests.support.real_opa``;
+a test using the server is skipped, or fails under ``CI=true``, without it). Built-in errors are
+always strict, as the opa engine asks (``?strict-builtin-errors=true``). Locations are OPA's, with
+the column where the engine shows one (parse errors). With ``upstream`` the server evaluates
+nothing and forwards each request to that OPA server instead. Either way ``inject`` breaks the
+transport on purpose: added latency, an error status, a dropped connection, a fixed body
+(``deep_json`` and ``huge_json`` build hostile ones) or a redirect. With ``token``, requests
+without that bearer token get 401.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import ssl
 import sys
 import threading
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import regorus
-
-from sidecar.policy.files import clean_regorus_error
+from tests.support.real_opa import bindings, compiled, rego_errors
 
 Answer = tuple[int, bytes]
 ALLOW = b'{"result": {"allow": true}}'  # what a hostile server answers to any decision
@@ -81,12 +80,12 @@ def huge_json(size: int) -> bytes:
     return head + b"x" * (size - len(head) - len(tail)) + tail
 
 
-class FakeOpa:
-    """The server; ``with FakeOpa() as opa:`` serves at ``opa.url`` until the block ends."""
+class OpaServer:
+    """The server; ``with OpaServer() as opa:`` serves at ``opa.url`` until the block ends."""
 
     def __init__(self, *, upstream: str | None = None, token: str | None = None,
                  tls: ssl.SSLContext | None = None) -> None:
-        self.backend: _Regorus | _Upstream = _Upstream(upstream) if upstream else _Regorus()
+        self.backend: _Engine | _Upstream = _Upstream(upstream) if upstream else _Engine()
         self.token = token
         self.seen: list[Seen] = []
         self.stopping = threading.Event()
@@ -97,9 +96,9 @@ class FakeOpa:
         host, port = self._http.server_address[:2]
         self.url = f"{'https' if tls else 'http'}://{host}:{port}"
         self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.02},
-                                        name="fake-opa", daemon=True)  # polled: shutdown() waits for the poll
+                                        name="opa-server", daemon=True)  # polled: shutdown() waits for the poll
 
-    def __enter__(self) -> FakeOpa:
+    def __enter__(self) -> OpaServer:
         self._thread.start()
         return self
 
@@ -141,9 +140,9 @@ class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # many decisions connect at once (ListTools), as OPA allows
 
-    def __init__(self, fake: FakeOpa) -> None:
+    def __init__(self, opa: OpaServer) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.fake = fake
+        self.opa = opa
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that gave up (e.g. timed out) is expected here; anything else is reported."""
@@ -164,7 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        answer, headers = self.server.fake.answer(self.command, self.path, self.headers.get("Authorization"), body)
+        answer, headers = self.server.opa.answer(self.command, self.path, self.headers.get("Authorization"), body)
         if answer is None:
             self.close_connection = True
             return
@@ -180,73 +179,67 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: tests read ``FakeOpa.seen`` instead."""
+        """Quiet: tests read ``OpaServer.seen`` instead."""
 
 
-class _Regorus:
-    """OPA's policy and data APIs over regorus; all regorus work runs on one worker thread."""
+class _Engine:
+    """OPA's policy and data APIs over OPA's engine: each change compiles a new engine from every module and
+    the data, and takes its place only if it compiles."""
 
     def __init__(self) -> None:
         self.modules: dict[str, str] = {}
         self.data: dict[str, Any] = {}
-        self._engine: regorus.Engine | None = None
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fake-opa-regorus")
+        self._engine = compiled([])
+        self._changing = threading.Lock()
 
     def answer(self, method: str, path: str, authorization: str | None, body: bytes) -> Answer:
-        return self._worker.submit(self._route, method, urlsplit(path).path, body).result()
-
-    def close(self) -> None:
-        self._worker.submit(self._drop).result()
-        self._worker.shutdown()
-
-    def _drop(self) -> None:
-        self._engine = None
-
-    def _route(self, method: str, path: str, body: bytes) -> Answer:
-        api, _, rest = path.removeprefix("/v1/").partition("/")
+        api, _, rest = urlsplit(path).path.removeprefix("/v1/").partition("/")
         rest = unquote(rest)
         match api, method, rest:
             case "policies", "GET", "":
                 return ok({"result": [{"id": name, "raw": raw} for name, raw in sorted(self.modules.items())]})
             case "policies", "PUT", _ if rest:
-                return self._replace({**self.modules, rest: body.decode()}, self.data) or ok({})
+                return self._change(lambda: ({**self.modules, rest: body.decode()}, self.data)) or ok({})
             case "policies", "DELETE", _ if rest in self.modules:
-                others = {name: raw for name, raw in self.modules.items() if name != rest}
-                return self._replace(others, self.data) or ok({})
+                return self._change(lambda: ({k: v for k, v in self.modules.items() if k != rest}, self.data)) or ok({})
             case "policies", "DELETE", _:
                 return error(404, "resource_not_found", f"storage_not_found_error: policy id {rest!r}")
             case "data", "PUT", _ if rest:
                 return self._put_data(rest.split("/"), body)
             case "data", "POST", _:
                 return self._evaluate([part for part in rest.split("/") if part], body)
-        return error(404, "resource_not_found", f"{method} {path} is not implemented by the fake")
+        return error(404, "resource_not_found", f"{method} {path} is not implemented here")
+
+    def close(self) -> None:
+        """Nothing to release: an engine no request uses any more is closed when it is collected."""
 
     def _put_data(self, keys: list[str], body: bytes) -> Answer:
         try:
             value = json.loads(body)
         except ValueError as exc:
             return error(400, "invalid_parameter", f"body contains malformed JSON: {exc}")
-        data = json.loads(json.dumps(self.data))
-        node = data
-        for key in keys[:-1]:
-            node = node.setdefault(key, {})
-        node[keys[-1]] = value
-        return self._replace(self.modules, data) or (204, b"")
 
-    def _replace(self, modules: dict[str, str], data: dict[str, Any]) -> Answer | None:
-        """Compile ``modules`` with ``data``; keep them, or answer OPA's 400 and keep the old ones."""
-        engine = regorus.Engine()
-        for name, raw in modules.items():
+        def changed() -> tuple[dict[str, str], dict[str, Any]]:
+            data = json.loads(json.dumps(self.data))
+            node = data
+            for key in keys[:-1]:
+                node = node.setdefault(key, {})
+            node[keys[-1]] = value
+            return self.modules, data
+
+        return self._change(changed) or (204, b"")
+
+    def _change(self, change: Callable[[], tuple[dict[str, str], dict[str, Any]]]) -> Answer | None:
+        """Compile the modules and data ``change()`` makes of the current ones; keep them, or answer OPA's 400
+        with each compile error and keep the old ones."""
+        with self._changing:
+            modules, data = change()
             try:
-                engine.add_policy(name, raw)
-            except Exception as exc:  # noqa: BLE001 - regorus raises plain RuntimeError/ValueError
-                return _compile_error("rego_parse_error", name, exc)
-        engine.add_data_json(json.dumps(data))
-        try:
-            engine.eval_query("true")  # regorus compiles on first evaluation
-        except Exception as exc:  # noqa: BLE001
-            return _compile_error("rego_compile_error", "", exc)
-        self.modules, self.data, self._engine = modules, data, engine
+                engine = compiled(modules.items(), data)
+            except bindings().OpaError as exc:
+                return error(400, "invalid_parameter", "error(s) occurred while compiling module(s)",
+                             errors=_located(exc.message))
+            self.modules, self.data, self._engine = modules, data, engine
         return None
 
     def _evaluate(self, keys: list[str], body: bytes) -> Answer:
@@ -254,23 +247,18 @@ class _Regorus:
             request = json.loads(body) if body else {}
         except ValueError as exc:
             return error(400, "invalid_parameter", f"body contains malformed input document: {exc}")
-        engine = (self._engine or regorus.Engine()).clone()
-        if "input" in request:
-            engine.set_input_json(json.dumps(request["input"]))
+        query = "x = data" + "".join(f"[{json.dumps(key)}]" for key in keys)
         try:
-            results = engine.eval_query("data" + "".join(f"[{json.dumps(key)}]" for key in keys))["result"]
-        except Exception as exc:  # noqa: BLE001
-            return error(500, "internal_error", clean_regorus_error(exc))
-        return ok({"result": results[0]["expressions"][0]["value"]} if results else {})
+            results = self._engine.eval_query(query, request.get("input"))
+        except bindings().OpaError as exc:
+            return error(500, "internal_error", "error(s) occurred while evaluating query",
+                         errors=_located(exc.message))
+        return ok({"result": results[0]["x"]} if results else {})
 
 
-def _compile_error(code: str, module: str, exc: Exception) -> Answer:
-    message = clean_regorus_error(exc)
-    where = re.search(r"--> ([^\n]*):(\d+):(\d+)", message)
-    location = {"file": where[1], "row": int(where[2]), "col": int(where[3])} if where else {"file": module}
-    detail = message.rsplit("error: ", 1)[-1]
-    return error(400, "invalid_parameter", "error(s) occurred while compiling module(s)",
-                 errors=[{"code": code, "message": detail, "location": location}])
+def _located(message: str) -> list[dict[str, Any]]:
+    """The errors of an engine's message as OPA's API lists them (the whole message when it names none)."""
+    return [found.as_json() for found in rego_errors(message)] or [{"code": "internal_error", "message": message}]
 
 
 @dataclass(frozen=True)
