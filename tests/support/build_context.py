@@ -3,17 +3,19 @@
 The patterns are read as Docker reads them, for the forms ``.dockerignore`` uses: a path relative to the
 context root, ``*`` within one path element, ``?`` one character, ``[...]`` a class, ``**`` any number of
 elements; ``!`` re-includes; the last pattern that matches a file, or one of its directories, decides.
-Anything else (``\\`` escapes, patterns starting with ``/``) is refused rather than guessed at.
+Anything else (``\\`` escapes, patterns starting with ``/``) is refused rather than guessed at. And the versions
+the build installs, from ``constraints.txt``.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 
-__all__ = ["context_files", "copy_context"]
+from packaging.utils import canonicalize_name
+
+__all__ = ["context_files", "pinned_versions"]
 
 
 def _regex(pattern: str) -> re.Pattern[str]:
@@ -79,10 +81,7 @@ def context_files(root: Path) -> list[str]:
     return sorted(found)
 
 
-def copy_context(root: Path, target: Path) -> list[str]:
-    """Copy the build context of ``root`` into ``target``; its files."""
-    files = context_files(root)
-    for path in files:
-        (target / path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(root / path, target / path)
-    return files
+def pinned_versions(root: Path) -> dict[str, str]:
+    """The versions ``constraints.txt`` of ``root`` pins (``name==version`` lines), by canonical name."""
+    lines = [line for line in (root / "constraints.txt").read_text().splitlines() if not line.startswith("#")]
+    return {canonicalize_name(name): version for name, version in (line.split("==") for line in lines)}

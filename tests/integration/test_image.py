@@ -1,0 +1,211 @@
+"""The image, built with buildah from the Dockerfile as it is, and run with podman as ``deploy/kubernetes`` runs it.
+
+No Docker daemon and no registry: the base (``PYTHON_IMAGE``) is the Debian Python image that
+``bash .ci/image-tools`` makes with debootstrap, which also installs buildah, podman and runc and writes the
+``containers.conf`` they run with. The build's ``pip`` reaches PyPI trusting what this machine trusts (its CA
+bundle is mounted into the build's ``RUN`` steps, not copied into the image). The module builds the image once
+and removes it at the end; each test runs containers of it and removes them.
+
+The sidecar runs with ``deploy/kubernetes/config.yaml``'s configuration (a Unix socket on a shared volume, the
+health-only port, RS256 JWTs verified with a mounted public key, the policies mounted), as uid 10001 on a
+read-only root with no capability and ``no-new-privileges``, the socket and state directories as volumes, a
+tmpfs ``/tmp``; the agent is a second container of the same image, another uid in the socket's group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import jwt
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from packaging.utils import canonicalize_name
+
+from tests.support.build_context import pinned_versions
+from tests.support.required import missing
+from tests.support.signing_keys import key_pair
+from tests.support.waiting import until_blocking
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path("/var/cache/toolbooth")
+BASE = os.environ.get("TOOLBOOTH_PYTHON_IMAGE", "localhost/toolbooth-python:3.11-bookworm")
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+ENGINE_ENV = {**os.environ, "CONTAINERS_CONF": str(CACHE / "containers.conf")}
+MAX_IMAGE_BYTES = 400_000_000  # 334 MB on Debian's Python 3.11
+SIDECAR_UID, AGENT_UID = 10001, 10002
+HARDENED = ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+LISTING = "import importlib.metadata as m, json; print(json.dumps({d.name: d.version for d in m.distributions()}))"
+
+
+def _engine(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """buildah or podman with this machine's containers.conf; fails the test if it fails."""
+    done = subprocess.run(args, env=ENGINE_ENV, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{' '.join(args[:3])}: exit {done.returncode}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def image() -> Iterator[str]:
+    """The image built from the repository, tagged uniquely; removed after the module's tests."""
+    if not all(shutil.which(tool) for tool in ("buildah", "podman", "runc")) \
+            or not (CACHE / "containers.conf").exists() \
+            or subprocess.run(["podman", "image", "exists", BASE], env=ENGINE_ENV, check=False).returncode:
+        missing("buildah, podman, runc or the base image are missing", install="bash .ci/image-tools")
+    tag = f"localhost/toolbooth-test:{uuid.uuid4().hex[:12]}"
+    mounts = ["--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"] if CA_BUNDLE.exists() else []
+    started = time.monotonic()
+    # docker format: an OCI image config has no HEALTHCHECK.
+    _engine("buildah", "bud", "--isolation", "chroot", "--format", "docker", "--layers=false", "--quiet",
+            "--build-arg", f"PYTHON_IMAGE={BASE}", *mounts, "--tag", tag, str(REPO), timeout=900)
+    print(f"built {tag} in {time.monotonic() - started:.0f} s")
+    try:
+        yield tag
+    finally:
+        subprocess.run(["podman", "rmi", "--force", tag], env=ENGINE_ENV, capture_output=True, check=False)
+
+
+def _inspect(image: str) -> dict[str, object]:
+    document: list[dict[str, object]] = json.loads(_engine("podman", "image", "inspect", image).stdout)
+    return document[0]
+
+
+def test_the_image_is_small_non_root_and_has_a_healthcheck(image: str, capsys: pytest.CaptureFixture[str]) -> None:
+    inspected = _inspect(image)
+    config = inspected["Config"]
+    assert isinstance(config, dict)
+    assert config["User"] == f"{SIDECAR_UID}:{SIDECAR_UID}"
+    assert config["Entrypoint"] == ["toolbooth", "serve"]
+    assert set(config["Volumes"]) == {"/var/lib/toolbooth", "/run/toolbooth"}
+    healthcheck = inspected["Healthcheck"]
+    assert isinstance(healthcheck, dict) and healthcheck["Test"][0] == "CMD"
+    size = inspected["Size"]
+    assert isinstance(size, int)
+    with capsys.disabled():
+        print(f"\ntoolbooth image: {size / 1e6:.0f} MB")
+    assert size < MAX_IMAGE_BYTES
+
+
+def test_the_image_installs_exactly_the_pinned_versions(image: str) -> None:
+    def distributions(*run: str) -> dict[str, str]:
+        found: dict[str, str] = json.loads(_engine("podman", "run", "--rm", "--network", "none", *run,
+                                                   "-c", LISTING).stdout)
+        return {canonicalize_name(name): version for name, version in found.items()}
+
+    base, installed = distributions(BASE, "python3"), distributions("--entrypoint", "python", image)
+    pins = pinned_versions(REPO)
+    assert {name: installed.get(name) for name in pins} == pins
+    added = {name for name, version in installed.items() if base.get(name) != version}
+    assert {name for name in added - set(pins) if not name.startswith("toolbooth")} == set(), "not pinned"
+
+
+class Sidecar:
+    """``toolbooth serve`` in a container, attached (its exit status is ``podman run``'s); the socket and state
+    directories are host directories, as a pod's ``emptyDir``s are."""
+
+    def __init__(self, image: str, root: Path, public_key: str) -> None:
+        self.image, self.name = image, f"toolbooth-test-{uuid.uuid4().hex[:12]}"
+        self.socket_dir, state, etc = root / "socket", root / "state", root / "etc"
+        for directory in (self.socket_dir, state):
+            directory.mkdir(mode=0o750)
+            os.chown(directory, SIDECAR_UID, SIDECAR_UID)
+        (etc / "jwt").mkdir(parents=True)
+        (etc / "jwt" / "jwt.pub").write_text(public_key)
+        configmap = yaml.safe_load((REPO / "deploy" / "kubernetes" / "config.yaml").read_text())
+        (etc / "toolbooth.yaml").write_text(configmap["data"]["toolbooth.yaml"])
+        for path in (etc, etc / "jwt", etc / "jwt" / "jwt.pub", etc / "toolbooth.yaml"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        self.log = (root / "sidecar.log").open("w")
+        self.process = subprocess.Popen(
+            ["podman", "run", "--name", self.name, "--network", "none", *HARDENED,
+             "--user", f"{SIDECAR_UID}:{SIDECAR_UID}", "--tmpfs", "/tmp",
+             "--volume", f"{self.socket_dir}:/run/toolbooth", "--volume", f"{state}:/var/lib/toolbooth",
+             "--volume", f"{etc / 'toolbooth.yaml'}:/etc/toolbooth/config/toolbooth.yaml:ro",
+             "--volume", f"{REPO / 'policies' / 'toolbooth'}:/etc/toolbooth/policies:ro",
+             "--volume", f"{etc / 'jwt'}:/etc/toolbooth/jwt:ro",
+             image, "--config", "/etc/toolbooth/config/toolbooth.yaml"],
+            env=ENGINE_ENV, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return (self.socket_dir.parent / "sidecar.log").read_text()
+
+    def serving(self) -> bool:
+        """Whether gRPC health over the socket says ``SERVING``; raises once the container has exited."""
+        if self.process.poll() is not None:
+            raise AssertionError(f"the sidecar exited with {self.process.returncode}:\n{self.output()[-3000:]}")
+        socket = self.socket_dir / "toolbooth.sock"
+        if not socket.exists():
+            return False
+        with grpc.insecure_channel(f"unix://{socket}") as channel:
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+            except grpc.RpcError:
+                return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def agent(self, *command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        """``toolbooth COMMAND`` in a second container, another uid in the socket's group (a pod's fsGroup)."""
+        variables = [f"--env={name}={value}" for name, value in env.items()]
+        return subprocess.run(
+            ["podman", "run", "--rm", "--network", "none", *HARDENED, "--user", f"{AGENT_UID}:{AGENT_UID}",
+             "--group-add", str(SIDECAR_UID), "--volume", f"{self.socket_dir}:/run/toolbooth", *variables,
+             "--env", "TOOLBOOTH_TARGET=unix:///run/toolbooth/toolbooth.sock", "--entrypoint", "toolbooth",
+             self.image, *command],
+            env=ENGINE_ENV, capture_output=True, text=True, timeout=120, check=False)
+
+    def stop(self) -> int:
+        """``podman stop`` (SIGTERM, the image's STOPSIGNAL); the container's exit status."""
+        _engine("podman", "stop", "--time", "30", self.name)
+        return self.process.wait(timeout=60)
+
+    def remove(self) -> None:
+        subprocess.run(["podman", "rm", "--force", self.name], env=ENGINE_ENV, capture_output=True, check=False)
+        self.process.wait(timeout=60)
+        self.log.close()
+
+
+@pytest.fixture
+def sidecar(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
+    """A sidecar container, serving."""
+    running = Sidecar(image, tmp_path_factory.mktemp("c"), key_pair("RS256").public)
+    try:
+        started = time.monotonic()
+        until_blocking(running.serving, timeout=60, what="gRPC health SERVING over the socket")
+        print(f"SERVING {time.monotonic() - started:.1f} s after podman run")
+        yield running
+    finally:
+        running.remove()
+
+
+def test_the_image_healthcheck_reports_healthy(sidecar: Sidecar) -> None:
+    _engine("podman", "healthcheck", "run", sidecar.name)  # exit 1: unhealthy
+    state = json.loads(_engine("podman", "inspect", "--format", "{{json .State.Health}}", sidecar.name).stdout)
+    assert state["Status"] == "healthy" and state["Log"][-1]["ExitCode"] == 0
+
+
+def test_an_agent_container_calls_a_tool_over_the_socket_with_a_token(sidecar: Sidecar) -> None:
+    claims = {"sub": "alice", "iss": "https://issuer.example", "aud": "toolbooth", "tenant": "acme",
+              "roles": ["developer"], "exp": int(time.time()) + 600}
+    token = jwt.encode(claims, key_pair("RS256").private, algorithm="RS256")
+    arguments = json.dumps({"operation": "add", "operands": [2, 3]})
+    called = sidecar.agent("call", "calculate", "--args", arguments, env={"TOOLBOOTH_TOKEN": token})
+    assert called.returncode == 0, called.stdout + called.stderr
+    result = json.loads(called.stdout)
+    assert (result["status"], result["data"]["result"]) == ("success", 5.0)
+    refused = sidecar.agent("call", "calculate", "--args", arguments, env={})
+    assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stdout + refused.stderr
+
+
+def test_sigterm_stops_it_cleanly(sidecar: Sidecar) -> None:
+    assert sidecar.stop() == 0, sidecar.output()[-3000:]
+    assert not (sidecar.socket_dir / "toolbooth.sock").exists()
