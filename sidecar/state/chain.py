@@ -16,7 +16,8 @@ or reordered one breaks the next ``prev_hash`` of its chain; an event of an unre
 chain start whose linked event is gone or changed, is a break too.
 Columns added after the chain existed (``LATER_COLUMNS``) are hashed only when they hold a value, so the
 links written before them still verify; clearing one of a newer event still breaks its link.
-Unkeyed links may precede keyed ones (the key was configured later), never follow them.
+Unkeyed links may precede keyed ones (the key was configured later), never follow them, nor the keyed link a
+chain starts after, nor a signed checkpoint's head.
 Removing the newest events leaves a shorter valid chain: a signed checkpoint kept outside
 the database (``sidecar.state.checkpoint``) notices that.
 """
@@ -30,7 +31,7 @@ from dataclasses import astuple, dataclass, field, fields
 
 from sidecar.canonical import canonical_bytes, sha256_hex
 from sidecar.state.driver import Row
-from sidecar.state.records import AuditEvent, AuditRecord, ChainStart
+from sidecar.state.records import AuditEvent, AuditRecord, ChainHead, ChainStart
 from sidecar.state.store import Store
 
 __all__ = [
@@ -85,10 +86,11 @@ class ChainBreak:
 
 
 class ChainVerifier:
-    """Checks the records of one chain fed in id order; events from before the chain existed may only come
-    first, and unkeyed links only before keyed ones. The first link follows ``start`` (``None``: the
+    """Checks the records of one chain fed in id order. The first link follows ``start`` (``None``: the
     genesis). With ``key`` keyed links are checked (without it they cannot be); ``mark``: remember the hash
-    of the ``mark``-th link (a checkpoint's position)."""
+    of the ``mark``-th link (a checkpoint's position). Events from before the chain existed may only come
+    first in a chain from the genesis, and unkeyed links only before keyed ones (a chain starting after a keyed
+    link is keyed) and never after the ``mark``: the checkpoint was written with the key."""
 
     def __init__(self, key: bytes | None = None, *, mark: int | None = None, start: str | None = None) -> None:
         self.checked = 0
@@ -98,9 +100,21 @@ class ChainVerifier:
         self.marked: str | None = None
         self._key, self._mark, self._start = key, mark, start
 
+    @classmethod
+    def after(cls, head: ChainHead, key: bytes) -> ChainVerifier:
+        """A verifier of the links after ``head`` (a checkpoint's, checked when it was written)."""
+        verifier = cls(key, mark=head.count)
+        verifier.checked, verifier.last_hash = head.count, head.hash
+        return verifier
+
+    @property
+    def _sealed(self) -> bool:
+        """Past the mark: every link is keyed."""
+        return self._mark is not None and self.checked >= self._mark
+
     def feed(self, record: AuditRecord) -> ChainBreak | None:
         """Check ``record``, which must follow the ones fed before."""
-        if record.hash is None and self.checked == 0:
+        if record.hash is None and self.checked == 0 and self._start is None and not self._sealed:
             self.unchained += 1
             return None
         problem = self._problem(record)
@@ -115,11 +129,12 @@ class ChainVerifier:
 
 
     def _problem(self, record: AuditRecord) -> str | None:
+        after = " or the checkpoint, written with the chain key, counts links before it" if self._sealed else ""
         if record.hash is None or record.prev_hash is None:
-            return "the event has no hash, but events before it have"
-        if _keyed(self.last_hash) and not _keyed(record.hash):
-            return ("the event's hash is unkeyed but events before it are keyed: it was rewritten without the "
-                    "chain key")
+            return f"the event has no hash, but the links before it have{after}"
+        if not _keyed(record.hash) and (self._sealed or _keyed(self.last_hash or self._start)):
+            return (f"the event's hash is unkeyed but the links before it are keyed{after}: it was rewritten "
+                    "without the chain key")
         if _keyed(record.hash) and self._key is None:
             return ("the event is keyed (hmac-sha256) and no chain key is configured (audit.chain_key or "
                     "audit.chain_key_file): it cannot be checked")
@@ -159,7 +174,7 @@ class ChainReport:
 class _LogVerifier:
     """The records of every chain, fed in id order, each checked by its chain's verifier."""
 
-    def __init__(self, starts: Iterable[ChainStart], key: bytes | None, marks: Mapping[int, int]) -> None:
+    def __init__(self, starts: Iterable[ChainStart], key: bytes | None, marks: Mapping[int, int] | None) -> None:
         self._key, self._marks = key, marks
         self._starts = {start.chain: start for start in starts}
         self._links: dict[int, list[ChainStart]] = {}
@@ -175,8 +190,8 @@ class _LogVerifier:
             return ChainBreak(record.id, f"the event is in chain {record.chain}, which is not registered: a chain's "
                                          "registration was removed")
         if record.chain not in self._chains:
-            self._chains[record.chain] = ChainVerifier(self._key, mark=self._marks.get(record.chain),
-                                                       start=start.link_hash)
+            mark = None if self._marks is None else self._marks.get(record.chain, 0)
+            self._chains[record.chain] = ChainVerifier(self._key, mark=mark, start=start.link_hash)
         if (broken := self._chains[record.chain].feed(record)) is not None:
             return broken
         for linked in self._links.pop(record.id, []):
@@ -206,9 +221,10 @@ async def verify_store(store: Store, *, page: int = 1000, key: bytes | None = No
                        marks: Mapping[int, int] | None = None,
                        progress: Callable[[int], None] | None = None) -> ChainReport:
     """Walk ``store``'s audit chains, ``page`` records at a time, up to the first broken link; keyed links
-    are checked with ``key``; per chain in ``marks``, the hash of its link at that position is reported;
+    are checked with ``key``; per chain in ``marks`` (a checkpoint's), the hash of its link at that position is
+    reported, and every later link, and every link of a chain not in ``marks``, must be keyed;
     ``progress`` is told the id of the last record of each page checked."""
-    verifier = _LogVerifier(await store.audit_chains(), key, marks or {})
+    verifier = _LogVerifier(await store.audit_chains(), key, marks)
     after = 0
     while records := await store.audit_records(after_id=after, limit=page):
         for record in records:

@@ -3,12 +3,12 @@
 A checkpoint is the head of every chain of the log at one moment: per chain how many links it had
 (``count``), the newest one's id and hash; and when; HMAC-SHA256-signed with the chain key
 (``audit.chain_key``). The sidecar writes it to ``audit.checkpoint_file`` (atomically: a temporary file
-renamed over it, owner-only) at an interval and at shutdown (``Checkpointer``). ``audit verify`` reads it
-back (``read_checkpoint``: a signature that fails is an error) and compares the chains with it
-(``compare``): each chain must still hold at least ``count`` links and its ``count``-th must be the
-checkpoint's head of it. Each chain has one writer, so its links are committed in id order and a head
-read at any moment stays where it was counted. A version 1 file (from before chains were per store
-instance) holds one head, of chain 1, where every older event is.
+renamed over it, owner-only) at an interval and at shutdown (``Checkpointer``), each one extending the
+one before it: the links since its heads are checked with the key (``sidecar.state.heads``), and a log that
+does not extend it is never signed. ``audit verify`` reads it back (``read_checkpoint``: a signature that
+fails is an error) and compares the chains with it (``compare``): each chain must still hold at least
+``count`` links and its ``count``-th must be the checkpoint's head of it. A version 1 file (from before
+chains were per store instance) holds one head, of chain 1, where every older event is.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.canonical import canonical_bytes
-from sidecar.state.chain import ChainReport
+from sidecar.state.chain import ChainBreak, ChainReport
+from sidecar.state.heads import extend
 from sidecar.state.records import ChainHead
 from sidecar.state.store import Store
 
@@ -37,7 +38,7 @@ _VERSION = 2
 
 
 class CheckpointError(Exception):
-    """The checkpoint file cannot be read, is malformed, or its signature fails."""
+    """The checkpoint file cannot be read, is malformed, or its signature fails; or the log does not extend it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,30 +131,70 @@ def compare(report: ChainReport, checkpoint: Checkpoint) -> str | None:
 
 
 class Checkpointer:
-    """Writes the checkpoint of ``store``'s chain to ``path``, signed with ``key``."""
+    """Writes the checkpoint of ``store``'s chains to ``path``, signed with ``key``, each one extending the one
+    before it: the last one this process wrote, and the one in the file (at start, the file's alone)."""
 
     def __init__(self, store: Store, key: bytes, path: Path) -> None:
         self.store, self.path = store, path
         self._key = key
-        self._heads: list[ChainHead] = []  # of the last checkpoint written: the next counts on from them
+        self._last: Checkpoint | None = None  # the last one written: the next one counts on from its heads
 
     async def write(self) -> Checkpoint | None:
-        """Write queued events, then the checkpoint of the chains' heads (none while the log has no links)."""
+        """Write queued events, then the checkpoint of the chains' heads (none while the log has no links).
+
+        ``CheckpointError``, nothing signed, if the log does not extend the checkpoint before it, or the file holds
+        one that is not valid and this process wrote none; then the file keeps (or gets back) the last one
+        this process wrote.
+        """
         await self.store.flush_audit()
-        heads = self._heads = await self.store.audit_heads(self._heads)  # counted on from the last checkpoint
+        on_file, last = await asyncio.to_thread(self._on_file), self._last
+        replaced = last if last is not None and on_file != last else None
+        if replaced is not None:
+            log.warning("the audit checkpoint %s is not the one this sidecar wrote last: it was replaced or "
+                        "removed", self.path)
+        before = list(dict.fromkeys(c for c in (last, on_file) if c is not None))
+        try:
+            heads = await self._extend(before[0] if before else None)
+            for other in before[1:]:
+                await self._extend(other)
+        except CheckpointError:
+            if replaced is not None:  # the newest checkpoint signed stays the one on file
+                await asyncio.to_thread(write_checkpoint, self.path, replaced, self._key)
+            raise
         if not heads:
             return None
         now = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
         checkpoint = Checkpoint(tuple(heads), now)
         await asyncio.to_thread(write_checkpoint, self.path, checkpoint, self._key)
+        self._last = checkpoint
         return checkpoint
+
+    def _on_file(self) -> Checkpoint | None:
+        """The checkpoint in the file (``None``: none, or one not valid while this process wrote one)."""
+        if not self.path.exists():
+            return None
+        try:
+            return read_checkpoint(self.path, self._key)
+        except CheckpointError as exc:
+            if self._last is None:
+                raise CheckpointError(f"{exc}; it is kept as it is, and nothing is signed after it") from None
+            return None
+
+    async def _extend(self, before: Checkpoint | None) -> list[ChainHead]:
+        """The chains' heads, extending ``before``; ``CheckpointError`` if the log does not."""
+        extended = await extend(self.store, self._key, None if before is None else before.heads)
+        if not isinstance(extended, ChainBreak):
+            return extended
+        since = "its start" if before is None else f"the checkpoint of {before.written_at}"
+        raise CheckpointError(f"the audit log does not extend {since}: event id {extended.id}: {extended.problem} "
+                              "(toolbooth audit verify shows it)")
 
     async def try_write(self) -> None:
         """``write``, a failure logged (never raised): the calls go on whatever happens to the file."""
         try:
             await self.write()
         except Exception as exc:  # noqa: BLE001 - a store or file failure: logged, the next write tries again
-            log.error("the audit checkpoint %s could not be written: %s", self.path, exc)
+            log.error("audit checkpoint not written to %s: %s", self.path, exc)
 
     async def run(self, interval: float, stop: asyncio.Event) -> None:
         """``try_write`` every ``interval`` seconds until ``stop`` is set."""

@@ -23,7 +23,6 @@ kept outcomes are applied before any key is claimed or read again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from dataclasses import astuple
 
 from sidecar.contract import PreviewState
@@ -38,7 +37,6 @@ from sidecar.state.metered import CountingDriver
 from sidecar.state.records import (
     AuditEvent,
     AuditRecord,
-    ChainHead,
     ChainStart,
     Claim,
     KeyScope,
@@ -231,25 +229,9 @@ class SqlStore:
         """Key the links appended from now on with ``key`` (``None``: unkeyed); the key is never stored."""
         self._chain_key = key
 
-    async def audit_heads(self, known: Sequence[ChainHead] = ()) -> list[ChainHead]:
-        """The newest link of each audit chain with links, and the number of its links up to it, by chain.
-
-        A chain's links are counted on from its head in ``known`` (an earlier answer), so that a checkpoint every
-        minute reads the links since the last one, not the whole log while writes wait. A chain's links commit
-        in id order (one writer each), so its head read first bounds its count.
-        """
-        since = {head.chain: head for head in known}
-        heads = []
-        for chain, _, _ in await self.driver.fetch(self._sql.chains):
-            newest = await self.driver.fetch(self._sql.last_audit_link, (chain,))
-            if not newest:
-                continue
-            [(ident, digest)] = newest
-            before = since.get(int(chain))
-            after, counted = (before.id, before.count) if before is not None and before.id <= ident else (0, 0)
-            [(added,)] = await self.driver.fetch(self._sql.count_audit_links, (chain, after, ident))
-            heads.append(ChainHead(int(ident), str(digest), counted + int(added), int(chain)))
-        return heads
+    async def audit_chain_records(self, chain: int, *, after_id: int, limit: int) -> list[AuditRecord]:
+        """Stored events of ``chain`` with an id above ``after_id``, oldest first, at most ``limit``."""
+        return [audit_record(row) for row in await self.driver.fetch(self._sql.chain_after, (after_id, chain, limit))]
 
     async def audit_chains(self) -> list[ChainStart]:
         """Every registered audit chain, by id."""

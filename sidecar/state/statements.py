@@ -40,7 +40,7 @@ class StoreStatements:
     start_chain: str  # register a new chain after the newest link of the log: its id and that link's hash
     chains: str
     last_audit_link: str  # of one chain: id and hash of its newest link
-    count_audit_links: str  # of one chain: its links after one id, up to another
+    chain_after: str  # records of one chain after an id, oldest first, at most a limit
     audit_after: str  # records after an id, oldest first, at most a limit; ``_newest``: newest first
     audit_after_newest: str
     audit_all_after: str  # the same without a limit
@@ -88,8 +88,7 @@ class StoreStatements:
             chains="SELECT id, link_id, link_hash FROM audit_chains ORDER BY id",
             last_audit_link="SELECT id, hash FROM audit WHERE chain_id = ? AND hash IS NOT NULL "
                             "ORDER BY id DESC LIMIT 1",
-            count_audit_links="SELECT COUNT(*) FROM audit WHERE chain_id = ? AND hash IS NOT NULL "
-                              "AND id > ? AND id <= ?",
+            chain_after=f"{audit} AND chain_id = ? ORDER BY id ASC LIMIT ?",
             audit_after=f"{audit} ORDER BY id ASC LIMIT ?",
             audit_after_newest=f"{audit} ORDER BY id DESC LIMIT ?",
             audit_all_after=f"{audit} ORDER BY id ASC",

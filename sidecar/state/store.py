@@ -12,14 +12,12 @@ applied when it is back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol
 
 from sidecar.contract import PreviewState
 from sidecar.state.records import (
     AuditEvent,
     AuditRecord,
-    ChainHead,
     ChainStart,
     Claim,
     KeyScope,
@@ -140,9 +138,9 @@ class Store(Protocol):
         before any append, by whoever opened the store; the key is never stored."""
         ...
 
-    async def audit_heads(self, known: Sequence[ChainHead] = ()) -> list[ChainHead]:
-        """The newest link of each audit chain that has links, and the number of its links up to it, by chain;
-        each chain's links counted on from its head in ``known`` (an earlier answer of this store)."""
+    async def audit_chain_records(self, chain: int, *, after_id: int, limit: int) -> list[AuditRecord]:
+        """Stored events of audit chain ``chain`` with an id above ``after_id``, oldest first, at most ``limit``
+        (one writer appends to a chain: its events commit in id order)."""
         ...
 
     async def audit_chains(self) -> list[ChainStart]:

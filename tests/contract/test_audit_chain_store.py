@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from sidecar.state.chain import GENESIS_HASH, verify_store
+from sidecar.state.chain import GENESIS_HASH, ChainBreak, verify_store
+from sidecar.state.heads import extend
 from tests.contract import test_store_contract as contract
 from tests.contract.test_store_contract import AnyStore, Stores, event
 
 stores, store = contract.stores, contract.store  # the contract suite's fixtures: every backend
+KEY = b"k" * 32
 
 
 async def chain_of(store: AnyStore, count: int) -> list[int]:
@@ -85,33 +87,37 @@ async def test_the_mask_key_is_created_once_and_kept(stores: Stores, store: AnyS
 
 
 async def test_a_keyed_chain_verifies_with_its_key_and_names_its_head(store: AnyStore) -> None:
-    assert await store.audit_heads() == []
-    store.use_chain_key(b"k" * 32)
+    assert await extend(store, KEY, None) == []
+    store.use_chain_key(KEY)
     ids = await chain_of(store, 5)
-    [head] = await store.audit_heads()
+    [head] = await extend(store, KEY, None, page=2)
     records = await store.audit_records()
     chain = records[0].chain
     assert (head.id, head.hash, head.count, head.chain) == (ids[-1], records[-1].hash, 5, chain)
     assert all((r.hash or "").startswith("hmac-sha256:") for r in records)
-    report = await verify_store(store, key=b"k" * 32, marks={chain: 3}, page=2)
+    report = await verify_store(store, key=KEY, marks={chain: 3}, page=2)
     assert (report.checked, report.broken, report.marks) == (5, None, {chain: records[2].hash})
 
 
-async def test_heads_count_on_from_earlier_heads_as_a_full_count_does(stores: Stores, store: AnyStore) -> None:
-    """A checkpoint counts only the links since the last one (the whole log was read under the write lock every
-    minute); the count it reaches is the full count, for every chain."""
+async def test_heads_extended_from_earlier_heads_count_as_a_full_walk_does(stores: Stores, store: AnyStore) -> None:
+    """A checkpoint checks only the links since the last one; the count it reaches is the full count, for every
+    chain."""
+    store.use_chain_key(KEY)
     await chain_of(store, 4)
-    earlier = await store.audit_heads()
+    earlier = await extend(store, KEY, None)
     other = await stores.open()  # a second chain (PostgreSQL), or more of the one chain (SQLite)
+    other.use_chain_key(KEY)
     await chain_of(other, 3)
     await chain_of(store, 2)
-    onward = await store.audit_heads(earlier)
-    assert onward == await store.audit_heads()
-    assert sum(head.count for head in onward) == 9
+    onward = await extend(store, KEY, earlier)
+    assert onward == await extend(store, KEY, None)
+    assert isinstance(onward, list) and sum(head.count for head in onward) == 9
 
 
-async def test_an_earlier_head_beyond_the_chain_is_not_trusted(store: AnyStore) -> None:
+async def test_an_earlier_head_the_log_does_not_hold_is_a_break(store: AnyStore) -> None:
+    store.use_chain_key(KEY)
     await chain_of(store, 3)
-    [head] = await store.audit_heads()
-    ahead = replace(head, id=head.id + 100, count=head.count + 100)  # not a head this chain ever had
-    assert await store.audit_heads([ahead]) == [head]
+    [head] = await extend(store, KEY, None)
+    for gone in (replace(head, id=head.id + 100, count=head.count + 100), replace(head, hash=GENESIS_HASH)):
+        broken = await extend(store, KEY, [gone])
+        assert isinstance(broken, ChainBreak) and "no longer in the log" in broken.problem, broken

@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from sidecar.state.chain import KEYED_PREFIX, verify_store
-from sidecar.state.checkpoint import Checkpointer, CheckpointError, compare, read_checkpoint
+from sidecar.state.checkpoint import (
+    Checkpoint,
+    Checkpointer,
+    CheckpointError,
+    compare,
+    read_checkpoint,
+    write_checkpoint,
+)
+from sidecar.state.heads import extend
+from sidecar.state.records import ChainHead
 from sidecar.state.sqlite import SqliteStore
 from tests.unit.test_audit_cli import event
 
@@ -43,13 +52,30 @@ async def test_the_checkpoint_counts_the_links_and_names_the_head(tmp_path: Path
         for n in range(4):
             store.queue_audit(event(n))
         written = await Checkpointer(store, KEY, path).write()
-        [head] = await store.audit_heads()
+        [head] = await extend(store, KEY, None)
         assert written is not None and (written.count, written.heads) == (4, (head,))
         checkpoint = read_checkpoint(path, KEY)
         assert checkpoint == written
         assert compare(await verify_store(store, key=KEY, marks=checkpoint.marks), checkpoint) is None
         with pytest.raises(CheckpointError, match="signature"):
             read_checkpoint(path, b"w" * 32)
+    finally:
+        await store.aclose()
+
+
+async def test_a_checkpoint_file_that_fails_its_signature_is_kept_and_nothing_is_signed(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "a.db")
+    path = tmp_path / "cp.json"
+    try:
+        store.use_chain_key(KEY)
+        await store.record_audit(event(1))
+        [record] = await store.audit_records()
+        head = ChainHead(record.id, record.hash or "", 1)
+        write_checkpoint(path, Checkpoint((head,), "2026-12-01T00:00:00.000+00:00"), b"w" * 32)  # another key's
+        kept = path.read_bytes()
+        with pytest.raises(CheckpointError, match="kept as it is"):
+            await Checkpointer(store, KEY, path).write()
+        assert path.read_bytes() == kept
     finally:
         await store.aclose()
 
