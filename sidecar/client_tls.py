@@ -17,6 +17,11 @@ import grpc
 __all__ = ["ClientTls", "open_aio_channel", "open_channel"]
 
 _PLAINTEXT_SCHEMES = ("unix:", "unix-abstract:")
+# The metadata a client receives (a sidecar's is its status and message): gRPC refuses what lies between its soft
+# and hard limits (8 and 16 KiB) at random, so both are one limit here. What a client sends is the sidecar's to
+# limit (auth.max_token_bytes).
+_METADATA_BYTES = 16 * 1024
+_OPTIONS = [("grpc.max_metadata_size", _METADATA_BYTES), ("grpc.absolute_max_metadata_size", _METADATA_BYTES)]
 
 
 @dataclass(frozen=True)
@@ -46,15 +51,15 @@ class ClientTls:
 def open_aio_channel(target: str, tls: ClientTls | None) -> grpc.aio.Channel:
     """An asyncio channel to ``target``: plaintext without ``tls``."""
     if tls is None:
-        return grpc.aio.insecure_channel(target)
-    return grpc.aio.secure_channel(_tcp(target), tls.credentials(), options=tls.options())
+        return grpc.aio.insecure_channel(target, options=_OPTIONS)
+    return grpc.aio.secure_channel(_tcp(target), tls.credentials(), options=[*_OPTIONS, *tls.options()])
 
 
 def open_channel(target: str, tls: ClientTls | None) -> grpc.Channel:
     """A blocking channel to ``target``: plaintext without ``tls``."""
     if tls is None:
-        return grpc.insecure_channel(target)
-    return grpc.secure_channel(_tcp(target), tls.credentials(), options=tls.options())
+        return grpc.insecure_channel(target, options=_OPTIONS)
+    return grpc.secure_channel(_tcp(target), tls.credentials(), options=[*_OPTIONS, *tls.options()])
 
 
 def _tcp(target: str) -> str:

@@ -3,6 +3,9 @@
 A token is verified with a key given as ``key`` or ``key_file``, or with the issuer's published keys:
 ``jwks_url``, a JSON Web Key Set fetched over https (http only from a loopback host), its keys chosen by
 the token's ``kid`` (``sidecar.server.jwks``). Exactly one of the three is set.
+
+``max_token_bytes`` is the largest bearer token any listener accepts; gRPC's metadata limit is that plus
+``OTHER_METADATA_BYTES`` for the rest of a call's metadata (``AuthSettings.max_metadata_bytes``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from sidecar.config.base import KeySource, Section
 from sidecar.config.listen import is_loopback
 from sidecar.contract import Principal
 
-__all__ = ["AuthMode", "AuthSettings", "JwtSettings"]
+__all__ = ["OTHER_METADATA_BYTES", "AuthMode", "AuthSettings", "JwtSettings"]
+
+OTHER_METADATA_BYTES = 8192  # a call's metadata besides its token (path, user agent, deadline, trace context)
 
 
 class AuthMode(StrEnum):
@@ -89,12 +94,19 @@ class AuthSettings(Section):
     dev_principal: Principal = Principal(id="dev", tenant="dev", roles=("developer",), permissions=())
     # Who may read operator details, e.g. why a policy change was refused (dev mode: everyone).
     operator_roles: tuple[str, ...] = ("operator", "admin")
+    # The largest bearer token accepted (jwt mode), on every listener; a larger one is refused, always.
+    max_token_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
 
     @model_validator(mode="after")
     def _mode_matches(self) -> AuthSettings:
         if self.mode is AuthMode.JWT and self.jwt is None:
             raise ValueError("mode 'jwt' needs an 'auth.jwt' section")
         return self
+
+    @property
+    def max_metadata_bytes(self) -> int:
+        """The most metadata a gRPC call may carry: room for the largest token and the rest."""
+        return self.max_token_bytes + OTHER_METADATA_BYTES
 
     @property
     def effective_mode(self) -> AuthMode:

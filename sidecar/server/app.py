@@ -32,7 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.config import AuthMode, Limits, Settings
+from sidecar.config import AuthMode, Settings
 from sidecar.contract import Principal, ReloadStatus
 from sidecar.metrics import Metrics
 from sidecar.policy.reload import ReloadingEngine
@@ -130,7 +130,7 @@ async def create_server(settings: Settings, gateway: ToolGateway, *, policy: Sta
     chain = interceptors.chain(Authenticator(settings.auth), metrics=metrics, trace_context=trace_context,
                                access_log=settings.logging.access)
     server = grpc.aio.server(interceptors=[interceptors.Layered(chain)],
-                             options=_channel_options(settings.limits, reuse_port))
+                             options=_channel_options(settings, reuse_port))
     pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway), server)
     names = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
     operators = Operators(settings.auth)
@@ -291,11 +291,16 @@ def _checkpointer(settings: Settings, store: Store) -> Checkpointer | None:
     return Checkpointer(store, key, path)
 
 
-def _channel_options(limits: Limits, reuse_port: bool) -> list[tuple[str, int]]:
+def _channel_options(settings: Settings, reuse_port: bool) -> list[tuple[str, int]]:
     # Without so_reuseport=0 a second sidecar could silently share a TCP port; only workers share one.
+    # gRPC refuses metadata between its soft and hard limits at random (by default 8 and 16 KiB): one limit for
+    # both, so a call's metadata is refused always or never (RESOURCE_EXHAUSTED, naming the sizes).
+    metadata = settings.auth.max_metadata_bytes
     return [
-        ("grpc.max_send_message_length", limits.max_message_bytes),
-        ("grpc.max_receive_message_length", limits.max_message_bytes),
+        ("grpc.max_send_message_length", settings.limits.max_message_bytes),
+        ("grpc.max_receive_message_length", settings.limits.max_message_bytes),
+        ("grpc.max_metadata_size", metadata),
+        ("grpc.absolute_max_metadata_size", metadata),
         ("grpc.so_reuseport", int(reuse_port)),
     ]
 

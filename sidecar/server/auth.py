@@ -2,7 +2,8 @@
 
 ``jwt`` mode verifies ``authorization: Bearer <jwt>`` against the configured key (or the key its
 ``kid`` names in the issuer's JWKS: ``sidecar.server.jwks``), algorithm allow-list, issuer and
-audience, and requires ``exp`` and ``sub``.
+audience, and requires ``exp`` and ``sub``; a token longer than ``auth.max_token_bytes`` is refused before
+anything looks at it.
 ``dev`` mode returns the configured static principal and ignores any token.
 Failures raise ``AuthenticationError`` with a constant message that is safe to send.
 """
@@ -43,7 +44,7 @@ class Authenticator:
     """Turns call metadata into a ``Principal`` according to ``AuthSettings``."""
 
     def __init__(self, settings: AuthSettings) -> None:
-        self._dev_principal = settings.dev_principal
+        self._dev_principal, self._max_token_bytes = settings.dev_principal, settings.max_token_bytes
         jwt_settings = settings.jwt if settings.effective_mode is AuthMode.JWT else None
         self._jwt = None if jwt_settings is None else _JwtVerifier(jwt_settings)
 
@@ -51,7 +52,10 @@ class Authenticator:
         """The principal of a call, or ``AuthenticationError`` (waits only when a JWKS must be fetched)."""
         if self._jwt is None:
             return self._dev_principal
-        return await self._jwt.principal(_bearer_token(metadata))
+        token = _bearer_token(metadata)
+        if len(token) > self._max_token_bytes:  # a JWT is ASCII: a character is a byte
+            raise AuthenticationError(f"token too large: at most {self._max_token_bytes} bytes (auth.max_token_bytes)")
+        return await self._jwt.principal(token)
 
 
 class _JwtVerifier:

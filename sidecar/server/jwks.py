@@ -1,41 +1,41 @@
-"""Keys from the issuer's JWKS (``auth.jwt.jwks_url``): PyJWT's ``PyJWKClient``, off the event loop and bounded.
+"""Keys from the issuer's JWKS (``auth.jwt.jwks_url``), fetched on the event loop, each whole fetch bounded.
 
-``PyJWKClient`` fetches the key set, keeps it ``jwks_cache_seconds`` and fetches it again for a ``kid``
-it does not hold, at most once per ``jwks_min_refresh_seconds`` (its cooldown). Around it:
-
-- the key of a ``kid`` the fresh cached set holds is found on the event loop: no thread, no fetch;
-- whatever may fetch runs on one thread of its own (``jwks_timeout_seconds`` per fetch), never on the
-  loop; calls needing the set at once queue for that thread, and the first one's fetch serves the rest;
-- a failed fetch (the server down or slow, an answer that is not a key set) is not tried again for
-  ``jwks_min_refresh_seconds``: meanwhile a call that needs a fetch is refused at once;
-- a set older than ``jwks_cache_seconds`` is never used (a key the issuer withdrew stops verifying).
+- the key of a ``kid`` the fresh cached set holds is found at once: no fetch;
+- a set older than ``jwks_cache_seconds`` is never used (a key the issuer withdrew stops verifying);
+- a ``kid`` the set lacks fetches it again, at most once per ``jwks_min_refresh_seconds`` after the last fetch;
+- one fetch at a time, a task of the loop (no thread): calls that need the set while it runs wait for it;
+- ``jwks_timeout_seconds`` bounds the whole fetch (connecting, TLS, the answer's headers and its body of at
+  most ``MAX_SET_BYTES``), so a server that drips its answer is cut off like one that is silent;
+- a failed fetch is not tried again for ``jwks_min_refresh_seconds``: meanwhile a call that needs a fetch
+  is refused at once.
 
 So it fails closed: a token whose key cannot be had is refused (``AuthenticationError``, gRPC
-UNAUTHENTICATED), however the fetch failed. ``kid`` picks the key; the key's algorithm (its ``alg``, else
-its type's default) must be the token's and one of ``auth.jwt.algorithms``.
+UNAUTHENTICATED), however the fetch failed. ``kid`` picks the key (PyJWT's ``PyJWKSet``); the key's algorithm
+(its ``alg``, else its type's default) must be the token's and one of ``auth.jwt.algorithms``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
+import aiohttp
 import jwt
-from jwt import PyJWK, PyJWKClient, PyJWKSet
+from jwt import PyJWK, PyJWKSet
 
 from sidecar import __version__
 from sidecar.config import JwtSettings
 from sidecar.errors import AuthenticationError
 
-__all__ = ["KEYS_UNAVAILABLE", "JwksKeys"]
+__all__ = ["KEYS_UNAVAILABLE", "MAX_SET_BYTES", "JwksKeys"]
 
 log = logging.getLogger(__name__)
 
 KEYS_UNAVAILABLE = "cannot verify the token: signing keys unavailable"
+MAX_SET_BYTES = 1024 * 1024  # a larger answer is not a key set
 
 
 class JwksKeys:
@@ -43,68 +43,75 @@ class JwksKeys:
 
     def __init__(self, settings: JwtSettings) -> None:
         assert settings.jwks_url is not None
-        context = None if settings.jwks_ca_file is None else ssl.create_default_context(
+        self._url, self._timeout = settings.jwks_url, settings.jwks_timeout_seconds
+        self._ssl: ssl.SSLContext | bool = True if settings.jwks_ca_file is None else ssl.create_default_context(
             cafile=str(settings.jwks_ca_file))
-        self._client = _Client(settings.jwks_url, cache_jwk_set=True, lifespan=settings.jwks_cache_seconds,
-                               timeout=settings.jwks_timeout_seconds, ssl_context=context,
-                               cooldown_duration=settings.jwks_min_refresh_seconds,
-                               headers={"User-Agent": f"toolbooth/{__version__}"})
-        self._retry_after = settings.jwks_min_refresh_seconds
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolbooth-jwks")
+        self._lifespan, self._min_refresh = settings.jwks_cache_seconds, settings.jwks_min_refresh_seconds
+        self._keys: PyJWKSet | None = None
+        self._fetched_at = self._failed_at = -float("inf")  # the last fetch that succeeded, that failed
+        self._fetch: asyncio.Task[PyJWKSet | None] | None = None
 
     async def key(self, kid: object) -> PyJWK:
         """The key named ``kid``; ``AuthenticationError`` when there is none or the set cannot be had."""
         if not isinstance(kid, str) or not kid:
             raise AuthenticationError("invalid token")  # a key of a set is chosen by its kid
-        cached = self._cached(kid)
-        if cached is not None:
-            return cached
-        if self._failing():
+        if self._keys is not None and _since(self._fetched_at) <= self._lifespan:
+            key = _find(self._keys, kid)
+            if key is not None or _since(self._fetched_at) < self._min_refresh:
+                return _found(key, kid)  # within the cooldown a kid the set lacks is refused without a fetch
+        if self._fetch is None and _since(self._failed_at) < self._min_refresh:
             raise AuthenticationError(KEYS_UNAVAILABLE)
-        return await asyncio.get_running_loop().run_in_executor(self._thread, self._lookup, kid)
+        if self._fetch is None:
+            self._fetch = asyncio.create_task(self._fetched(), name="toolbooth-jwks")
+        # Shielded: a call that ends (its deadline) leaves the fetch to the others waiting for it.
+        keys = await asyncio.shield(self._fetch)
+        if keys is None:
+            raise AuthenticationError(KEYS_UNAVAILABLE)
+        return _found(_find(keys, kid), kid)
 
-    def _cached(self, kid: str) -> PyJWK | None:
-        cache = self._client.jwk_set_cache
-        keys = cache.get() if cache is not None else None  # None when empty or older than its lifespan
-        if not isinstance(keys, PyJWKSet):
+    async def _fetched(self) -> PyJWKSet | None:
+        """Fetch the set and keep it; ``None`` (logged) when it cannot be had."""
+        try:
+            data = json.loads(await self._download())
+            if not isinstance(data, dict):
+                raise ValueError("the answer is not a JSON object")
+            self._keys, self._fetched_at = PyJWKSet.from_dict(data), time.monotonic()
+            return self._keys
+        except (OSError, aiohttp.ClientError, ValueError, jwt.PyJWTError) as exc:
+            self._failed_at = time.monotonic()
+            reason = f"no whole answer within {self._timeout:g} s" if isinstance(exc, TimeoutError) else exc
+            log.warning("cannot fetch the JWKS %s (tried again in %g s at the earliest): %s", self._url,
+                        self._min_refresh, reason)
             return None
-        # As PyJWKClient.get_signing_key chooses: by kid, among the keys for signatures
-        return next((key for key in keys.keys if key.key_id == kid and key.public_key_use in ("sig", None)), None)
+        finally:
+            self._fetch = None
 
-    def _failing(self) -> bool:
-        failed_at = self._client.failed_at
-        return failed_at is not None and time.monotonic() - failed_at < self._retry_after
-
-    def _lookup(self, kid: str) -> PyJWK:
-        """On the JWKS thread: the key, fetching the set when the client's cache and cooldown say so."""
-        if self._failing():  # a call queued behind the fetch that failed
-            raise AuthenticationError(KEYS_UNAVAILABLE)
-        fetches = self._client.fetches
-        try:
-            return self._client.get_signing_key(kid)
-        except (jwt.PyJWTError, OSError, ValueError) as exc:
-            if self._client.fetches != fetches and self._client.failed_at is not None:  # this lookup's fetch failed
-                log.warning("cannot fetch the JWKS %s (tried again in %g s at the earliest): %s", self._client.uri,
-                            self._retry_after, exc)
-                raise AuthenticationError(KEYS_UNAVAILABLE) from None
-            log.debug("token rejected: %s", exc)  # no such kid, even after a refresh (or within the cooldown)
-            raise AuthenticationError("invalid token") from None
+    async def _download(self) -> bytes:
+        """The body of a ``200`` answer to GET ``jwks_url``, all of it within ``jwks_timeout_seconds``."""
+        async with asyncio.timeout(self._timeout), \
+                aiohttp.ClientSession(headers={"User-Agent": f"toolbooth/{__version__}"}, trust_env=True) as http, \
+                http.get(self._url, ssl=self._ssl, allow_redirects=False) as response:
+            if response.status != 200:
+                raise ValueError(f"HTTP {response.status}")
+            body = bytearray()
+            async for chunk in response.content.iter_any():
+                body += chunk
+                if len(body) > MAX_SET_BYTES:
+                    raise ValueError(f"an answer larger than {MAX_SET_BYTES} bytes")
+            return bytes(body)
 
 
-class _Client(PyJWKClient):
-    """``PyJWKClient`` counting its fetches and noting when the last one failed (any way: unreachable, not
-    JSON, not a usable key set)."""
+def _since(moment: float) -> float:
+    return time.monotonic() - moment
 
-    fetches = 0
-    failed_at: float | None = None
 
-    def fetch_data(self) -> Any:
-        self.fetches += 1
-        try:
-            data = super().fetch_data()
-        except Exception:
-            self.failed_at = time.monotonic()
-            raise
-        self.failed_at = None
-        return data
+def _find(keys: PyJWKSet, kid: str) -> PyJWK | None:
+    """As ``PyJWKClient`` chooses: by ``kid``, among the keys for signatures."""
+    return next((key for key in keys.keys if key.key_id == kid and key.public_key_use in ("sig", None)), None)
 
+
+def _found(key: PyJWK | None, kid: str) -> PyJWK:
+    if key is None:
+        log.debug("token rejected: no key %r in the JWKS", kid)
+        raise AuthenticationError("invalid token")
+    return key

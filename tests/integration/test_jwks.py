@@ -3,15 +3,20 @@
 The set is cached, fetched again for a ``kid`` it lacks at most once per ``jwks_min_refresh_seconds``, and
 never used past ``jwks_cache_seconds``; a server that is down, slow or answers nonsense fails closed
 (UNAUTHENTICATED), is not asked again within ``jwks_min_refresh_seconds``, and never blocks the event loop.
+A server that drips its answer is cut off at ``jwks_timeout_seconds`` (the whole fetch), and a sidecar stopped
+during such a fetch exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,9 +30,15 @@ from sidecar.server.jwks import KEYS_UNAVAILABLE
 from tests.integration.conftest import AUDIENCE, ISSUER, StartSidecar
 from tests.integration.test_server import FakeGateway
 from tests.support.jwks_server import JwksServer, SigningKey, jwks_server
+from tests.support.sidecar_process import SidecarProcess
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.integration
+
+DRIP = 0.25  # seconds between two bytes of a dripping answer: far within a 1 s read timeout
+# A call's own deadline: far beyond a 1 s fetch timeout, even on a loaded machine, so a call that ends before it
+# was ended by the fetch's bound.
+CALL_DEADLINE = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -208,3 +219,51 @@ async def test_a_sidecar_verifies_with_the_jwks_and_refuses_as_unauthenticated_w
         with pytest.raises(ClientError) as caught:
             await client.list_tools()
     assert (caught.value.code, caught.value.details) == (grpc.StatusCode.UNAUTHENTICATED, KEYS_UNAVAILABLE)
+
+
+async def test_a_dripping_server_is_cut_off_at_the_timeout_and_once_it_recovers_serves_the_next_call(
+        make_settings: Callable[..., Settings], start_sidecar: StartSidecar, jwks: JwksServer,
+        first: SigningKey) -> None:
+    jwks.drip = DRIP
+    auth = _auth(jwks.url, jwks_timeout_seconds=1, jwks_min_refresh_seconds=0)
+    sidecar = await start_sidecar(make_settings(auth=auth), FakeGateway())
+    async with AsyncClient(sidecar.addresses[0], token=first.sign(_claims()), timeout=CALL_DEADLINE) as client:
+
+        async def status() -> tuple[grpc.StatusCode, str]:
+            with pytest.raises(ClientError) as caught:
+                await client.list_tools()
+            return caught.value.code, caught.value.details
+
+        started = time.monotonic()
+        statuses = await asyncio.gather(*(status() for _ in range(5)))
+        assert set(statuses) == {(grpc.StatusCode.UNAUTHENTICATED, KEYS_UNAVAILABLE)}
+        assert time.monotonic() - started >= 1  # the fetch had its whole second
+        assert jwks.fetches == 1  # the calls waited for that one fetch
+        jwks.drip = None  # the server recovers (the cut-off answer drips on)
+        assert (await client.list_tools()).policy_revision == "rev-1"
+
+
+async def test_a_sidecar_stopped_during_a_dripping_fetch_exits(tmp_path: Path, jwks: JwksServer,
+                                                                first: SigningKey) -> None:
+    """SIGTERM ends the fetch, though its timeout (60 s) is far off: the process exits."""
+    jwks.drip = DRIP
+    socket_path, config = tmp_path / "tb.sock", tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "server": {"listen": [f"unix://{socket_path}"], "shutdown_grace_seconds": 0.5},
+        "store": {"sqlite_path": str(tmp_path / "store.db")},
+        "auth": _auth(jwks.url, jwks_timeout_seconds=60)}))
+    sidecar = SidecarProcess(config, socket_path, tmp_path / "sidecar.err", tmp_path / "appended.log")
+    try:
+        await sidecar.wait_serving()
+        async with AsyncClient(sidecar.target, token=first.sign(_claims()), timeout=CALL_DEADLINE) as client:
+            call = asyncio.ensure_future(client.list_tools())
+            await until(lambda: jwks.fetches == 1, what="the key set's fetch")
+            sidecar.process.send_signal(signal.SIGTERM)
+            await until(lambda: sidecar.process.poll() is not None, timeout=CALL_DEADLINE,
+                        what="the sidecar's exit")
+            with pytest.raises(ClientError):
+                await call
+    finally:
+        sidecar.stop()
+    assert sidecar.process.returncode == 0
+    assert "toolbooth stopped" in sidecar.output()

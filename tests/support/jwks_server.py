@@ -1,4 +1,8 @@
-"""A real HTTP server on 127.0.0.1 serving a JSON Web Key Set, counting its fetches; and keys to put in it."""
+"""A real HTTP server on 127.0.0.1 serving a JSON Web Key Set, counting its fetches; and keys to put in it.
+
+Besides a slow server (``hold``) it can be a dripping one (``drip``): it answers 200 at once and then sends
+the body one byte at a time, each well within any read timeout, so only a bound on the whole fetch ends it.
+"""
 
 from __future__ import annotations
 
@@ -39,13 +43,17 @@ class SigningKey:
 @dataclass
 class JwksServer:
     """What ``PATH`` answers: the ``keys`` as a set, or ``body`` with ``status`` instead; ``hold`` makes each
-    request wait until it is set (a slow server). ``fetches`` counts the requests."""
+    request wait until it is set (a slow server); with ``drip`` (seconds) a request answered meanwhile gets
+    its status and headers at once, then one byte of its body each ``drip`` seconds until the server stops,
+    whatever ``drip`` becomes later (a recovered server drips on the connections it had).
+    ``fetches`` counts the requests."""
 
     url: str
     keys: list[SigningKey] = field(default_factory=list)
     status: int = 200
     body: bytes | None = None
     hold: threading.Event | None = None
+    drip: float | None = None
     fetches: int = 0
     agents: list[str] = field(default_factory=list)
 
@@ -54,6 +62,7 @@ class JwksServer:
 def jwks_server() -> Iterator[JwksServer]:
     """Serve a ``JwksServer`` until the block ends (a held request is let go then)."""
     state = JwksServer(url="")
+    stopping = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -67,7 +76,17 @@ def jwks_server() -> Iterator[JwksServer]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if state.drip is None:
+                self.wfile.write(body)
+                return
+            drip = state.drip
+            try:
+                for byte in body:
+                    self.wfile.write(bytes([byte]))
+                    if stopping.wait(drip):
+                        return
+            except OSError:
+                return  # the client gave up on it
 
         def log_message(self, format: str, *args: object) -> None:
             """Quiet."""
@@ -80,6 +99,7 @@ def jwks_server() -> Iterator[JwksServer]:
     try:
         yield state
     finally:
+        stopping.set()
         if state.hold is not None:
             state.hold.set()
         httpd.shutdown()

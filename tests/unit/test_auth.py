@@ -14,7 +14,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from sidecar.config import AuthMode, AuthSettings, JwtSettings
+from sidecar.config import AuthMode, AuthSettings, JwtSettings, parse_settings
 from sidecar.contract import Principal
 from sidecar.errors import AuthenticationError, ConfigError
 from sidecar.server.auth import Authenticator
@@ -196,3 +196,20 @@ async def test_dev_mode_returns_the_static_principal_and_ignores_tokens() -> Non
     authenticator = Authenticator(AuthSettings(dev_principal=principal))
     assert await authenticator.authenticate([]) is principal
     assert await authenticator.authenticate(_bearer("anything")) is principal
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (100, "config error at auth.max_token_bytes: Input should be greater than or equal to 1024"),
+    (2 * 1024 * 1024, "config error at auth.max_token_bytes: Input should be less than or equal to 1048576"),
+])
+def test_a_token_size_limit_out_of_range_is_refused_with_its_key(value: int, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_settings({"auth": {"max_token_bytes": value}})
+    assert str(caught.value) == message
+
+
+async def test_a_token_over_the_limit_is_refused_before_it_is_read(rsa_key: rsa.RSAPrivateKey) -> None:
+    jwt_settings = JwtSettings(issuer=ISSUER, audience=AUDIENCE, key=_pem(rsa_key.public_key()))
+    authenticator = Authenticator(AuthSettings(jwt=jwt_settings, max_token_bytes=1024))
+    assert await _refused(authenticator, _bearer("x" * 1025)) == (
+        "token too large: at most 1024 bytes (auth.max_token_bytes)")
