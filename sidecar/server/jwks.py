@@ -26,8 +26,8 @@ import aiohttp
 import jwt
 from jwt import PyJWK, PyJWKSet
 
-from sidecar import __version__
 from sidecar.config import JwtSettings
+from sidecar.downloads import download
 from sidecar.errors import AuthenticationError
 
 __all__ = ["KEYS_UNAVAILABLE", "MAX_SET_BYTES", "JwksKeys"]
@@ -88,17 +88,11 @@ class JwksKeys:
 
     async def _download(self) -> bytes:
         """The body of a ``200`` answer to GET ``jwks_url``, all of it within ``jwks_timeout_seconds``."""
-        async with asyncio.timeout(self._timeout), \
-                aiohttp.ClientSession(headers={"User-Agent": f"toolbooth/{__version__}"}, trust_env=True) as http, \
-                http.get(self._url, ssl=self._ssl, allow_redirects=False) as response:
-            if response.status != 200:
-                raise ValueError(f"HTTP {response.status}")
-            body = bytearray()
-            async for chunk in response.content.iter_any():
-                body += chunk
-                if len(body) > MAX_SET_BYTES:
-                    raise ValueError(f"an answer larger than {MAX_SET_BYTES} bytes")
-            return bytes(body)
+        answer = await download(self._url, timeout=self._timeout, max_bytes=MAX_SET_BYTES, tls=self._ssl,
+                                redirects=False)
+        if answer.status != 200:
+            raise ValueError(f"HTTP {answer.status}")
+        return answer.body
 
 
 def _since(moment: float) -> float:

@@ -11,6 +11,7 @@ import pytest
 from sidecar.config import bundled_policy_dir
 from sidecar.errors import BundleFetchError
 from sidecar.policy.bundle import build_bundle, load_bundle
+from sidecar.policy.bundle.archive import MAX_BUNDLE_BYTES
 from sidecar.policy.bundle.fetch import BundleFetcher
 from sidecar.policy.embedded import EmbeddedEngine
 from tests.support.bundle_server import PATH, BundleServer, bundle_server
@@ -66,6 +67,20 @@ async def test_a_silent_server_is_a_fetch_error_after_the_timeout(server: Bundle
     with pytest.raises(BundleFetchError, match="timed out"):
         await BundleFetcher(server.url + PATH, timeout=0.2).fetch()
     assert time.monotonic() - started < 0.5
+
+
+async def test_a_dripping_server_is_cut_off_at_the_timeout(server: BundleServer) -> None:
+    server.content, server.drip = b"x" * 100, 0.1  # 10 s for the whole body, a byte well within each read's timeout
+    started = time.monotonic()
+    with pytest.raises(BundleFetchError, match=r"timed out: no whole answer within 0\.5 s"):
+        await BundleFetcher(server.url + PATH, timeout=0.5).fetch()
+    assert time.monotonic() - started < 5  # the timeout, with room for a loaded machine
+
+
+async def test_a_bundle_over_the_limit_is_a_fetch_error(server: BundleServer) -> None:
+    server.content = b"x" * (MAX_BUNDLE_BYTES + 1)
+    with pytest.raises(BundleFetchError, match=rf"the bundle is larger than {MAX_BUNDLE_BYTES} bytes"):
+        await BundleFetcher(server.url + PATH).fetch()
 
 
 def test_only_http_urls_are_fetched() -> None:

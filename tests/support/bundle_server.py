@@ -1,4 +1,8 @@
-"""A real HTTP server on 127.0.0.1 that serves one bundle with an ETag and answers 304 Not Modified."""
+"""A real HTTP server on 127.0.0.1 that serves one bundle with an ETag and answers 304 Not Modified.
+
+With ``drip`` (seconds) it sends the status and headers at once, then one byte of the body each ``drip``
+seconds until the server stops.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ class BundleServer:
     url: str
     content: bytes = b""
     delay: float = 0.0
+    drip: float | None = None
     seen: list[tuple[str | None, str | None]] = field(default_factory=list)
 
     @property
@@ -31,6 +36,7 @@ class BundleServer:
 def bundle_server() -> Iterator[BundleServer]:
     """Serve ``BundleServer.content`` at ``PATH`` until the block ends."""
     state = BundleServer(url="")
+    stopping = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -48,16 +54,30 @@ def bundle_server() -> Iterator[BundleServer]:
                 self.send_header("ETag", state.etag)
                 self.send_header("Content-Length", str(len(state.content)))
                 self.end_headers()
-                self.wfile.write(state.content)
+                self._body(state.content)
+
+        def _body(self, content: bytes) -> None:
+            if state.drip is None:
+                self.wfile.write(content)
+                return
+            try:
+                for byte in content:
+                    self.wfile.write(bytes([byte]))
+                    if stopping.wait(state.drip):
+                        return
+            except OSError:
+                return  # the client gave up on it
 
         def log_message(self, format: str, *args: object) -> None:
             """Quiet."""
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
     state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield state
+    stopping.set()
     httpd.shutdown()
     httpd.server_close()
     thread.join()

@@ -1,22 +1,23 @@
 """Bundles over HTTP(S): a conditional GET with ``If-None-Match``, as OPA's bundle downloader polls.
 
 ``BundleFetcher.fetch`` sends the ETag of the last bundle it received; ``304 Not Modified``
-comes back as a result without content. The request runs on a worker thread
-(``urllib.request`` via ``asyncio.to_thread``); ``timeout`` bounds each blocking socket
-operation. Every failure is a ``BundleFetchError`` naming the URL: an HTTP error status,
-an unreachable or silent server, or a body over ``MAX_BUNDLE_BYTES``.
+comes back as a result without content. ``timeout`` bounds the whole request, body included
+(``sidecar.downloads``: a server that drips its answer is cut off like a silent one). Every
+failure is a ``BundleFetchError`` naming the URL: an HTTP error status, an unreachable, silent
+or dripping server, or a body over ``MAX_BUNDLE_BYTES``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+import aiohttp
+
+from sidecar.downloads import TooLargeError, download, failure
 from sidecar.errors import BundleFetchError
 from sidecar.policy.bundle.archive import MAX_BUNDLE_BYTES
 
@@ -58,24 +59,19 @@ class BundleFetcher:
 
     async def fetch(self) -> FetchResult:
         """GET the bundle unless it is unchanged; ``BundleFetchError`` on any failure."""
-        result = await asyncio.to_thread(self._get, self.etag)
-        if result.modified:
-            self.etag = result.etag
-        return result
-
-    def _get(self, etag: str | None) -> FetchResult:
-        conditional = {"If-None-Match": etag} if etag else {}
-        request = urllib.request.Request(self.url, headers={**self._headers, **conditional})
+        conditional = {"If-None-Match": self.etag} if self.etag else {}
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout) as response:
-                content, new_etag = response.read(MAX_BUNDLE_BYTES + 1), response.headers.get("ETag")
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            if exc.code == 304:
-                return FetchResult(None, etag)
-            raise BundleFetchError(f"GET {self.url}: HTTP {exc.code} {exc.reason}") from None
-        except OSError as exc:  # URLError (refused, unknown host), TimeoutError, a connection reset
-            raise BundleFetchError(f"GET {self.url}: {getattr(exc, 'reason', None) or exc}") from None
-        if len(content) > MAX_BUNDLE_BYTES:
-            raise BundleFetchError(f"GET {self.url}: the bundle is larger than {MAX_BUNDLE_BYTES} bytes")
-        return FetchResult(content, new_etag)
+            answer = await download(self.url, timeout=self._timeout, max_bytes=MAX_BUNDLE_BYTES,
+                                    headers={**self._headers, **conditional})
+        except TimeoutError:
+            raise BundleFetchError(f"GET {self.url}: timed out: no whole answer within {self._timeout:g} s") from None
+        except TooLargeError:
+            raise BundleFetchError(f"GET {self.url}: the bundle is larger than {MAX_BUNDLE_BYTES} bytes") from None
+        except (aiohttp.ClientError, OSError) as exc:  # refused, an unknown host, a connection reset
+            raise BundleFetchError(f"GET {self.url}: {failure(exc)}") from None
+        if answer.status == 304:
+            return FetchResult(None, self.etag)
+        if answer.status != 200:
+            raise BundleFetchError(f"GET {self.url}: HTTP {answer.status} {HTTPStatus(answer.status).phrase}")
+        self.etag = answer.etag
+        return FetchResult(answer.body, answer.etag)
