@@ -5,9 +5,11 @@
 ``mcp.listen`` is. In ``dev`` mode it must be loopback (checked with the whole ``Settings``). Session
 cookies are ``Secure`` unless the address is loopback: outside loopback the pages must be reached over
 HTTPS (a TLS-terminating proxy in front). A session lasts at most ``session_seconds``, and never longer
-than the token it was signed in with. An open page's live updates (server-sent events) look for arrived,
-expired and decided previews every ``live_seconds``. Serving it needs the ``approvals-ui`` extra
-(``check_installed``).
+than the token it was signed in with. Only an approver signs in (a principal with one of ``approver_roles``,
+or an operator); one principal holds at most ``max_sessions_per_principal`` sessions, everyone together at most
+``max_sessions``, and a sign-in never ends another principal's session. An open page's live updates (server-sent events) look for arrived,
+expired and decided previews every ``live_seconds``. ``http`` bounds its clients' time and number
+(``sidecar.config.http``). Serving it needs the ``approvals-ui`` extra (``check_installed``).
 
 ``oidc`` adds signing in through an identity provider (OpenID Connect authorization code flow with PKCE,
 ``sidecar.server.approvals_ui.oidc``): ``issuer`` (its discovery document is at
@@ -22,9 +24,10 @@ from __future__ import annotations
 import importlib.util
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from sidecar.config.base import Section
+from sidecar.config.http import HttpListenerSettings
 from sidecar.config.listen import Endpoint, is_loopback, one_tcp_endpoint
 from sidecar.errors import ConfigError
 
@@ -83,6 +86,12 @@ class ApprovalsUiSettings(Section):
     page_size: int = Field(default=20, gt=0, le=200)  # previews on one inbox page
     live_seconds: float = Field(default=2.0, ge=0.2, le=60)  # an open page's live updates look this often
     oidc: OidcSettings | None = None
+    # Who may sign in: a principal with one of these roles (list every role the approval policy names in its
+    # approver_roles), or an operator (auth.operator_roles). The approver rule still decides each preview.
+    approver_roles: tuple[str, ...] = Field(default=("approver",), min_length=1)
+    max_sessions: int = Field(default=10_000, gt=0, le=1_000_000)  # open sessions of all principals together
+    max_sessions_per_principal: int = Field(default=10, gt=0)  # one principal's (their browsers); the oldest ends
+    http: HttpListenerSettings = HttpListenerSettings()
 
     @field_validator("listen")
     @classmethod
@@ -90,6 +99,20 @@ class ApprovalsUiSettings(Section):
         if value is not None:
             one_tcp_endpoint(value, "the approval inbox")
         return value
+
+    @field_validator("approver_roles")
+    @classmethod
+    def _role_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not role.strip() for role in value):
+            raise ValueError("a role name may not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _sessions_fit(self) -> ApprovalsUiSettings:
+        if self.max_sessions_per_principal > self.max_sessions:
+            raise ValueError(f"max_sessions_per_principal ({self.max_sessions_per_principal}) may not exceed "
+                             f"max_sessions ({self.max_sessions})")
+        return self
 
     @property
     def endpoint(self) -> Endpoint | None:

@@ -5,8 +5,8 @@ authenticate as over gRPC (``auth``: a bearer JWT in the ``Authorization`` heade
 the address must be loopback, as every gRPC one must (checked with the whole ``Settings``).
 By default a request is answered with one JSON body unless it asks for progress (a ``progressToken``),
 which gets an event stream (``sidecar.server.mcp_transport``); ``json_response: true`` answers every
-request as JSON (progress notifications are then dropped). Serving it needs the ``mcp`` extra
-(``check_installed``).
+request as JSON (progress notifications are then dropped). ``http`` bounds its clients' time and number
+(``sidecar.config.http``). Serving it needs the ``mcp`` extra (``check_installed``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import importlib.util
 from pydantic import field_validator
 
 from sidecar.config.base import Section
+from sidecar.config.http import HttpListenerSettings
 from sidecar.config.listen import Endpoint, one_tcp_endpoint
 from sidecar.errors import ConfigError
 
@@ -31,6 +32,7 @@ class McpSettings(Section):
     # Answer every POST with one JSON body, even one asking for progress (its notifications are dropped); by
     # default only a request with a progressToken gets an event stream.
     json_response: bool = False
+    http: HttpListenerSettings = HttpListenerSettings()
 
     @field_validator("listen")
     @classmethod

@@ -23,7 +23,6 @@ import logging
 import socket
 from typing import Any
 
-import uvicorn
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -38,6 +37,7 @@ from sidecar.contract import CallRequest, Principal, ToolListing, ToolResult
 from sidecar.errors import AuthenticationError
 from sidecar.mcp.server import Context, SendProgress, build_server
 from sidecar.server.auth import Authenticator
+from sidecar.server.http_limits import HttpLimits, bounded_server, listener_limits
 from sidecar.server.listeners import tcp_socket
 from sidecar.server.mcp_transport import SessionManager
 from sidecar.server.tool_service import ToolGateway
@@ -57,15 +57,11 @@ class McpEndpoint:
     """The MCP endpoint of one sidecar: bound by ``open``, then ``start`` and ``stop`` (each once)."""
 
     def __init__(self, app: ASGIApp, manager: StreamableHTTPSessionManager, bound: socket.socket, *,
-                 host: str, grace: float) -> None:
+                 host: str, grace: float, limits: HttpLimits) -> None:
         self._manager, self._socket, self._grace, self._in_flight = manager, bound, grace, _InFlight(app)
         port = bound.getsockname()[1]
         self.url = f"http://{host}:{port}{MCP_PATH}"
-        config = uvicorn.Config(self._in_flight, lifespan="off", log_config=None, access_log=False,
-                                server_header=False, timeout_graceful_shutdown=_CLOSE_SECONDS)
-        config.load()
-        self._server = uvicorn.Server(config)
-        self._server.lifespan = config.lifespan_class(config)
+        self._server = bounded_server(self._in_flight, limits, close_seconds=_CLOSE_SECONDS)
         self._run: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.draining = asyncio.Event()  # set once a stop takes no new connections and waits for the calls in flight
@@ -75,6 +71,7 @@ class McpEndpoint:
         """The endpoint of ``settings.mcp``, its socket bound (``OSError`` ``cannot listen on …`` if it cannot be)."""
         endpoint = settings.mcp.endpoint
         assert endpoint is not None, "mcp.listen is not set"
+        limits = listener_limits(settings, "mcp")
         host = endpoint.host.removeprefix("[").removesuffix("]")
         security = None
         if endpoint.is_loopback:
@@ -86,7 +83,8 @@ class McpEndpoint:
         authenticated = _Authenticated(StreamableHTTPASGIApp(manager), Authenticator(settings.auth))
         app = Starlette(routes=[Route(MCP_PATH, endpoint=authenticated)])
         bound = tcp_socket(f"mcp.listen {settings.mcp.listen}", host, endpoint.port)
-        return cls(app, manager, bound, host=endpoint.host, grace=settings.server.shutdown_grace_seconds)
+        return cls(app, manager, bound, host=endpoint.host, grace=settings.server.shutdown_grace_seconds,
+                   limits=limits)
 
     async def start(self) -> None:
         """Serve in a task of this loop; returns once it accepts connections."""

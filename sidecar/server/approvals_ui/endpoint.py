@@ -10,8 +10,6 @@ from __future__ import annotations
 import logging
 import socket
 
-import uvicorn
-
 from sidecar.config import Settings
 from sidecar.server.approvals_ui.oidc import OidcSignIn
 from sidecar.server.approvals_ui.pages import Inbox
@@ -19,6 +17,7 @@ from sidecar.server.approvals_ui.security import Guarded
 from sidecar.server.approvals_ui.sessions import Sessions
 from sidecar.server.approvals_ui.signin import SignIn
 from sidecar.server.auth import Authenticator
+from sidecar.server.http_limits import HttpLimits, bounded_server, listener_limits
 from sidecar.server.listeners import tcp_socket
 from sidecar.server.roles import ApprovalDesk, ApprovalGateway, Operators
 
@@ -32,14 +31,10 @@ _CLOSE_SECONDS = 2
 class ApprovalsInbox:
     """The inbox of one sidecar: bound by ``open``, then ``start`` and ``stop`` (each once)."""
 
-    def __init__(self, inbox: Inbox, bound: socket.socket, *, host: str, loopback: bool) -> None:
+    def __init__(self, inbox: Inbox, bound: socket.socket, *, host: str, loopback: bool, limits: HttpLimits) -> None:
         self.inbox, self._socket = inbox, bound
         self.url = f"http://{host}:{bound.getsockname()[1]}"
-        config = uvicorn.Config(Guarded(inbox.app, loopback=loopback), lifespan="off", log_config=None,
-                                access_log=False, server_header=False, timeout_graceful_shutdown=_CLOSE_SECONDS)
-        config.load()
-        self._server = uvicorn.Server(config)
-        self._server.lifespan = config.lifespan_class(config)
+        self._server = bounded_server(Guarded(inbox.app, loopback=loopback), limits, close_seconds=_CLOSE_SECONDS)
 
     @classmethod
     def open(cls, settings: Settings, approvals: ApprovalGateway) -> ApprovalsInbox:
@@ -48,6 +43,7 @@ class ApprovalsInbox:
         ui = settings.approvals_ui
         endpoint = ui.endpoint
         assert endpoint is not None, "approvals_ui.listen is not set"
+        limits = listener_limits(settings, "approvals_ui")
         desk, authenticator = ApprovalDesk(approvals, Operators(settings.auth)), Authenticator(settings.auth)
         oidc = None if ui.oidc is None else OidcSignIn(ui.oidc, authenticator)
         inbox = Inbox(desk, SignIn(settings.auth, authenticator), Sessions(ui.session_seconds),
@@ -55,7 +51,7 @@ class ApprovalsInbox:
                       oidc=oidc)
         host = endpoint.host.removeprefix("[").removesuffix("]")
         bound = tcp_socket(f"approvals_ui.listen {ui.listen}", host, endpoint.port)
-        return cls(inbox, bound, host=endpoint.host, loopback=endpoint.is_loopback)
+        return cls(inbox, bound, host=endpoint.host, loopback=endpoint.is_loopback, limits=limits)
 
     async def start(self) -> None:
         """Serve on this loop; returns once it accepts connections."""

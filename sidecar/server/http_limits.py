@@ -1,0 +1,172 @@
+"""How the sidecar's HTTP listeners (MCP, the approval inbox) bound their clients, so that no number of slow or
+idle clients can exhaust the process.
+
+uvicorn bounds only the idle time after a response (``timeout_keep_alive``): it starts no timer before a
+request's head has arrived, so a client that sends part of a header holds its connection, and a file
+descriptor, for ever. ``bounded_server`` serves an app with ``_BoundedH11``, uvicorn's h11 protocol with
+the bounds of ``HttpLimits`` added. It is pinned whatever else is installed (``http="auto"`` would take
+httptools, which bounds no header's size), and WebSocket upgrades are off (neither listener has any):
+
+- a request's head must arrive within ``header_timeout_seconds`` of the connection (or of the first byte
+  after an idle keep-alive), the whole request, body included, within ``request_timeout_seconds``; past
+  it the connection is closed, with a ``408`` when no request had arrived;
+- between requests a connection stays ``idle_timeout_seconds``;
+- a listener holds at most ``max_connections``: one more is answered ``503`` and closed at once, and
+  those it holds are served as before;
+- a head may hold ``auth.max_metadata_bytes`` (the largest token, ``auth.max_token_bytes``, and 8 KiB
+  besides) before it is complete (h11's ``max_incomplete_event_size``): a token the authenticator accepts
+  is never refused by its size here.
+
+``listener_limits`` refuses to start when the listeners' caps together could take more than half of the
+process's file descriptors (``RLIMIT_NOFILE``): the rest is left to gRPC, the store, the policy and the
+logs. The records of a refused connection, uvicorn's warnings and asyncio's accept errors are rate-limited
+(``sidecar.telemetry.repeats``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import resource
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import h11
+import uvicorn
+from starlette.types import ASGIApp
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from sidecar.config import ApprovalsUiSettings, McpSettings, Settings
+from sidecar.config.http import HttpListenerSettings
+from sidecar.telemetry.repeats import limit_repeats
+
+__all__ = ["HttpLimits", "bounded_server", "listener_limits"]
+
+log = logging.getLogger(__name__)
+
+Listener = Literal["mcp", "approvals_ui"]
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """The bounds of one listener: its section's ``http`` keys and the largest head it reads."""
+
+    listener: Listener
+    settings: HttpListenerSettings
+    max_head_bytes: int
+
+
+def listener_limits(settings: Settings, listener: Listener) -> HttpLimits:
+    """The bounds of ``listener``; ``OSError`` when the caps of the listeners that are on could together take
+    more than half of this process's file descriptors."""
+    caps = _caps(settings)
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and 2 * sum(caps.values()) > soft:
+        named = " + ".join(f"{key} {cap}" for key, cap in caps.items())
+        raise OSError(f"cannot serve {listener}: the HTTP listeners may hold {sum(caps.values())} connections "
+                      f"({named}), more than half of the {soft} files this process may open (RLIMIT_NOFILE); "
+                      "lower them or raise the limit (ulimit -n, systemd's LimitNOFILE=)")
+    section = settings.mcp if listener == "mcp" else settings.approvals_ui
+    return HttpLimits(listener, section.http, settings.auth.max_metadata_bytes)
+
+
+def _caps(settings: Settings) -> dict[str, int]:
+    """The connection cap of each HTTP listener that is on, by its key."""
+    sections: dict[str, McpSettings | ApprovalsUiSettings] = {"mcp": settings.mcp,
+                                                              "approvals_ui": settings.approvals_ui}
+    return {f"{name}.http.max_connections": section.http.max_connections
+            for name, section in sections.items() if section.listen is not None}
+
+
+def bounded_server(app: ASGIApp, limits: HttpLimits, *, close_seconds: int) -> uvicorn.Server:
+    """A uvicorn server of ``app`` within ``limits`` (lifespan off, no access log, no ``Server`` header); a
+    graceful shutdown gives open connections ``close_seconds``."""
+    limit_repeats("asyncio", "uvicorn.error", __name__)
+    class Bounded(_BoundedH11):
+        """``_BoundedH11`` within this listener's limits."""
+
+    Bounded.limits = limits
+    config = uvicorn.Config(app, http=Bounded, ws="none", lifespan="off", log_config=None, access_log=False,
+                            server_header=False, timeout_graceful_shutdown=close_seconds,
+                            timeout_keep_alive=limits.settings.idle_timeout_seconds,
+                            h11_max_incomplete_event_size=limits.max_head_bytes)
+    config.load()
+    server = uvicorn.Server(config)
+    server.lifespan = config.lifespan_class(config)
+    return server
+
+
+def _answer(status: http.HTTPStatus) -> bytes:
+    """A whole response that closes the connection, written before (or instead of) any request."""
+    body = f"{status.phrase}\n".encode()
+    return (f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+_BUSY, _TOO_SLOW = _answer(http.HTTPStatus.SERVICE_UNAVAILABLE), _answer(http.HTTPStatus.REQUEST_TIMEOUT)
+
+
+class _BoundedH11(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each request's arrival and a cap on the listener's connections."""
+
+    limits: ClassVar[HttpLimits]
+    _refused = False
+    _began: float | None = None  # when the request being received began to arrive
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.limits.settings.max_connections:
+            self._refused = True
+            transport.write(_BUSY)
+            transport.close()
+            log.warning("%s: refused a connection: %d are open (%s.http.max_connections)", self.limits.listener,
+                        len(self.connections), self.limits.listener)
+            return
+        super().connection_made(transport)
+        self._track()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
+        self._stop_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._track()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._track()
+
+    def _track(self) -> None:
+        """Arm the deadline of the request arriving now (its head, or its body); none while none is."""
+        self._stop_deadline()
+        if self.transport.is_closing():
+            return
+        state, settings = self.conn.their_state, self.limits.settings
+        if state is h11.IDLE and self.timeout_keep_alive_task is None:  # not idle between requests: a head is due
+            bound = settings.header_timeout_seconds
+        elif state is h11.SEND_BODY:
+            bound = settings.request_timeout_seconds
+        else:
+            self._began = None
+            return
+        if self._began is None:
+            self._began = self.loop.time()
+        self._deadline = self.loop.call_at(self._began + bound, self._expire)
+
+    def _stop_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.conn.their_state is h11.IDLE:  # no request arrived, so no answer began
+            self.transport.write(_TOO_SLOW)
+        log.debug("%s: closed a connection whose request did not arrive in time", self.limits.listener)
+        self.transport.close()

@@ -1,0 +1,229 @@
+"""Slow and many HTTP clients cannot exhaust the sidecar (``sidecar.server.http_limits``).
+
+Against a real ``toolbooth serve`` process with MCP and the approval inbox on: hundreds of raw connections
+that send part of a header and stop are closed by the server within the header timeout (408); those past a
+listener's cap are answered 503 and closed at once, while the connections it already serves keep working;
+gRPC, MCP and the inbox answer meanwhile and afterwards; the log stays a few lines. A token of
+``auth.max_token_bytes`` is read whole by both listeners (only the authenticator refuses a larger one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx2
+import pytest
+
+from sidecar.client import AsyncClient
+from sidecar.config import Settings
+from sidecar.server.mcp_http import McpEndpoint
+from tests.integration.test_server import FakeGateway
+from tests.support.inbox import Browser, free_port, served_inbox
+from tests.support.mcp import http_client
+from tests.support.sidecar_process import SidecarProcess
+
+pytestmark = pytest.mark.integration
+
+HEADER_TIMEOUT = 1.5
+CAP = 120  # connections each listener holds
+PAST_CAP = 25  # connections opened to each listener once it holds CAP
+SLACK = 15.0  # how much later than its bound a loaded machine may see a connection closed
+PARTIAL = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+MAX_LOG_LINES = 30
+RESET = b"reset"
+REFUSED = (b"HTTP/1.1 503 Service Unavailable", RESET)  # a 503, unless the reset came first
+
+
+@dataclass
+class Slow:
+    """A raw connection that sent part of a request head and nothing more."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    opened: float
+
+    @classmethod
+    async def open(cls, port: int) -> Slow:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(PARTIAL)
+        await writer.drain()
+        return cls(reader, writer, time.monotonic())
+
+    async def answer(self) -> tuple[bytes, float]:
+        """What the server wrote before it closed the connection (``RESET`` when it reset it: closed with the
+        partial head unread), and how long after it was opened."""
+        try:
+            async with asyncio.timeout(HEADER_TIMEOUT + SLACK):
+                written = await self.reader.read()
+        except ConnectionResetError:
+            written = RESET
+        except TimeoutError:
+            raise AssertionError(f"a slow connection still open {HEADER_TIMEOUT + SLACK} s after it opened") from None
+        finally:
+            self.writer.close()
+        return written, time.monotonic() - self.opened
+
+
+async def _slow(port: int, count: int) -> list[Slow]:
+    return list(await asyncio.gather(*(Slow.open(port) for _ in range(count))))
+
+
+def _kinds(answers: list[tuple[bytes, float]]) -> dict[str, int]:
+    """How many connections were closed after a 408 (``timed out``), refused (a 503 or a reset), or otherwise."""
+    kinds: dict[str, int] = {}
+    for written, _ in answers:
+        status = written.partition(b"\r\n")[0]
+        kind = "timed out" if status == b"HTTP/1.1 408 Request Timeout" else "refused" if status in REFUSED else status
+        kinds[str(kind)] = kinds.get(str(kind), 0) + 1
+    return kinds
+
+
+@pytest.fixture
+async def sidecar(tmp_path: Path) -> AsyncIterator[tuple[SidecarProcess, int, int]]:
+    """A serving sidecar (dev mode) with MCP and the inbox on, each within the test's bounds: it and their ports."""
+    mcp_port, inbox_port = free_port(), free_port()
+    bounds = {"header_timeout_seconds": HEADER_TIMEOUT, "request_timeout_seconds": 2 * HEADER_TIMEOUT,
+              "idle_timeout_seconds": 30, "max_connections": CAP}
+    config = tmp_path / "toolbooth.json"
+    config.write_text(json.dumps({"server": {"listen": [f"unix://{tmp_path / 's.sock'}"]},
+                                  "store": {"sqlite_path": str(tmp_path / "s.db")}, "log_level": "INFO",
+                                  "mcp": {"listen": f"127.0.0.1:{mcp_port}", "http": bounds},
+                                  "approvals_ui": {"listen": f"127.0.0.1:{inbox_port}", "http": bounds}}))
+    process = SidecarProcess(config, tmp_path / "s.sock", tmp_path / "s.err", tmp_path / "appended.log")
+    try:
+        await process.wait_serving()
+        yield process, mcp_port, inbox_port
+    finally:
+        assert process.stop() == 0, process.output()
+
+
+async def test_slow_clients_are_closed_and_excess_ones_refused_while_everything_answers(
+        sidecar: tuple[SidecarProcess, int, int]) -> None:
+    process, mcp_port, inbox_port = sidecar
+    mcp_url, inbox_url = f"http://127.0.0.1:{mcp_port}/mcp", f"http://127.0.0.1:{inbox_port}"
+    async with httpx2.AsyncClient(headers=ACCEPT, timeout=30, limits=httpx2.Limits(max_connections=1)) as served, \
+            AsyncClient(process.target, timeout=10) as grpc_client:
+        browser = Browser(inbox_url)
+        try:
+            # One connection each listener serves before the flood (counted in its cap), kept alive through it.
+            assert (await served.post(mcp_url, json=INIT)).status_code == 200
+            assert (await browser.get("/sign-in")).status == 200
+            slow = {port: await _slow(port, CAP - 1 + PAST_CAP) for port in (mcp_port, inbox_port)}
+
+            async def meanwhile() -> None:
+                await grpc_client.list_tools()
+                assert (await served.post(mcp_url, json=INIT)).status_code == 200
+                assert (await browser.get("/sign-in")).status == 200
+
+            answers = {port: asyncio.gather(*(one.answer() for one in slow[port])) for port in slow}
+            await meanwhile()
+            closed = {port: await answers[port] for port in answers}
+        finally:
+            await browser.close()
+        await grpc_client.list_tools()
+    # Every connection is free again: new ones are served.
+    async with http_client(None, ACCEPT) as fresh:
+        assert (await fresh.post(mcp_url, json=INIT)).status_code == 200
+    fresh_browser = Browser(inbox_url)
+    try:
+        assert (await fresh_browser.get("/sign-in")).status == 200
+    finally:
+        await fresh_browser.close()
+
+    expected = {"timed out": CAP - 1, "refused": PAST_CAP}
+    assert {port: _kinds(closed[port]) for port in closed} == {mcp_port: expected, inbox_port: expected}
+    assert max(after for port in closed for _, after in closed[port]) < HEADER_TIMEOUT + SLACK
+    log = process.output().splitlines()
+    assert len([line for line in log if "refused a connection" in line]) <= 5, "\n".join(log)
+    assert len(log) <= MAX_LOG_LINES, "\n".join(log)
+
+async def test_a_token_of_the_largest_size_gets_through_mcp_and_the_inbox(
+        tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
+        make_token: Callable[..., str]) -> None:
+    token = _token_of(16 * 1024, make_token)
+    settings = make_settings(auth=jwt_auth, mcp={"listen": "127.0.0.1:0"}, approvals_ui={"listen": "127.0.0.1:0"})
+    endpoint = McpEndpoint.open(settings, FakeGateway())
+    await endpoint.start()
+    try:
+        # The head arrives in two parts, as over a slow network: the first, all but its end, is read alone.
+        answer = await _in_two_parts(endpoint.url, *_initialize(endpoint.url, token), _another(endpoint.url, 401))
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        async with http_client(_token_of(16 * 1024 + 200, make_token), ACCEPT) as http:
+            refused = await http.post(endpoint.url, json=INIT)
+        assert refused.status_code == 401, refused.text  # the authenticator's refusal, not the head's size
+    finally:
+        await endpoint.stop()
+    async with served_inbox(settings, make_token, tmp_path) as world:
+        browser = world.browser()
+        page = await browser.sign_in(_token_of(16 * 1024, make_token, roles=["approver"]))
+        assert (page.status, page.location) == (303, "/inbox"), page.text
+
+
+async def test_a_head_past_the_limit_is_refused_not_buffered(make_settings: Callable[..., Settings]) -> None:
+    endpoint = McpEndpoint.open(make_settings(mcp={"listen": "127.0.0.1:0"}), FakeGateway())
+    await endpoint.start()
+    try:
+        head, body = _initialize(endpoint.url, "")
+        padded = head + b"X-Pad: " + b"x" * (16 * 1024 + 8192) + b"\r\n"  # the largest token's and 8 KiB besides
+        answer = await _in_two_parts(endpoint.url, padded, body, _another(endpoint.url, 200))
+        assert answer.startswith(b"HTTP/1.1 400 ") or answer == RESET, answer
+    finally:
+        await endpoint.stop()
+
+
+def _another(url: str, status: int) -> Callable[[], Awaitable[None]]:
+    """A request answered ``status``: once it is, the server has read what was sent to it before."""
+    async def answered() -> None:
+        async with http_client(None, ACCEPT) as other:
+            assert (await other.post(url, json=INIT)).status_code == status
+    return answered
+
+
+def _initialize(url: str, token: str) -> tuple[bytes, bytes]:
+    """The head (but for its last line break) and the body of an MCP ``initialize`` with ``token``."""
+    parts, body = urlsplit(url), json.dumps(INIT).encode()
+    head = (f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {token}\r\n"
+            f"Accept: {ACCEPT['Accept']}\r\nContent-Type: application/json\r\n"
+            f"traceparent: 00-{'a' * 32}-{'b' * 16}-01\r\nContent-Length: {len(body)}\r\n")
+    return head.encode(), body
+
+
+async def _in_two_parts(url: str, head: bytes, body: bytes, between: Callable[[], Awaitable[None]]) -> bytes:
+    """The status line answering ``head`` (all but its last line break), sent before ``between()``, then its
+    end and ``body``; ``RESET`` if the server reset the connection."""
+    parts = urlsplit(url)
+    assert parts.hostname is not None and parts.port is not None
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        await between()
+        writer.write(b"\r\n" + body)
+        await writer.drain()
+        async with asyncio.timeout(SLACK):
+            return await reader.readline()
+    except ConnectionResetError:
+        return RESET
+    finally:
+        writer.close()
+
+
+def _token_of(size: int, make_token: Callable[..., str], **claims: Any) -> str:
+    """A validly signed token of about ``size`` bytes (never more)."""
+    pad = 0
+    while len(token := make_token(pad="x" * pad, **claims)) < size - 4:
+        pad += max(1, (size - len(token)) * 3 // 4)
+    while len(token) > size:
+        pad -= 1
+        token = make_token(pad="x" * pad, **claims)
+    return token

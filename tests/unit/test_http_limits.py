@@ -1,0 +1,75 @@
+"""The bounds of the HTTP listeners: ``mcp.http`` and ``approvals_ui.http`` validated with errors naming the key,
+the caps checked against the process's file descriptors at start, and repeated log records rate-limited."""
+
+from __future__ import annotations
+
+import logging
+import resource
+
+import pytest
+
+from sidecar.config import parse_settings
+from sidecar.errors import ConfigError
+from sidecar.server.http_limits import listener_limits
+from sidecar.telemetry.repeats import RepeatLimit
+
+
+def test_defaults_and_the_largest_head() -> None:
+    settings = parse_settings({"mcp": {"listen": "127.0.0.1:0"}, "auth": {"max_token_bytes": 4096}})
+    limits = listener_limits(settings, "mcp")
+    assert (limits.settings.header_timeout_seconds, limits.settings.request_timeout_seconds,
+            limits.settings.idle_timeout_seconds, limits.settings.max_connections) == (10.0, 60.0, 5, 256)
+    assert limits.max_head_bytes == 4096 + 8192
+    assert parse_settings({}).approvals_ui.http == settings.mcp.http
+
+
+@pytest.mark.parametrize(("section", "values", "expected"), [
+    ("mcp", {"header_timeout_seconds": 0}, "config error at mcp.http.header_timeout_seconds: Input should be greater"),
+    ("mcp", {"request_timeout_seconds": "soon"}, "config error at mcp.http.request_timeout_seconds: Input should be"),
+    ("approvals_ui", {"idle_timeout_seconds": 0.5}, "config error at approvals_ui.http.idle_timeout_seconds"),
+    ("approvals_ui", {"max_connections": 0}, "config error at approvals_ui.http.max_connections: Input should be "
+                                             "greater than or equal to 1"),
+    ("mcp", {"header_timeout_seconds": 20, "request_timeout_seconds": 10},
+     "header_timeout_seconds (20) may not exceed request_timeout_seconds (10)"),
+    ("mcp", {"read_timeout_seconds": 1}, "config error at mcp.http.read_timeout_seconds: unknown key"),
+])
+def test_bad_values_name_the_key(section: str, values: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_settings({section: {"http": values}})
+    assert expected in str(raised.value)
+
+
+def test_caps_that_could_take_half_the_file_descriptors_refuse_to_start() -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cap = min(soft // 4 + 1, 65536)
+    settings = parse_settings({"mcp": {"listen": "127.0.0.1:0", "http": {"max_connections": cap}},
+                               "approvals_ui": {"listen": "127.0.0.1:0", "http": {"max_connections": cap}}})
+    with pytest.raises(OSError) as raised:
+        listener_limits(settings, "approvals_ui")
+    assert str(raised.value) == (
+        f"cannot serve approvals_ui: the HTTP listeners may hold {2 * cap} connections (mcp.http.max_connections "
+        f"{cap} + approvals_ui.http.max_connections {cap}), more than half of the {soft} files this process may "
+        "open (RLIMIT_NOFILE); lower them or raise the limit (ulimit -n, systemd's LimitNOFILE=)")
+    alone = parse_settings({"mcp": {"listen": "127.0.0.1:0", "http": {"max_connections": cap}},
+                            "approvals_ui": {"http": {"max_connections": cap}}})  # the inbox is off: not counted
+    assert listener_limits(alone, "mcp").settings.max_connections == cap
+
+
+def _record(message: str, *args: object, line: int = 1) -> logging.LogRecord:
+    return logging.LogRecord("asyncio", logging.ERROR, "base_events.py", line, message, args, None)
+
+
+def test_repeats_pass_a_few_per_window_and_the_next_window_counts_the_rest() -> None:
+    now = [0.0]
+    limit = RepeatLimit(burst=2, window=60, clock=lambda: now[0])
+    accept_error = "socket.accept() out of system resource\nsocket: <%s>"
+    assert [limit.filter(_record(accept_error, f"fd={n}")) for n in range(5)] == [True, True, False, False, False]
+    assert limit.filter(_record("another kind")) and limit.filter(_record(accept_error, "x", line=2))
+    now[0] = 60.0
+    record = _record(accept_error, "fd=9")
+    assert limit.filter(record)
+    assert record.getMessage() == "socket.accept() out of system resource\nsocket: <fd=9> (3 similar messages " \
+                                  "suppressed)"
+    assert record.suppressed == 3
+    again = _record(accept_error, "fd=10")
+    assert limit.filter(again) and again.getMessage().endswith("<fd=10>")
