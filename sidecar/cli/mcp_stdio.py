@@ -6,6 +6,11 @@ client runs ``toolbooth mcp-stdio --target ADDRESS``; each ``tools/list`` and ``
 the bearer token of ``--token`` / ``$TOOLBOOTH_TOKEN`` or of the file ``--token-file`` /
 ``$TOOLBOOTH_TOKEN_FILE`` (read once, at start). The sidecar decides everything, as for any caller.
 
+Every line the client writes gets a line back (``sidecar.mcp.stdio``): what is not one JSON-RPC message (not
+JSON or not UTF-8, a batch, an id that is neither a string nor an integer) is answered with its JSON-RPC error
+(id null), and so is a line longer than ``--max-message-bytes`` (default 4 MiB, the sidecar's own default
+``limits.max_message_bytes``), which is never held in memory whole.
+
 What the sidecar refuses at the gRPC level becomes a JSON-RPC error (``sidecar.mcp.server``):
 UNAUTHENTICATED "unauthenticated: <its message>", INVALID_ARGUMENT with its message, anything else
 (the sidecar unreachable, say) "service unavailable", with the gRPC status logged on stderr.
@@ -47,6 +52,8 @@ __all__ = ["ClientTools", "add_commands", "cmd_mcp_stdio", "read_token"]
 
 log = logging.getLogger(__name__)
 
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # as the sidecar's limits.max_message_bytes
+
 
 def add_commands(commands: Subparsers) -> None:
     """Add ``mcp-stdio`` to the ``toolbooth`` parser."""
@@ -56,6 +63,9 @@ def add_commands(commands: Subparsers) -> None:
                         help=f"read the bearer token from FILE (default: ${ENV_TOKEN_FILE}); instead of --token")
     bridge.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="what is logged on stderr (default: WARNING)")
+    bridge.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES, metavar="N",
+                        help="the longest line (one JSON-RPC message) read; a longer one is answered with an "
+                             f"error (default: {DEFAULT_MAX_MESSAGE_BYTES})")
     bridge.set_defaults(handler=cmd_mcp_stdio)
 
 
@@ -63,10 +73,13 @@ def cmd_mcp_stdio(args: argparse.Namespace) -> int:
     """``toolbooth mcp-stdio``: serve until stdin closes."""
     if importlib.util.find_spec("mcp") is None:
         raise CommandError("mcp-stdio needs the 'mcp' extra (pip install 'toolbooth[mcp]')", EXIT_USAGE)
+    if args.max_message_bytes <= 0:
+        raise CommandError("--max-message-bytes must be a positive number of bytes", EXIT_USAGE)
     setup_logging(args.log_level)
     token = read_token(args.token, args.token_file)
     try:
-        asyncio.run(_bridge(args.target or default_target(), token, client_tls(args)))
+        asyncio.run(_bridge(args.target or default_target(), token, client_tls(args),
+                            max_message_bytes=args.max_message_bytes))
     except KeyboardInterrupt:
         return 130
     return EXIT_OK
@@ -86,11 +99,10 @@ def read_token(token: str | None, token_file: Path | None) -> str | None:
     return text
 
 
-async def _bridge(target: str, token: str | None, tls: ClientTls | None) -> None:
-    from mcp.server.stdio import stdio_server
-
+async def _bridge(target: str, token: str | None, tls: ClientTls | None, *, max_message_bytes: int) -> None:
     from sidecar.client import AsyncClient
     from sidecar.mcp.server import build_server
+    from sidecar.mcp.stdio import stdio_streams
 
     try:
         client = AsyncClient(target, token=token, tls=tls)
@@ -99,7 +111,7 @@ async def _bridge(target: str, token: str | None, tls: ClientTls | None) -> None
     async with client:
         tools = ClientTools(client, target)
         server = build_server(lambda ctx: tools)
-        async with stdio_server() as (read, write):
+        async with stdio_streams(max_line_bytes=max_message_bytes) as (read, write):
             await server.run(read, write, server.create_initialization_options())
 
 

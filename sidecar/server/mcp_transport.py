@@ -7,7 +7,9 @@ a ``progressToken`` (``sidecar.mcp.server``), the only messages this server ever
 besides its response (it sends no log messages and no server-to-client requests). So each POST whose
 JSON-RPC request carries no ``progressToken`` is answered with its JSON response; one that carries a
 token gets an event stream with the progress notifications, then the response. ``mcp.json_response:
-true`` answers every POST as JSON (progress notifications are then dropped).
+true`` answers every POST as JSON (progress notifications are then dropped). Before either, the body is read
+by ``sidecar.mcp.envelope``: one that is not a single JSON-RPC message (not JSON, a batch, an id that is neither
+a string nor an integer) is answered 400 with the JSON-RPC error it is owed (id null) and never reaches the SDK.
 
 The MCP SDK's transport chooses per session, not per request; ``SessionManager`` makes it choose per
 request. Its sessions' transports (``_Transport``) read the choice from a context variable that
@@ -21,30 +23,25 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 
-import pydantic_core
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+from mcp_types import JSONRPCError, JSONRPCMessage, JSONRPCRequest
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+from sidecar.mcp import envelope
 
 __all__ = ["SessionManager", "asks_for_progress"]
 
 _ANSWER_AS_JSON: ContextVar[bool] = ContextVar("toolbooth_mcp_answer_as_json", default=False)
 
 
-def asks_for_progress(body: bytes) -> bool:
-    """Whether a POST body is a JSON-RPC request whose ``params._meta`` carries a ``progressToken`` (or is not
-    one JSON object at all: the SDK refuses that, either way)."""
-    try:
-        message = pydantic_core.from_json(body)
-    except ValueError:
-        return True
-    if not isinstance(message, dict):
-        return True
-    params = message.get("params")
-    return isinstance(params, dict) and progress_token_from_params(params) is not None
+def asks_for_progress(message: JSONRPCMessage) -> bool:
+    """Whether a JSON-RPC message is a request whose ``params._meta`` carries a ``progressToken``."""
+    return isinstance(message, JSONRPCRequest) and progress_token_from_params(message.params) is not None
 
 
 class _Transport(StreamableHTTPServerTransport):
@@ -61,7 +58,12 @@ class _Transport(StreamableHTTPServerTransport):
     async def _handle_post_request(self, scope: Scope, request: Request, receive: Receive, send: Send) -> None:
         # The size was checked before (the SDK's RequestBodyLimitMiddleware); the request keeps the body for
         # the SDK's own reading.
-        answer_as_json = _ANSWER_AS_JSON.set(not asks_for_progress(await request.body()))
+        try:
+            message = envelope.read(await request.body())
+        except envelope.Refused as refused:
+            await _refused(refused.error)(scope, receive, send)
+            return
+        answer_as_json = _ANSWER_AS_JSON.set(not asks_for_progress(message))
         try:
             await super()._handle_post_request(scope, request, receive, send)
         finally:
@@ -79,3 +81,9 @@ class SessionManager(StreamableHTTPSessionManager):
             transport.__class__ = _Transport
             transport.is_json_response_enabled = always_json
         return transport
+
+
+def _refused(error: JSONRPCError) -> Response:
+    """400 with the JSON-RPC error, as the SDK answers a body it cannot parse."""
+    return Response(error.model_dump_json(by_alias=True, exclude_unset=True), status_code=400,
+                    media_type="application/json")

@@ -370,3 +370,32 @@ async def test_a_client_of_the_sessionless_2026_protocol_gets_the_same_answers(w
         response = await anonymous.post(world.url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
                                         headers={**ACCEPT, "mcp-protocol-version": "2026-07-28"})
     assert response.status_code == 401
+
+
+_REQUEST = '"jsonrpc":"2.0","method":"tools/list"'
+
+
+@pytest.mark.parametrize(("body", "code", "says"), [
+    ('{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"x":"\\ud800"}}}', -32700, "not one JSON"),
+    ("[" * 5000 + "]" * 5000, -32700, "not one JSON"),
+    (f"[{{{_REQUEST},\"id\":2}}]", -32600, "batches are not part of MCP"),
+    ("[]", -32600, "batches are not part of MCP"),
+    ("7", -32600, "one JSON object"),
+    *[(f"{{{_REQUEST},\"id\":{bad}}}", -32600, "a string or an integer")
+      for bad in ('{"a":1}', "[1]", "1.5", "true", "null")],
+    ('{"jsonrpc":"1.0","id":3,"method":"tools/list"}', -32600, "not a JSON-RPC 2.0"),
+])
+async def test_a_body_that_is_not_one_json_rpc_message_is_answered_400_with_its_error(
+    world: World, body: str, code: int, says: str,
+) -> None:
+    async with http_client(world.token(), ACCEPT) as http:
+        headers = await _session_headers(http, world.url)
+        in_session = await http.post(world.url, content=body, headers=headers)
+        opening = await http.post(world.url, content=body)  # no session yet: none is opened
+        listed = await http.post(world.url, json={"jsonrpc": "2.0", "id": 9, "method": "tools/list"}, headers=headers)
+    for answer in (in_session, opening):
+        assert (answer.status_code, answer.headers["content-type"]) == (400, "application/json")
+        error = answer.json()
+        assert (error["id"], error["error"]["code"]) == (None, code) and says in error["error"]["message"]
+        assert "validation error" not in answer.text and "mcp-session-id" not in answer.headers
+    assert listed.status_code == 200 and listed.json()["id"] == 9  # the session goes on

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -104,3 +107,58 @@ def test_an_unreadable_token_file_is_a_usage_error(tmp_path: Path) -> None:
     assert done.returncode == 2
     missing = tmp_path / "missing"
     assert done.stderr == f"toolbooth: error: cannot read --token-file {missing}: No such file or directory\n"
+
+
+_LIST = b'"jsonrpc":"2.0","method":"tools/list"'
+_UNREADABLE = [  # each line, and the code and words of its answer
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"x":"\\ud800"}}}', -32700, "not one JSON"),
+    (b"[" * 5000 + b"]" * 5000, -32700, "not one JSON"),
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"x":"\xff\xfe"}}}', -32700, "not one JSON"),
+    (b"{" + _LIST + b',"id":', -32700, "not one JSON"),
+    (b"[{" + _LIST + b',"id":1}]', -32600, "batches are not part of MCP"),
+    (b"7", -32600, "one JSON object"),
+    *[(b"{" + _LIST + b',"id":' + bad + b"}", -32600, "a string or an integer")
+      for bad in (b"{}", b"[]", b"1.5", b"true")],
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"x":"' + b"x" * 100_000 + b'"}}}', -32600,
+     "longer than the bridge accepts"),
+]
+
+
+async def test_every_line_gets_an_answer_even_one_that_is_no_json_rpc_message(sidecar: Sidecar,
+                                                                             make_token: Callable[..., str]) -> None:
+    bridge = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sidecar", "mcp-stdio", "--target", sidecar.addresses[-1], "--max-message-bytes", "65536",
+        env={**os.environ, "TOOLBOOTH_TOKEN": make_token(sub="alice")},
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20)
+    assert bridge.stdin is not None and bridge.stdout is not None
+    stdin, stdout = bridge.stdin, bridge.stdout
+
+    async def answer(line: bytes) -> dict[str, Any]:
+        stdin.write(line + b"\n")
+        await stdin.drain()
+        async with asyncio.timeout(30):  # before the fix, these lines were never answered
+            return json.loads(await stdout.readline())  # type: ignore[no-any-return]
+
+    try:
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+        assert "result" in await answer(json.dumps(init).encode())
+        stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        for line, code, says in _UNREADABLE:
+            error = await answer(line)
+            assert (error["id"], error["error"]["code"]) == (None, code), line[:80]
+            assert says in error["error"]["message"]
+        listed = await answer(b"{" + _LIST + b',"id":2}')
+        assert listed["id"] == 2 and "echo" in {tool["name"] for tool in listed["result"]["tools"]}
+    finally:
+        stdin.close()
+        async with asyncio.timeout(30):
+            assert await bridge.wait() == 0
+
+
+def test_a_max_message_bytes_that_is_not_positive_is_a_usage_error() -> None:
+    done = subprocess.run([sys.executable, "-m", "sidecar", "mcp-stdio", "--target", "unix:///x.sock",
+                           "--max-message-bytes", "0"], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, check=False)
+    assert (done.returncode, done.stderr) == (2, "toolbooth: error: --max-message-bytes must be a positive number "
+                                                 "of bytes\n")
