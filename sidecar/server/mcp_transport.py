@@ -10,6 +10,7 @@ token gets an event stream with the progress notifications, then the response. `
 true`` answers every POST as JSON (progress notifications are then dropped). Before either, the body is read
 by ``sidecar.mcp.envelope``: one that is not a single JSON-RPC message (not JSON, a batch, an id that is neither
 a string nor an integer) is answered 400 with the JSON-RPC error it is owed (id null) and never reaches the SDK.
+A request whose id is in flight in its session is answered 409 with -32600 (``sidecar.server.mcp_request_ids``).
 
 The MCP SDK's transport chooses per session, not per request; ``SessionManager`` makes it choose per
 request. Its sessions' transports (``_Transport``) read the choice from a context variable that
@@ -21,18 +22,25 @@ each kind of answer.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from contextvars import ContextVar
+from typing import cast
 
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared._context_streams import ContextSendStream
+from mcp.shared._stream_protocols import ReadStream, WriteStream
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
-from mcp_types import JSONRPCError, JSONRPCMessage, JSONRPCRequest
+from mcp.shared.message import SessionMessage
+from mcp_types import INVALID_REQUEST, JSONRPCError, JSONRPCMessage, JSONRPCRequest
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from sidecar.mcp import envelope
+from sidecar.server.mcp_request_ids import DUPLICATE, InFlightIds, Watched
 
 __all__ = ["SessionManager", "asks_for_progress"]
 
@@ -45,7 +53,10 @@ def asks_for_progress(message: JSONRPCMessage) -> bool:
 
 
 class _Transport(StreamableHTTPServerTransport):
-    """The SDK's transport of one session, answering as JSON each request that asks for no progress."""
+    """The SDK's transport of one session, answering as JSON each request that asks for no progress and
+    refusing a request whose id is in flight."""
+
+    _ids: InFlightIds
 
     @property  # the SDK reads it for each request, in the request's task (and in its message router)
     def is_json_response_enabled(self) -> bool:
@@ -63,11 +74,27 @@ class _Transport(StreamableHTTPServerTransport):
         except envelope.Refused as refused:
             await _refused(refused.error)(scope, receive, send)
             return
+        if isinstance(message, JSONRPCRequest) and not self._ids.claim(message.id):
+            duplicate = envelope.Refused(INVALID_REQUEST, DUPLICATE).error
+            await _refused(duplicate, status_code=409)(scope, receive, send)
+            return
         answer_as_json = _ANSWER_AS_JSON.set(not asks_for_progress(message))
         try:
             await super()._handle_post_request(scope, request, receive, send)
         finally:
             _ANSWER_AS_JSON.reset(answer_as_json)
+            if isinstance(message, JSONRPCRequest):
+                self._ids.posted(message.id)
+
+    @contextlib.asynccontextmanager
+    async def connect(self) -> AsyncIterator[tuple[ReadStream[SessionMessage | Exception],
+                                                   WriteStream[SessionMessage]]]:
+        async with super().connect() as (read, write):
+            # What goes to the session and what it answers, so an id stays in flight until it is answered.
+            assert self._read_stream_writer is not None
+            self._read_stream_writer = Watched(self._read_stream_writer, self._ids.handed_over)
+            self._write_stream = Watched(cast(ContextSendStream[SessionMessage], write), self._ids.answered)
+            yield read, cast(WriteStream[SessionMessage], self._write_stream)
 
 
 class SessionManager(StreamableHTTPSessionManager):
@@ -79,11 +106,13 @@ class SessionManager(StreamableHTTPSessionManager):
             # The SDK builds the transport (and registers it) itself; this one only changes its answers.
             always_json = vars(transport).pop("is_json_response_enabled")
             transport.__class__ = _Transport
+            assert isinstance(transport, _Transport)
             transport.is_json_response_enabled = always_json
+            transport._ids = InFlightIds()
         return transport
 
 
-def _refused(error: JSONRPCError) -> Response:
-    """400 with the JSON-RPC error, as the SDK answers a body it cannot parse."""
-    return Response(error.model_dump_json(by_alias=True, exclude_unset=True), status_code=400,
+def _refused(error: JSONRPCError, *, status_code: int = 400) -> Response:
+    """The JSON-RPC error as the body, 400 as the SDK answers a body it cannot parse."""
+    return Response(error.model_dump_json(by_alias=True, exclude_unset=True), status_code=status_code,
                     media_type="application/json")

@@ -399,3 +399,37 @@ async def test_a_body_that_is_not_one_json_rpc_message_is_answered_400_with_its_
         assert (error["id"], error["error"]["code"]) == (None, code) and says in error["error"]["message"]
         assert "validation error" not in answer.text and "mcp-session-id" not in answer.headers
     assert listed.status_code == 200 and listed.json()["id"] == 9  # the session goes on
+
+
+def _held(request_id: int | str, key: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {
+        "name": "held_note", "arguments": {"text": "x"}, "_meta": {"toolbooth/idempotency_key": key}}}
+
+
+@pytest.mark.parametrize("progress", [False, True], ids=["json", "event-stream"])
+async def test_a_request_id_in_flight_is_refused_before_anything_runs(world: World, progress: bool,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    tools.HOLD.close()
+    started = tools.HELD_STARTED.value
+    first_call = _held(5, "dup-1")
+    if progress:
+        first_call["params"]["_meta"]["progressToken"] = "p-5"
+    async with http_client(world.token(), ACCEPT) as http:
+        headers = await _session_headers(http, world.url)
+        first = asyncio.create_task(http.post(world.url, json=first_call, headers=headers))
+        await tools.HELD_STARTED.reached(started + 1)
+        async with asyncio.timeout(30):  # before the fix, a duplicate ran too, and one POST was never answered
+            duplicates = [await http.post(world.url, json=_held(same, "dup-2"), headers=headers) for same in (5, "5")]
+            tools.HOLD.open()
+            answered = await first
+            again = await http.post(world.url, json={"jsonrpc": "2.0", "id": 5, "method": "tools/list"},
+                                    headers=headers)
+    for duplicate in duplicates:
+        assert (duplicate.status_code, duplicate.json()["id"], duplicate.json()["error"]["code"]) == (409, None, -32600)
+        assert "in flight in this session" in duplicate.json()["error"]["message"]
+    assert tools.HELD_STARTED.value == started + 1  # exactly one execution
+    result = _events(answered)[-1] if progress else answered.json()
+    assert result["id"] == 5 and result["result"]["structuredContent"]["status"] == "success"
+    assert again.status_code == 200 and again.json()["id"] == 5  # answered: the id is free again
+    await world.endpoint.stop()
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING or record.exc_info]
