@@ -5,8 +5,10 @@ dropped, so the client waits forever for an answer; and it decodes stdin with ``
 that is not UTF-8 silently becomes U+FFFD inside an argument. ``stdio_streams`` reads bytes: each line is read
 by ``sidecar.mcp.envelope`` and either handed to the server or answered at once with its JSON-RPC error (id
 null). A line longer than ``max_line_bytes`` is read to its end without being kept and answered
-``INVALID_REQUEST``. While it serves, fd 1 points at stderr and the protocol goes to a private duplicate of
-stdout, so stray output of a library cannot break the wire.
+``INVALID_REQUEST``, and so is a request whose id is that of a request still in flight (``7`` and ``"7"`` are
+one id; the SDK's dispatcher would run both and answer that id twice): an id is in flight until its answer is
+written or the client cancels it (``notifications/cancelled``). While it serves, fd 1 points at stderr and the
+protocol goes to a private duplicate of stdout, so stray output of a library cannot break the wire.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ import anyio
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
-from mcp_types import INVALID_REQUEST, JSONRPCMessage
+from mcp_types import (
+    INVALID_REQUEST,
+    JSONRPCError,
+    JSONRPCMessage,
+    JSONRPCNotification,
+    JSONRPCRequest,
+    JSONRPCResponse,
+)
 
 from sidecar.mcp import envelope
 
@@ -46,12 +55,15 @@ async def stdio_streams(*, max_line_bytes: int) -> AsyncIterator[
 
 
 class _Wire:
-    """Stdout: one message a line, written whole by one writer at a time."""
+    """Stdout: one message a line, written whole by one writer at a time; and the requests not answered yet."""
 
     def __init__(self, stdout: BinaryIO) -> None:
         self._stdout, self._lock = stdout, anyio.Lock()
+        self.in_flight: set[str] = set()  # the ids of the requests handed to the server, as text
 
     async def send(self, message: JSONRPCMessage) -> None:
+        if isinstance(message, JSONRPCResponse | JSONRPCError) and message.id is not None:
+            self.in_flight.discard(str(message.id))
         line = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
         async with self._lock:
             await anyio.to_thread.run_sync(self._write, line)
@@ -71,11 +83,22 @@ async def _read_lines(stdin: BinaryIO, incoming: MemoryObjectSendStream[SessionM
                 await wire.send(envelope.Refused(INVALID_REQUEST, TOO_LARGE).error)
                 continue
             try:
-                message = envelope.read(line)
+                message = _admitted(envelope.read(line), wire.in_flight)
             except envelope.Refused as refused:
                 await wire.send(refused.error)
                 continue
             await incoming.send(SessionMessage(message))
+
+
+def _admitted(message: JSONRPCMessage, in_flight: set[str]) -> JSONRPCMessage:
+    """``message``, its request id now in flight (or a cancelled one no longer); ``Refused`` for an id in flight."""
+    if isinstance(message, JSONRPCRequest):
+        if str(message.id) in in_flight:
+            raise envelope.Refused(INVALID_REQUEST, envelope.DUPLICATE)
+        in_flight.add(str(message.id))
+    elif isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled":
+        in_flight.discard(str((message.params or {}).get("requestId")))
+    return message
 
 
 def _skip_line(stdin: BinaryIO) -> None:

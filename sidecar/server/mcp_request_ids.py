@@ -18,9 +18,7 @@ from mcp.shared._context_streams import ContextSendStream
 from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCError, JSONRPCRequest, JSONRPCResponse, RequestId
 
-__all__ = ["DUPLICATE", "InFlightIds", "Watched"]
-
-DUPLICATE = "Invalid Request: a request with this id is in flight in this session; use an id of its own"
+__all__ = ["InFlightIds", "Watched"]
 
 T = TypeVar("T")
 

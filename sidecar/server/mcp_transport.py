@@ -40,7 +40,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from sidecar.mcp import envelope
-from sidecar.server.mcp_request_ids import DUPLICATE, InFlightIds, Watched
+from sidecar.server.mcp_request_ids import InFlightIds, Watched
 
 __all__ = ["SessionManager", "asks_for_progress"]
 
@@ -75,7 +75,7 @@ class _Transport(StreamableHTTPServerTransport):
             await _refused(refused.error)(scope, receive, send)
             return
         if isinstance(message, JSONRPCRequest) and not self._ids.claim(message.id):
-            duplicate = envelope.Refused(INVALID_REQUEST, DUPLICATE).error
+            duplicate = envelope.Refused(INVALID_REQUEST, envelope.DUPLICATE).error
             await _refused(duplicate, status_code=409)(scope, receive, send)
             return
         answer_as_json = _ANSWER_AS_JSON.set(not asks_for_progress(message))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -124,36 +125,79 @@ _UNREADABLE = [  # each line, and the code and words of its answer
 ]
 
 
-async def test_every_line_gets_an_answer_even_one_that_is_no_json_rpc_message(sidecar: Sidecar,
-                                                                             make_token: Callable[..., str]) -> None:
+class _Lines:
+    """A ``toolbooth mcp-stdio`` process spoken to line by line, its session initialized."""
+
+    def __init__(self, bridge: asyncio.subprocess.Process) -> None:
+        assert bridge.stdin is not None and bridge.stdout is not None
+        self.stdin, self.stdout = bridge.stdin, bridge.stdout
+
+    async def send(self, line: bytes) -> None:
+        self.stdin.write(line + b"\n")
+        await self.stdin.drain()
+
+    async def answer(self, line: bytes | None = None) -> dict[str, Any]:
+        """The next line from the bridge (after sending ``line``); before the fix some never came."""
+        if line is not None:
+            await self.send(line)
+        async with asyncio.timeout(30):
+            return json.loads(await self.stdout.readline())  # type: ignore[no-any-return]
+
+
+@contextlib.asynccontextmanager
+async def _lines(target: str, token: str, *args: str) -> AsyncIterator[_Lines]:
     bridge = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar", "mcp-stdio", "--target", sidecar.addresses[-1], "--max-message-bytes", "65536",
-        env={**os.environ, "TOOLBOOTH_TOKEN": make_token(sub="alice")},
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20)
-    assert bridge.stdin is not None and bridge.stdout is not None
-    stdin, stdout = bridge.stdin, bridge.stdout
-
-    async def answer(line: bytes) -> dict[str, Any]:
-        stdin.write(line + b"\n")
-        await stdin.drain()
-        async with asyncio.timeout(30):  # before the fix, these lines were never answered
-            return json.loads(await stdout.readline())  # type: ignore[no-any-return]
-
+        sys.executable, "-m", "sidecar", "mcp-stdio", "--target", target, *args,
+        env={**os.environ, "TOOLBOOTH_TOKEN": token}, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        limit=1 << 20)
+    lines = _Lines(bridge)
     try:
         init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
-        assert "result" in await answer(json.dumps(init).encode())
-        stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
-        for line, code, says in _UNREADABLE:
-            error = await answer(line)
-            assert (error["id"], error["error"]["code"]) == (None, code), line[:80]
-            assert says in error["error"]["message"]
-        listed = await answer(b"{" + _LIST + b',"id":2}')
-        assert listed["id"] == 2 and "echo" in {tool["name"] for tool in listed["result"]["tools"]}
+        assert "result" in await lines.answer(json.dumps(init).encode())
+        await lines.send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+        yield lines
     finally:
-        stdin.close()
+        lines.stdin.close()
         async with asyncio.timeout(30):
             assert await bridge.wait() == 0
+
+
+async def test_every_line_gets_an_answer_even_one_that_is_no_json_rpc_message(sidecar: Sidecar,
+                                                                             make_token: Callable[..., str]) -> None:
+    async with _lines(sidecar.addresses[-1], make_token(sub="alice"), "--max-message-bytes", "65536") as lines:
+        for line, code, says in _UNREADABLE:
+            error = await lines.answer(line)
+            assert (error["id"], error["error"]["code"]) == (None, code), line[:80]
+            assert says in error["error"]["message"]
+        listed = await lines.answer(b"{" + _LIST + b',"id":2}')
+    assert listed["id"] == 2 and "echo" in {tool["name"] for tool in listed["result"]["tools"]}
+
+
+async def test_a_request_id_in_flight_is_refused_and_the_first_runs_once(
+    make_settings: Callable[..., Settings], start_sidecar: StartSidecar, make_pipeline: PipelineFactory,
+) -> None:
+    from sidecar.tools.registry import Registry
+
+    sidecar = await start_sidecar(make_settings(), await make_pipeline(registry=Registry.from_tools([tools.held_note])))
+    tools.HOLD.close()
+    started = tools.HELD_STARTED.value
+
+    def held(request_id: str, key: str) -> bytes:
+        params = {"name": "held_note", "arguments": {"text": "x"}, "_meta": {"toolbooth/idempotency_key": key}}
+        return b'{"jsonrpc":"2.0","method":"tools/call","id":' + request_id.encode() + b',"params":' + \
+            json.dumps(params).encode() + b"}"
+
+    async with _lines(sidecar.addresses[-1], "") as lines:
+        await lines.send(held("5", "stdio-dup-1"))
+        await tools.HELD_STARTED.reached(started + 1)
+        duplicates = [await lines.answer(held(same, "stdio-dup-2")) for same in ("5", '"5"')]
+        tools.HOLD.open()
+        answered = await lines.answer()
+    assert [(d["id"], d["error"]["code"]) for d in duplicates] == [(None, -32600)] * 2
+    assert "in flight in this session" in duplicates[0]["error"]["message"]
+    assert answered["id"] == 5 and answered["result"]["structuredContent"]["status"] == "success"
+    assert tools.HELD_STARTED.value == started + 1  # exactly one execution
 
 
 def test_a_max_message_bytes_that_is_not_positive_is_a_usage_error() -> None:
