@@ -91,7 +91,7 @@ class ApprovalsUiSettings(Section):
     approver_roles: tuple[str, ...] = Field(default=("approver",), min_length=1)
     max_sessions: int = Field(default=10_000, gt=0, le=1_000_000)  # open sessions of all principals together
     max_sessions_per_principal: int = Field(default=10, gt=0)  # one principal's (their browsers); the oldest ends
-    http: HttpListenerSettings = HttpListenerSettings()
+    http: HttpListenerSettings = Field(default_factory=lambda: HttpListenerSettings(max_connections=128))
 
     @field_validator("listen")
     @classmethod

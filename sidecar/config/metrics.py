@@ -2,14 +2,16 @@
 
 ``listen`` is one TCP address (``HOST:PORT``, ``[IPV6]:PORT``; port 0 for any free port). The endpoint
 answers scrapes only, without authentication, and serves no tool API: like the health-only listener it
-may listen beyond loopback in dev mode, for a Prometheus that scrapes the pod's address.
+may listen beyond loopback in dev mode, for a Prometheus that scrapes the pod's address. ``http`` bounds its
+clients' time and number (``sidecar.config.http``; 32 connections by default: a scraper or two need few).
 """
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from sidecar.config.base import Section
+from sidecar.config.http import HttpConnectionSettings
 from sidecar.config.listen import Endpoint, ListenKind, parse_listen
 
 __all__ = ["METRICS_PATH", "MetricsSettings"]
@@ -21,6 +23,7 @@ class MetricsSettings(Section):
     """Where the metrics endpoint listens (``None``: nowhere, the default: nothing is counted)."""
 
     listen: str | None = None
+    http: HttpConnectionSettings = Field(default_factory=lambda: HttpConnectionSettings(max_connections=32))
 
     @field_validator("listen")
     @classmethod

@@ -250,7 +250,7 @@ def _metrics_endpoint(settings: Settings, metrics: Metrics | None) -> _Endpoint 
         return None
     from sidecar.server.metrics_http import MetricsEndpoint
 
-    return MetricsEndpoint(metrics.registry, settings.metrics)
+    return MetricsEndpoint(metrics.registry, settings)
 
 
 def _approvals_inbox(settings: Settings, approvals: ApprovalGateway) -> _Endpoint | None:

@@ -17,18 +17,15 @@ httptools, which bounds no header's size), and WebSocket upgrades are off (neith
   besides) before it is complete (h11's ``max_incomplete_event_size``): a token the authenticator accepts
   is never refused by its size here.
 
-``listener_limits`` refuses to start when the listeners' caps together could take more than half of the
-process's file descriptors (``RLIMIT_NOFILE``): the rest is left to gRPC, the store, the policy and the
-logs. The records of a refused connection, uvicorn's warnings and asyncio's accept errors are rate-limited
-(``sidecar.telemetry.repeats``).
+``listener_limits`` refuses to start when the HTTP listeners' caps together could take more than half of the
+process's file descriptors (``sidecar.server.http_guard.check_descriptors``). The records of a refused
+connection, uvicorn's warnings and asyncio's accept errors are rate-limited (``sidecar.telemetry.repeats``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import http
 import logging
-import resource
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -37,9 +34,9 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from sidecar.config import ApprovalsUiSettings, McpSettings, Settings
+from sidecar.config import Settings
 from sidecar.config.http import HttpListenerSettings
-from sidecar.telemetry.repeats import limit_repeats
+from sidecar.server.http_guard import TOO_SLOW, check_descriptors, limit_flood_records, refuse
 
 __all__ = ["HttpLimits", "bounded_server", "listener_limits"]
 
@@ -58,31 +55,17 @@ class HttpLimits:
 
 
 def listener_limits(settings: Settings, listener: Listener) -> HttpLimits:
-    """The bounds of ``listener``; ``OSError`` when the caps of the listeners that are on could together take
-    more than half of this process's file descriptors."""
-    caps = _caps(settings)
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and 2 * sum(caps.values()) > soft:
-        named = " + ".join(f"{key} {cap}" for key, cap in caps.items())
-        raise OSError(f"cannot serve {listener}: the HTTP listeners may hold {sum(caps.values())} connections "
-                      f"({named}), more than half of the {soft} files this process may open (RLIMIT_NOFILE); "
-                      "lower them or raise the limit (ulimit -n, systemd's LimitNOFILE=)")
+    """The bounds of ``listener``; ``OSError`` when the listeners' caps could take too many file descriptors
+    (``check_descriptors``)."""
+    check_descriptors(settings, listener)
     section = settings.mcp if listener == "mcp" else settings.approvals_ui
     return HttpLimits(listener, section.http, settings.auth.max_metadata_bytes)
-
-
-def _caps(settings: Settings) -> dict[str, int]:
-    """The connection cap of each HTTP listener that is on, by its key."""
-    sections: dict[str, McpSettings | ApprovalsUiSettings] = {"mcp": settings.mcp,
-                                                              "approvals_ui": settings.approvals_ui}
-    return {f"{name}.http.max_connections": section.http.max_connections
-            for name, section in sections.items() if section.listen is not None}
 
 
 def bounded_server(app: ASGIApp, limits: HttpLimits, *, close_seconds: int) -> uvicorn.Server:
     """A uvicorn server of ``app`` within ``limits`` (lifespan off, no access log, no ``Server`` header); a
     graceful shutdown gives open connections ``close_seconds``."""
-    limit_repeats("asyncio", "uvicorn.error", __name__)
+    limit_flood_records("uvicorn.error", __name__)
     class Bounded(_BoundedH11):
         """``_BoundedH11`` within this listener's limits."""
 
@@ -97,16 +80,6 @@ def bounded_server(app: ASGIApp, limits: HttpLimits, *, close_seconds: int) -> u
     return server
 
 
-def _answer(status: http.HTTPStatus) -> bytes:
-    """A whole response that closes the connection, written before (or instead of) any request."""
-    body = f"{status.phrase}\n".encode()
-    return (f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
-
-
-_BUSY, _TOO_SLOW = _answer(http.HTTPStatus.SERVICE_UNAVAILABLE), _answer(http.HTTPStatus.REQUEST_TIMEOUT)
-
-
 class _BoundedH11(H11Protocol):
     """uvicorn's h11 protocol with a deadline on each request's arrival and a cap on the listener's connections."""
 
@@ -118,10 +91,7 @@ class _BoundedH11(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.settings.max_connections:
             self._refused = True
-            transport.write(_BUSY)
-            transport.close()
-            log.warning("%s: refused a connection: %d are open (%s.http.max_connections)", self.limits.listener,
-                        len(self.connections), self.limits.listener)
+            refuse(transport, self.limits.listener, len(self.connections))
             return
         super().connection_made(transport)
         self._track()
@@ -167,6 +137,6 @@ class _BoundedH11(H11Protocol):
         if self.transport.is_closing():
             return
         if self.conn.their_state is h11.IDLE:  # no request arrived, so no answer began
-            self.transport.write(_TOO_SLOW)
+            self.transport.write(TOO_SLOW)
         log.debug("%s: closed a connection whose request did not arrive in time", self.limits.listener)
         self.transport.close()

@@ -1,9 +1,9 @@
-"""Slow and many HTTP clients cannot exhaust the sidecar (``sidecar.server.http_limits``).
+"""Slow and many HTTP clients cannot exhaust the sidecar (``sidecar.server.http_limits``, ``http_guard``).
 
-Against a real ``toolbooth serve`` process with MCP and the approval inbox on: hundreds of raw connections
+Against a real ``toolbooth serve`` process with MCP, the approval inbox and metrics on: hundreds of raw connections
 that send part of a header and stop are closed by the server within the header timeout (408); those past a
 listener's cap are answered 503 and closed at once, while the connections it already serves keep working;
-gRPC, MCP and the inbox answer meanwhile and afterwards; the log stays a few lines. A token of
+gRPC, MCP, the inbox and metrics answer meanwhile and afterwards; the log stays a few lines. A token of
 ``auth.max_token_bytes`` is read whole by both listeners (only the authenticator refuses a larger one).
 """
 
@@ -20,10 +20,12 @@ from urllib.parse import urlsplit
 
 import httpx2
 import pytest
+from prometheus_client import CollectorRegistry
 
 from sidecar.client import AsyncClient
 from sidecar.config import Settings
 from sidecar.server.mcp_http import McpEndpoint
+from sidecar.server.metrics_http import MetricsEndpoint
 from tests.integration.test_server import FakeGateway
 from tests.support.inbox import Browser, free_port, served_inbox
 from tests.support.mcp import http_client
@@ -89,41 +91,47 @@ def _kinds(answers: list[tuple[bytes, float]]) -> dict[str, int]:
 
 
 @pytest.fixture
-async def sidecar(tmp_path: Path) -> AsyncIterator[tuple[SidecarProcess, int, int]]:
-    """A serving sidecar (dev mode) with MCP and the inbox on, each within the test's bounds: it and their ports."""
-    mcp_port, inbox_port = free_port(), free_port()
-    bounds = {"header_timeout_seconds": HEADER_TIMEOUT, "request_timeout_seconds": 2 * HEADER_TIMEOUT,
-              "idle_timeout_seconds": 30, "max_connections": CAP}
+async def sidecar(tmp_path: Path) -> AsyncIterator[tuple[SidecarProcess, int, int, int]]:
+    """A serving sidecar (dev mode) with MCP, the inbox and metrics on, each within the test's bounds: it and
+    their ports."""
+    mcp_port, inbox_port, metrics_port = free_port(), free_port(), free_port()
+    connections = {"header_timeout_seconds": HEADER_TIMEOUT, "idle_timeout_seconds": 30, "max_connections": CAP}
+    bounds = connections | {"request_timeout_seconds": 2 * HEADER_TIMEOUT}
     config = tmp_path / "toolbooth.json"
     config.write_text(json.dumps({"server": {"listen": [f"unix://{tmp_path / 's.sock'}"]},
                                   "store": {"sqlite_path": str(tmp_path / "s.db")}, "log_level": "INFO",
                                   "mcp": {"listen": f"127.0.0.1:{mcp_port}", "http": bounds},
-                                  "approvals_ui": {"listen": f"127.0.0.1:{inbox_port}", "http": bounds}}))
+                                  "approvals_ui": {"listen": f"127.0.0.1:{inbox_port}", "http": bounds},
+                                  "metrics": {"listen": f"127.0.0.1:{metrics_port}", "http": connections}}))
     process = SidecarProcess(config, tmp_path / "s.sock", tmp_path / "s.err", tmp_path / "appended.log")
     try:
         await process.wait_serving()
-        yield process, mcp_port, inbox_port
+        yield process, mcp_port, inbox_port, metrics_port
     finally:
         assert process.stop() == 0, process.output()
 
 
 async def test_slow_clients_are_closed_and_excess_ones_refused_while_everything_answers(
-        sidecar: tuple[SidecarProcess, int, int]) -> None:
-    process, mcp_port, inbox_port = sidecar
+        sidecar: tuple[SidecarProcess, int, int, int]) -> None:
+    process, mcp_port, inbox_port, metrics_port = sidecar
     mcp_url, inbox_url = f"http://127.0.0.1:{mcp_port}/mcp", f"http://127.0.0.1:{inbox_port}"
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     async with httpx2.AsyncClient(headers=ACCEPT, timeout=30, limits=httpx2.Limits(max_connections=1)) as served, \
+            httpx2.AsyncClient(timeout=30, limits=httpx2.Limits(max_connections=1)) as scraper, \
             AsyncClient(process.target, timeout=10) as grpc_client:
         browser = Browser(inbox_url)
         try:
             # One connection each listener serves before the flood (counted in its cap), kept alive through it.
             assert (await served.post(mcp_url, json=INIT)).status_code == 200
             assert (await browser.get("/sign-in")).status == 200
-            slow = {port: await _slow(port, CAP - 1 + PAST_CAP) for port in (mcp_port, inbox_port)}
+            assert (await scraper.get(metrics_url)).status_code == 200
+            slow = {port: await _slow(port, CAP - 1 + PAST_CAP) for port in (mcp_port, inbox_port, metrics_port)}
 
             async def meanwhile() -> None:
                 await grpc_client.list_tools()
                 assert (await served.post(mcp_url, json=INIT)).status_code == 200
                 assert (await browser.get("/sign-in")).status == 200
+                assert (await scraper.get(metrics_url)).status_code == 200
 
             answers = {port: asyncio.gather(*(one.answer() for one in slow[port])) for port in slow}
             await meanwhile()
@@ -139,9 +147,12 @@ async def test_slow_clients_are_closed_and_excess_ones_refused_while_everything_
         assert (await fresh_browser.get("/sign-in")).status == 200
     finally:
         await fresh_browser.close()
+    async with httpx2.AsyncClient(timeout=30) as fresh_scraper:
+        assert (await fresh_scraper.get(metrics_url)).status_code == 200
 
     expected = {"timed out": CAP - 1, "refused": PAST_CAP}
-    assert {port: _kinds(closed[port]) for port in closed} == {mcp_port: expected, inbox_port: expected}
+    assert {port: _kinds(closed[port]) for port in closed} == {mcp_port: expected, inbox_port: expected,
+                                                               metrics_port: expected}
     assert max(after for port in closed for _, after in closed[port]) < HEADER_TIMEOUT + SLACK
     log = process.output().splitlines()
     assert len([line for line in log if "refused a connection" in line]) <= 5, "\n".join(log)
@@ -179,6 +190,44 @@ async def test_a_head_past_the_limit_is_refused_not_buffered(make_settings: Call
         assert answer.startswith(b"HTTP/1.1 400 ") or answer == RESET, answer
     finally:
         await endpoint.stop()
+
+
+async def test_metrics_serve_a_kept_alive_connection_and_time_out_only_a_late_head(
+        make_settings: Callable[..., Settings]) -> None:
+    timeout = 0.5
+    settings = make_settings(metrics={"listen": "127.0.0.1:0",
+                                      "http": {"header_timeout_seconds": timeout, "idle_timeout_seconds": 30}})
+    endpoint = MetricsEndpoint(CollectorRegistry(), settings)
+    await endpoint.start()
+    parts = urlsplit(endpoint.url)
+    head = f"GET {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode()
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        for piece in (head[:-2], head[-2:]):  # the blank line that ends the head may come in a read of its own
+            writer.write(piece)
+            await writer.drain()
+        assert await _response(reader) == b"HTTP/1.1 200 OK\r\n"
+        await asyncio.sleep(1.5 * timeout)  # past the first head's deadline: it was cancelled when the head arrived
+        writer.write(head)
+        assert await _response(reader) == b"HTTP/1.1 200 OK\r\n"
+        writer.write(head[:-2])  # a late head on a served connection is closed without an answer
+        async with asyncio.timeout(SLACK):
+            assert await reader.read() == b""
+    finally:
+        writer.close()
+        await endpoint.stop()
+
+
+async def _response(reader: asyncio.StreamReader) -> bytes:
+    """The status line of the next response on ``reader``, read through to the end of its body."""
+    async with asyncio.timeout(SLACK):
+        status = await reader.readline()
+        length = 0
+        while (line := await reader.readline()) != b"\r\n":
+            name, _, value = line.partition(b":")
+            length = int(value) if name.lower() == b"content-length" else length
+        await reader.readexactly(length)
+    return status
 
 
 def _another(url: str, status: int) -> Callable[[], Awaitable[None]]:

@@ -10,6 +10,7 @@ import pytest
 
 from sidecar.config import parse_settings
 from sidecar.errors import ConfigError
+from sidecar.server.http_guard import check_descriptors
 from sidecar.server.http_limits import listener_limits
 from sidecar.telemetry.repeats import RepeatLimit
 
@@ -20,7 +21,10 @@ def test_defaults_and_the_largest_head() -> None:
     assert (limits.settings.header_timeout_seconds, limits.settings.request_timeout_seconds,
             limits.settings.idle_timeout_seconds, limits.settings.max_connections) == (10.0, 60.0, 5, 256)
     assert limits.max_head_bytes == 4096 + 8192
-    assert parse_settings({}).approvals_ui.http == settings.mcp.http
+    defaults = parse_settings({})
+    assert defaults.approvals_ui.http == settings.mcp.http.model_copy(update={"max_connections": 128})
+    assert defaults.metrics.http.model_dump() == {"header_timeout_seconds": 10.0, "idle_timeout_seconds": 5,
+                                                  "max_connections": 32}
 
 
 @pytest.mark.parametrize(("section", "values", "expected"), [
@@ -32,6 +36,8 @@ def test_defaults_and_the_largest_head() -> None:
     ("mcp", {"header_timeout_seconds": 20, "request_timeout_seconds": 10},
      "header_timeout_seconds (20) may not exceed request_timeout_seconds (10)"),
     ("mcp", {"read_timeout_seconds": 1}, "config error at mcp.http.read_timeout_seconds: unknown key"),
+    ("metrics", {"max_connections": 0}, "config error at metrics.http.max_connections: Input should be greater"),
+    ("metrics", {"request_timeout_seconds": 5}, "config error at metrics.http.request_timeout_seconds: unknown key"),
 ])
 def test_bad_values_name_the_key(section: str, values: dict[str, object], expected: str) -> None:
     with pytest.raises(ConfigError) as raised:
@@ -53,6 +59,17 @@ def test_caps_that_could_take_half_the_file_descriptors_refuse_to_start() -> Non
     alone = parse_settings({"mcp": {"listen": "127.0.0.1:0", "http": {"max_connections": cap}},
                             "approvals_ui": {"http": {"max_connections": cap}}})  # the inbox is off: not counted
     assert listener_limits(alone, "mcp").settings.max_connections == cap
+    with_metrics = parse_settings({"mcp": {"listen": "127.0.0.1:0", "http": {"max_connections": cap}},
+                                   "metrics": {"listen": "127.0.0.1:0", "http": {"max_connections": cap}}})
+    with pytest.raises(OSError, match=r"^cannot serve metrics: .* \(mcp.http.max_connections \d+ \+ "
+                                      r"metrics.http.max_connections \d+\)"):
+        check_descriptors(with_metrics, "metrics")
+
+
+def test_the_default_caps_of_all_three_listeners_fit_the_usual_descriptor_limit() -> None:
+    settings = parse_settings({})
+    caps = [section.http.max_connections for section in (settings.mcp, settings.approvals_ui, settings.metrics)]
+    assert 2 * sum(caps) <= 1024
 
 
 def _record(message: str, *args: object, line: int = 1) -> logging.LogRecord:

@@ -1,0 +1,164 @@
+"""What bounds every HTTP listener of the sidecar, with no HTTP server library imported, and the guard of the one
+whose server has no such bounds (metrics, aiohttp).
+
+``check_descriptors`` refuses to start when the caps of the listeners that are on (``mcp``,
+``approvals_ui``, ``metrics``: their ``http.max_connections``) could together take more than half of the
+process's file descriptors (``RLIMIT_NOFILE``): the rest is left to gRPC, the store, the policy and the
+logs. ``refuse`` answers a connection past a cap ``503`` and closes it at once; ``TOO_SLOW`` (``408``) is
+written to one whose request head came too late. Their records, and asyncio's accept errors, are
+rate-limited (``sidecar.telemetry.repeats``).
+
+aiohttp closes a connection whose request has not arrived only at its keep-alive timer (an hour by default,
+in older releases never) and holds any number. ``guarded`` wraps its protocol factory:
+past ``max_connections`` a connection is refused, and one whose request head (up to its blank line) has
+not arrived within ``header_timeout_seconds`` of the connection or of the head's first byte is closed.
+The metrics endpoint answers ``GET`` only: whatever follows a head is read as the next head. Between
+requests aiohttp's keep-alive timer, set to ``idle_timeout_seconds``, closes an idle connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import resource
+from collections.abc import Callable
+
+from sidecar.config import Settings
+from sidecar.config.http import HttpConnectionSettings
+from sidecar.telemetry.repeats import limit_repeats
+
+__all__ = ["TOO_SLOW", "check_descriptors", "guarded", "limit_flood_records", "refuse"]
+
+log = logging.getLogger(__name__)
+
+_HEAD_END = b"\r\n\r\n"
+
+
+def check_descriptors(settings: Settings, listener: str) -> None:
+    """``OSError`` when the caps of the HTTP listeners that are on could together take more than half of this
+    process's file descriptors; ``listener`` (the one about to serve) names the failure."""
+    caps = {f"{name}.http.max_connections": section.http.max_connections
+            for name, section in (("mcp", settings.mcp), ("approvals_ui", settings.approvals_ui),
+                                  ("metrics", settings.metrics)) if section.listen is not None}
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and 2 * sum(caps.values()) > soft:
+        named = " + ".join(f"{key} {cap}" for key, cap in caps.items())
+        raise OSError(f"cannot serve {listener}: the HTTP listeners may hold {sum(caps.values())} connections "
+                      f"({named}), more than half of the {soft} files this process may open (RLIMIT_NOFILE); "
+                      "lower them or raise the limit (ulimit -n, systemd's LimitNOFILE=)")
+
+
+def limit_flood_records(*names: str) -> None:
+    """Rate-limit the records a flood of connections writes: asyncio's accept errors, the refusals, and those of
+    the loggers ``names`` (the server library's)."""
+    limit_repeats("asyncio", __name__, *names)
+
+
+def _answer(status: http.HTTPStatus) -> bytes:
+    """A whole response that closes the connection, written before (or instead of) any request."""
+    body = f"{status.phrase}\n".encode()
+    return (f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+_BUSY, TOO_SLOW = _answer(http.HTTPStatus.SERVICE_UNAVAILABLE), _answer(http.HTTPStatus.REQUEST_TIMEOUT)
+
+
+def refuse(transport: asyncio.BaseTransport, listener: str, held: int) -> None:
+    """Answer a connection past ``listener``'s cap (it holds ``held``) ``503`` and close it."""
+    assert isinstance(transport, asyncio.WriteTransport)
+    transport.write(_BUSY)
+    transport.close()
+    log.warning("%s: refused a connection: %d are open (%s.http.max_connections)", listener, held, listener)
+
+
+def guarded(factory: Callable[[], asyncio.BaseProtocol], listener: str,
+            settings: HttpConnectionSettings) -> Callable[[], asyncio.Protocol]:
+    """A protocol factory serving ``factory``'s protocols within ``settings`` (its cap and header timeout)."""
+    limit_flood_records("aiohttp.server")
+    held: set[_Guarded] = set()
+    return lambda: _Guarded(factory, listener, settings, held)
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: refused past the cap, closed when a head is late, else served by the wrapped protocol."""
+
+    def __init__(self, factory: Callable[[], asyncio.BaseProtocol], listener: str,
+                 settings: HttpConnectionSettings, held: set[_Guarded]) -> None:
+        self._factory, self._listener, self._settings, self._held = factory, listener, settings, held
+        self._inner: asyncio.Protocol | None = None
+        self._transport: asyncio.WriteTransport | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._tail = b""  # the last bytes of a head being received (its blank line may straddle two reads)
+        self._served = False  # a whole head arrived before
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if len(self._held) >= self._settings.max_connections:
+            refuse(transport, self._listener, len(self._held))
+            return
+        assert isinstance(transport, asyncio.WriteTransport)
+        inner = self._factory()
+        assert isinstance(inner, asyncio.Protocol)
+        self._held.add(self)
+        self._inner, self._transport = inner, transport
+        inner.connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is None:
+            return
+        self._watch(data)
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None if self._inner is None else self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._inner is None:
+            return
+        self._held.discard(self)
+        self._stop()
+        self._inner.connection_lost(exc)
+
+    def _watch(self, data: bytes) -> None:
+        """Follow the heads arriving: a head's deadline runs from its first byte to its blank line."""
+        seen = self._tail + data
+        end = seen.rfind(_HEAD_END)
+        if end < 0:
+            self._tail = seen[-len(_HEAD_END) + 1:]
+            if self._deadline is None:
+                self._arm()
+            return
+        self._served, rest = True, seen[end + len(_HEAD_END):]
+        self._stop()
+        self._tail = rest[-len(_HEAD_END) + 1:]
+        if rest:
+            self._arm()
+
+    def _arm(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_later(self._settings.header_timeout_seconds, self._expire)
+
+    def _stop(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self) -> None:
+        self._deadline = None
+        assert self._transport is not None
+        if self._transport.is_closing():
+            return
+        if not self._served:  # nothing was answered yet, so no answer is under way
+            self._transport.write(TOO_SLOW)
+        log.debug("%s: closed a connection whose request head did not arrive in time", self._listener)
+        self._transport.close()
