@@ -18,6 +18,8 @@ from sidecar.state.records import (
     Claim,
     KeyScope,
     OperationRecord,
+    PreviewCursor,
+    PreviewQuery,
     PreviewRecord,
 )
 from sidecar.state.store import Store
@@ -31,6 +33,8 @@ __all__ = [
     "Expiry",
     "KeyScope",
     "OperationRecord",
+    "PreviewCursor",
+    "PreviewQuery",
     "PreviewRecord",
     "Store",
     "verify_store",

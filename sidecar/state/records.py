@@ -10,6 +10,7 @@ even a late one, or an operator's resolution).
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 
@@ -24,6 +25,8 @@ __all__ = [
     "Claim",
     "KeyScope",
     "OperationRecord",
+    "PreviewCursor",
+    "PreviewQuery",
     "PreviewRecord",
     "is_abandoned",
     "result_state",
@@ -178,3 +181,27 @@ class PreviewRecord:
     comment: str | None = None  # the approver's comment, or the reason for a denial
     used_at: float | None = None
     used_key: str | None = None  # the idempotency key of the call that used the approval, if it had one
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewCursor:
+    """A place in a listing of previews, newest first: right after the one created at ``created_at`` with
+    ``preview_id`` (ties of ``created_at`` are ordered by id)."""
+
+    created_at: float
+    preview_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewQuery:
+    """Which previews a listing reads, newest first (``created_at``, then ``preview_id``, descending), at most
+    ``limit``: those in ``state`` of ``tenant`` (``None``: every tenant), expiring after ``expires_after`` and
+    at most at ``expires_by``, created after ``created_after``, listed after ``after`` (``None``: the newest)."""
+
+    state: PreviewState
+    limit: int
+    tenant: str | None = None
+    expires_after: float = -math.inf
+    expires_by: float = math.inf
+    created_after: float = -math.inf
+    after: PreviewCursor | None = None

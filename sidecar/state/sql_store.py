@@ -23,6 +23,8 @@ kept outcomes are applied before any key is claimed or read again.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import math
 from dataclasses import astuple
 
 from sidecar.contract import PreviewState
@@ -41,6 +43,8 @@ from sidecar.state.records import (
     Claim,
     KeyScope,
     OperationRecord,
+    PreviewCursor,
+    PreviewQuery,
     PreviewRecord,
 )
 from sidecar.state.rows import audit_record, audit_row, operation_record, preview_record, preview_row
@@ -152,9 +156,19 @@ class SqlStore:
 
     # --- previews ---------------------------------------------------------------------------
 
-    async def save_preview(self, preview: PreviewRecord) -> None:
-        """Store a new (pending) preview; durable on return."""
-        await self.driver.execute(self._sql.insert_preview, preview_row(preview))
+    async def save_preview(self, preview: PreviewRecord, *, max_pending: int | None = None) -> bool:
+        """Store a new (pending) preview, durable on return; ``False`` (nothing stored) if its principal already
+        holds ``max_pending`` unexpired pending ones, counted under a lock of that principal's."""
+        if max_pending is None:
+            await self.driver.execute(self._sql.insert_preview, preview_row(preview))
+            return True
+        async with self.driver.transaction(lock=_principal_lock(preview.tenant, preview.principal_id)) as tx:
+            params = (preview.tenant, preview.principal_id, preview.created_at)
+            [(held,)] = await tx.fetch(self._sql.pending_of_principal, params)
+            if held >= max_pending:
+                return False
+            await tx.execute(self._sql.insert_preview, preview_row(preview))
+        return True
 
     async def get_preview(self, preview_id: str) -> PreviewRecord | None:
         """The preview with this id, if any."""
@@ -163,7 +177,18 @@ class SqlStore:
 
     async def list_previews(self, state: PreviewState, *, limit: int = 100) -> list[PreviewRecord]:
         """Previews in ``state``, newest first, at most ``limit``."""
-        return [preview_record(row) for row in await self.driver.fetch(self._sql.list_previews, (state.value, limit))]
+        return await self.previews(PreviewQuery(state, limit))
+
+    async def previews(self, query: PreviewQuery) -> list[PreviewRecord]:
+        """The previews ``query`` selects, newest first."""
+        after = query.after or PreviewCursor(math.inf, "")
+        params = (query.state.value, query.expires_after, query.expires_by, query.created_after, after.created_at,
+                  after.preview_id, query.limit)
+        if query.tenant is None:
+            rows = await self.driver.fetch(self._sql.list_previews, params)
+        else:
+            rows = await self.driver.fetch(self._sql.list_tenant_previews, (query.tenant, *params))
+        return [preview_record(row) for row in rows]
 
     async def decide_preview(self, preview_id: str, state: PreviewState, *, decided_by: str, comment: str | None,
                              now: float) -> bool:
@@ -264,3 +289,9 @@ class SqlStore:
                 [(chain, link_hash)] = await self.driver.fetch(self._sql.start_chain)
                 self._tail = ChainTail(int(chain), link_hash, shared=False)
             return self._tail
+
+
+def _principal_lock(tenant: str, principal_id: str) -> int:
+    """The named lock (a signed 64-bit key) under which one principal's pending previews are counted and added."""
+    digest = hashlib.sha256(f"toolbooth preview holder\0{tenant}\0{principal_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)

@@ -10,6 +10,9 @@ from sidecar.state.rows import CHAINED_COLUMNS, OPERATION_COLUMNS, PREVIEW_COLUM
 __all__ = ["StoreStatements"]
 
 _KEY = "tenant = ? AND principal_id = ? AND tool = ? AND key = ?"
+# A page of previews (``PreviewQuery``): state, expiry after and by, created after, the cursor, the limit.
+_LISTED = ("state = ? AND expires_at > ? AND expires_at <= ? AND created_at > ? AND (created_at, preview_id) < (?, ?) "
+           "ORDER BY created_at DESC, preview_id DESC LIMIT ?")
 
 
 def _values(count: int) -> str:
@@ -32,7 +35,9 @@ class StoreStatements:
     expire: str
     insert_preview: str
     get_preview: str
-    list_previews: str
+    list_previews: str  # of every tenant: ``PreviewQuery`` order, after a cursor, within expiry and creation bounds
+    list_tenant_previews: str  # the same of one tenant (its first parameter)
+    pending_of_principal: str  # how many unexpired pending previews one principal holds
     decide_preview: str  # pending -> approved | denied, once
     consume_approval: str  # approved -> used, once
     restore_approval: str  # used -> approved: given back by the call that used it, when that call had no effect
@@ -73,7 +78,10 @@ class StoreStatements:
                    f"AND completed_at < {d.timestamp.format('?')}",
             insert_preview=f"INSERT INTO previews ({previews}) VALUES ({_values(len(PREVIEW_COLUMNS))})",
             get_preview=f"SELECT {previews} FROM previews WHERE preview_id = ?",
-            list_previews=f"SELECT {previews} FROM previews WHERE state = ? ORDER BY created_at DESC LIMIT ?",
+            list_previews=f"SELECT {previews} FROM previews WHERE {_LISTED}",
+            list_tenant_previews=f"SELECT {previews} FROM previews WHERE tenant = ? AND {_LISTED}",
+            pending_of_principal="SELECT count(*) FROM previews WHERE tenant = ? AND principal_id = ? "
+                                 "AND state = 'pending' AND expires_at > ?",
             decide_preview="UPDATE previews SET state = ?, decided_by = ?, comment = ?, decided_at = ? "
                            "WHERE preview_id = ? AND state = 'pending'",
             consume_approval="UPDATE previews SET state = 'used', used_at = ?, used_key = ? "

@@ -22,6 +22,7 @@ from sidecar.state.records import (
     Claim,
     KeyScope,
     OperationRecord,
+    PreviewQuery,
     PreviewRecord,
 )
 
@@ -78,8 +79,10 @@ class Store(Protocol):
         """Delete the records completed before ``completed_before`` (never one without a result); how many."""
         ...
 
-    async def save_preview(self, preview: PreviewRecord) -> None:
-        """Store a new (pending) preview; durable on return."""
+    async def save_preview(self, preview: PreviewRecord, *, max_pending: int | None = None) -> bool:
+        """Store a new (pending) preview, durable on return. With ``max_pending``: unless its principal (tenant
+        and id) already holds that many unexpired pending previews (``False``: nothing stored); concurrent saves
+        of one principal, in any process sharing the database, are counted one after the other."""
         ...
 
     async def get_preview(self, preview_id: str) -> PreviewRecord | None:
@@ -88,6 +91,11 @@ class Store(Protocol):
 
     async def list_previews(self, state: PreviewState, *, limit: int = 100) -> list[PreviewRecord]:
         """Previews in ``state``, newest first, at most ``limit``."""
+        ...
+
+    async def previews(self, query: PreviewQuery) -> list[PreviewRecord]:
+        """The previews ``query`` selects (tenant, state, expiry, after a cursor), newest first: filtered in the
+        store, so that one tenant's previews never push another's out of a page."""
         ...
 
     async def decide_preview(self, preview_id: str, state: PreviewState, *, decided_by: str, comment: str | None,

@@ -4,11 +4,17 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter
+from dataclasses import replace
+from pathlib import Path
 
 from sidecar.contract import PreviewState
-from sidecar.state import PreviewRecord
+from sidecar.state import PreviewCursor, PreviewQuery, PreviewRecord
+from sidecar.state.sqlite import SqliteStore
+from sidecar.state.sqlite.driver import SQLITE
+from sidecar.state.statements import StoreStatements
 from tests.contract import test_store_contract as contract
 from tests.contract.test_store_contract import AnyStore, Stores
 
@@ -111,3 +117,45 @@ async def test_the_audit_of_approved_calls_is_read_since_a_time_newest_first(sto
     assert [r.event.request_id for r in await store.approval_audit("2026-01-01T00:00:02.000+00:00", limit=2)] == [
         "req-6", "req-5"]
     assert await store.approval_audit("2026-01-01T00:01:00.000+00:00", limit=10) == []
+
+
+async def test_a_listing_reads_one_tenant_within_its_bounds_after_a_cursor(store: AnyStore) -> None:
+    now = time.time()
+    for n, (tenant, created, expires) in enumerate([("acme", 10.0, now + 60), ("evil", 11.0, now + 60),
+                                                   ("acme", 12.0, now - 1), ("acme", 12.0, now + 60),
+                                                   ("acme", 12.0, now + 90), ("acme", 13.0, now + 60)]):
+        await store.save_preview(preview(f"p-{n}", tenant=tenant, created_at=created, expires_at=expires))
+    pending = PreviewQuery(PreviewState.PENDING, 10, tenant="acme", expires_after=now)
+    assert [p.preview_id for p in await store.previews(pending)] == ["p-5", "p-4", "p-3", "p-0"]
+    after = replace(pending, after=PreviewCursor(12.0, "p-4"), limit=1)  # ties of created_at: by id, descending
+    assert [p.preview_id for p in await store.previews(after)] == ["p-3"]
+    assert [p.preview_id for p in await store.previews(replace(pending, tenant=None))] == ["p-5", "p-4", "p-3",
+                                                                                          "p-1", "p-0"]
+    expired = replace(pending, expires_after=now - 10, expires_by=now, created_after=11.0)
+    assert [p.preview_id for p in await store.previews(expired)] == ["p-2"]
+
+
+async def test_a_principal_holds_at_most_max_pending_unexpired_previews(store: AnyStore) -> None:
+    now = time.time()
+    await store.save_preview(preview("p-old", expires_at=now - 1))  # expired: not counted
+    saved = await asyncio.gather(*(store.save_preview(preview(f"p-{n}"), max_pending=3) for n in range(8)))
+    assert Counter(saved) == {True: 3, False: 5}
+    assert await store.save_preview(preview("p-other", principal_id="dev-2"), max_pending=3)
+    assert await store.save_preview(preview("p-elsewhere", tenant="evil"), max_pending=3)
+    kept = await store.previews(PreviewQuery(PreviewState.PENDING, 100, tenant="acme", expires_after=now))
+    assert Counter(p.principal_id for p in kept) == {"dev-1": 3, "dev-2": 1}
+
+
+async def test_listings_and_the_count_read_by_index(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "toolbooth.db")
+    sql, cursor = StoreStatements.of(SQLITE), ("pending", 1.0, math.inf, 0.0, math.inf, "", 101)
+    try:
+        plans = [await store.driver.fetch(f"EXPLAIN QUERY PLAN {statement}", params) for statement, params in (
+            (sql.list_tenant_previews, ("acme", *cursor)), (sql.list_previews, cursor),
+            (sql.pending_of_principal, ("acme", "dev-1", 1.0)))]
+    finally:
+        await store.aclose()
+    details = [" ".join(str(row[-1]) for row in plan) for plan in plans]
+    for index, detail in zip(("previews_tenant_listing", "previews_state_listing", "previews_principal_pending"),
+                             details, strict=True):
+        assert f"INDEX {index} " in detail and "TEMP B-TREE" not in detail, detail
