@@ -113,7 +113,8 @@ def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: 
         policy = MeteredEngine(policy, metrics)
     tracing = Tracing() if tracing is None else tracing
     decider, masker = Decider(policy), Masker(mask_key or secrets.token_bytes(32))
-    approvals, auditor = Approvals(store, policy, metrics), Auditor(store, masker)
+    approvals = Approvals(store, policy, metrics, max_pending=limits.max_pending_previews_per_principal)
+    auditor = Auditor(store, masker)
     isolation = isolation or IsolationSettings()
     pools = ProcessPools(isolation_plan(registry, isolation), isolation)
     dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads, pools=pools)

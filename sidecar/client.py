@@ -163,9 +163,14 @@ class AsyncClient(_Base):
         return convert.approval_from_pb(await self._call(self._approvals.DenyOperation, request, None))
 
     async def previews(self, *, limit: int = 0) -> list[Preview]:
-        """Pending previews the caller may approve (operators: all), newest first."""
-        response = await self._call(self._approvals.ListPreviews, pb.ListPreviewsRequest(limit=limit), None)
-        return [convert.preview_from_pb(p) for p in response.previews]
+        """The newest pending previews the caller may approve (operators: all): the first page."""
+        return (await self.previews_page(limit=limit))[0]
+
+    async def previews_page(self, *, limit: int = 0, page_token: str = "") -> tuple[list[Preview], str]:
+        """A page of the pending previews the caller may approve (operators: all), newest first, after
+        ``page_token``; and the token of the next page (``""`` on the last)."""
+        request = pb.ListPreviewsRequest(limit=limit, page_token=page_token)
+        return _page(await self._call(self._approvals.ListPreviews, request, None))
 
     async def close(self) -> None:
         """Close the channel; calls in flight are cancelled."""
@@ -276,9 +281,14 @@ class Client(_Base):
         return convert.approval_from_pb(self._call(self._approvals.DenyOperation, request, None))
 
     def previews(self, *, limit: int = 0) -> list[Preview]:
-        """Pending previews the caller may approve (operators: all), newest first."""
-        response = self._call(self._approvals.ListPreviews, pb.ListPreviewsRequest(limit=limit), None)
-        return [convert.preview_from_pb(p) for p in response.previews]
+        """The newest pending previews the caller may approve (operators: all): the first page."""
+        return self.previews_page(limit=limit)[0]
+
+    def previews_page(self, *, limit: int = 0, page_token: str = "") -> tuple[list[Preview], str]:
+        """A page of the pending previews the caller may approve (operators: all), newest first, after
+        ``page_token``; and the token of the next page (``""`` on the last)."""
+        request = pb.ListPreviewsRequest(limit=limit, page_token=page_token)
+        return _page(self._call(self._approvals.ListPreviews, request, None))
 
     def close(self) -> None:
         """Close the channel."""
@@ -296,6 +306,10 @@ class Client(_Base):
             return method(request, metadata=self._metadata, timeout=self._timeout_or_default(timeout))
         except grpc.RpcError as exc:
             raise _client_error(exc) from exc
+
+
+def _page(response: pb.ListPreviewsResponse) -> tuple[list[Preview], str]:
+    return [convert.preview_from_pb(p) for p in response.previews], response.next_page_token
 
 
 def call_request(

@@ -1,8 +1,9 @@
 """``toolbooth previews list``, ``toolbooth approve`` and ``toolbooth deny``: the approver's side, over gRPC.
 
 Each runs with the caller's token (``--token`` / ``$TOOLBOOTH_TOKEN``): the sidecar's approval
-policy decides whether that principal may approve. Exit codes: 0 done, 1 gRPC error, 3 refused
-(the printed result says why), 2 usage error.
+policy decides whether that principal may approve. ``previews list`` reads the pending previews a page at a
+time (``ListPreviews``' page tokens), up to ``--limit``; cut short, it prints the token to read on from.
+Exit codes: 0 done, 1 gRPC error, 3 refused (the printed result says why), 2 usage error.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from sidecar.cli.common import (
     EXIT_OK,
@@ -26,7 +28,15 @@ from sidecar.cli.output import json_output, output_flag
 from sidecar.cli.table import Column, render_table
 from sidecar.contract import ApprovalResult, Preview
 
-__all__ = ["add_commands", "cmd_approve", "cmd_deny", "cmd_previews_list", "describe", "previews_table"]
+if TYPE_CHECKING:
+    from sidecar.client import Client
+
+__all__ = ["LISTED", "SEARCHED", "add_commands", "cmd_approve", "cmd_deny", "cmd_previews_list", "describe",
+           "previews_table"]
+
+LISTED = 1000  # pending previews ``previews list`` shows unless told otherwise
+SEARCHED = 100_000  # pending previews ``approve`` without ``--hash`` reads, at most, looking for the one to approve
+MAX_PAGE = 1000  # previews ListPreviews returns at most in one page
 
 
 def add_commands(commands: Subparsers) -> None:
@@ -34,7 +44,10 @@ def add_commands(commands: Subparsers) -> None:
     previews = commands.add_parser("previews", help="calls waiting for approval")
     actions = previews.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="pending previews you may approve (operators: all)")
-    listing.add_argument("--limit", type=int, default=0, metavar="N", help="at most N, newest first (default: 100)")
+    listing.add_argument("--limit", type=_positive, default=LISTED, metavar="N",
+                         help=f"at most N, newest first, read a page at a time (default: {LISTED})")
+    listing.add_argument("--page-token", default="", metavar="T",
+                         help="start after this page token (the one a listing cut short printed)")
     listing.add_argument("-l", "--long", action="store_true",
                          help="each preview in full (hash, call, what it will do) instead of a table")
     output_flag(listing, "table")
@@ -60,7 +73,9 @@ def add_commands(commands: Subparsers) -> None:
 
 def cmd_previews_list(args: argparse.Namespace) -> int:
     """``toolbooth previews list``: a table, each preview in full (``--long``), or JSON."""
-    previews = with_client(args, lambda client: client.previews(limit=args.limit))
+    previews, more = with_client(args, lambda client: _read(client, args.limit, args.page_token))
+    if more:
+        print(f"more previews are pending: list them with --page-token {more}", file=sys.stderr)
     if json_output(args):
         print(dump_json([p.model_dump(mode="json") for p in previews]))
     elif not previews:
@@ -114,8 +129,27 @@ def describe(preview: Preview) -> str:
     return "\n".join(lines)
 
 
+def _read(client: Client, limit: int, page_token: str = "", *, looking_for: str | None = None,
+          ) -> tuple[list[Preview], str]:
+    """Up to ``limit`` pending previews, newest first, after ``page_token``, page after page (stopping early at
+    ``looking_for``, a preview id); and the token after the last one read when more are pending."""
+    previews: list[Preview] = []
+    while len(previews) < limit:
+        page, page_token = client.previews_page(limit=min(limit - len(previews), MAX_PAGE), page_token=page_token)
+        previews += page
+        if not page_token or any(p.preview_id == looking_for for p in page):
+            return previews, ""
+    return previews, page_token
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number above 0")
+    return int(text)
+
+
 def _listed(args: argparse.Namespace) -> Preview:
-    previews = with_client(args, lambda client: client.previews())
+    previews, _ = with_client(args, lambda client: _read(client, SEARCHED, looking_for=args.preview_id))
     found = next((p for p in previews if p.preview_id == args.preview_id), None)
     if found is None:
         raise CommandError(f"preview {args.preview_id!r} is not among the pending previews you may approve; "

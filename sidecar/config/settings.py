@@ -120,6 +120,7 @@ class Limits(Section):
     max_batch_calls: int = Field(default=64, gt=0)  # calls in one ExecuteToolBatch
     max_batch_concurrency: int = Field(default=16, gt=0)  # a batch's calls running at once: default and cap
     progress_events_per_second: float = Field(default=10.0, gt=0)  # a streamed call's progress reports, at most
+    max_pending_previews_per_principal: int = Field(default=100, gt=0)  # unexpired calls one principal has held
 
 
 # Where a value came from: the key path a ``TOOLBOOTH_*`` variable set, and the variable's name.

@@ -13,6 +13,12 @@ email, the task) to the canonical call, under ``rendering``: the approver sees i
 and ``check`` hands the stored rendering to the call (``Approved.rendering``), for the handler to act on
 exactly it. A stored preview whose content no longer hashes to its hash (changed after it was stored)
 is neither approved nor executed.
+
+Listings (``pending``, ``expired``, ``decided``) read one tenant's previews, the caller's (operators: every
+tenant's), filtered in the store, newest first, a page at a time (``sidecar.pipeline.preview_pages``); the
+approver rule then decides within each page. A principal holds at most ``max_pending`` unexpired pending
+previews: past it, a call that needs approval is refused (``RATE_LIMITED``) and stores nothing, so that no one
+fills the approvers' lists.
 """
 
 from __future__ import annotations
@@ -24,21 +30,24 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sidecar.canonical import canonical_json, hash_matches, sha256_hex
 from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview, PreviewState, Principal
-from sidecar.errors import DependencyError, refusal
+from sidecar.errors import CallRefused, DependencyError, refusal
 from sidecar.metrics import Metrics
 from sidecar.pipeline.approval_audit import calls_with, decision_event
 from sidecar.pipeline.fields import malformed_field
+from sidecar.pipeline.preview_pages import PreviewPage, page_token, read_token
 from sidecar.policy import Decision, PolicyEngine, Stage
+from sidecar.policy.decision import MAX_PREVIEW_TTL_SECONDS
 from sidecar.policy.input import PolicyInput, now_utc
-from sidecar.state import AuditRecord, PreviewRecord, Store
+from sidecar.state import AuditRecord, PreviewCursor, PreviewQuery, PreviewRecord, Store
 
 __all__ = [
     "DEFAULT_APPROVER_ROLES",
+    "DEFAULT_MAX_PENDING",
     "DEFAULT_PREVIEW_TTL_SECONDS",
     "Approvals",
     "Approved",
@@ -51,6 +60,9 @@ __all__ = [
 log = logging.getLogger("toolbooth.approvals")
 DEFAULT_PREVIEW_TTL_SECONDS = 15 * 60
 DEFAULT_APPROVER_ROLES = ("approver",)
+# unexpired pending previews one principal may hold (``limits.max_pending_previews_per_principal``)
+DEFAULT_MAX_PENDING = 100
+READ_PER_PAGE = 2000  # previews a page reads at most (each the approver rule decides), then it ends early
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +115,14 @@ class Approved:
 class Approvals:
     """Opens previews, records approvers' decisions, redeems approvals."""
 
-    def __init__(self, store: Store, policy: PolicyEngine, metrics: Metrics | None = None) -> None:
-        self.store, self.policy, self._metrics = store, policy, metrics
+    def __init__(self, store: Store, policy: PolicyEngine, metrics: Metrics | None = None, *,
+                 max_pending: int = DEFAULT_MAX_PENDING) -> None:
+        self.store, self.policy, self._metrics, self._max_pending = store, policy, metrics, max_pending
 
     async def open_preview(self, call: CallToApprove, decision: Decision) -> Preview:
         """Store a pending preview of ``call``, with the tool's rendering of it (``CallRefused`` with the error
-        if it cannot render: nothing is stored; ``StoreUnavailableError`` if it cannot be stored)."""
+        if it cannot render, or ``RATE_LIMITED`` if its principal holds ``max_pending`` pending previews already:
+        nothing is stored; ``StoreUnavailableError`` if it cannot be stored)."""
         canonical = call.canonical(rendering=None if call.render is None else await call.render())
         now = time.time()
         record = PreviewRecord(
@@ -118,7 +132,8 @@ class Approvals:
             reason=decision.reason or "this call needs a person's approval",
             approver_roles=decision.approver_roles or DEFAULT_APPROVER_ROLES, created_at=now,
             expires_at=now + (decision.preview_ttl_seconds or DEFAULT_PREVIEW_TTL_SECONDS))
-        await self.store.save_preview(record)
+        if not await self.store.save_preview(record, max_pending=self._max_pending):
+            raise CallRefused(_too_many_pending(self._max_pending))
         return to_preview(record)
 
     async def approve(self, approver: Principal, preview_id: str, hash_seen: str,
@@ -138,17 +153,26 @@ class Approvals:
             return _refused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "a denial needs a reason", field="reason"))
         return await self._decide(approver, preview_id, PreviewState.DENIED, reason, None)
 
-    async def pending(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]:
-        """Unexpired pending previews ``principal`` may approve (``all_of_them``: every one, for operators)."""
+    async def pending(self, principal: Principal, *, all_of_them: bool, limit: int = 100, page_token: str = "",
+                      tool: str | None = None, requester: str | None = None) -> PreviewPage:
+        """A page of the unexpired pending previews ``principal`` may approve, of their tenant (``all_of_them``:
+        every one, for operators), newest first, after ``page_token`` (``InvalidRequestError`` if it is not
+        one a page gave); only of ``tool`` and ``requester`` (a principal id) when given."""
         now = time.time()
-        return await self._approvable(principal, all_of_them, limit, lambda r: r.expires_at > now)
+        query = PreviewQuery(PreviewState.PENDING, limit + 1, tenant=None if all_of_them else principal.tenant,
+                             expires_after=now, created_after=now - MAX_PREVIEW_TTL_SECONDS,
+                             after=read_token(page_token))
+        return await self._page(principal, all_of_them, query, limit,
+                                lambda r: tool in (None, r.tool) and requester in (None, r.principal_id))
 
     async def expired(self, principal: Principal, *, all_of_them: bool, since: float,
                       limit: int = 100) -> list[Preview]:
-        """Pending previews ``principal`` could have approved that expired undecided after ``since`` (epoch
-        seconds), newest first; of the ``limit`` newest pending ones."""
-        now = time.time()
-        return await self._approvable(principal, all_of_them, limit, lambda r: since < r.expires_at <= now)
+        """Pending previews ``principal`` could have approved, of their tenant (as for ``pending``), that expired
+        undecided after ``since`` (epoch seconds), newest first, at most ``limit``."""
+        query = PreviewQuery(PreviewState.PENDING, limit + 1, tenant=None if all_of_them else principal.tenant,
+                             expires_after=since, expires_by=time.time(),
+                             created_after=since - MAX_PREVIEW_TTL_SECONDS)
+        return (await self._page(principal, all_of_them, query, limit, lambda r: True)).previews
 
     async def visible(self, principal: Principal, preview_id: str, *, all_of_them: bool) -> Preview | None:
         """The preview ``preview_id`` in any state (expired, decided too), if ``principal`` may see it: if they
@@ -164,18 +188,31 @@ class Approvals:
         """The audited steps of the calls sent with each of ``previews``' approvals (``approval_audit``)."""
         return await calls_with(self.store, previews)
 
-    async def _approvable(self, principal: Principal, all_of_them: bool, limit: int,
-                          keep: Callable[[PreviewRecord], bool]) -> list[Preview]:
-        records = [r for r in await self.store.list_previews(PreviewState.PENDING, limit=limit) if keep(r)]
-        if not all_of_them:
-            records = [r for r in records if (await self._approver_decision(principal, r)).allow]
-        return [to_preview(r) for r in records]
+    async def _page(self, principal: Principal, all_of_them: bool, query: PreviewQuery, limit: int,
+                    keep: Callable[[PreviewRecord], bool]) -> PreviewPage:
+        """Up to ``limit`` of the previews ``query`` reads (in batches) that ``keep`` keeps and ``principal`` may
+        decide, and the token after the last one read when more may follow; ``READ_PER_PAGE`` read at most."""
+        kept: list[Preview] = []
+        read = 0
+        while True:
+            records = await self.store.previews(query)
+            for record in records:
+                if len(kept) == limit or read == READ_PER_PAGE:  # and another is there: the next page starts here
+                    assert query.after is not None  # one was read: ``limit`` is at least 1
+                    return PreviewPage(kept, page_token(query.after))
+                read += 1
+                query = replace(query, after=_cursor(record))
+                if keep(record) and (all_of_them or (await self._approver_decision(principal, record)).allow):
+                    kept.append(to_preview(record))
+            if len(records) < query.limit:
+                return PreviewPage(kept)
 
     async def decided(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]:
         """Previews that were decided (approved, denied, or approved and then used by their call), the latest
         decision first: those ``principal`` decided, or every one (``all_of_them``, for operators); of each
         state the ``limit`` newest are looked at."""
-        records = [r for state in _DECIDED for r in await self.store.list_previews(state, limit=limit)]
+        tenant = None if all_of_them else principal.tenant
+        records = [r for state in _DECIDED for r in await self.store.previews(PreviewQuery(state, limit, tenant))]
         if not all_of_them:
             records = [r for r in records if r.decided_by is not None and _same(principal, r.decided_by)]
         records.sort(key=lambda r: r.decided_at or 0.0, reverse=True)
@@ -308,6 +345,17 @@ class Approvals:
 _DECIDED = (PreviewState.APPROVED, PreviewState.USED, PreviewState.DENIED)
 _CHANGED = ("the stored preview no longer matches its hash: it was changed after it was made, so it is neither "
             "approved nor run; ask for a new approval")
+
+
+def _cursor(record: PreviewRecord) -> PreviewCursor:
+    return PreviewCursor(record.created_at, record.preview_id)
+
+
+def _too_many_pending(max_pending: int) -> ErrorInfo:
+    return ErrorInfo.of(ErrorCode.RATE_LIMITED, f"this principal already has {max_pending} calls waiting for a "
+                        "person's approval, the most it may have; nothing was stored. Wait until an approver has "
+                        "decided some of them (or they expired), then send this call again",
+                        details={"max_pending_previews": max_pending})
 
 
 def _same(principal: Principal, decided_by: str) -> bool:

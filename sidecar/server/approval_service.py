@@ -2,7 +2,8 @@
 
 Who may approve what is the approval policy's decision (``data.toolbooth.approval.approver``),
 made in ``sidecar.pipeline.approvals``; refusals are ``ApprovalResult``s, not gRPC errors. A failing
-store or policy ends the call with UNAVAILABLE (``sidecar.server.interceptors``), fail closed.
+store or policy ends the call with UNAVAILABLE (``sidecar.server.interceptors``), fail closed; a
+``page_token`` that no page gave, with INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -39,5 +40,6 @@ class ApprovalServicer(pb_grpc.ApprovalServiceServicer):
         return convert.approval_to_pb(await self._desk.deny(current_principal(), request.preview_id, request.reason))
 
     async def ListPreviews(self, request: pb.ListPreviewsRequest, context: _Context) -> pb.ListPreviewsResponse:
-        previews = await self._desk.pending(current_principal(), limit=request.limit)
-        return pb.ListPreviewsResponse(previews=[convert.preview_to_pb(p) for p in previews])
+        page = await self._desk.pending(current_principal(), request.limit, request.page_token)
+        return pb.ListPreviewsResponse(previews=[convert.preview_to_pb(p) for p in page.previews],
+                                       next_page_token=page.next_page_token)

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from sidecar.config import AuthMode, AuthSettings
 from sidecar.contract import ApprovalResult, Preview, Principal, ReloadStatus
+from sidecar.pipeline.preview_pages import PreviewPage
 from sidecar.state import AuditRecord
 
 __all__ = [
@@ -72,7 +73,8 @@ class ApprovalGateway(Protocol):
 
     async def deny(self, approver: Principal, preview_id: str, reason: str) -> ApprovalResult: ...
 
-    async def pending(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]: ...
+    async def pending(self, principal: Principal, *, all_of_them: bool, limit: int = 100, page_token: str = "",
+                      tool: str | None = None, requester: str | None = None) -> PreviewPage: ...
 
     async def decided(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]: ...
 
@@ -85,9 +87,9 @@ class ApprovalGateway(Protocol):
 
 
 class ApprovalDesk:
-    """The approvals as a caller uses them: operators list every pending preview, others those they may
-    approve (the approval policy decides), and the decided ones (operators all, others their own); a list
-    holds ``DEFAULT_LIST_LIMIT`` unless asked, at most ``MAX_LIST_LIMIT``."""
+    """The approvals as a caller uses them: operators list every pending preview, others those of their tenant
+    they may approve (the approval policy decides), and the decided ones (operators all, others their own); a
+    list or page holds ``DEFAULT_LIST_LIMIT`` unless asked, at most ``MAX_LIST_LIMIT``."""
 
     def __init__(self, approvals: ApprovalGateway, operators: Operators) -> None:
         self._approvals, self._operators = approvals, operators
@@ -101,10 +103,14 @@ class ApprovalDesk:
         """Deny a pending preview."""
         return await self._approvals.deny(approver, preview_id, reason)
 
-    async def pending(self, principal: Principal, limit: int = 0) -> list[Preview]:
-        """The pending previews ``principal`` may see, newest first; ``limit`` 0 means the default."""
+    async def pending(self, principal: Principal, limit: int = 0, page_token: str = "", *, tool: str | None = None,
+                      requester: str | None = None) -> PreviewPage:
+        """A page of the pending previews ``principal`` may see, newest first, after ``page_token`` (``""``: the
+        newest; ``InvalidRequestError`` for a token no page gave); ``limit`` 0 means the default; only of
+        ``tool`` and ``requester`` when given."""
         return await self._approvals.pending(principal, all_of_them=self._operators.includes(principal),
-                                             limit=min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT))
+                                             limit=min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT),
+                                             page_token=page_token, tool=tool, requester=requester)
 
     async def decided(self, principal: Principal, limit: int = 0) -> list[Preview]:
         """The decided previews ``principal`` may see (their own decisions; operators every one), the latest first."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import html
 import json
 import logging
 import re
@@ -307,7 +308,7 @@ async def test_a_failing_store_is_a_503_page_and_changes_nothing(world: World, m
     async def down(*args: Any, **kwargs: Any) -> Any:
         raise StoreUnavailableError("database is locked (secret detail)")
 
-    monkeypatch.setattr(world.store, "list_previews", down)
+    monkeypatch.setattr(world.store, "previews", down)
     monkeypatch.setattr(world.store, "get_preview", down)
     inbox = await bob.get("/inbox")
     strict(inbox)
@@ -431,12 +432,16 @@ async def test_the_inbox_pages_newest_first(world: World) -> None:
     await world.store.driver.execute("UPDATE previews SET created_at = created_at - 60 WHERE preview_id = ?",
                                      (held[0].preview_id,))  # the oldest, clearly
     bob = await world.signed_in()
-    first, second = await bob.get("/inbox"), await bob.get("/inbox?page=2")
-    assert "Page 1 of 2" in first.text and 'rel="next"' in first.text and 'rel="prev"' not in first.text
+    first = await bob.get("/inbox")
+    assert "3 pending" in first.text and 'rel="first"' not in first.text
     assert first.text.count("/previews/") == 2 * 2 and held[0].preview_id not in first.text  # two links each
-    assert held[0].preview_id in second.text and 'rel="prev"' in second.text and "Page 2 of 2" in second.text
-    assert "Page 2 of 2" in (await bob.get("/inbox?page=99")).text  # past the end: the last page
-    assert "Page 1 of 2" in (await bob.get("/inbox?page=-1")).text
+    older = re.search(r'<a href="([^"]+)" rel="next">Older</a>', first.text)
+    assert older is not None
+    second = await bob.get(html.unescape(older[1]))
+    assert held[0].preview_id in second.text and second.text.count("/previews/") == 2
+    assert 'rel="first"' in second.text and 'rel="next"' not in second.text
+    forged = await bob.get("/inbox?tool=file_note&after=p1.not-a-token")  # a link no page gave: the newest
+    assert (forged.status, forged.location) == (303, "/inbox?tool=file_note")
 
 
 async def test_serve_runs_the_inbox_in_dev_mode_on_loopback(

@@ -194,7 +194,7 @@ async def test_a_failing_store_skips_a_round_and_the_stream_goes_on(world: World
         async def down(*args: Any, **kwargs: Any) -> Any:
             raise StoreUnavailableError("database is locked (secret detail)")
 
-        monkeypatch.setattr(world.store, "list_previews", down)
+        monkeypatch.setattr(world.store, "previews", down)
         await until(lambda: "live update for bob skipped" in caplog.text, what="a skipped round")
         monkeypatch.undo()
         await world.held_note()

@@ -20,7 +20,6 @@ from sidecar.contract import (
     CallRequest,
     Operation,
     OperationState,
-    Preview,
     Principal,
     Progress,
     ReloadStatus,
@@ -30,6 +29,7 @@ from sidecar.contract import (
     ToolResult,
 )
 from sidecar.errors import StoreUnavailableError
+from sidecar.pipeline.preview_pages import PreviewPage
 from sidecar.server import Sidecar, create_server
 
 pytestmark = pytest.mark.integration
@@ -82,9 +82,10 @@ class Fakes:
         self._reached(approver)
         return ApprovalResult(ok=True)
 
-    async def pending(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]:
+    async def pending(self, principal: Principal, *, all_of_them: bool, limit: int = 100, page_token: str = "",
+                      tool: str | None = None, requester: str | None = None) -> PreviewPage:
         self._reached(principal)
-        return []
+        return PreviewPage()
 
     @property
     def status(self) -> ReloadStatus:

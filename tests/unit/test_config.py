@@ -41,6 +41,8 @@ def test_jwt_mode_is_chosen_by_a_jwt_section() -> None:
 @pytest.mark.parametrize(("raw", "expected"), [
     ({"limits": {"max_argument_bytes": 0}}, "config error at limits.max_argument_bytes: Input should be greater than"),
     ({"limits": {"max_argument_bytes": "lots"}}, "config error at limits.max_argument_bytes: Input should be a valid"),
+    ({"limits": {"max_pending_previews_per_principal": 0}},
+     "config error at limits.max_pending_previews_per_principal: Input should be greater than 0"),
     ({"surprise": 1}, "config error at surprise: unknown key"),
     ({"server": {"lissen": []}}, "config error at server.lissen: unknown key"),
     ({"server": {"listen": ["foo"]}}, "config error at server.listen: 'foo': expected unix:///path or HOST:PORT"),

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from sidecar.config import parse_settings
-from sidecar.contract import ApprovalResult, Preview, Principal, ReloadStatus
+from sidecar.contract import ApprovalResult, Principal, ReloadStatus
+from sidecar.pipeline.preview_pages import PreviewPage
 from sidecar.server.roles import (
     DEFAULT_LIST_LIMIT,
     MAX_LIST_LIMIT,
@@ -53,9 +54,10 @@ class Approvals:
     async def deny(self, approver: Principal, preview_id: str, reason: str) -> ApprovalResult:
         return ApprovalResult(ok=False)
 
-    async def pending(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]:
+    async def pending(self, principal: Principal, *, all_of_them: bool, limit: int = 100, page_token: str = "",
+                      tool: str | None = None, requester: str | None = None) -> PreviewPage:
         self.pending_calls.append((principal.id, all_of_them, limit))
-        return []
+        return PreviewPage()
 
 
 @pytest.mark.parametrize(("asked", "limit"), [(0, DEFAULT_LIST_LIMIT), (5, 5), (10**6, MAX_LIST_LIMIT)])

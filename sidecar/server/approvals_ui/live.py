@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from sidecar.contract import Preview
 from sidecar.errors import DependencyError
+from sidecar.pipeline.preview_pages import PreviewPage
 from sidecar.server.approvals_ui.sessions import Session, Sessions
 from sidecar.server.roles import MAX_LIST_LIMIT, ApprovalDesk
 
@@ -58,10 +59,11 @@ class LiveUpdates:
     def open_streams(self) -> int:
         return sum(self._open.values())
 
-    async def version(self, session: Session) -> tuple[list[Preview], str]:
-        """The pending previews ``session``'s principal may decide, and their version."""
-        pending = await self._desk.pending(session.principal, MAX_LIST_LIMIT)
-        return pending, version_of(pending)
+    async def version(self, session: Session) -> tuple[PreviewPage, str]:
+        """The newest pending previews ``session``'s principal may decide (one page of at most ``MAX_LIST_LIMIT``),
+        and their version."""
+        page = await self._desk.pending(session.principal, MAX_LIST_LIMIT)
+        return page, version_of(page.previews)
 
     def response(self, session: Session, since: str) -> Response:
         """The event stream of a page of ``session`` rendered with the previews of version ``since``."""

@@ -19,8 +19,10 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import jinja2
 from starlette.applications import Starlette
@@ -31,7 +33,7 @@ from starlette.staticfiles import StaticFiles
 
 from sidecar.config.approvals_ui import CALLBACK_PATH
 from sidecar.contract import ApprovalResult, ErrorCode
-from sidecar.errors import AuthenticationError, DependencyError
+from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
 from sidecar.server.approvals_ui.live import LiveUpdates
 from sidecar.server.approvals_ui.oidc import LOGIN_SECONDS, OidcSignIn
 from sidecar.server.approvals_ui.outcomes import CallRuns
@@ -185,18 +187,24 @@ class Inbox:
         session = self._session(request)
         if session is None:
             return _see("/sign-in")
-        pending, version = await self.live.version(session)
-        views = [PreviewView.of(p) for p in pending]
-        tools, requesters = sorted({v.tool for v in views}), sorted({v.requester_id for v in views})
-        tool, requester = request.query_params.get("tool", ""), request.query_params.get("requester", "")
-        shown = [v for v in views if (not tool or v.tool == tool) and (not requester or v.requester_id == requester)]
-        pages = max(1, -(-len(shown) // self._page_size))
-        page = min(max(1, _number(request.query_params.get("page"))), pages)
-        start = (page - 1) * self._page_size
+        newest, version = await self.live.version(session)  # the filters' choices and the count: the newest ones
+        query = request.query_params
+        tool, requester, after = query.get("tool", ""), query.get("requester", ""), query.get("after", "")
+        try:
+            page = await self._desk.pending(session.principal, self._page_size, after, tool=tool or None,
+                                            requester=requester or None)
+        except InvalidRequestError:  # a link no page gave (edited, or of another format): the newest page
+            return _see(_inbox_link(tool, requester))
+        views = [PreviewView.of(p) for p in newest.previews]
+        matching = [v for v in views if tool in ("", v.tool) and requester in ("", v.requester_id)]
+        tools = _choices([v.tool for v in views], tool)
+        requesters = _choices([v.requester_id for v in views], requester)
+        older = page.next_page_token and _inbox_link(tool, requester, page.next_page_token)
         expired = [PreviewView.of(p) for p in await self._desk.expired(session.principal, time.time() - EXPIRED_SHOWN)]
-        return self._page("inbox.html", session, 200, previews=shown[start:start + self._page_size], total=len(shown),
-                          page=page, pages=pages, tools=tools, requesters=requesters, tool=tool, requester=requester,
-                          version=version, expired=expired)
+        return self._page("inbox.html", session, 200, previews=[PreviewView.of(p) for p in page.previews],
+                          total=len(matching), more=bool(newest.next_page_token), tools=tools, requesters=requesters,
+                          tool=tool, requester=requester, version=version, expired=expired, older=older,
+                          newest=after and _inbox_link(tool, requester))
 
     async def _events(self, request: Request) -> Response:
         session = self._session(request)
@@ -317,5 +325,13 @@ def _see(path: str) -> RedirectResponse:
     return RedirectResponse(path, status_code=303)
 
 
-def _number(text: str | None) -> int:
-    return int(text) if text is not None and text.isdigit() and len(text) < 7 else 1
+def _choices(listed: Iterable[str], chosen: str) -> list[str]:
+    """A filter's options: the values listed, and the one chosen even when none is listed now."""
+    return sorted({*listed, chosen} - {""})
+
+
+def _inbox_link(tool: str, requester: str, after: str = "") -> str:
+    """The inbox's page with these filters, after the page token ``after`` (``""``: the newest)."""
+    query = urlencode({name: value for name, value in (("tool", tool), ("requester", requester), ("after", after))
+                       if value})
+    return f"/inbox?{query}" if query else "/inbox"

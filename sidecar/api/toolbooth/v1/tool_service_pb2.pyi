@@ -224,16 +224,20 @@ class ApprovalResult(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., preview: _Optional[_Union[Preview, _Mapping]] = ...) -> None: ...
 
 class ListPreviewsRequest(_message.Message):
-    __slots__ = ("limit",)
+    __slots__ = ("limit", "page_token")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     limit: int
-    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListPreviewsResponse(_message.Message):
-    __slots__ = ("previews",)
+    __slots__ = ("previews", "next_page_token")
     PREVIEWS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     previews: _containers.RepeatedCompositeFieldContainer[Preview]
-    def __init__(self, previews: _Optional[_Iterable[_Union[Preview, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, previews: _Optional[_Iterable[_Union[Preview, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetPolicyStatusRequest(_message.Message):
     __slots__ = ()

@@ -336,7 +336,8 @@ class ApprovalServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListPreviews(self, request, context):
-        """ListPreviews returns the pending previews the caller may approve (operators: all).
+        """ListPreviews returns a page of the pending previews the caller may approve, of the caller's tenant
+        (operators: all), newest first; follow next_page_token for the older ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -166,7 +166,9 @@ class ApprovalServiceStub:
     DenyOperation: _grpc.UnaryUnaryMultiCallable[_tool_service_pb2.DenyOperationRequest, _tool_service_pb2.ApprovalResult]
     """DenyOperation denies a pending preview; the call can then never run under it."""
     ListPreviews: _grpc.UnaryUnaryMultiCallable[_tool_service_pb2.ListPreviewsRequest, _tool_service_pb2.ListPreviewsResponse]
-    """ListPreviews returns the pending previews the caller may approve (operators: all)."""
+    """ListPreviews returns a page of the pending previews the caller may approve, of the caller's tenant
+    (operators: all), newest first; follow next_page_token for the older ones.
+    """
 
 @_typing.type_check_only
 class ApprovalServiceAsyncStub(ApprovalServiceStub):
@@ -182,7 +184,9 @@ class ApprovalServiceAsyncStub(ApprovalServiceStub):
     DenyOperation: _aio.UnaryUnaryMultiCallable[_tool_service_pb2.DenyOperationRequest, _tool_service_pb2.ApprovalResult]  # type: ignore[assignment]
     """DenyOperation denies a pending preview; the call can then never run under it."""
     ListPreviews: _aio.UnaryUnaryMultiCallable[_tool_service_pb2.ListPreviewsRequest, _tool_service_pb2.ListPreviewsResponse]  # type: ignore[assignment]
-    """ListPreviews returns the pending previews the caller may approve (operators: all)."""
+    """ListPreviews returns a page of the pending previews the caller may approve, of the caller's tenant
+    (operators: all), newest first; follow next_page_token for the older ones.
+    """
 
 class ApprovalServiceServicer(metaclass=_abc_1.ABCMeta):
     """ApprovalService is for the people (and their UIs) who approve calls that need approval.
@@ -213,7 +217,9 @@ class ApprovalServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _tool_service_pb2.ListPreviewsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_tool_service_pb2.ListPreviewsResponse, _abc.Awaitable[_tool_service_pb2.ListPreviewsResponse]]:
-        """ListPreviews returns the pending previews the caller may approve (operators: all)."""
+        """ListPreviews returns a page of the pending previews the caller may approve, of the caller's tenant
+        (operators: all), newest first; follow next_page_token for the older ones.
+        """
 
 def add_ApprovalServiceServicer_to_server(servicer: ApprovalServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
