@@ -2,8 +2,8 @@
 
 ``jwt`` mode verifies ``authorization: Bearer <jwt>`` against the configured key (or the key its
 ``kid`` names in the issuer's JWKS: ``sidecar.server.jwks``), algorithm allow-list, issuer and
-audience, and requires ``exp`` and ``sub``; a token longer than ``auth.max_token_bytes`` is refused before
-anything looks at it.
+audience, and requires ``exp`` and ``sub`` (``exp``, ``nbf`` and ``iat`` JSON numbers); a token longer than
+``auth.max_token_bytes`` is refused before anything looks at it.
 ``dev`` mode returns the configured static principal and ignores any token.
 Failures raise ``AuthenticationError`` with a constant message that is safe to send.
 """
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 Metadata = Sequence[tuple[str, str | bytes]]
 
 _REQUIRED_CLAIMS = ["exp", "iss", "aud", "sub"]
+_NUMERIC_DATES = ("exp", "nbf", "iat")
 
 # Most specific first: the first matching class decides the message.
 _MESSAGES: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
@@ -95,7 +96,7 @@ class _JwtVerifier:
                     raise jwt.InvalidAlgorithmError("algorithm not allowed")
                 # The key was parsed for this allowed algorithm, so the header cannot choose another key type.
                 key, algorithms = self._keys[algorithm], [algorithm]
-            return jwt.decode(
+            claims: dict[str, Any] = jwt.decode(
                 token,
                 key,
                 algorithms=algorithms,
@@ -107,6 +108,8 @@ class _JwtVerifier:
         except jwt.PyJWTError as exc:
             log.debug("token rejected: %s", exc)
             raise AuthenticationError(_message(exc)) from None
+        _check_numeric_dates(claims)
+        return claims
 
 
 def _prepare_keys(settings: JwtSettings) -> dict[str, Any]:
@@ -148,6 +151,15 @@ def _message(exc: jwt.PyJWTError) -> str:
     if isinstance(exc, jwt.MissingRequiredClaimError):
         return f"token is missing the {exc.claim} claim"
     return next(message for kind, message in _MESSAGES if isinstance(exc, kind))
+
+
+def _check_numeric_dates(claims: Mapping[str, Any]) -> None:
+    """RFC 7519: ``exp``, ``nbf`` and ``iat`` are JSON numbers. PyJWT reads them with ``int()``, which takes a
+    numeric string (``"9999999999"``) or ``true`` too; such a token is refused."""
+    for name in _NUMERIC_DATES:
+        value = claims.get(name)
+        if name in claims and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise AuthenticationError(f"invalid token claim {name}")
 
 
 def _principal_from(claims: Mapping[str, Any], settings: JwtSettings) -> Principal:

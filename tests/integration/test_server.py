@@ -187,6 +187,9 @@ async def test_jwt_mode_may_listen_on_every_interface(make_settings, start_sidec
         ({"aud": "another-service"}, "invalid token audience"),
         ({"iss": "https://evil.example"}, "invalid token issuer"),
         ({"exp": None}, "token is missing the exp claim"),
+        ({"exp": "9999999999"}, "invalid token claim exp"),  # RFC 7519: a NumericDate is a JSON number
+        ({"nbf": "0"}, "invalid token claim nbf"),
+        ({"iat": True}, "invalid token claim iat"),
     ],
 )
 async def test_jwt_mode_refuses_bad_tokens_before_the_gateway(

@@ -9,6 +9,7 @@ through the identity provider of ``approvals_ui.oidc``.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import jwt
@@ -40,6 +41,7 @@ class SignIn:
 
 
 def token_expiry(token: str) -> float:
-    """The ``exp`` of a token the authenticator has just verified (it requires one)."""
+    """The ``exp`` of a token the authenticator has just verified (it requires one, a JSON number); one too
+    large for a float is read as the largest float (the session's own end comes first anyway)."""
     claims: dict[str, Any] = jwt.decode(token, options={"verify_signature": False})
-    return float(claims["exp"])
+    return float(min(claims["exp"], sys.float_info.max))
