@@ -27,6 +27,7 @@ from sidecar.cli.common import (
 from sidecar.cli.output import json_output, output_flag
 from sidecar.cli.table import Column, render_table
 from sidecar.contract import ApprovalResult, Preview
+from sidecar.display import visible
 
 if TYPE_CHECKING:
     from sidecar.client import Client
@@ -114,7 +115,7 @@ def cmd_deny(args: argparse.Namespace) -> int:
 
 def describe(preview: Preview) -> str:
     """A preview for a person: id, hash, why, until when, who may approve, the call and, for a tool that
-    renders its calls, what it will do (its rendering, indented)."""
+    renders its calls, what it will do (its rendering, indented); hidden characters marked (``sidecar.display``)."""
     lines = [
         f"preview  {preview.preview_id}",
         f"hash     {preview.preview_hash}",
@@ -126,7 +127,7 @@ def describe(preview: Preview) -> str:
     if preview.rendering_json is not None:
         rendering = json.dumps(json.loads(preview.rendering_json), indent=2, ensure_ascii=False)
         lines.append("will do  " + rendering.replace("\n", "\n         "))
-    return "\n".join(lines)
+    return visible("\n".join(lines))
 
 
 def _read(client: Client, limit: int, page_token: str = "", *, looking_for: str | None = None,

@@ -7,8 +7,8 @@ never wrapped. When a table is wider than its width, long values wrap onto more 
 (a long word or id folds) or, in a column that does not wrap, are cut with an ellipsis; either way every
 column starts at the same place on every line. Columns keep their headers' words whole while they can
 and are never narrower than ``NARROWEST`` cells, so a table too wide even so is wider than its width,
-still aligned. Cells are plain text (control
-characters are removed; no markup); columns are two spaces apart and lines carry no trailing spaces.
+still aligned. Cells are plain text (no markup; control, bidirectional and invisible characters shown as
+their code points, ``⟦U+202E⟧``); columns are two spaces apart and lines carry no trailing spaces.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import io
 import os
 import shutil
 import sys
-import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from sidecar.display import visible
 
 __all__ = ["NARROWEST", "Column", "column_widths", "render_table", "table_width"]
 
@@ -100,5 +101,6 @@ def column_widths(columns: Sequence[Column], natural: Sequence[int], room: int) 
 
 
 def _printable(cell: str) -> str:
-    """``cell`` without control characters (a terminal would obey them: colours, cursor moves), tabs as spaces."""
-    return "".join(ch for ch in cell.replace("\t", " ") if ch == "\n" or unicodedata.category(ch) != "Cc")
+    """``cell`` with tabs as spaces and every character a terminal would obey (colours, cursor moves) or not show
+    (bidirectional controls, zero-width characters) marked by its code point (``sidecar.display``)."""
+    return visible(cell.replace("\t", " "))

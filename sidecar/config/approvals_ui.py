@@ -7,9 +7,10 @@ cookies are ``Secure`` unless the address is loopback: outside loopback the page
 HTTPS (a TLS-terminating proxy in front). A session lasts at most ``session_seconds``, and never longer
 than the token it was signed in with. Only an approver signs in (a principal with one of ``approver_roles``,
 or an operator); one principal holds at most ``max_sessions_per_principal`` sessions, everyone together at most
-``max_sessions``, and a sign-in never ends another principal's session. An open page's live updates (server-sent events) look for arrived,
-expired and decided previews every ``live_seconds``. ``http`` bounds its clients' time and number
-(``sidecar.config.http``). Serving it needs the ``approvals-ui`` extra (``check_installed``).
+``max_sessions``, and a sign-in never ends another principal's session. An open page's live updates
+(server-sent events) look for arrived, expired and decided previews every ``live_seconds``. ``http`` bounds
+its clients' time and number (``sidecar.config.http``). Serving it needs the ``approvals-ui`` extra
+(``check_installed``).
 
 ``oidc`` adds signing in through an identity provider (OpenID Connect authorization code flow with PKCE,
 ``sidecar.server.approvals_ui.oidc``): ``issuer`` (its discovery document is at

@@ -2,12 +2,13 @@
 
 The servicers stay thin by calling these instead of the pipeline's objects directly: ``create_server``
 wraps the reloading engine in a ``PolicyStatusView`` and the pipeline's approvals in an ``ApprovalDesk``,
-both deciding with the same ``Operators`` (``auth.operator_roles``; everyone in dev mode).
+both deciding with the same ``Operators`` (``auth.operator_roles``; everyone in dev mode). ``Approvers`` says
+who may sign in to the approval inbox.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -22,6 +23,7 @@ __all__ = [
     "REFUSED_WITHOUT_DETAILS",
     "ApprovalDesk",
     "ApprovalGateway",
+    "Approvers",
     "Operators",
     "PolicyStatusView",
     "StatusProvider",
@@ -41,6 +43,18 @@ class Operators:
     def includes(self, principal: Principal) -> bool:
         """Whether ``principal`` is an operator."""
         return self._everyone or not self._roles.isdisjoint(principal.roles)
+
+
+class Approvers:
+    """Who may sign in to the approval inbox: an operator, or a principal with one of ``approvals_ui.approver_roles``.
+    What each may decide, the approver rule says per preview; someone who could decide nothing gets no session."""
+
+    def __init__(self, operators: Operators, roles: Iterable[str]) -> None:
+        self._operators, self.roles = operators, tuple(roles)
+
+    def includes(self, principal: Principal) -> bool:
+        """Whether ``principal`` is an approver (or an operator)."""
+        return self._operators.includes(principal) or not frozenset(self.roles).isdisjoint(principal.roles)
 
 
 class StatusProvider(Protocol):

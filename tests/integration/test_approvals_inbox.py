@@ -80,9 +80,10 @@ async def test_a_signed_in_approver_sees_the_pending_email_rendered(world: World
     detail = await bob.get(f"/previews/{held.preview.preview_id}")
     strict(detail)
     assert detail.status == 200 and "What it will do" in detail.text
-    assert "<dt>Subject</dt>" in detail.text and "Deployment complete" in detail.text
-    assert "<dt>To</dt>" in detail.text and "ana@example.com" in detail.text
-    assert '<pre class="text">The new version has been deployed.\nRollback plan attached.</pre>' in detail.text
+    assert "<dt><bdi>Subject</bdi></dt>" in detail.text and "Deployment complete" in detail.text
+    assert "<dt><bdi>To</bdi></dt>" in detail.text and "ana@example.com" in detail.text
+    body = "The new version has been deployed.\nRollback plan attached."
+    assert f'<pre class="text"><bdi>{body}</bdi></pre>' in detail.text
     assert detail.hidden("preview_hash") == held.preview.preview_hash
     for page in (form, signed_in, inbox, detail):
         assert token not in page.text and token not in str(page.headers)  # the token never comes back
@@ -126,7 +127,7 @@ async def test_denying_needs_a_reason_and_refuses_the_agents_retry(world: World)
     bob = await world.signed_in()
     detail = await bob.get(f"/previews/{preview.preview_id}")
     no_reason = await bob.post(f"/previews/{preview.preview_id}/deny", {"csrf": detail.hidden("csrf"), "reason": " "})
-    assert no_reason.status == 400 and "A denial needs a reason" in no_reason.text
+    assert no_reason.status == 400 and "Nothing was denied: a denial needs a reason." in no_reason.text
     assert [p.preview_id for p in await world.pending()] == [preview.preview_id]
     denied = await bob.post(f"/previews/{preview.preview_id}/deny",
                             {"csrf": detail.hidden("csrf"), "reason": "wrong project"})
@@ -180,7 +181,7 @@ async def test_the_history_shows_ones_own_decisions_and_whether_the_call_ran(wor
     assert history.status == 200 and text.count('class="card preview"') == 4
     assert text.index("wrong project") < text.index(f"ok {waiting.preview_id}") < text.index(f"ok {ran.preview_id}")
     assert "approved, and the call ran" in text and "approved, not used yet" in text and ">denied<" in text
-    assert "Decided by</dt><dd>bob" in text
+    assert "Decided by</dt><dd><bdi>bob</bdi>" in text
     assert ">succeeded</strong>; 1 attempt refused (PERMISSION_DENIED)</dd>" in decided_card(history, ran)
     assert ">has not run; 1 attempt refused (INVALID_ARGUMENT)</dd>" in decided_card(history, waiting)
     assert ">has not run; 1 attempt refused (PERMISSION_DENIED)</dd>" in decided_card(history, denied)
@@ -207,15 +208,27 @@ async def test_the_history_without_a_readable_audit_log_still_lists_the_decision
     assert "No decisions yet." in (await dave.get("/history")).text
 
 
-async def test_a_principal_without_the_approver_role_sees_and_decides_nothing(world: World) -> None:
+async def test_a_principal_without_the_approver_role_is_not_signed_in(world: World) -> None:
     preview = await world.held_note()
-    carol = await world.signed_in("carol", ("developer",))
-    inbox = await carol.get("/inbox")
+    carol = world.browser()
+    page = await carol.sign_in(world.tokens(sub="carol", roles=["developer"]))
+    assert page.status == 403 and "<title>Not an approver" in page.text and "toolbooth-session" not in carol.cookies
+    assert (await carol.get(f"/previews/{preview.preview_id}")).location == "/sign-in"
+    tried = await carol.post(f"/previews/{preview.preview_id}/approve", {"preview_hash": preview.preview_hash})
+    assert tried.status == 401 and "You are not signed in" in tried.text
+    assert [p.state for p in await world.pending()] == [PreviewState.PENDING]
+
+
+async def test_an_approver_of_another_tenant_sees_and_decides_nothing(world: World) -> None:
+    preview = await world.held_note()
+    zoe = world.browser()
+    assert (await zoe.sign_in(world.tokens(sub="zoe", tenant="globex", roles=["approver"]))).location == "/inbox"
+    inbox = await zoe.get("/inbox")
     assert inbox.status == 200 and "Nothing is waiting for you" in inbox.text and preview.preview_id not in inbox.text
-    assert (await carol.get(f"/previews/{preview.preview_id}")).status == 404
-    tried = await carol.post(f"/previews/{preview.preview_id}/approve",
-                             {"csrf": inbox.hidden("csrf"), "preview_hash": preview.preview_hash})
-    assert tried.status == 403 and "approving this call needs one of its approver roles" in tried.text
+    assert (await zoe.get(f"/previews/{preview.preview_id}")).status == 404
+    tried = await zoe.post(f"/previews/{preview.preview_id}/approve",
+                           {"csrf": inbox.hidden("csrf"), "preview_hash": preview.preview_hash})
+    assert tried.status == 403 and "the call belongs to another tenant" in tried.text
     assert [p.state for p in await world.pending()] == [PreviewState.PENDING]
 
 
@@ -292,9 +305,9 @@ async def test_an_expired_preview_cannot_be_approved(world: World) -> None:
     page = await bob.get(f"/previews/{preview.preview_id}")
     assert page.status == 200 and "<strong>Expired.</strong>" in page.text and "cannot be approved" in page.text
     assert 'data-state="expired"' in page.text and "/approve" not in page.text
-    carol = await world.signed_in("carol", ("developer",))  # not an approver: not even that it expired
-    assert (await carol.get(f"/previews/{preview.preview_id}")).status == 404
-    assert preview.preview_id not in (await carol.get("/inbox")).text
+    alice = await world.signed_in("alice", ("approver",))  # the requester may not decide it: not even that it expired
+    assert (await alice.get(f"/previews/{preview.preview_id}")).status == 404
+    assert preview.preview_id not in (await alice.get("/inbox")).text
     retry = await world.client().execute("file_note", NOTE, idempotency_key="k-2", approval_id=preview.preview_id)
     assert retry.error is not None and retry.error.code is ErrorCode.PREVIEW_EXPIRED
 
@@ -373,7 +386,7 @@ async def test_off_loopback_the_cookies_are_secure_host_cookies(world: World) ->
     cookie = page.set_cookies["__Host-toolbooth-session"]
     assert cookie["secure"] is True and cookie["httponly"] is True and cookie["samesite"] == "strict"
     assert cookie["path"] == "/" and not cookie["domain"]  # what the __Host- prefix requires
-    assert "Signed in as <strong>bob</strong>" in (await browser.get("/inbox")).text
+    assert "Signed in as <strong><bdi>bob</bdi></strong>" in (await browser.get("/inbox")).text
 
 
 async def test_signing_out_ends_the_session(world: World) -> None:
@@ -460,7 +473,7 @@ async def test_serve_runs_the_inbox_in_dev_mode_on_loopback(
         form = await browser.get("/sign-in")
         assert "Continue as the development principal" in form.text and 'name="token"' not in form.text
         assert (await browser.sign_in()).location == "/inbox"
-        assert "Signed in as <strong>dev</strong>" in (await browser.get("/inbox")).text
+        assert "Signed in as <strong><bdi>dev</bdi></strong>" in (await browser.get("/inbox")).text
     finally:
         if browser is not None:
             await browser.close()

@@ -171,19 +171,42 @@ async def test_the_expiry_counts_down_on_an_open_page(chromium: Browser, world: 
     await expect(countdown).to_have_text("expired")
 
 
-async def test_a_person_without_the_approver_role_sees_nothing(chromium: Browser, world: World) -> None:
+async def test_a_person_without_the_approver_role_is_not_signed_in(chromium: Browser, world: World) -> None:
+    carol = await (await chromium.new_context()).new_page()
+    await carol.goto(world.inbox.url + "/sign-in")
+    await carol.get_by_label("Access token").fill(world.tokens(sub="carol", roles=["developer"]))
+    await carol.get_by_role("button", name="Sign in").click()
+    await expect(carol.get_by_role("heading", name="Not an approver")).to_be_visible()
+    assert "carol holds none of the roles that may approve calls here" in await carol.get_by_role("alert").inner_text()
+    assert not [c for c in await carol.context.cookies() if c["name"] == "toolbooth-session"]
+
+
+async def test_an_approver_sees_nothing_of_their_own_call(chromium: Browser, world: World) -> None:
     bob = await signed_in(chromium, world)
-    carol = await signed_in(chromium, world, sub="carol", roles=("developer",))
+    alice = await signed_in(chromium, world, sub="alice", roles=("approver",))  # the requester of the note
     preview = await world.held_note()
     await bob.locator(f"#preview-{preview.preview_id}").wait_for(timeout=_LIVE_MS)  # bob's page shows it, live
-    await carol.reload()
-    assert "Nothing is waiting for you." in await carol.locator("main").inner_text()
-    assert preview.preview_id not in await carol.content()
-    answer = await carol.goto(f"{world.inbox.url}/previews/{preview.preview_id}")
+    await alice.reload()
+    assert "Nothing is waiting for you." in await alice.locator("main").inner_text()
+    assert preview.preview_id not in await alice.content()
+    answer = await alice.goto(f"{world.inbox.url}/previews/{preview.preview_id}")
     assert answer is not None and answer.status == 404
-    assert await carol.get_by_role("alert").inner_text() == NOT_PENDING
-    await carol.goto(world.inbox.url + "/history")
-    assert "No decisions yet." in await carol.locator("main").inner_text()
+    assert await alice.get_by_role("alert").inner_text() == NOT_PENDING
+    await alice.goto(world.inbox.url + "/history")
+    assert "No decisions yet." in await alice.locator("main").inner_text()
+
+
+async def test_hidden_characters_of_a_held_call_are_seen_marked_and_isolated(chromium: Browser, world: World) -> None:
+    held = await world.client().execute("file_note", {**NOTE, "title": "pay \u202e9876\u202c, not 10\u200b0"},
+                                        idempotency_key="k-h")
+    assert held.preview is not None
+    page = await signed_in(chromium, world)
+    await page.goto(f"{world.inbox.url}/previews/{held.preview.preview_id}")
+    title = page.locator(".fields .field").filter(has=page.locator("dt", has_text="Title")).locator("dd")
+    await expect(title).to_have_text("pay ⟦U+202E⟧9876⟦U+202C⟧, not 10⟦U+200B⟧0")  # not "pay 6789, not 100"
+    marks = title.locator(".mark")
+    assert await marks.count() == 3 and await marks.first.is_visible()
+    assert await title.locator("bdi").evaluate("value => getComputedStyle(value).unicodeBidi") == "isolate"
 
 
 async def test_a_forged_form_post_without_the_csrf_token_is_refused(chromium: Browser, world: World) -> None:

@@ -1,8 +1,8 @@
 """Live updates of the approval inbox through a real sidecar: the server-sent events of ``/inbox/events``.
 
 An approver's open stream says ``changed`` when a preview they may decide arrives, is decided elsewhere or
-expires; a person without the approver role hears nothing of it; the stream needs the session, ends with
-it, and every open stream ends when the sidecar stops, without holding the shutdown up.
+expires; an approver who may not decide it (its requester) hears nothing of it; the stream needs the session,
+ends with it, and every open stream ends when the sidecar stops, without holding the shutdown up.
 """
 
 from __future__ import annotations
@@ -107,17 +107,17 @@ async def test_a_stream_needs_a_session(world: World) -> None:
 
 
 async def test_an_arriving_preview_is_told_to_its_approver_and_to_nobody_else(world: World, rounds: None) -> None:
-    bob, carol = await world.signed_in(), await world.signed_in("carol", ("developer",))
-    bob_since, carol_since = await since(bob), await since(carol)
-    async with Stream.of(bob, bob_since) as bobs, Stream.of(carol, carol_since) as carols:
+    bob, alice = await world.signed_in(), await world.signed_in("alice", ("approver",))  # the requester
+    bob_since, alice_since = await since(bob), await since(alice)
+    async with Stream.of(bob, bob_since) as bobs, Stream.of(alice, alice_since) as alices:
         assert bobs.response.status == 200 and bobs.response.headers["Content-Type"].startswith("text/event-stream")
-        await until(lambda: carols.heartbeats >= 1, what="carol's stream running")
+        await until(lambda: alices.heartbeats >= 1, what="alice's stream running")
         preview = await world.held_note()
         await until(lambda: len(bobs.named("changed")) == 1, what="bob told of the new preview")
         assert bobs.named("changed") == [await since(bob)]  # the version his inbox now shows
-        seen = carols.heartbeats
-        await until(lambda: carols.heartbeats >= seen + 2, what="carol's stream looking twice more")
-        assert carols.events == [] and await since(carol) == carol_since  # she may not decide it: nothing changed
+        seen = alices.heartbeats
+        await until(lambda: alices.heartbeats >= seen + 2, what="alice's stream looking twice more")
+        assert alices.events == [] and await since(alice) == alice_since  # she may not decide it: nothing changed
         assert preview.preview_id not in str(bobs.events)  # an event carries a version, never a preview
 
 
@@ -130,10 +130,10 @@ async def test_a_preview_decided_elsewhere_or_expired_is_told(world: World) -> N
         assert denied.status == 200
         await until(lambda: len(bobs.named("changed")) == 1, what="bob told of dave's decision")
         page = await bob.get(f"/previews/{decided.preview_id}")  # what bob's open page of it now fetches
-        assert page.status == 200 and 'data-state="denied"' in page.text and "Decided by dave" in page.text
-        assert "/deny" not in page.text and "“not now”" in page.text
-        carol = await world.signed_in("carol", ("developer",))
-        assert (await carol.get(f"/previews/{decided.preview_id}")).status == 404  # not hers, decided or not
+        assert page.status == 200 and 'data-state="denied"' in page.text and "Decided by <bdi>dave</bdi>" in page.text
+        assert "/deny" not in page.text and "“<bdi>not now</bdi>”" in page.text
+        alice = await world.signed_in("alice", ("approver",))
+        assert (await alice.get(f"/previews/{decided.preview_id}")).status == 404  # her own call, decided or not
         await world.store.driver.execute("UPDATE previews SET expires_at = ? WHERE preview_id = ?",
                                          (time.time() - 1, expiring.preview_id))
         await until(lambda: len(bobs.named("changed")) == 2, what="bob told of the expiry")

@@ -75,6 +75,10 @@ class Browser:
     async def post(self, path: str, fields: Mapping[str, str], *, headers: Mapping[str, str] | None = None) -> Page:
         return await self._send("POST", path, dict(fields), headers)
 
+    async def post_raw(self, path: str, body: bytes) -> Page:
+        """POST ``body`` as it is, as a URL-encoded form (one a browser would not send)."""
+        return await self._send("POST", path, body, {"Content-Type": "application/x-www-form-urlencoded"})
+
     async def sign_in(self, token: str | None = None) -> Page:
         """Open the sign-in page and send it with ``token`` (dev mode: none)."""
         form = await self.get("/sign-in")
@@ -84,7 +88,7 @@ class Browser:
     async def close(self) -> None:
         await self._http.close()
 
-    async def _send(self, method: str, path: str, fields: dict[str, str] | None,
+    async def _send(self, method: str, path: str, fields: dict[str, str] | bytes | None,
                     headers: Mapping[str, str] | None) -> Page:
         sent = dict(headers or {})
         if self.cookies:

@@ -13,11 +13,12 @@ from sidecar.errors import ConfigError
 from sidecar.server.approvals_ui.live import version_of
 from sidecar.server.approvals_ui.outcomes import CallRuns
 from sidecar.server.approvals_ui.security import is_loopback_host
-from sidecar.server.approvals_ui.sessions import Sessions, SignedIn, csrf_matches
+from sidecar.server.approvals_ui.sessions import Sessions, SessionsFull, SignedIn, csrf_matches
 from sidecar.server.approvals_ui.views import Item, PreviewView, items
 from sidecar.state import AuditEvent, AuditRecord
 
 BOB = Principal(id="bob", tenant="acme", roles=("approver",))
+DAVE = Principal(id="dave", tenant="acme", roles=("approver",))
 JWT = {"algorithms": ["HS256"], "issuer": "i", "audience": "a", "key": "k" * 32}
 
 
@@ -39,11 +40,23 @@ def test_the_inbox_is_off_by_default_and_listens_on_one_tcp_address() -> None:
     ("live_seconds", 0, "Input should be greater than or equal to 0.2"),
     ("live_seconds", 61, "Input should be less than or equal to 60"),
     ("live_seconds", "often", "Input should be a valid number"),
+    ("max_sessions", 0, "Input should be greater than 0"),
+    ("max_sessions_per_principal", 0, "Input should be greater than 0"),
+    ("approver_roles", [], "Tuple should have at least 1 item"),
+    ("approver_roles", [""], "a role name may not be empty"),
     ("theme", "dark", "unknown key"),
 ])
 def test_bad_inbox_settings_name_the_key(key: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=rf"config error at approvals_ui\.{key}: {message}"):
         parse_settings({"approvals_ui": {key: value}})
+
+
+def test_one_principals_sessions_fit_within_everyones() -> None:
+    with pytest.raises(ConfigError, match=r"config error at approvals_ui: max_sessions_per_principal \(20\) may not "
+                                          r"exceed max_sessions \(5\)"):
+        parse_settings({"approvals_ui": {"max_sessions": 5, "max_sessions_per_principal": 20}})
+    ui = parse_settings({}).approvals_ui
+    assert (ui.max_sessions, ui.max_sessions_per_principal, ui.approver_roles) == (10_000, 10, ("approver",))
 
 
 def test_dev_mode_refuses_an_inbox_on_a_public_address() -> None:
@@ -75,7 +88,7 @@ class Clock:
 
 def test_a_session_ends_with_its_token_or_after_the_longest_session() -> None:
     clock = Clock()
-    sessions = Sessions(60, clock=clock)
+    sessions = Sessions(60, max_open=10, per_principal=10, clock=clock)
     short = sessions.open(SignedIn(BOB, "token", until=1010.0))
     long = sessions.open(SignedIn(BOB, "token", until=5000.0))
     dev = sessions.open(SignedIn(BOB, "dev"))
@@ -88,12 +101,22 @@ def test_a_session_ends_with_its_token_or_after_the_longest_session() -> None:
     assert sessions.get(long.id) is None and sessions.get(None) is None and sessions.get("guess") is None
 
 
-def test_past_the_most_sessions_the_one_ending_first_is_ended() -> None:
-    sessions = Sessions(60, max_open=2, clock=Clock())
+def test_past_ones_most_sessions_ones_own_oldest_is_ended() -> None:
+    sessions = Sessions(60, max_open=10, per_principal=2, clock=Clock())
     first = sessions.open(SignedIn(BOB, "token", until=1030.0))
     second = sessions.open(SignedIn(BOB, "token", until=1010.0))
     third = sessions.open(SignedIn(BOB, "token", until=1020.0))
-    assert sessions.get(second.id) is None and sessions.get(first.id) == first and sessions.get(third.id) == third
+    assert sessions.get(first.id) is None and sessions.get(second.id) == second and sessions.get(third.id) == third
+
+
+def test_a_full_inbox_refuses_a_newcomer_and_ends_nobody_elses_session() -> None:
+    sessions = Sessions(60, max_open=2, per_principal=2, clock=Clock())
+    bob = sessions.open(SignedIn(BOB, "token", until=1001.0))  # would end first: still never taken
+    dave = sessions.open(SignedIn(DAVE, "token"))
+    with pytest.raises(SessionsFull, match=r"the inbox holds its most sessions \(2, approvals_ui\.max_sessions\)"):
+        sessions.open(SignedIn(Principal(id="bob", tenant="other", roles=("approver",)), "token"))
+    again = sessions.open(SignedIn(DAVE, "dev"))  # one who holds a session gives up their own oldest
+    assert sessions.get(bob.id) == bob and sessions.get(dave.id) is None and sessions.get(again.id) == again
 
 
 def test_csrf_tokens_must_match_exactly() -> None:

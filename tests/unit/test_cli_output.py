@@ -129,10 +129,10 @@ ROWS = [("p_0123456789abcdef0123456789abcdef", "send_email_preview", "pending",
 def test_a_table_fits_its_width_and_stays_aligned(width: int | None) -> None:
     table = render_table(COLUMNS, ROWS, width)
     assert_aligned(table, 4, width if width != 20 else None)
-    assert "\x1b" not in table  # control characters are removed
+    assert "\x1b" not in table  # control characters are shown by their code points, never obeyed
     if width is None:
         assert table.splitlines()[1].split()[0] == ROWS[0][0] and len(table.splitlines()) == 4  # nothing wraps
-        assert table.splitlines()[-1].endswith("[bold]not markup[/bold][31m")  # no markup
+        assert table.splitlines()[-1].endswith("[bold]not markup[/bold]⟦U+001B⟧[31m")  # no markup
     else:
         assert "…" in table or len(table.splitlines()) > 4  # cut with an ellipsis or wrapped
 

@@ -19,7 +19,7 @@ from sidecar.server.approvals_ui.signin import SignIn
 from sidecar.server.auth import Authenticator
 from sidecar.server.http_limits import HttpLimits, bounded_server, listener_limits
 from sidecar.server.listeners import tcp_socket
-from sidecar.server.roles import ApprovalDesk, ApprovalGateway, Operators
+from sidecar.server.roles import ApprovalDesk, ApprovalGateway, Approvers, Operators
 
 __all__ = ["ApprovalsInbox"]
 
@@ -44,11 +44,12 @@ class ApprovalsInbox:
         endpoint = ui.endpoint
         assert endpoint is not None, "approvals_ui.listen is not set"
         limits = listener_limits(settings, "approvals_ui")
-        desk, authenticator = ApprovalDesk(approvals, Operators(settings.auth)), Authenticator(settings.auth)
+        operators, authenticator = Operators(settings.auth), Authenticator(settings.auth)
         oidc = None if ui.oidc is None else OidcSignIn(ui.oidc, authenticator)
-        inbox = Inbox(desk, SignIn(settings.auth, authenticator), Sessions(ui.session_seconds),
-                      secure=not endpoint.is_loopback, page_size=ui.page_size, live_seconds=ui.live_seconds,
-                      oidc=oidc)
+        sessions = Sessions(ui.session_seconds, max_open=ui.max_sessions, per_principal=ui.max_sessions_per_principal)
+        inbox = Inbox(ApprovalDesk(approvals, operators), SignIn(settings.auth, authenticator), sessions,
+                      approvers=Approvers(operators, ui.approver_roles), secure=not endpoint.is_loopback,
+                      page_size=ui.page_size, live_seconds=ui.live_seconds, oidc=oidc)
         host = endpoint.host.removeprefix("[").removesuffix("]")
         bound = tcp_socket(f"approvals_ui.listen {ui.listen}", host, endpoint.port)
         return cls(inbox, bound, host=endpoint.host, loopback=endpoint.is_loopback, limits=limits)

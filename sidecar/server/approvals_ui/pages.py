@@ -33,15 +33,17 @@ from starlette.staticfiles import StaticFiles
 
 from sidecar.config.approvals_ui import CALLBACK_PATH
 from sidecar.contract import ApprovalResult, ErrorCode
+from sidecar.display import visible
 from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
 from sidecar.server.approvals_ui.live import LiveUpdates
 from sidecar.server.approvals_ui.oidc import LOGIN_SECONDS, OidcSignIn
 from sidecar.server.approvals_ui.outcomes import CallRuns
 from sidecar.server.approvals_ui.security import FormError, read_form
-from sidecar.server.approvals_ui.sessions import Session, Sessions, SignedIn, csrf_matches
+from sidecar.server.approvals_ui.sessions import Session, Sessions, SessionsFull, SignedIn, csrf_matches
+from sidecar.server.approvals_ui.shown import shown
 from sidecar.server.approvals_ui.signin import SignIn
 from sidecar.server.approvals_ui.views import PreviewView
-from sidecar.server.roles import ApprovalDesk
+from sidecar.server.roles import ApprovalDesk, Approvers
 from sidecar.state import AuditRecord
 
 __all__ = ["Inbox"]
@@ -59,6 +61,10 @@ FORGED = ("The form was refused: its security token is missing or wrong, so noth
 EXPIRED = ("This preview expired before it was decided, so nothing was approved. The agent must send its call "
            "again to ask for a new approval.")
 NOT_PENDING = "There is no such preview, or it is not yours to decide."
+NOT_APPROVER = ("{who} holds none of the roles that may approve calls here ({roles}), so there is nothing here for "
+                "them to approve or deny: nobody was signed in. Sign in with an approver's token.")
+FULL = ("The inbox holds as many sessions as it may right now, so nobody was signed in (and nobody signed out). "
+        "Try again later.")
 EXPIRED_SHOWN = 3600  # seconds: previews that expired undecided this recently are listed in the inbox
 _VERSION = re.compile(r"[0-9a-f]{20}")  # ``live.version_of``
 
@@ -66,9 +72,10 @@ _VERSION = re.compile(r"[0-9a-f]{20}")  # ``live.version_of``
 class Inbox:
     """The inbox's ASGI app over one ``ApprovalDesk``; session cookies ``Secure`` when ``secure``."""
 
-    def __init__(self, desk: ApprovalDesk, sign_in: SignIn, sessions: Sessions, *, secure: bool,
-                 page_size: int, live_seconds: float, oidc: OidcSignIn | None = None) -> None:
+    def __init__(self, desk: ApprovalDesk, sign_in: SignIn, sessions: Sessions, *, approvers: Approvers,
+                 secure: bool, page_size: int, live_seconds: float, oidc: OidcSignIn | None = None) -> None:
         self._desk, self._sign_in, self._sessions, self._oidc = desk, sign_in, sessions, oidc
+        self._approvers = approvers
         self._secure, self._page_size = secure, page_size
         self.live = LiveUpdates(desk, sessions, interval=live_seconds)
         prefix = "__Host-" if secure else ""  # __Host-: Secure, Path=/, no Domain, enforced by the browser
@@ -77,6 +84,8 @@ class Inbox:
         self._templates = jinja2.Environment(loader=jinja2.FileSystemLoader(_HERE / "templates"),
                                              autoescape=True, undefined=jinja2.StrictUndefined)
         self._templates.filters["utc"] = lambda moment: moment.strftime("%Y-%m-%d %H:%M UTC")
+        self._templates.filters["shown"] = shown
+        self._templates.filters["visible"] = visible
         self.app = Starlette(routes=[
             Route("/", self._home),
             Route("/sign-in", self._sign_in_form, methods=["GET"]),
@@ -153,8 +162,18 @@ class Inbox:
         return response
 
     def _signed_in(self, signed_in: SignedIn, response: Response) -> Response:
-        """``response`` with the cookie of a new session for ``signed_in``."""
-        session = self._sessions.open(signed_in)
+        """``response`` with the cookie of a new session for ``signed_in``; a page saying why, and no session, for
+        someone who is no approver or when the inbox holds its most sessions."""
+        who = signed_in.principal
+        if not self._approvers.includes(who):
+            log.debug("approval inbox: %s (tenant %r) is no approver: not signed in", who.id, who.tenant)
+            return self._page("message.html", None, 403, title="Not an approver", message=NOT_APPROVER.format(
+                who=who.id, roles=", ".join(self._approvers.roles)))
+        try:
+            session = self._sessions.open(signed_in)
+        except SessionsFull as exc:
+            log.warning("approval inbox: %s (tenant %r) not signed in: %s", who.id, who.tenant, exc)
+            return self._page("message.html", None, 503, title="Not signed in", message=FULL)
         log.info("approval inbox: %s (tenant %r) signed in (%s)", signed_in.principal.id, signed_in.principal.tenant,
                  signed_in.method)
         self._set_cookie(response, self.session_cookie, session.id, self._sessions.seconds_left(session))
@@ -274,9 +293,9 @@ class Inbox:
             return await self._detail(session, preview_id, error=CHANGED, status=409)
         if error.code is ErrorCode.PREVIEW_EXPIRED:
             return await self._detail(session, preview_id, error=EXPIRED, status=410)
-        if error.field == "reason":
-            return await self._detail(session, preview_id, error="A denial needs a reason; nothing was denied.",
-                                      status=400)
+        if error.field in ("reason", "comment"):  # the approvals' own message, as the RPC gives it
+            undone = "denied" if error.field == "reason" else "approved"
+            return await self._detail(session, preview_id, error=f"Nothing was {undone}: {error.message}.", status=400)
         status = _STATUS.get(error.code, 409)
         return self._page("message.html", session, status, title="Not decided",
                           message=f"Nothing was decided: {error.message}.")

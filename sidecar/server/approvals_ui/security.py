@@ -5,7 +5,8 @@ no inline script, no ``eval``), style sheet and connections back to it (the live
 framed (``frame-ancestors 'none'``, ``X-Frame-Options: DENY``), sends no referrer,
 is not sniffed and is not cached. On a loopback listener a request must name a loopback host (a page
 that rebinds its own name to 127.0.0.1 cannot reach the inbox). A form body is read up to
-``MAX_FORM_BYTES`` and only as ``application/x-www-form-urlencoded``.
+``MAX_FORM_BYTES``, only as ``application/x-www-form-urlencoded`` and only as UTF-8 (percent-encoded bytes
+that are not UTF-8 refuse the form; they are never replaced).
 """
 
 from __future__ import annotations
@@ -76,10 +77,10 @@ async def read_form(request: Request) -> dict[str, str]:
         body += chunk
         if len(body) > MAX_FORM_BYTES:
             raise FormError(413, f"a form may hold at most {MAX_FORM_BYTES} bytes")
-    try:
-        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+    try:  # the percent-encoded bytes too: never read as U+FFFD
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False, errors="strict")
     except UnicodeDecodeError:
-        raise FormError(400, "a form must be UTF-8") from None
+        raise FormError(400, "a form must be UTF-8, its percent-encoded bytes too; nothing changed") from None
     return {name: values[0] for name, values in fields.items()}
 
 

@@ -5,7 +5,10 @@ later) proves who the person is and until when; ``Sessions.open`` then keeps tha
 id for at most ``approvals_ui.session_seconds`` and never past ``until`` (the token's expiry). The browser
 gets only the id, in an ``HttpOnly`` cookie; each session has its own CSRF token, which every form that
 changes something must carry (``csrf_matches``). Sessions live in this process: a restart signs everyone out.
-At most ``max_open`` are kept: past that, the one that would end first is ended.
+One principal (id and tenant) holds at most ``per_principal`` (``approvals_ui.max_sessions_per_principal``):
+their next sign-in ends their own oldest. All principals together hold at most ``max_open``
+(``approvals_ui.max_sessions``): past that, a principal who holds one gives up their oldest, and anyone else
+is refused (``SessionsFull``). A sign-in never ends another principal's session.
 """
 
 from __future__ import annotations
@@ -18,9 +21,7 @@ from dataclasses import dataclass
 
 from sidecar.contract import Principal
 
-__all__ = ["MAX_OPEN_SESSIONS", "Session", "Sessions", "SignedIn", "csrf_matches"]
-
-MAX_OPEN_SESSIONS = 10_000
+__all__ = ["Session", "Sessions", "SessionsFull", "SignedIn", "csrf_matches"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,20 +44,31 @@ class Session:
     expires_at: float
 
 
-class Sessions:
-    """The open sessions of one inbox, in memory; expired ones are dropped when seen or when one is opened."""
+class SessionsFull(Exception):
+    """The inbox holds as many sessions as it may, none of them the newcomer's: nobody was signed out."""
 
-    def __init__(self, max_seconds: float, *, max_open: int = MAX_OPEN_SESSIONS,
+
+class Sessions:
+    """The open sessions of one inbox, in memory, oldest first; expired ones are dropped when seen or when one
+    is opened."""
+
+    def __init__(self, max_seconds: float, *, max_open: int, per_principal: int,
                  clock: Callable[[], float] = time.time) -> None:
-        self._max_seconds, self._max_open, self._clock = max_seconds, max_open, clock
-        self._open: dict[str, Session] = {}
+        self._max_seconds, self._max_open, self._per_principal = max_seconds, max_open, per_principal
+        self._clock = clock
+        self._open: dict[str, Session] = {}  # in the order they were opened
 
     def open(self, signed_in: SignedIn) -> Session:
-        """A new session for ``signed_in``, ending at its ``until`` or after ``max_seconds``, whichever is first."""
+        """A new session for ``signed_in``, ending at its ``until`` or after ``max_seconds``, whichever is first;
+        ``SessionsFull`` when it would take another principal's place."""
         now = self._clock()
         self._open = {key: s for key, s in self._open.items() if s.expires_at > now}
-        while len(self._open) >= self._max_open:
-            del self._open[min(self._open.values(), key=lambda s: s.expires_at).id]
+        principal = signed_in.principal
+        mine = [s.id for s in self._open.values() if _same(s.principal, principal)]
+        if len(self._open) >= self._max_open and not mine:
+            raise SessionsFull(f"the inbox holds its most sessions ({self._max_open}, approvals_ui.max_sessions)")
+        while mine and (len(mine) >= self._per_principal or len(self._open) >= self._max_open):
+            del self._open[mine.pop(0)]
         ends = now + self._max_seconds if signed_in.until is None else min(signed_in.until, now + self._max_seconds)
         session = Session(secrets.token_urlsafe(32), signed_in.principal, signed_in.method, secrets.token_urlsafe(32),
                           ends)
@@ -78,6 +90,10 @@ class Sessions:
     def seconds_left(self, session: Session) -> int:
         """How long ``session`` has left, in whole seconds (the cookie's ``Max-Age``)."""
         return max(0, int(session.expires_at - self._clock()))
+
+
+def _same(one: Principal, other: Principal) -> bool:
+    return (one.id, one.tenant) == (other.id, other.tenant)
 
 
 def csrf_matches(expected: str, presented: str | None) -> bool:
