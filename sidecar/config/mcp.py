@@ -6,14 +6,17 @@ the address must be loopback, as every gRPC one must (checked with the whole ``S
 By default a request is answered with one JSON body unless it asks for progress (a ``progressToken``),
 which gets an event stream (``sidecar.server.mcp_transport``); ``json_response: true`` answers every
 request as JSON (progress notifications are then dropped). ``http`` bounds its clients' time and number
-(``sidecar.config.http``). Serving it needs the ``mcp`` extra (``check_installed``).
+(``sidecar.config.http``). A session ends after ``session_idle_seconds`` without a request; one principal holds
+at most ``max_sessions_per_principal`` sessions (a new one ends their least recently used idle one), fewer than
+``max_sessions``, all principals' together (``sidecar.server.mcp_sessions``). Serving it needs the ``mcp``
+extra (``check_installed``).
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-from pydantic import field_validator
+from pydantic import Field, field_validator, model_validator
 
 from sidecar.config.base import Section
 from sidecar.config.http import HttpListenerSettings
@@ -33,6 +36,9 @@ class McpSettings(Section):
     # default only a request with a progressToken gets an event stream.
     json_response: bool = False
     http: HttpListenerSettings = HttpListenerSettings()
+    session_idle_seconds: float = Field(default=600, gt=0, le=86_400)  # a session without a request ends then
+    max_sessions: int = Field(default=1000, gt=0, le=1_000_000)  # open sessions of all principals together
+    max_sessions_per_principal: int = Field(default=16, gt=0)  # past it, their least recently used idle one ends
 
     @field_validator("listen")
     @classmethod
@@ -40,6 +46,13 @@ class McpSettings(Section):
         if value is not None:
             one_tcp_endpoint(value, "the MCP endpoint")
         return value
+
+    @model_validator(mode="after")
+    def _sessions_fit(self) -> McpSettings:
+        if self.max_sessions_per_principal >= self.max_sessions:
+            raise ValueError(f"max_sessions_per_principal ({self.max_sessions_per_principal}) must be below "
+                             f"max_sessions ({self.max_sessions}), or one principal could take every session")
+        return self
 
     @property
     def endpoint(self) -> Endpoint | None:

@@ -7,7 +7,7 @@ serves HTTP on the sidecar's loop, with its signal handling left to ``serve``. E
 ``Authorization`` header; dev mode: the static principal, on loopback only) and refused with 401
 and the authenticator's constant message otherwise. The principal of each request is the one its
 calls run as; a session can only be used by the principal that opened it (the SDK answers 404 to
-another). A request's trace headers (``traceparent``, ``tracestate``) are the trace its calls continue
+another), and each principal holds a few sessions at most (``sidecar.server.mcp_sessions``). A request's trace headers (``traceparent``, ``tracestate``) are the trace its calls continue
 when the sidecar traces. On a loopback address the SDK's DNS-rebinding protection is on (``Host`` and ``Origin``
 must name the loopback host), so a web page cannot reach a dev-mode endpoint through the browser.
 
@@ -39,7 +39,7 @@ from sidecar.mcp.server import Context, SendProgress, build_server
 from sidecar.server.auth import Authenticator
 from sidecar.server.http_limits import HttpLimits, bounded_server, listener_limits
 from sidecar.server.listeners import tcp_socket
-from sidecar.server.mcp_transport import SessionManager
+from sidecar.server.mcp_sessions import Sessions
 from sidecar.server.tool_service import ToolGateway
 from sidecar.telemetry.propagation import continuing, trace_headers
 
@@ -78,8 +78,8 @@ class McpEndpoint:
             security = TransportSecuritySettings(allowed_hosts=_LOOPBACK_HOSTS,
                                                  allowed_origins=[f"http://{h}" for h in _LOOPBACK_HOSTS])
         server = build_server(lambda ctx: _CallerTools(gateway, principal_of(ctx), _trace_headers_of(ctx)))
-        manager = SessionManager(server, security_settings=security, json_response=settings.mcp.json_response,
-                                 max_request_body_size=settings.limits.max_message_bytes)
+        manager = Sessions(server, settings.mcp, security_settings=security,
+                           max_request_body_size=settings.limits.max_message_bytes)
         authenticated = _Authenticated(StreamableHTTPASGIApp(manager), Authenticator(settings.auth))
         app = Starlette(routes=[Route(MCP_PATH, endpoint=authenticated)])
         bound = tcp_socket(f"mcp.listen {settings.mcp.listen}", host, endpoint.port)

@@ -11,6 +11,9 @@ true`` answers every POST as JSON (progress notifications are then dropped). Bef
 by ``sidecar.mcp.envelope``: one that is not a single JSON-RPC message (not JSON, a batch, an id that is neither
 a string nor an integer) is answered 400 with the JSON-RPC error it is owed (id null) and never reaches the SDK.
 A request whose id is in flight in its session is answered 409 with -32600 (``sidecar.server.mcp_request_ids``).
+What the server is handed with each message is the request's state only (principal and trace headers), not
+the request: the session keeps the last message it read while it idles, and with it the request's scope,
+headers, body reader and connection (``sidecar.server.mcp_sessions`` says how many sessions there may be).
 
 The MCP SDK's transport chooses per session, not per request; ``SessionManager`` makes it choose per
 request. Its sessions' transports (``_Transport``) read the choice from a context variable that
@@ -23,7 +26,7 @@ each kind of answer.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from typing import cast
 
@@ -33,7 +36,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared._context_streams import ContextSendStream
 from mcp.shared._stream_protocols import ReadStream, WriteStream
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
-from mcp.shared.message import SessionMessage
+from mcp.shared.message import CloseSSEStreamCallback, ServerMessageMetadata, SessionMessage
 from mcp_types import INVALID_REQUEST, JSONRPCError, JSONRPCMessage, JSONRPCRequest
 from starlette.requests import Request
 from starlette.responses import Response
@@ -95,6 +98,15 @@ class _Transport(StreamableHTTPServerTransport):
             self._read_stream_writer = Watched(self._read_stream_writer, self._ids.handed_over)
             self._write_stream = Watched(cast(ContextSendStream[SessionMessage], write), self._ids.answered)
             yield read, cast(WriteStream[SessionMessage], self._write_stream)
+
+    def _message_metadata(self, request: Request, *, close_sse_stream: CloseSSEStreamCallback | None = None,
+                          close_standalone_sse_stream: CloseSSEStreamCallback | None = None,
+                          on_request_unanswered: Callable[[], Awaitable[None]] | None = None,
+                          ) -> ServerMessageMetadata:
+        state_only = Request({"type": "http", "state": request.scope.get("state", {})})  # what principal_of reads
+        return super()._message_metadata(state_only, close_sse_stream=close_sse_stream,
+                                         close_standalone_sse_stream=close_standalone_sse_stream,
+                                         on_request_unanswered=on_request_unanswered)
 
 
 class SessionManager(StreamableHTTPSessionManager):

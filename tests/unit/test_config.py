@@ -156,6 +156,20 @@ def test_the_mcp_endpoint_is_off_by_default_and_listens_on_one_tcp_address() -> 
         parse_settings({"mcp": {"listen": "nowhere"}})
 
 
+def test_mcp_sessions_are_bounded_per_principal_below_the_cap_of_all() -> None:
+    mcp = parse_settings({}).mcp
+    assert (mcp.session_idle_seconds, mcp.max_sessions_per_principal, mcp.max_sessions) == (600, 16, 1000)
+    with pytest.raises(ConfigError, match=r"^config error at mcp: max_sessions_per_principal \(16\) must be below "
+                                          r"max_sessions \(16\), or one principal could take every session$"):
+        parse_settings({"mcp": {"max_sessions": 16}})
+    with pytest.raises(ConfigError, match=r"^config error at mcp\.session_idle_seconds: Input should be greater "
+                                          r"than 0$"):
+        parse_settings({"mcp": {"session_idle_seconds": 0}})
+    with pytest.raises(ConfigError, match=r"^config error at mcp\.max_sessions_per_principal: Input should be "
+                                          r"greater than 0$"):
+        parse_settings({"mcp": {"max_sessions_per_principal": 0}})
+
+
 def test_metrics_are_off_by_default_and_listen_on_one_tcp_address() -> None:
     assert parse_settings({}).metrics.listen is None and parse_settings({}).metrics.endpoint is None
     settings = parse_settings({"metrics": {"listen": "[::1]:9464"}})

@@ -1,0 +1,98 @@
+"""How many MCP sessions the endpoint keeps, and for whom: a few per principal, so that nobody can take them all.
+
+The MCP SDK's session manager caps the sessions of everyone together (``mcp.max_sessions``; past it, a new
+session is answered ``503``) and ends one after ``mcp.session_idle_seconds`` without a request. Alone, that let
+one principal open every session, and every other caller was refused until theirs expired. ``Sessions`` also
+holds each principal (their id and tenant) to ``mcp.max_sessions_per_principal``, fewer than the cap of all.
+
+A principal who opens one more session ends their own least recently used idle session (no request in flight,
+no event stream open), exactly as if it had expired: it answers ``404`` from then on, which MCP tells a client
+to meet by opening a new session. An agent that loses track of its sessions (no ``DELETE`` when it stops, a
+crash) so keeps working and never locks itself out. Only when all of that principal's sessions are busy is the
+new one refused, ``429`` with a JSON-RPC error: another principal's sessions are never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from sidecar.config.mcp import McpSettings
+from sidecar.server.mcp_transport import SessionManager
+
+__all__ = ["Sessions"]
+
+log = logging.getLogger(__name__)
+
+_ALL_BUSY = "Too many open sessions for this principal, each with a request in flight; end one (DELETE) or retry"
+
+
+class _AllBusy(Exception):
+    """The principal holds their most sessions and every one is busy."""
+
+
+class Sessions(SessionManager):
+    """The endpoint's session manager: at most ``per_principal`` sessions for each principal."""
+
+    def __init__(self, server: Server[Any], settings: McpSettings, *,
+                 security_settings: TransportSecuritySettings | None, max_request_body_size: int) -> None:
+        super().__init__(server, security_settings=security_settings, json_response=settings.json_response,
+                         max_request_body_size=max_request_body_size, max_sessions=settings.max_sessions,
+                         session_idle_timeout=settings.session_idle_seconds)
+        self._per_principal = settings.max_sessions_per_principal
+
+    async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super()._handle_stateful_request(scope, receive, send)
+        except _AllBusy:  # raised before anything was answered or opened
+            body = JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=INTERNAL_ERROR, message=_ALL_BUSY))
+            await Response(body.model_dump_json(by_alias=True, exclude_unset=True), status_code=429,
+                           media_type="application/json")(scope, receive, send)
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        # Called under the SDK's session-creation lock, so the count cannot change meanwhile.
+        if requestor is not None:
+            self._make_room(requestor)
+        return super()._admit_session(requestor)
+
+    def _make_room(self, requestor: AuthorizationContext) -> None:
+        """End the principal's least recently used idle session if they hold their most; ``_AllBusy`` if none
+        is idle."""
+        held = [session for session, owner in self._session_owners.items() if owner == requestor]
+        if len(held) < self._per_principal:
+            return
+        idle = [(until, session) for session in held
+                if (until := _idle_until(self._server_instances[session])) is not None]
+        if not idle:
+            log.warning("MCP: refused a new session of %s: its %d sessions (mcp.max_sessions_per_principal) are "
+                        "all busy", _named(requestor), len(held))
+            raise _AllBusy
+        _, oldest = min(idle)
+        transport = self._server_instances.pop(oldest)  # forgotten at once: its id answers 404 from now on
+        self._session_owners.pop(oldest, None)
+        assert transport.idle_scope is not None
+        transport.idle_scope.cancel()  # its server task ends it, as when it expires
+        log.info("MCP: ended the least recently used idle session of %s for a new one (it holds %d, "
+                 "mcp.max_sessions_per_principal)", _named(requestor), len(held))
+
+
+def _idle_until(transport: StreamableHTTPServerTransport) -> float | None:
+    """When an idle session expires (it is the least recently used whose time comes first); ``None`` while a
+    request is in flight (the SDK then holds its expiry at infinity) or before its server task started."""
+    scope = transport.idle_scope
+    if scope is None or scope.cancel_called or math.isinf(scope.deadline):
+        return None
+    return scope.deadline
+
+
+def _named(requestor: AuthorizationContext) -> str:
+    return f"principal {requestor['client_id']!r} of tenant {requestor['issuer']!r}"
