@@ -23,9 +23,7 @@ fills the approvers' lists.
 
 from __future__ import annotations
 
-import datetime as dt
 import hmac
-import json
 import logging
 import secrets
 import time
@@ -40,10 +38,11 @@ from sidecar.metrics import Metrics
 from sidecar.pipeline.approval_audit import calls_with, decision_event
 from sidecar.pipeline.fields import malformed_field
 from sidecar.pipeline.preview_pages import PreviewPage, page_token, read_token
+from sidecar.pipeline.preview_records import cursor_of, same_principal, stored_call, to_preview
 from sidecar.policy import Decision, PolicyEngine, Stage
 from sidecar.policy.decision import MAX_PREVIEW_TTL_SECONDS
 from sidecar.policy.input import PolicyInput, now_utc
-from sidecar.state import AuditRecord, PreviewCursor, PreviewQuery, PreviewRecord, Store
+from sidecar.state import AuditRecord, PreviewQuery, PreviewRecord, Store
 
 __all__ = [
     "DEFAULT_APPROVER_ROLES",
@@ -54,7 +53,6 @@ __all__ = [
     "CallToApprove",
     "Refusal",
     "preview_hash",
-    "to_preview",
 ]
 
 log = logging.getLogger("toolbooth.approvals")
@@ -181,7 +179,7 @@ class Approvals:
         record = None if malformed_field(preview_id=preview_id) else await self.store.get_preview(preview_id)
         if record is None or all_of_them:
             return None if record is None else to_preview(record)
-        mine = record.decided_by is not None and _same(principal, record.decided_by)
+        mine = record.decided_by is not None and same_principal(principal, record.decided_by)
         return to_preview(record) if mine or (await self._approver_decision(principal, record)).allow else None
 
     async def calls_with(self, previews: Sequence[Preview]) -> dict[str, list[AuditRecord]]:
@@ -201,7 +199,7 @@ class Approvals:
                     assert query.after is not None  # one was read: ``limit`` is at least 1
                     return PreviewPage(kept, page_token(query.after))
                 read += 1
-                query = replace(query, after=_cursor(record))
+                query = replace(query, after=cursor_of(record))
                 if keep(record) and (all_of_them or (await self._approver_decision(principal, record)).allow):
                     kept.append(to_preview(record))
             if len(records) < query.limit:
@@ -214,7 +212,7 @@ class Approvals:
         tenant = None if all_of_them else principal.tenant
         records = [r for state in _DECIDED for r in await self.store.previews(PreviewQuery(state, limit, tenant))]
         if not all_of_them:
-            records = [r for r in records if r.decided_by is not None and _same(principal, r.decided_by)]
+            records = [r for r in records if r.decided_by is not None and same_principal(principal, r.decided_by)]
         records.sort(key=lambda r: r.decided_at or 0.0, reverse=True)
         return [to_preview(r) for r in records[:limit]]
 
@@ -259,7 +257,7 @@ class Approvals:
         record = await self.store.get_preview(approval_id)
         if record is None:
             return Refusal(_error(ErrorCode.RESOURCE_NOT_FOUND, "there is no approval with this id"))
-        stored = _stored_call(record)
+        stored = stored_call(record)
         if stored is None:
             return Refusal(_error(ErrorCode.PERMISSION_DENIED, _CHANGED))
         if refusal := _mismatch(record, stored, call):
@@ -320,7 +318,7 @@ class Approvals:
         if hash_seen is not None and not hmac.compare_digest(hash_seen.encode(), record.preview_hash.encode()):
             return _refused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "preview_hash is not the hash of this preview",
                                          field="preview_hash"), record)
-        if state is PreviewState.APPROVED and _stored_call(record) is None:
+        if state is PreviewState.APPROVED and stored_call(record) is None:
             return _refused(ErrorInfo.of(ErrorCode.PERMISSION_DENIED, _CHANGED, field="preview_id"))
         decided_by = approver.model_dump_json()
         if not await self.store.decide_preview(preview_id, state, decided_by=decided_by, comment=comment or None,
@@ -347,34 +345,11 @@ _CHANGED = ("the stored preview no longer matches its hash: it was changed after
             "approved nor run; ask for a new approval")
 
 
-def _cursor(record: PreviewRecord) -> PreviewCursor:
-    return PreviewCursor(record.created_at, record.preview_id)
-
-
 def _too_many_pending(max_pending: int) -> ErrorInfo:
     return ErrorInfo.of(ErrorCode.RATE_LIMITED, f"this principal already has {max_pending} calls waiting for a "
                         "person's approval, the most it may have; nothing was stored. Wait until an approver has "
                         "decided some of them (or they expired), then send this call again",
                         details={"max_pending_previews": max_pending})
-
-
-def _same(principal: Principal, decided_by: str) -> bool:
-    """Whether the approver stored as ``decided_by`` (a principal as JSON) is ``principal`` (same id and tenant)."""
-    approver = Principal.model_validate_json(decided_by)
-    return (approver.id, approver.tenant) == (principal.id, principal.tenant)
-
-
-def _stored_call(record: PreviewRecord) -> dict[str, Any] | None:
-    """``record``'s canonical call, if it still hashes to the preview's hash (else it was changed: logged)."""
-    try:
-        call = json.loads(record.call_json)
-        intact = isinstance(call, dict) and hash_matches(call, record.preview_hash)
-    except ValueError:  # not JSON, or JSON without a canonical form
-        intact = False
-    if not intact:
-        log.error("preview %s: its stored call no longer hashes to its preview hash; refused", record.preview_id)
-        return None
-    return call  # type: ignore[no-any-return]
 
 
 def _mismatch(record: PreviewRecord, stored: dict[str, Any], call: CallToApprove) -> Refusal | None:
@@ -418,27 +393,3 @@ def _error(code: ErrorCode, message: str) -> ErrorInfo:
 
 def _refused(error: ErrorInfo, record: PreviewRecord | None = None) -> ApprovalResult:
     return ApprovalResult(ok=False, error=error, preview=None if record is None else to_preview(record))
-
-
-def to_preview(record: PreviewRecord) -> Preview:
-    """A stored preview as callers see it: times in RFC 3339, the approver by id, the tool's rendering apart."""
-    decided_by = None if record.decided_by is None else json.loads(record.decided_by)["id"]
-    return Preview(preview_id=record.preview_id, preview_hash=record.preview_hash, call_json=record.call_json,
-                   reason=record.reason, expires_at=_rfc3339(record.expires_at), state=record.state,
-                   approver_roles=record.approver_roles, decided_by=decided_by,
-                   decided_at=None if record.decided_at is None else _rfc3339(record.decided_at),
-                   comment=record.comment, rendering_json=_rendering_json(record.call_json),
-                   created_at=_rfc3339(record.created_at))
-
-
-def _rendering_json(call_json: str) -> str | None:
-    try:
-        call = json.loads(call_json)
-    except ValueError:
-        return None
-    rendering = call.get("rendering") if isinstance(call, dict) else None
-    return None if rendering is None else canonical_json(rendering)
-
-
-def _rfc3339(seconds: float) -> str:
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
