@@ -175,10 +175,6 @@ class SqlStore:
         rows = await self.driver.fetch(self._sql.get_preview, (preview_id,))
         return preview_record(rows[0]) if rows else None
 
-    async def list_previews(self, state: PreviewState, *, limit: int = 100) -> list[PreviewRecord]:
-        """Previews in ``state``, newest first, at most ``limit``."""
-        return await self.previews(PreviewQuery(state, limit))
-
     async def previews(self, query: PreviewQuery) -> list[PreviewRecord]:
         """The previews ``query`` selects, newest first."""
         after = query.after or PreviewCursor(math.inf, "")

@@ -89,10 +89,6 @@ class Store(Protocol):
         """The preview with this id, if any."""
         ...
 
-    async def list_previews(self, state: PreviewState, *, limit: int = 100) -> list[PreviewRecord]:
-        """Previews in ``state``, newest first, at most ``limit``."""
-        ...
-
     async def previews(self, query: PreviewQuery) -> list[PreviewRecord]:
         """The previews ``query`` selects (tenant, state, expiry, after a cursor), newest first: filtered in the
         store, so that one tenant's previews never push another's out of a page."""

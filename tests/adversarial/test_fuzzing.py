@@ -34,6 +34,7 @@ from sidecar.config import Settings
 from sidecar.contract import PreviewState
 from sidecar.plugin import SideEffect, ToolContext, tool
 from sidecar.server.interceptors.status import UNDECODABLE_DETAILS
+from sidecar.state import PreviewQuery
 from sidecar.tools.registry import Registry
 from tests.contract.conftest import postgres, postgres_dsn
 from tests.integration.conftest import make_settings, socket_path
@@ -287,7 +288,7 @@ async def _fuzz(services: Services, requests: int) -> None:
     assert len(events) - events_before == tally.events, tally.answers
     assert all("\x00" not in (e.idempotency_key or "") + (e.call_id or "") + e.tool for e in events)
     assert await services.rows("idempotency") == tally.writes > 0  # no record of a malformed call
-    records = await services.store.list_previews(PreviewState.PENDING, limit=PREVIEWS + 1)
+    records = await services.store.previews(PreviewQuery(PreviewState.PENDING, PREVIEWS + 1))
     assert len(records) == PREVIEWS and all(r.decided_by is None and r.comment is None for r in records)
     alive = await services.tools.ExecuteTool(pb.ExecuteToolRequest(tool="echo", arguments_json='{"text": "up"}'))
     assert alive.status == pb.STATUS_SUCCESS

@@ -82,13 +82,13 @@ async def test_unknown_preview_cannot_be_decided_or_consumed(store: AnyStore) ->
     assert not await store.consume_approval("nope", now=1.0)
 
 
-async def test_list_previews_by_state_newest_first(store: AnyStore) -> None:
+async def test_previews_by_state_newest_first(store: AnyStore) -> None:
     for n in range(3):
         await store.save_preview(preview(f"p-{n}", created_at=100.0 + n))
     await store.decide_preview("p-1", PreviewState.DENIED, decided_by="b", comment="no", now=1.0)
-    assert [p.preview_id for p in await store.list_previews(PreviewState.PENDING)] == ["p-2", "p-0"]
-    assert [p.preview_id for p in await store.list_previews(PreviewState.PENDING, limit=1)] == ["p-2"]
-    assert [p.preview_id for p in await store.list_previews(PreviewState.DENIED)] == ["p-1"]
+    assert [p.preview_id for p in await store.previews(PreviewQuery(PreviewState.PENDING, 100))] == ["p-2", "p-0"]
+    assert [p.preview_id for p in await store.previews(PreviewQuery(PreviewState.PENDING, 1))] == ["p-2"]
+    assert [p.preview_id for p in await store.previews(PreviewQuery(PreviewState.DENIED, 100))] == ["p-1"]
 
 
 async def test_concurrent_decisions_and_consumptions_have_one_winner(stores: Stores, store: AnyStore) -> None:

@@ -24,6 +24,7 @@ from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, PreviewState, Status
 from sidecar.server.approvals_ui.pages import CHANGED, EXPIRED, FORGED, NOT_PENDING
+from sidecar.state import PreviewQuery
 from tests.support.approvals import NOTE
 from tests.support.contract_tools import SENT
 from tests.support.inbox import MAIL, World, free_port, served_inbox
@@ -150,7 +151,8 @@ async def test_an_expired_preview_shows_as_expired_and_cannot_be_approved(chromi
     assert (await answer.value).status == 410
     assert await static.get_by_role("alert").inner_text() == EXPIRED
     assert await static.get_by_role("button", name="Approve").count() == 0
-    assert [p.state for p in await world.store.list_previews(PreviewState.PENDING)] == [PreviewState.PENDING]
+    pending = await world.store.previews(PreviewQuery(PreviewState.PENDING, 100))
+    assert [p.state for p in pending] == [PreviewState.PENDING]
     await live.goto(world.inbox.url + "/inbox")  # the inbox lists it as expired, not as waiting
     expired = live.locator(f"#preview-{preview.preview_id}")
     assert "expired" in await expired.inner_text() and "Nothing is waiting for you" in await live.content()
@@ -219,7 +221,8 @@ async def test_a_forged_form_post_without_the_csrf_token_is_refused(chromium: Br
     stranger = await (await chromium.new_context()).new_page()  # no session at all
     alone = await stranger.request.post(url, form={"preview_hash": preview.preview_hash}, max_redirects=0)
     assert alone.status == 401
-    assert [p.state for p in await world.store.list_previews(PreviewState.PENDING)] == [PreviewState.PENDING]
+    pending = await world.store.previews(PreviewQuery(PreviewState.PENDING, 100))
+    assert [p.state for p in pending] == [PreviewState.PENDING]
 
 
 async def test_an_approve_click_on_a_preview_whose_hash_changed_is_refused(chromium: Browser, world: World) -> None:
@@ -237,7 +240,7 @@ async def test_an_approve_click_on_a_preview_whose_hash_changed_is_refused(chrom
     assert await page.get_by_role("alert").inner_text() == CHANGED
     assert "changed behind the page" in await page.locator("main").inner_text()  # shown as it is now
     assert await page.locator('input[name="preview_hash"]').get_attribute("value") == sha256_hex(call)
-    [still] = await world.store.list_previews(PreviewState.PENDING)
+    [still] = await world.store.previews(PreviewQuery(PreviewState.PENDING, 100))
     assert still.decided_by is None
 
 
