@@ -7,9 +7,10 @@ serves HTTP on the sidecar's loop, with its signal handling left to ``serve``. E
 ``Authorization`` header; dev mode: the static principal, on loopback only) and refused with 401
 and the authenticator's constant message otherwise. The principal of each request is the one its
 calls run as; a session can only be used by the principal that opened it (the SDK answers 404 to
-another), and each principal holds a few sessions at most (``sidecar.server.mcp_sessions``). A request's trace headers (``traceparent``, ``tracestate``) are the trace its calls continue
-when the sidecar traces. On a loopback address the SDK's DNS-rebinding protection is on (``Host`` and ``Origin``
-must name the loopback host), so a web page cannot reach a dev-mode endpoint through the browser.
+another), and each principal holds a few sessions at most (``sidecar.server.mcp_sessions``). A request's
+trace headers (``traceparent``, ``tracestate``) are the trace its calls continue when the sidecar traces. On
+a loopback address the SDK's DNS-rebinding protection is on (``Host`` and ``Origin`` must name the loopback
+host), so a web page cannot reach a dev-mode endpoint through the browser.
 
 ``McpEndpoint.stop`` stops taking connections, lets the calls in flight finish within the grace,
 then ends the sessions (their open event streams with them) and closes what is left.

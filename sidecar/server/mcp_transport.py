@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from typing import cast
 
+import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -48,6 +49,7 @@ from sidecar.server.mcp_request_ids import InFlightIds, Watched
 __all__ = ["SessionManager", "asks_for_progress"]
 
 _ANSWER_AS_JSON: ContextVar[bool] = ContextVar("toolbooth_mcp_answer_as_json", default=False)
+_READ_ON = Exception("toolbooth: nothing to read (the dispatcher drops an exception it is handed)")
 
 
 def asks_for_progress(message: JSONRPCMessage) -> bool:
@@ -88,6 +90,15 @@ class _Transport(StreamableHTTPServerTransport):
             _ANSWER_AS_JSON.reset(answer_as_json)
             if isinstance(message, JSONRPCRequest):
                 self._ids.posted(message.id)
+        await self._forget_last_message()
+
+    async def _forget_last_message(self) -> None:
+        """Make the session's dispatcher let go of the message it read last, which it keeps (params and all,
+        up to ``limits.max_message_bytes``) until it reads another: it reads this marker instead, which it drops
+        (a handler still running keeps what it needs)."""
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            if self._read_stream_writer is not None and not self.is_terminated:
+                await self._read_stream_writer.send(_READ_ON)
 
     @contextlib.asynccontextmanager
     async def connect(self) -> AsyncIterator[tuple[ReadStream[SessionMessage | Exception],

@@ -4,7 +4,10 @@ principal cannot take them all; idle ones expire. A real endpoint on 127.0.0.1:0
 from __future__ import annotations
 
 import asyncio
+import gc
+import json
 import logging
+import tracemalloc
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -119,3 +122,19 @@ async def test_a_session_without_a_request_for_session_idle_seconds_ends(endpoin
         await until(lambda: f"Session {session['mcp-session-id']} idle timeout" in caplog.text,
                     what="the idle session's end")
         assert await _listed(alice, endpoint.url, session) == 404
+
+
+async def test_an_idle_session_keeps_nothing_of_the_last_request_it_read(endpoint: Endpoint) -> None:
+    """The session's dispatcher kept the last message it read (here 2 MB of params) until it read another."""
+    padded = json.dumps({"jsonrpc": "2.0", "id": 5, "method": "ping", "params": {"_meta": {"pad": "x" * 2**21}}})
+    async with endpoint.client("alice") as alice:
+        session = await _open(alice, endpoint.url)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            assert (await alice.post(endpoint.url, content=padded, headers=session)).json()["result"] == {}
+            gc.collect()
+            kept = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    assert kept < 2**18, f"{kept} bytes kept"
