@@ -2,8 +2,8 @@
 
 A stage reads what earlier stages set and sets its own part: resolve sets ``tool`` and
 ``inputs``, validate sets ``arguments``, approval sets ``approved_preview`` (the approved rendering
-of a tool that renders its calls), idempotency sets ``key`` and ``deadline``, dispatch
-sets ``attempts`` (and ``overran``, ``late`` for a handler that outlived the deadline). ``progress`` is
+of a tool that renders its calls), idempotency sets ``detached``, ``key`` and ``deadline``, dispatch
+sets ``attempts`` (and ``unknown``, ``late`` for a handler whose outcome is not known). ``progress`` is
 where the handler's progress reports go (a streamed call's caller; ``None``: nowhere).
 ``trail`` is the audit trail: every decision made for the call, by stage; ``decision_ids`` names each one.
 ``trace_headers`` is the trace context its caller sent (``sidecar.telemetry.propagation``); the trace stage
@@ -79,7 +79,7 @@ class Call:
     key: KeyScope | None = None  # idempotency: the key this call claimed (``None``: none, or not ours)
     deadline: float | None = None  # idempotency or dispatch: ``time.monotonic()`` by which the handler must end
     attempts: int = 0  # dispatch
-    overran: bool = False  # dispatch: the handler outlived the deadline (``TIMEOUT``): its effect may have happened
+    unknown: bool = False  # dispatch: the handler's effect may have happened, its outcome is not known
     late: asyncio.Future[ToolResult] | None = None  # dispatch: that handler runs on; its own result when it ends
     detached: bool = False  # idempotency: a started write records its own outcome, even if the caller leaves
     trail: dict[str, Any] = field(default_factory=dict)  # decisions (as documents) and approval ids, by stage
@@ -151,10 +151,11 @@ class Call:
                            conversation_id=self.request.conversation_id or None, settings=self.defn.settings)
 
     def handler_deadline(self) -> float:
-        """When the handler must end (``time.monotonic()``): the tool's timeout from now, or the caller's
-        deadline if earlier; fixed the first time it is asked."""
+        """When the handler must end (``time.monotonic()``), fixed the first time it is asked: the tool's
+        timeout from now, or the caller's deadline if earlier; for a detached call (a write) the tool's timeout
+        alone: once started, it runs on after its caller stopped waiting, and its outcome is recorded."""
         if self.deadline is None:
-            self.deadline = self.deadline_from_now()
+            self.deadline = monotonic() + self.defn.timeout if self.detached else self.deadline_from_now()
         return self.deadline
 
     def deadline_from_now(self) -> float:

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,6 +183,7 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
                     async with _in_background(reloader.watch, reload_interval(settings.policy)), \
                             _in_background(checkpoints, settings.audit.checkpoint_interval_seconds):
                         await _wait_for_stop(stop or asyncio.Event())
+                    pipeline.stop_by(time.monotonic() + settings.server.shutdown_grace_seconds)
             finally:
                 await sidecar.stop(settings.server.shutdown_grace_seconds)
     finally:

@@ -4,19 +4,25 @@ Async handlers are awaited and cancelled at the deadline. Sync handlers run in a
 bounded thread pool; at the deadline the caller gets ``TIMEOUT`` at once, but the
 thread itself cannot be interrupted and finishes in the background: for a tool with side
 effects, ``Outcome.late`` then gives its real outcome when it ends (one still queued in
-the pool is cancelled instead: it never ran). A handler that outlived the deadline
-(``Outcome.overran``) may have had its effect. Whatever a handler
+the pool is cancelled instead: it never ran). A handler whose outcome is not known
+(``Outcome.unknown``: it outlived the deadline, or its worker process ended while it ran) may have
+had its effect. Whatever a handler
 raises (``SystemExit``, ``KeyboardInterrupt``, a ``CancelledError`` of its own, any other
 ``BaseException``) ends that call with ``INTERNAL_ERROR``, logged, never the sidecar; only a
-cancellation of the call itself passes through.
+cancellation of the call itself passes through. No attempt starts after ``start_by`` (the caller's
+deadline, for a write whose own deadline is its tool's timeout), and at shutdown no handler runs past
+``stop_by``'s moment: one still running then is stopped as at its deadline.
 
 Isolated sync handlers (``isolation`` in the config: ``sidecar.tools.isolation``) run in a worker
 process of their plugin instead, so their deadline is real: at the deadline (or when the call is
 cancelled) that call's worker is stopped (SIGTERM, SIGKILL after the grace), the caller gets
 ``TIMEOUT`` once it is gone, and the worker is replaced; other calls go on. A killed handler had an
-unknown effect: ``overran`` and no ``late`` (for a write, its key stays unknown until an operator
-settles it). A worker that ends mid-call (``os._exit``, a signal, the OOM killer) ends it with
-``INTERNAL_ERROR``, logged. A call still waiting for a free worker at its deadline never started.
+unknown effect: ``unknown`` and no ``late`` (for a write, its key stays unknown until an operator
+settles it). A worker that ends mid-call (``os._exit``, a signal, the OOM killer) after the call
+reached it ends it with ``INTERNAL_ERROR``, logged: for a tool with side effects its outcome is
+``unknown`` too (recovery ``check_operation_status``: the handler may have had its effect), for a read a
+plain failure. One that had ended before the call reached it ran nothing: ``SERVICE_UNAVAILABLE``,
+retryable. A call still waiting for a free worker at its deadline never started.
 Other sync handlers share the sidecar's process: one that hangs or corrupts it is not contained.
 Only ``SideEffect.NONE`` tools may carry a retry policy (checked by ``@tool``). With its ``attempt_timeout``
 each attempt has a deadline of its own, within the call's: an attempt that hangs ends with ``TIMEOUT``
@@ -40,10 +46,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from sidecar.contract import ErrorCode, ErrorInfo
+from sidecar.contract import ErrorCode, ErrorInfo, Recovery, SideEffect
 from sidecar.tools.definition import ToolContext, ToolDefinition
 from sidecar.tools.isolation.pool import ProcessPools
-from sidecar.tools.isolation.process import HandlerFailed
+from sidecar.tools.isolation.process import HandlerFailed, WorkerLost
 from sidecar.tools.outcomes import Partial, ToolError, published
 
 __all__ = ["Dispatcher", "Outcome"]
@@ -54,16 +60,17 @@ log = logging.getLogger("toolbooth.dispatch")
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What dispatch produced: an output model or an error, and the attempts made (whose handler started:
-    0 when the deadline passed before the first). ``overran``: the last attempt's handler outlived the
-    deadline (``TIMEOUT``), so its effect may or may not have happened; ``late``: that handler, a sync
-    one of a tool with side effects in the thread pool, still runs, and this future gives its own outcome
-    when it ends (an isolated one was killed: no ``late``, its effect stays unknown). ``failed``: with an
-    output, the parts that failed (the handler returned a ``Partial``)."""
+    0 when the deadline passed before the first). ``unknown``: the last attempt's handler may or may not
+    have had its effect and its outcome is not known: it outlived the deadline (``TIMEOUT``), or the worker
+    process of an isolated write ended while it ran (``INTERNAL_ERROR``, recovery ``check_operation_status``);
+    ``late``: that handler, a sync one of a tool with side effects in the thread pool, still runs, and this
+    future gives its own outcome when it ends (an isolated one was killed, or died: no ``late``, its effect
+    stays unknown). ``failed``: with an output, the parts that failed (the handler returned a ``Partial``)."""
 
     output: BaseModel | None
     error: ErrorInfo | None
     attempts: int
-    overran: bool = False
+    unknown: bool = False
     late: asyncio.Future[Outcome] | None = None
     failed: tuple[ErrorInfo, ...] = ()
 
@@ -80,9 +87,10 @@ class _Produced:
 
 
 @dataclass(frozen=True, slots=True)
-class _Overrun:
-    """An attempt whose handler outlived the deadline: the caller's ``TIMEOUT``, and the handler still
-    running (a sync one in the thread pool), if any."""
+class _Unsettled:
+    """An attempt whose handler may have had its effect, with no outcome: it outlived the deadline (the
+    caller's ``TIMEOUT``, and the handler still running, a sync one in the thread pool, if any) or its
+    worker process ended while it ran."""
 
     error: ErrorInfo
     running: asyncio.Future[Any] | None
@@ -100,27 +108,32 @@ class Dispatcher:
     def __init__(self, *, sync_threads: int, pools: ProcessPools) -> None:
         self._threads = ThreadPoolExecutor(max_workers=sync_threads, thread_name_prefix="toolbooth-handler")
         self._pools = pools
+        self._stop_at: float | None = None  # ``time.monotonic()``: at shutdown, no handler runs past it
+        self._deadlines: set[asyncio.Timeout] = set()  # of the attempts running now
 
-    async def run(self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext) -> Outcome:
-        """Call ``defn``'s handler until success, a final error or the deadline."""
+    async def run(self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext, *,
+                  start_by: float | None = None) -> Outcome:
+        """Call ``defn``'s handler until success, a final error or the deadline; no attempt starts after
+        ``start_by`` (``time.monotonic()``) either."""
         attempt = 1
         while True:
             ctx = replace(ctx, attempt=attempt)
-            if ctx.deadline <= time.monotonic():  # this attempt never starts
+            latest = self._end_of(ctx) if start_by is None else min(self._end_of(ctx), start_by)
+            if latest <= time.monotonic():  # this attempt never starts
                 return _not_run(attempt - 1)
             attempted = await self._attempt(defn, args, _for_attempt(defn, ctx))
             if isinstance(attempted, _NotStarted):  # still queued at its deadline: it never ran
-                if ctx.deadline > time.monotonic():  # only the attempt's own deadline passed: queue it again
+                if self._end_of(ctx) > time.monotonic():  # only the attempt's own deadline passed: queue it again
                     continue
                 return _not_run(attempt - 1)
             if isinstance(attempted, _Produced):
                 return attempted.outcome(attempt)
-            overrun, error = (attempted, attempted.error) if isinstance(attempted, _Overrun) else (None, attempted)
+            unsettled, error = (attempted, attempted.error) if isinstance(attempted, _Unsettled) else (None, attempted)
             delay = defn.retry.backoff(attempt)
             if not _should_retry(defn, error, attempt, delay, ctx):
-                if overrun is None:
+                if unsettled is None:
                     return Outcome(None, error, attempt)
-                return Outcome(None, error, attempt, overran=True, late=_late(overrun, defn, ctx, attempt))
+                return Outcome(None, error, attempt, unknown=True, late=_late(unsettled, defn, ctx, attempt))
             ctx.logger.info("retrying after %s (attempt %d)", error.code, attempt)
             await asyncio.sleep(delay)
             attempt += 1
@@ -128,6 +141,20 @@ class Dispatcher:
     async def start(self) -> None:
         """Start the worker processes of the isolated tools; ``PluginLoadError`` if one cannot import them."""
         await self._pools.start()
+
+    def stop_by(self, at: float) -> None:
+        """Shutdown's bound: no handler runs past ``at`` (``time.monotonic()``, the earliest one given wins);
+        one still running then is stopped as at its deadline (its outcome ``unknown``)."""
+        self._stop_at = at if self._stop_at is None else min(self._stop_at, at)
+        moment = asyncio.get_running_loop().time() + (self._stop_at - time.monotonic())
+        for deadline in self._deadlines:
+            when = deadline.when()
+            if not deadline.expired() and (when is None or when > moment):
+                deadline.reschedule(moment)
+
+    def _end_of(self, ctx: ToolContext) -> float:
+        """When an attempt with ``ctx`` must end: its deadline, or shutdown's bound if that is earlier."""
+        return ctx.deadline if self._stop_at is None else min(ctx.deadline, self._stop_at)
 
     async def aclose(self) -> None:
         """Stop accepting sync handlers (running threads finish in the background); stop the worker processes
@@ -137,8 +164,8 @@ class Dispatcher:
 
     async def _attempt(
         self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext
-    ) -> _Produced | ErrorInfo | _Overrun | _NotStarted:
-        remaining = ctx.deadline - time.monotonic()
+    ) -> _Produced | ErrorInfo | _Unsettled | _NotStarted:
+        remaining = self._end_of(ctx) - time.monotonic()
         deadline = asyncio.timeout(remaining)
         job: Future[Any] | None = None
         running: asyncio.Future[Any] | None = None
@@ -146,6 +173,7 @@ class Dispatcher:
         pool = self._pools.get(defn.name)
         try:
             async with deadline:
+                self._deadlines.add(deadline)  # entered: ``stop_by`` may bring it forward
                 if pool is not None:
                     started = False
                     async with pool.lease() as worker:  # interrupted: that worker is stopped before it ends
@@ -161,22 +189,29 @@ class Dispatcher:
         except TimeoutError:  # the deadline's: a handler's own TimeoutError is ``_settled``'s
             if not started or (job is not None and job.cancel()):
                 return _NotStarted()
-            return _Overrun(ErrorInfo.of(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within "
-                                         f"{remaining * 1000:.0f} ms", side_effect=defn.side_effect), running)
+            return _Unsettled(ErrorInfo.of(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within "
+                                           f"{remaining * 1000:.0f} ms", side_effect=defn.side_effect), running)
         except asyncio.CancelledError:  # the call itself is cancelled (its caller went away, the server stops)
             if job is not None:
                 job.cancel()  # one still queued never starts
             raise
+        except WorkerLost as lost:  # the isolated handler's process ended before it answered
+            return _lost(lost, defn, ctx)
         except BaseException as exc:  # noqa: BLE001 - the pool refused the handler (shut down, or no workers)
             return _unexpected(exc, defn, ctx)
+        finally:
+            self._deadlines.discard(deadline)
 
 
 async def _settled(pending: Awaitable[Any], defn: ToolDefinition[Any, Any], ctx: ToolContext) -> _Produced | ErrorInfo:
-    """The handler's output, checked, or its failure as an error; only a cancellation of the call passes."""
+    """The handler's output, checked, or its failure as an error; only a cancellation of the call, and the
+    loss of an isolated handler's worker process (``WorkerLost``: no outcome at all), pass."""
     try:
         result = await pending
     except ToolError as exc:
         return published(exc, defn.side_effect)
+    except WorkerLost:
+        raise
     except asyncio.CancelledError as exc:
         if _cancelling():
             raise  # the call itself is cancelled, or its deadline passed
@@ -197,12 +232,12 @@ def _not_run(attempts: int) -> Outcome:
     return Outcome(None, ErrorInfo.of(ErrorCode.TIMEOUT, "the call's deadline passed before the tool ran"), attempts)
 
 
-def _late(overrun: _Overrun, defn: ToolDefinition[Any, Any], ctx: ToolContext,
+def _late(unsettled: _Unsettled, defn: ToolDefinition[Any, Any], ctx: ToolContext,
           attempt: int) -> asyncio.Future[Outcome] | None:
     """The outcome of a sync handler of a tool with side effects that runs on after the deadline."""
-    if overrun.running is None or not defn.requires_idempotency_key:
+    if unsettled.running is None or not defn.requires_idempotency_key:
         return None
-    running = overrun.running
+    running = unsettled.running
 
     async def outcome() -> Outcome:
         settled = await _settled(running, defn, ctx)
@@ -218,9 +253,24 @@ def _cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+def _lost(lost: WorkerLost, defn: ToolDefinition[Any, Any], ctx: ToolContext) -> ErrorInfo | _Unsettled:
+    """The answer when an isolated handler's worker process ended before it answered: nothing ran if the call
+    never reached it; else a read failed, and a write's outcome is unknown (it may have had its effect)."""
+    ctx.logger.error("handler of tool %r: %s", defn.name, lost)
+    if not lost.delivered:
+        return ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "the tool's worker process ended before the call "
+                            "reached it; nothing ran")
+    if defn.side_effect is SideEffect.NONE:
+        return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the tool failed unexpectedly")
+    return _Unsettled(ErrorInfo(code=ErrorCode.INTERNAL_ERROR, retryable=False,
+                                recovery=Recovery.CHECK_OPERATION_STATUS,
+                                message="the tool's process ended while it ran: its effect may or may not have "
+                                        "happened; check the operation's status"), None)
+
+
 def _unexpected(exc: BaseException, defn: ToolDefinition[Any, Any], ctx: ToolContext) -> ErrorInfo:
     """The handler's own failure: its details go to the log, the caller gets ``INTERNAL_ERROR``."""
-    if isinstance(exc, HandlerFailed):  # in a worker process: its traceback is text, or the process ended
+    if isinstance(exc, HandlerFailed):  # in a worker process: its traceback is text
         ctx.logger.error("handler of tool %r failed: %s", defn.name, exc)
     else:
         ctx.logger.error("handler of tool %r raised %s", defn.name, type(exc).__name__, exc_info=exc)

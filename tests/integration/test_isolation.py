@@ -191,6 +191,28 @@ async def test_a_handler_that_exits_or_kills_its_worker_gets_internal_error_and_
             assert gone(pid) and after.data["pid"] != pid
 
 
+@pytest.mark.parametrize(("tool", "logged"), [("exit_note", "exit code 1"), ("crash_note", "killed by SIGSEGV")])
+async def test_a_write_whose_worker_dies_after_its_effect_is_unknown_and_never_runs_again(
+        serving: Callable[..., contextlib.AbstractAsyncContextManager[Served]], tool: str, logged: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with serving(workers_per_plugin=1) as served:
+        with caplog.at_level(logging.WARNING):
+            result = await served.call(tool, "note", idempotency_key="k-1")
+        assert result.status is Status.ERROR and result.error is not None, result
+        assert (result.error.code, result.error.retryable) == (ErrorCode.INTERNAL_ERROR, False), result
+        assert result.error.recovery is Recovery.CHECK_OPERATION_STATUS, result  # not do_not_retry: it may have run
+        assert "Traceback" not in result.model_dump_json()
+        assert any(logged in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+        pid = await served.pid_of("note")
+        assert (await served.client.get_operation(tool, "k-1")).state is OperationState.UNKNOWN
+        retry = await served.call(tool, "note", idempotency_key="k-1")
+        assert retry.error is not None and retry.error.code is ErrorCode.OPERATION_IN_PROGRESS, retry
+        assert retry.error.recovery is Recovery.CHECK_OPERATION_STATUS and "unknown" in retry.error.message
+        assert (await served.call("whoami")).status is Status.SUCCESS  # the replacement worker serves
+        assert (await served.client.get_operation(tool, "k-1")).state is OperationState.UNKNOWN
+        assert served.runs("note") == [str(pid)]  # its effect happened once; nothing ran it again
+
+
 async def test_an_idle_worker_that_dies_is_replaced(
         serving: Callable[..., contextlib.AbstractAsyncContextManager[Served]],
         caplog: pytest.LogCaptureFixture) -> None:

@@ -116,6 +116,21 @@ def exit_now(args: Job, ctx: ToolContext) -> Ran:
     os._exit(3)
 
 
+@tool(name="exit_note", version="1.0.0", side_effect=SideEffect.INTERNAL_REVERSIBLE)
+def exit_note(args: Job, ctx: ToolContext) -> Ran:
+    """A write that has its effect (the line in ``<name>.runs``), then ends its process before it answers."""
+    started(args)
+    os._exit(1)
+
+
+@tool(name="crash_note", version="1.0.0", side_effect=SideEffect.INTERNAL_REVERSIBLE)
+def crash_note(args: Job, ctx: ToolContext) -> Ran:
+    """A write that has its effect, then dies of a signal before it answers."""
+    started(args)
+    os.kill(os.getpid(), signal.SIGSEGV)
+    raise AssertionError("not reached")
+
+
 @tool(name="raise_exit", version="1.0.0", side_effect=SideEffect.NONE)
 def raise_exit(args: Job, ctx: ToolContext) -> Ran:
     """Raises ``SystemExit``."""
@@ -164,6 +179,6 @@ async def async_job(args: Job, ctx: ToolContext) -> Ran:
     return ran(args, ctx)
 
 
-SYNC = [whoami, spin, spin_stubborn, spin_note, gated, exit_now, raise_exit, crash, refuse, partly, wrong_output,
-        unpicklable]
+SYNC = [whoami, spin, spin_stubborn, spin_note, gated, exit_now, exit_note, crash_note, raise_exit, crash, refuse,
+        partly, wrong_output, unpicklable]
 ALL = [*SYNC, async_job]

@@ -165,6 +165,17 @@ async def held_note(args: Text, ctx: ToolContext) -> Count:
     return Count(count=HELD_DONE.bump())
 
 
+SLEPT = Counter()
+
+
+@tool(name="sleepy_note", version="1.0.0", side_effect=SideEffect.INTERNAL_REVERSIBLE, timeout=10)
+async def sleepy_note(args: Count, ctx: ToolContext) -> Count:
+    """A write that takes ``args.count`` ms (longer than its caller waits, in the deadline tests); its output is
+    its number among the executions that ran to their end (``SLEPT``)."""
+    await asyncio.sleep(args.count / 1000)
+    return Count(count=SLEPT.bump())
+
+
 class Note(BaseModel):
     title: str
     body: str
@@ -275,7 +286,7 @@ def count_up_sync(args: Count, ctx: ToolContext) -> Count:
     return args
 
 
-BATCH_AND_STREAM = [held_note, turn, count_up, count_up_sync]  # with ALL, the tools of the batch and stream tests
+BATCH_AND_STREAM = [held_note, sleepy_note, turn, count_up, count_up_sync]  # with ALL: batch, stream, deadline tests
 
 ALL = [echo, echo_sync, nested, boom, not_found, slow, big, flaky, own_timeout, bad_output, create_note, file_note,
        send_email, admin_console, delete_records]

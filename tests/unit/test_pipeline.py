@@ -252,10 +252,11 @@ async def test_a_keyed_call_records_its_deadline(make_pipeline: PipelineFactory)
     assert record is not None and record.deadline_at is not None
     assert before + 1.9 < record.deadline_at <= time.time() + 2  # create_note's timeout is 2 s
     request = CallRequest(tool="create_note", arguments_json='{"text": "x"}', idempotency_key="soon")
+    before = time.time()
     await pipeline.execute(DEVELOPER, request, caller_deadline=time.monotonic() + 0.5)
     record = await pipeline.store.operation(KeyScope(DEVELOPER.tenant, DEVELOPER.id, "create_note", "soon"))
     assert record is not None and record.deadline_at is not None
-    assert record.deadline_at <= time.time() + 0.5  # the caller's earlier deadline
+    assert before + 1.9 < record.deadline_at  # not the caller's earlier deadline: a started write runs on past it
 
 
 async def test_finished_records_past_the_retention_are_deleted(tmp_path: Path, default_engine: Any,
@@ -570,6 +571,19 @@ async def test_a_deadline_already_passed_runs_nothing(make_pipeline: PipelineFac
                                     caller_deadline=time.monotonic() - 1)
     assert result.error is not None and result.error.code is ErrorCode.TIMEOUT
     assert result.error.message == "the call's deadline passed before the tool ran"
+
+
+
+async def test_a_write_whose_callers_deadline_passed_before_it_started_runs_nothing(
+        make_pipeline: PipelineFactory) -> None:
+    pipeline = await make_pipeline()
+    before = tools.CREATED.value
+    request = CallRequest(tool="create_note", arguments_json='{"text": "x"}', idempotency_key="too-late")
+    result = await pipeline.execute(DEVELOPER, request, caller_deadline=time.monotonic() - 1)
+    assert result.error is not None and result.error.code is ErrorCode.TIMEOUT and result.meta.attempt == 0
+    assert result.error.message == "the call's deadline passed before the tool ran" and result.error.retryable
+    assert tools.CREATED.value == before  # its own deadline (the tool's timeout) is ahead, but it never started
+    assert await pipeline.store.operation(KeyScope(DEVELOPER.tenant, DEVELOPER.id, "create_note", "too-late")) is None
 
 
 @pytest.mark.parametrize("data", [{}, {"text": "hi", "n": 2}, {"x": 1e-07, "y": 2.0, "z": [1.5, None, True]},

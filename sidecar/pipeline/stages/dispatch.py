@@ -1,11 +1,13 @@
 """Stage 7, dispatch: the last stage; runs the handler within the call's deadline and shapes its result.
 
-The deadline is the tool's timeout or the caller's deadline, whichever comes first; retries,
-cancellation, the thread pool for sync handlers and the worker processes of isolated ones are
-``sidecar.tools.dispatch.Dispatcher``'s. When the sidecar traces, the handler runs in a span
-``handler {tool}`` (attribute ``toolbooth.attempts``).
-A handler that outlived the deadline sets ``call.overran``; one that runs on (a sync write's
-thread) sets ``call.late``, its own result once it ends, for the idempotency stage to store.
+The deadline is ``call.handler_deadline()``: the tool's timeout or the caller's deadline, whichever comes
+first, but for a write (a detached call) its tool's timeout alone; such a write does not start once its
+caller's deadline has passed. Retries, cancellation, the thread pool for sync handlers and the worker
+processes of isolated ones are ``sidecar.tools.dispatch.Dispatcher``'s. When the sidecar traces, the handler
+runs in a span ``handler {tool}`` (attribute ``toolbooth.attempts``).
+A handler whose outcome is not known (it outlived the deadline, or its worker process died) sets
+``call.unknown``; one that runs on (a sync write's thread) sets ``call.late``, its own result once it ends,
+for the idempotency stage to store.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ class DispatchStage:
     async def run(self, call: Call, next: Next) -> ToolResult:
         with call.span("handler", call.defn.name) as span:
             outcome = await self._dispatcher.run(call.defn, call.validated.model,
-                                                 call.context(call.handler_deadline()))
+                                                 call.context(call.handler_deadline()), start_by=call.caller_deadline)
             if span is not None:
                 span.set_attribute("toolbooth.attempts", outcome.attempts)
-        call.attempts, call.overran = outcome.attempts, outcome.overran
+        call.attempts, call.unknown = outcome.attempts, outcome.unknown
         if outcome.late is not None:
             call.late = asyncio.ensure_future(self._late(call, outcome.late))
         return self._result(call, outcome)

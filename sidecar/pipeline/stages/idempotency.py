@@ -2,23 +2,29 @@
 
 Such a call must carry an ``idempotency_key``. Claiming it finds one of: nothing (this call owns
 the key and runs), the same request finished (its stored result is replayed), still running
-(``OPERATION_IN_PROGRESS``), of unknown outcome because its handler outlived its deadline or its
-sidecar stopped mid-call (also ``OPERATION_IN_PROGRESS``: never run again; settled by its handler's
-late result or by an operator), or a different request (``IDEMPOTENCY_KEY_REUSED``).
+(``OPERATION_IN_PROGRESS``), of unknown outcome because its handler outlived its deadline, its
+worker process ended while it ran or its sidecar stopped mid-call (also ``OPERATION_IN_PROGRESS``: never
+run again; settled by its handler's late result or by an operator), or a different request
+(``IDEMPOTENCY_KEY_REUSED``).
 
 From its claim on, a keyed call is detached from its caller: it runs to its end, and its outcome
-is stored and audited, even if the caller goes away. A claimed key is always completed or
+is stored and audited, even if the caller goes away or its deadline passes. Its handler's deadline is the
+tool's timeout, not the caller's (``Call.handler_deadline``); a handler that has not started by the caller's
+deadline does not start (``TIMEOUT``, nothing ran, the key released). So a retry after the caller's
+deadline gets ``OPERATION_IN_PROGRESS`` while the write runs, then its stored result. At shutdown
+(``stop_by``) no handler runs past the end of the grace: one still running then is stopped as at its
+deadline (its key unknown). A claimed key is always completed or
 released, never left "in progress": a store that cannot take the outcome keeps it in its local
 journal and applies it before the key is claimed or read again, so a retry replays the real
 result. Only when the journal cannot take it either does the key turn unknown (past its deadline),
 for an operator to settle: it never runs again. The dispatch is audited durably before the handler
 runs; if that write fails the key is released and nothing runs.
 
-A handler that outlived the deadline (``call.overran``: the caller got ``TIMEOUT``) may have had its
-effect: its ``TIMEOUT`` is not stored, its record is marked unknown. A sync handler's thread runs on
-(``call.late``); when it ends, its own result is stored under the key (unless an operator resolved it
-first) and audited, so retries replay it. An async handler was cancelled, an isolated sync handler's
-worker process killed: an operator settles it.
+A handler whose outcome is not known (``call.unknown``: it outlived the deadline and the caller got
+``TIMEOUT``, or its worker process ended while it ran) may have had its effect: its error is not stored,
+its record is marked unknown. A sync handler's thread runs on (``call.late``); when it ends, its own result
+is stored under the key (unless an operator resolved it first) and audited, so retries replay it. An async
+handler was cancelled, an isolated sync handler's worker process killed or dead: an operator settles it.
 
 A key is released, not completed, when the call certainly had no effect (``had_no_effect``): its
 handler never started (a later stage refused it, e.g. its approval was already used, or its
@@ -54,6 +60,7 @@ class IdempotencyStage:
         self._store, self._auditor, self._expiry = store, auditor, expiry
         self._detached: set[asyncio.Task[ToolResult]] = set()
         self._late: set[asyncio.Task[None]] = set()  # handlers running on past their deadline
+        self._stop_at: float | None = None  # ``time.monotonic()``: shutdown waits for late handlers until then
 
     async def run(self, call: Call, next: Next) -> ToolResult:
         if not call.defn.requires_idempotency_key:
@@ -65,12 +72,19 @@ class IdempotencyStage:
         task.add_done_callback(self._detached.discard)
         return await asyncio.shield(task)
 
+    def stop_by(self, at: float) -> None:
+        """Shutdown's bound (``time.monotonic()``): ``drain`` waits for late handlers until then, no longer."""
+        self._stop_at = at
+
     async def drain(self) -> None:
-        """Wait for every detached call (each is bounded by its own deadline)."""
+        """Wait for every detached call (each is bounded by its own deadline, and by shutdown's bound
+        ``Dispatcher.stop_by``), then for the late handlers of writes until ``stop_by``'s moment."""
         if self._detached:
             log.info("waiting for %d started write(s) to finish", len(self._detached))
             await asyncio.gather(*self._detached, return_exceptions=True)
-        if self._late:  # not bounded: their keys stay unknown, for an operator to resolve
+        if self._late and self._stop_at is not None:
+            await asyncio.wait(self._late, timeout=max(0.0, self._stop_at - time.monotonic()))
+        if self._late:  # past the bound: their keys stay unknown, for an operator to resolve
             log.warning("%d write(s) that outlived their deadline still run; their outcome stays unknown",
                         len(self._late))
             for task in self._late:
@@ -114,9 +128,9 @@ class IdempotencyStage:
 
     async def _finish(self, call: Call, result: ToolResult) -> None:
         """Store the outcome under the key; forget the key if the call certainly had no effect; mark it
-        unknown if the handler outlived the deadline, and store the handler's own result when it ends."""
+        unknown if the handler's outcome is not known, and store the handler's own result when it ends."""
         assert call.key is not None
-        if not call.overran:
+        if not call.unknown:
             await self._settle(call, result)
             return
         try:
@@ -190,8 +204,8 @@ def _not_ours(call: Call, claim: Claim) -> ToolResult:
         message = "a call with this idempotency key is still running"
     elif record.state is OperationState.UNKNOWN:
         message = ("the outcome of the call with this idempotency key is unknown (its handler outlived its deadline, "
-                   "or its sidecar stopped while it ran); it is not run again: its handler's own result, once it "
-                   "ends, or an operator (toolbooth operations resolve) settles it")
+                   "its process ended or its sidecar stopped while it ran); it is not run again: its handler's own "
+                   "result, once it ends, or an operator (toolbooth operations resolve) settles it")
     else:
         assert record.result_json is not None
         return results.replayed(call, record.result_json)

@@ -2,7 +2,9 @@
 
 A reader task takes every frame the worker sends: log records are logged as the sidecar's own,
 the rest answer the one pending start-up or call. When the worker's end closes (it exited, it was
-killed) the pending call fails with ``HandlerFailed`` and the pool is told (``on_end``). A call
+killed) the pending call fails with ``WorkerLost`` and the pool is told (``on_end``). ``WorkerLost``
+says whether the call had reached the worker (``delivered``: its handler may have run, whatever ended
+the process) or provably not (the worker had ended before the request was written whole). A call
 interrupted before its reply (its deadline passed, it was cancelled) leaves the worker ``spoiled``:
 it may still be running the handler, so its pool stops it rather than use it again.
 """
@@ -42,7 +44,7 @@ from sidecar.tools.isolation.protocol import (
 from sidecar.tools.isolation.worker import BOOT
 from sidecar.tools.outcomes import ToolError
 
-__all__ = ["HandlerFailed", "Worker", "exit_reason"]
+__all__ = ["HandlerFailed", "Worker", "WorkerLost", "exit_reason"]
 
 log = logging.getLogger("toolbooth.isolation")
 
@@ -50,8 +52,17 @@ _REAP_SECONDS = 5.0  # after SIGKILL: a process that is still not gone is report
 
 
 class HandlerFailed(Exception):
-    """The handler failed in its worker process: it raised something other than ``ToolError``, or the process
-    ended while it ran. The message is for the sidecar's log, never for the caller."""
+    """The handler failed in its worker process: it raised something other than ``ToolError``, or its answer
+    cannot be read. The message is for the sidecar's log, never for the caller."""
+
+
+class WorkerLost(Exception):
+    """The worker process ended before it answered. ``delivered``: the request had reached it, so the handler
+    may have run (and had its effect); otherwise nothing ran. The message is for the sidecar's log."""
+
+    def __init__(self, message: str, *, delivered: bool) -> None:
+        super().__init__(message)
+        self.delivered = delivered
 
 
 class Worker:
@@ -89,7 +100,7 @@ class Worker:
                 answer = await worker._ask(encode(start))
         except BaseException as exc:
             await asyncio.shield(worker.stop(0))
-            if isinstance(exc, HandlerFailed):
+            if isinstance(exc, WorkerLost):
                 raise PluginLoadError(f"a worker process of plugin {plugin!r} ended before it was ready "
                                       f"({exit_reason(worker._process.returncode)})") from None
             if isinstance(exc, TimeoutError):
@@ -104,7 +115,8 @@ class Worker:
         return worker
 
     async def call(self, tool: str, args: BaseModel, ctx: ToolContext) -> Any:
-        """Run ``tool``'s handler in the worker: what it returned; ``ToolError`` or ``HandlerFailed``."""
+        """Run ``tool``'s handler in the worker: what it returned; ``ToolError``, ``HandlerFailed`` or
+        ``WorkerLost``."""
         request = Request(tool, args, ctx.principal, ctx.request_id, ctx.time_remaining(), ctx.idempotency_key,
                           ctx.attempt, ctx.logger.logger.name, dict(ctx.logger.extra or {}), ctx.approved_preview,
                           ctx.conversation_id, ctx.settings)
@@ -150,15 +162,18 @@ class Worker:
             os.kill(self.pid, signum)
 
     async def _ask(self, frame: bytes) -> object:
+        """The worker's answer to ``frame``; ``WorkerLost`` if it ends first (not ``delivered`` if the frame
+        never reached it whole: the worker had ended before it was written)."""
         if not self.alive:
-            raise HandlerFailed(f"worker process {self.pid} has ended")
+            raise WorkerLost(f"worker process {self.pid} had ended before the call", delivered=False)
         self._pending = pending = asyncio.get_running_loop().create_future()
         try:
-            self._writer.write(frame)
-            await self._writer.drain()
+            try:
+                self._writer.write(frame)
+                await self._writer.drain()
+            except ConnectionError:
+                raise WorkerLost(f"worker process {self.pid} had ended before the call", delivered=False) from None
             return await pending
-        except ConnectionError:
-            raise HandlerFailed(f"worker process {self.pid} has ended") from None
         finally:
             self._pending = None
 
@@ -179,7 +194,8 @@ class Worker:
         finally:
             self.alive = False
             if self._pending is not None and not self._pending.done():
-                self._pending.set_exception(HandlerFailed(f"worker process {self.pid} ended while it ran"))
+                self._pending.set_exception(WorkerLost(f"worker process {self.pid} ended while it ran",
+                                                       delivered=True))
             self._on_end(self)
 
 
