@@ -8,8 +8,9 @@ which gets an event stream (``sidecar.server.mcp_transport``); ``json_response: 
 request as JSON (progress notifications are then dropped). ``http`` bounds its clients' time and number
 (``sidecar.config.http``). A session ends after ``session_idle_seconds`` without a request; one principal holds
 at most ``max_sessions_per_principal`` sessions (a new one ends their least recently used idle one), fewer than
-``max_sessions``, all principals' together (``sidecar.server.mcp_sessions``). Serving it needs the ``mcp``
-extra (``check_installed``).
+``max_sessions``, all principals' together (``sidecar.server.mcp_sessions``). An ``initialize`` request's body
+is at most ``max_initialize_bytes`` (at most ``limits.max_message_bytes``, checked with the whole ``Settings``), as
+its session keeps its params. Serving it needs the ``mcp`` extra (``check_installed``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class McpSettings(Section):
     session_idle_seconds: float = Field(default=600, gt=0, le=86_400)  # a session without a request ends then
     max_sessions: int = Field(default=1000, gt=0, le=1_000_000)  # open sessions of all principals together
     max_sessions_per_principal: int = Field(default=16, gt=0)  # past it, their least recently used idle one ends
+    # A session keeps its initialize request's params for its life: a bigger initialize is refused (413).
+    max_initialize_bytes: int = Field(default=64 * 1024, gt=0)
 
     @field_validator("listen")
     @classmethod

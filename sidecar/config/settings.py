@@ -255,6 +255,14 @@ class Settings(Section):
         return self
 
     @model_validator(mode="after")
+    def _initialize_fits_a_message(self) -> Settings:
+        """An MCP ``initialize`` is one message: its own bound cannot be above the bound of every message."""
+        if self.mcp.max_initialize_bytes > self.limits.max_message_bytes:
+            raise ValueError(f"mcp.max_initialize_bytes ({self.mcp.max_initialize_bytes}) must be at most "
+                             f"limits.max_message_bytes ({self.limits.max_message_bytes}), the bound of every message")
+        return self
+
+    @model_validator(mode="after")
     def _a_metrics_port_per_worker(self) -> Settings:
         """Worker ``i`` serves its metrics on ``metrics.listen``'s port + ``i``: those ports must exist."""
         endpoint = self.metrics.endpoint

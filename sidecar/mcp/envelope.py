@@ -21,6 +21,7 @@ from mcp_types import (
     ErrorData,
     JSONRPCError,
     JSONRPCMessage,
+    RequestId,
     jsonrpc_message_adapter,
 )
 from pydantic import ValidationError
@@ -36,11 +37,12 @@ _NOT_JSONRPC = "Invalid Request: not a JSON-RPC 2.0 request, notification or res
 
 
 class Refused(ValueError):
-    """A message that is not one JSON-RPC message: ``error`` is its answer (id null)."""
+    """A message that is not one JSON-RPC message, or one refused as it is: ``error`` is its answer (id null
+    unless ``request_id`` names the request)."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, *, request_id: RequestId | None = None) -> None:
         super().__init__(message)
-        self.error = JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=code, message=message))
+        self.error = JSONRPCError(jsonrpc="2.0", id=request_id, error=ErrorData(code=code, message=message))
 
 
 def read(body: bytes | str) -> JSONRPCMessage:

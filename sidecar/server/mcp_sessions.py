@@ -47,7 +47,8 @@ class Sessions(SessionManager):
                  security_settings: TransportSecuritySettings | None, max_request_body_size: int) -> None:
         super().__init__(server, security_settings=security_settings, json_response=settings.json_response,
                          max_request_body_size=max_request_body_size, max_sessions=settings.max_sessions,
-                         session_idle_timeout=settings.session_idle_seconds)
+                         session_idle_timeout=settings.session_idle_seconds,
+                         max_initialize_bytes=settings.max_initialize_bytes)
         self._per_principal = settings.max_sessions_per_principal
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:

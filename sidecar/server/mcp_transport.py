@@ -11,9 +11,14 @@ true`` answers every POST as JSON (progress notifications are then dropped). Bef
 by ``sidecar.mcp.envelope``: one that is not a single JSON-RPC message (not JSON, a batch, an id that is neither
 a string nor an integer) is answered 400 with the JSON-RPC error it is owed (id null) and never reaches the SDK.
 A request whose id is in flight in its session is answered 409 with -32600 (``sidecar.server.mcp_request_ids``).
+An ``initialize`` request of more than ``mcp.max_initialize_bytes`` is answered 413 with -32600 and its id, and
+opens no session: a session keeps its ``initialize`` params (client information, capabilities) for its life.
 What the server is handed with each message is the request's state only (principal and trace headers), not
 the request: the session keeps the last message it read while it idles, and with it the request's scope,
 headers, body reader and connection (``sidecar.server.mcp_sessions`` says how many sessions there may be).
+It also keeps the last answer its message router routed, until it routes another: that router drops nothing
+it is handed (an answer goes by its id to a request's stream, anything else to the event stream), so there is
+no marker to push through it as there is for the dispatcher (``limits.max_result_bytes`` bounds a call's).
 
 The MCP SDK's transport chooses per session, not per request; ``SessionManager`` makes it choose per
 request. Its sessions' transports (``_Transport``) read the choice from a context variable that
@@ -28,10 +33,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
-from typing import cast
+from typing import Any, TypeGuard, cast
 
 import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
+from mcp.server.lowlevel import Server
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared._context_streams import ContextSendStream
@@ -49,6 +55,8 @@ from sidecar.server.mcp_request_ids import InFlightIds, Watched
 __all__ = ["SessionManager", "asks_for_progress"]
 
 _ANSWER_AS_JSON: ContextVar[bool] = ContextVar("toolbooth_mcp_answer_as_json", default=False)
+_INITIALIZE_TOO_LARGE = ("Invalid Request: this initialize request is larger than the endpoint accepts "
+                         "(mcp.max_initialize_bytes); send a smaller one")
 _READ_ON = Exception("toolbooth: nothing to read (the dispatcher drops an exception it is handed)")
 
 
@@ -59,9 +67,10 @@ def asks_for_progress(message: JSONRPCMessage) -> bool:
 
 class _Transport(StreamableHTTPServerTransport):
     """The SDK's transport of one session, answering as JSON each request that asks for no progress and
-    refusing a request whose id is in flight."""
+    refusing a request whose id is in flight or an ``initialize`` larger than ``_max_initialize_bytes``."""
 
     _ids: InFlightIds
+    _max_initialize_bytes: int
 
     @property  # the SDK reads it for each request, in the request's task (and in its message router)
     def is_json_response_enabled(self) -> bool:
@@ -74,10 +83,15 @@ class _Transport(StreamableHTTPServerTransport):
     async def _handle_post_request(self, scope: Scope, request: Request, receive: Receive, send: Send) -> None:
         # The size was checked before (the SDK's RequestBodyLimitMiddleware); the request keeps the body for
         # the SDK's own reading.
+        body = await request.body()
         try:
-            message = envelope.read(await request.body())
+            message = envelope.read(body)
         except envelope.Refused as refused:
             await _refused(refused.error)(scope, receive, send)
+            return
+        if _is_initialize(message) and len(body) > self._max_initialize_bytes:
+            too_large = envelope.Refused(INVALID_REQUEST, _INITIALIZE_TOO_LARGE, request_id=message.id).error
+            await _refused(too_large, status_code=413)(scope, receive, send)
             return
         if isinstance(message, JSONRPCRequest) and not self._ids.claim(message.id):
             duplicate = envelope.Refused(INVALID_REQUEST, envelope.DUPLICATE).error
@@ -121,7 +135,12 @@ class _Transport(StreamableHTTPServerTransport):
 
 
 class SessionManager(StreamableHTTPSessionManager):
-    """The SDK's session manager whose sessions answer each POST as JSON unless it asks for progress."""
+    """The SDK's session manager whose sessions answer each POST as JSON unless it asks for progress, and take
+    no ``initialize`` of more than ``max_initialize_bytes``."""
+
+    def __init__(self, server: Server[Any], *, max_initialize_bytes: int, **options: Any) -> None:
+        super().__init__(server, **options)
+        self._max_initialize_bytes = max_initialize_bytes
 
     def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         transport = super()._admit_session(requestor)
@@ -132,7 +151,12 @@ class SessionManager(StreamableHTTPSessionManager):
             assert isinstance(transport, _Transport)
             transport.is_json_response_enabled = always_json
             transport._ids = InFlightIds()
+            transport._max_initialize_bytes = self._max_initialize_bytes
         return transport
+
+
+def _is_initialize(message: JSONRPCMessage) -> TypeGuard[JSONRPCRequest]:
+    return isinstance(message, JSONRPCRequest) and message.method == "initialize"
 
 
 def _refused(error: JSONRPCError, *, status_code: int = 400) -> Response:

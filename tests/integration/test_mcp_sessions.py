@@ -1,5 +1,6 @@
 """The MCP endpoint's sessions: a few per principal (the least recently used idle one gives way), so that one
-principal cannot take them all; idle ones expire. A real endpoint on 127.0.0.1:0, real HTTP and MCP clients."""
+principal cannot take them all; idle ones expire and keep little. A real endpoint on 127.0.0.1:0, real HTTP and
+MCP clients."""
 
 from __future__ import annotations
 
@@ -138,3 +139,32 @@ async def test_an_idle_session_keeps_nothing_of_the_last_request_it_read(endpoin
         finally:
             tracemalloc.stop()
     assert kept < 2**18, f"{kept} bytes kept"
+
+
+def _initialize(pad: int) -> str:
+    """An initialize request whose client announces ``pad`` bytes of experimental capabilities."""
+    params = {**INIT["params"], "capabilities": {"experimental": {"pad": {"x": "x" * pad}}}}  # type: ignore[dict-item]
+    return json.dumps({**INIT, "id": 7, "params": params})
+
+
+async def test_an_initialize_above_max_initialize_bytes_is_refused_and_keeps_nothing(endpoint: Endpoint) -> None:
+    """A session keeps its initialize params for its life: a 1 MB initialize was 1 MB kept a session."""
+    large = _initialize(2**20).encode()  # the client keeps the body it sent with its answer
+    async with endpoint.client("alice") as alice:
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            refused = await alice.post(endpoint.url, content=large)
+            await until(lambda: gc.collect() >= 0 and tracemalloc.get_traced_memory()[0] - before < 2**18,
+                        what="the refused initialize's memory released")
+        finally:
+            tracemalloc.stop()
+        normal = await alice.post(endpoint.url, content=_initialize(48 * 1024))  # below the default 64 KiB
+        assert normal.status_code == 200, normal.text
+        session = {"mcp-session-id": normal.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+        assert await _listed(alice, endpoint.url, session) == 200
+    assert (refused.status_code, refused.headers["content-type"]) == (413, "application/json")
+    assert "mcp-session-id" not in refused.headers
+    error = refused.json()
+    assert (error["id"], error["error"]["code"]) == (7, -32600)
+    assert "mcp.max_initialize_bytes" in error["error"]["message"]

@@ -170,6 +170,19 @@ def test_mcp_sessions_are_bounded_per_principal_below_the_cap_of_all() -> None:
         parse_settings({"mcp": {"max_sessions_per_principal": 0}})
 
 
+def test_an_mcp_initialize_is_bounded_within_the_bound_of_every_message() -> None:
+    assert parse_settings({}).mcp.max_initialize_bytes == 64 * 1024
+    at_most = {"mcp": {"max_initialize_bytes": 2**20}, "limits": {"max_message_bytes": 2**20}}
+    assert parse_settings(at_most).mcp.max_initialize_bytes == 2**20
+    with pytest.raises(ConfigError, match=r"^config error at \(top level\): mcp\.max_initialize_bytes \(4194305\) must "
+                                          r"be at most limits\.max_message_bytes \(4194304\), the bound of every "
+                                          r"message$"):
+        parse_settings({"mcp": {"max_initialize_bytes": 4 * 1024 * 1024 + 1}})
+    with pytest.raises(ConfigError, match=r"^config error at mcp\.max_initialize_bytes: Input should be greater "
+                                          r"than 0$"):
+        parse_settings({"mcp": {"max_initialize_bytes": 0}})
+
+
 def test_metrics_are_off_by_default_and_listen_on_one_tcp_address() -> None:
     assert parse_settings({}).metrics.listen is None and parse_settings({}).metrics.endpoint is None
     settings = parse_settings({"metrics": {"listen": "[::1]:9464"}})
