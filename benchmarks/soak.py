@@ -9,7 +9,8 @@ In one run this script
    it keeps things: a Unix socket, a fresh SQLite file (or, with ``--postgres``, a fresh database on the
    PostgreSQL at ``$TOOLBOOTH_TEST_POSTGRES_DSN``, default ``postgresql://postgres@127.0.0.1:5432/test``,
    reached through a TCP proxy this script controls), a copy of the bundled policies, dev auth, WARNING
-   logs; plus the plugin ``soak`` (``soak_tools.py``: a keyed write that records every real execution);
+   logs, and no cap on the previews one principal holds; plus the plugin ``soak`` (``soak_tools.py``: a keyed
+   write that records every real execution);
 2. measures the peak: ``--concurrency`` calls in flight, closed loop, for ``--peak-seconds``;
 3. sends calls at ``--load-fraction`` (0.5) of that rate, paced (open loop), for ``--minutes``: 70% reads
    (``calculate``), 20% keyed writes (``soak_write``, a new key each; one in ten a retry of a write that has
@@ -488,6 +489,9 @@ def configure(tmp: Path, args: argparse.Namespace, database: str | None) -> tupl
         "policy": {"path": str(policies)},
         "store": {"sqlite_path": str(tmp / "state" / "toolbooth.db")},
         "log_level": "WARNING",
+        # Its one principal holds every preview it makes, undecided until they expire (15 min): more than the
+        # default cap of pending previews, whose refusal is tested on its own (tests/adversarial/test_pending_flood.py).
+        "limits": {"max_pending_previews_per_principal": 1_000_000},
     }
     if database is not None:
         config["store"]["postgres_dsn"] = database
