@@ -3,8 +3,9 @@
 A token holds a place in the listing, newest first (``PreviewCursor``: the creation time and id of the last
 preview the page read), and nothing else: whoever sends it back gets what *they* may see after that place
 (their tenant and the approver rule come from the caller, never from the token), so a token cannot widen
-what anyone sees. ``read_token`` refuses whatever ``page_token`` did not make, with ``InvalidRequestError``
-(gRPC ``INVALID_ARGUMENT``) and a constant message.
+what anyone sees. ``read_token`` refuses whatever is not of the form ``page_token`` makes (a time since the
+epoch, an id of printable ASCII as preview ids are), with ``InvalidRequestError`` (gRPC ``INVALID_ARGUMENT``)
+and a constant message; a well-formed token of a place no listing read only starts the page there.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import base64
 import binascii
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 from sidecar.contract import Preview
@@ -24,7 +26,7 @@ __all__ = ["BAD_PAGE_TOKEN", "PreviewPage", "page_token", "read_token"]
 BAD_PAGE_TOKEN = "page_token is not a token ListPreviews returned; list again without one to start from the newest"
 _VERSION = "p1."  # a later format gets another prefix
 _MAX_TOKEN_CHARS = 400
-_MAX_ID_CHARS = 128
+_ID = re.compile(r"[\x21-\x7e]{1,128}")  # a preview id: printable ASCII (``secrets.token_hex``), never a surrogate
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +46,7 @@ def page_token(cursor: PreviewCursor) -> str:
 
 def read_token(token: str) -> PreviewCursor | None:
     """The place ``token`` holds (``None`` for the empty token: the newest); ``InvalidRequestError`` for a
-    token ``page_token`` did not make."""
+    token not of the form ``page_token`` makes."""
     if not token:
         return None
     if len(token) > _MAX_TOKEN_CHARS or not token.startswith(_VERSION):
@@ -56,7 +58,7 @@ def read_token(token: str) -> PreviewCursor | None:
         raise InvalidRequestError(BAD_PAGE_TOKEN) from None
     match place:
         case [float() | int() as created_at, str() as preview_id] if (
-                not isinstance(created_at, bool) and math.isfinite(created_at)
-                and 0 < len(preview_id) <= _MAX_ID_CHARS):
+                not isinstance(created_at, bool) and math.isfinite(created_at) and created_at >= 0
+                and _ID.fullmatch(preview_id)):
             return PreviewCursor(float(created_at), preview_id)
     raise InvalidRequestError(BAD_PAGE_TOKEN)

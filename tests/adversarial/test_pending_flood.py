@@ -13,6 +13,7 @@ previews list`` and ``approve`` follow the pages.
 from __future__ import annotations
 
 import asyncio
+import base64
 import html
 import json
 import re
@@ -143,6 +144,16 @@ async def test_another_tenants_flood_hides_nothing_from_the_approver(world: Worl
     assert [p.preview_id for page in operator for p in page] == [*reversed(flood), mine.preview_id]
 
 
+def _token_of(place_json: str) -> str:
+    return "p1." + base64.urlsafe_b64encode(place_json.encode()).decode().rstrip("=")
+
+
+# Well-formed tokens of places no listing reads: an id no preview can have (a lone surrogate the store cannot
+# even encode, a NUL, a quote), a time before the epoch.
+STRANGE_PLACES = tuple(_token_of(place) for place in (
+    '[9e9,"\\ud800"]', '[9e9,"a\\u0000b"]', "[9e9,\"' OR 1=1 --\"]", '[-1,"abc"]'))
+
+
 async def test_pages_list_every_preview_once_newest_first(world: World) -> None:
     now = time.time()
     older = await world.seed("acme", "carol", 7, created_at=now - 5)  # seven created at the same instant
@@ -158,13 +169,17 @@ async def test_pages_list_every_preview_once_newest_first(world: World) -> None:
     _, operators_token = await world.client("olga", ("operator",)).previews_page(limit=3)
     rest = [p.preview_id for page in await every_page(bob, 100, operators_token) for p in page]
     assert rest == listed
-    for forged in ("p1.bm90IGEgdG9rZW4", "p1." + "A" * 500, "not-a-token", "p1.WzEsIDJd"):
+    for forged in ("p1.bm90IGEgdG9rZW4", "p1." + "A" * 500, "not-a-token", "p1.WzEsIDJd", *STRANGE_PLACES):
         with pytest.raises(ClientError) as refused:
             await bob.previews_page(page_token=forged)
         assert (refused.value.code, refused.value.details) == (grpc.StatusCode.INVALID_ARGUMENT, BAD_PAGE_TOKEN)
 
 
 async def test_the_inbox_pages_with_older_links_through_everything(world: World) -> None:
+    bob = await world.signed_in()
+    for forged in STRANGE_PLACES:  # no 500: the newest page
+        refused = await bob.get(f"/inbox?after={forged}")
+        assert refused.status in (200, 303), refused.text
     mine = [await world.held(world.client("alice"), f"k-{n}") for n in range(3)]
     seeded = await world.seed("acme", "carol", 8)
     await world.seed("evil", "mallory", 30)
