@@ -21,14 +21,14 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Iterator
 
-__all__ = ["MARK", "Segment", "is_marked", "mark", "segments", "visible"]
+__all__ = ["MARK", "Segment", "is_blank", "is_marked", "mark", "segments", "visible"]
 
 MARK = "⟦U+{:04X}⟧"
 _KEPT = frozenset("\n\t ")
 _CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp", "Cn", "Co", "Cs"})
+_BRACKETS = frozenset([0x27E6, 0x27E7])  # the marks' brackets, marked so that a text cannot spell a mark
 _BLANK = frozenset([0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x3164, 0xFFA0,
-                    *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0), *range(0x180B, 0x1810),
-                    0x27E6, 0x27E7])  # the marks' brackets: a text cannot spell a mark
+                    *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0), *range(0x180B, 0x1810), *_BRACKETS])
 
 Segment = tuple[str, bool]  # a run of text, and whether it is one marked character's mark
 
@@ -38,6 +38,11 @@ def is_marked(char: str) -> bool:
     if char in _KEPT:
         return False
     return ord(char) in _BLANK or unicodedata.category(char) in _CATEGORIES
+
+
+def is_blank(text: str) -> bool:
+    """Whether ``text`` shows nothing: only spaces and characters marked for being invisible (``"\u200b"``)."""
+    return all(char.isspace() or (is_marked(char) and ord(char) not in _BRACKETS) for char in text)
 
 
 def mark(char: str) -> str:

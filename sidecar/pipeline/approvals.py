@@ -33,6 +33,7 @@ from typing import Any
 
 from sidecar.canonical import canonical_json, hash_matches, sha256_hex
 from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview, PreviewState, Principal
+from sidecar.display import is_blank
 from sidecar.errors import CallRefused, DependencyError, refusal
 from sidecar.metrics import Metrics
 from sidecar.pipeline.approval_audit import calls_with, decision_event
@@ -147,7 +148,7 @@ class Approvals:
         ``approve``)."""
         if error := malformed_field(preview_id=preview_id, reason=reason):
             return _refused(error)
-        if not reason.strip():
+        if is_blank(reason):  # a reason of zero-width spaces says nothing either
             return _refused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "a denial needs a reason", field="reason"))
         return await self._decide(approver, preview_id, PreviewState.DENIED, reason, None)
 

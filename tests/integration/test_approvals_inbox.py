@@ -126,8 +126,10 @@ async def test_denying_needs_a_reason_and_refuses_the_agents_retry(world: World)
     preview = await world.held_note()
     bob = await world.signed_in()
     detail = await bob.get(f"/previews/{preview.preview_id}")
-    no_reason = await bob.post(f"/previews/{preview.preview_id}/deny", {"csrf": detail.hidden("csrf"), "reason": " "})
-    assert no_reason.status == 400 and "Nothing was denied: a denial needs a reason." in no_reason.text
+    for blank in (" ", "\u200b\u200b", "\ufeff", "\u00a0\u2028", "\u2060\u180e "):  # nothing one can read
+        no_reason = await bob.post(f"/previews/{preview.preview_id}/deny", {"csrf": detail.hidden("csrf"),
+                                                                            "reason": blank})
+        assert no_reason.status == 400 and "Nothing was denied: a denial needs a reason." in no_reason.text
     assert [p.preview_id for p in await world.pending()] == [preview.preview_id]
     denied = await bob.post(f"/previews/{preview.preview_id}/deny",
                             {"csrf": detail.hidden("csrf"), "reason": "wrong project"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.display import is_marked, segments, visible
+from sidecar.display import is_blank, is_marked, segments, visible
 from sidecar.server.approvals_ui.shown import shown
 
 
@@ -38,3 +38,8 @@ def test_the_inbox_isolates_escapes_and_marks() -> None:
     assert shown("<b>\u202e9876</b>") == ('<bdi>&lt;b&gt;<span class="mark" title="a character that would not be '
                                          'seen, shown by its code point">⟦U+202E⟧</span>9876&lt;/b&gt;</bdi>')
     assert shown(None) == "<bdi>None</bdi>"
+
+
+def test_blank_is_what_shows_nothing() -> None:
+    assert all(is_blank(text) for text in ("", " \n\t", "\u200b\u200b", "\ufeff", "\u00a0\u3000\u2028", "\u2060\u180e"))
+    assert not any(is_blank(text) for text in ("no", " \u200bx", "\u27e6", "\u0301\u200b", "👍"))
