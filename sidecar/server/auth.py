@@ -105,6 +105,11 @@ class _JwtVerifier:
                 leeway=self._settings.leeway_seconds,
                 options={"require": _REQUIRED_CLAIMS},
             )
+        except (jwt.ExpiredSignatureError, jwt.ImmatureSignatureError) as exc:
+            # Raised once the signature verified: a date that is no number (``false`` read as 0) says so first.
+            _check_numeric_dates(jwt.decode(token, options={"verify_signature": False}))
+            log.debug("token rejected: %s", exc)
+            raise AuthenticationError(_message(exc)) from None
         except jwt.PyJWTError as exc:
             log.debug("token rejected: %s", exc)
             raise AuthenticationError(_message(exc)) from None

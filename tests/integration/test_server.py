@@ -190,6 +190,9 @@ async def test_jwt_mode_may_listen_on_every_interface(make_settings, start_sidec
         ({"exp": "9999999999"}, "invalid token claim exp"),  # RFC 7519: a NumericDate is a JSON number
         ({"nbf": "0"}, "invalid token claim nbf"),
         ({"iat": True}, "invalid token claim iat"),
+        ({"exp": False}, "invalid token claim exp"),  # read as 0, it was "token expired"
+        ({"exp": "0"}, "invalid token claim exp"),
+        ({"nbf": "99999999999"}, "invalid token claim nbf"),  # read as a number, it was "token not yet valid"
     ],
 )
 async def test_jwt_mode_refuses_bad_tokens_before_the_gateway(
