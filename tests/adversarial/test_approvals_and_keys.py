@@ -36,15 +36,13 @@ from sidecar.pipeline import Pipeline
 from sidecar.pipeline.approvals import CallToApprove, preview_hash
 from sidecar.plugin import SideEffect, ToolContext, tool
 from sidecar.server import create_server
-from sidecar.state import KeyScope, PreviewRecord, Store
-from sidecar.state.postgres import PostgresStore
-from sidecar.state.sqlite import SqliteStore
+from sidecar.state import KeyScope, PreviewRecord
 from sidecar.tools.registry import Registry
 from tests.contract.conftest import postgres, postgres_dsn
 from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_key, socket_path
 from tests.support import tools
 from tests.support.approvals import NOTE, policies
-from tests.support.stores import LateClaims
+from tests.support.stores import LateClaims, open_store
 from tests.support.tools import Count, Note
 
 __all__ = ["jwt_auth", "make_settings", "make_token", "postgres", "postgres_dsn", "rsa_key", "socket_path"]
@@ -118,11 +116,7 @@ class World:
 async def world(request: pytest.FixtureRequest, tmp_path: Path, make_settings: Callable[..., Settings],
                 jwt_auth: dict[str, Any], make_token: Callable[..., str]) -> AsyncIterator[World]:
     """A sidecar whose policies hold ``file_note`` and ``held_note`` for approval, on either backend."""
-    inner: Store
-    if request.param == "postgres":
-        inner = await PostgresStore.open(request.getfixturevalue("postgres_dsn"))
-    else:
-        inner = await SqliteStore.open(tmp_path / "store.db")
+    inner = await open_store(request, tmp_path)
     store = LateClaims(inner)
     engine = policies(tmp_path / "policies", tools=["file_note", "held_note"])
     registry = Registry.from_tools([*tools.ALL, held_note, book_amount])

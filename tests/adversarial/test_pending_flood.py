@@ -37,9 +37,7 @@ from sidecar.pipeline.preview_pages import BAD_PAGE_TOKEN
 from sidecar.server import create_server
 from sidecar.server.approvals_ui import ApprovalsInbox
 from sidecar.state import PreviewRecord, Store
-from sidecar.state.postgres import PostgresStore
 from sidecar.state.rows import preview_row
-from sidecar.state.sqlite import SqliteStore
 from sidecar.state.statements import StoreStatements
 from sidecar.tools.registry import Registry
 from tests.contract.conftest import postgres, postgres_dsn
@@ -47,6 +45,7 @@ from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_
 from tests.support import tools
 from tests.support.approvals import NOTE, policies
 from tests.support.inbox import Browser
+from tests.support.stores import open_store
 
 __all__ = ["jwt_auth", "make_settings", "make_token", "postgres", "postgres_dsn", "rsa_key", "socket_path"]
 
@@ -99,11 +98,7 @@ class World:
 @pytest.fixture(params=["sqlite", "postgres"])
 async def world(request: pytest.FixtureRequest, tmp_path: Path, make_settings: Callable[..., Settings],
                 jwt_auth: dict[str, Any], make_token: Callable[..., str]) -> AsyncIterator[World]:
-    store: Store
-    if request.param == "postgres":
-        store = await PostgresStore.open(request.getfixturevalue("postgres_dsn"))
-    else:
-        store = await SqliteStore.open(tmp_path / "store.db")
+    store = await open_store(request, tmp_path)
     settings = make_settings(auth=jwt_auth, approvals_ui={"listen": "127.0.0.1:0", "page_size": 5})
     pipeline = assemble(registry=Registry.from_tools(tools.ALL), policy=policies(tmp_path / "policies"), store=store,
                         limits=Limits(max_pending_previews_per_principal=CAP))

@@ -33,12 +33,11 @@ from sidecar.plugin import SideEffect, ToolContext, tool
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.server import create_server
 from sidecar.state import Store
-from sidecar.state.postgres import PostgresStore
 from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.contract.conftest import postgres, postgres_dsn
 from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_key, socket_path
-from tests.support.stores import LateClaims
+from tests.support.stores import LateClaims, open_store
 from tests.support.tools import Count, Text
 from tests.support.waiting import until
 
@@ -131,11 +130,7 @@ async def open_world(store: Store, tmp_path: Path, settings: Settings, token: st
 @pytest.fixture(params=["sqlite", "postgres"])
 async def world(request: pytest.FixtureRequest, tmp_path: Path, make_settings: Callable[..., Settings],
                 jwt_auth: dict[str, Any], make_token: Callable[..., str]) -> AsyncIterator[World]:
-    store: Store
-    if request.param == "postgres":
-        store = await PostgresStore.open(request.getfixturevalue("postgres_dsn"))
-    else:
-        store = await SqliteStore.open(tmp_path / "store.db")
+    store = await open_store(request, tmp_path)
     async with open_world(store, tmp_path, make_settings(auth=jwt_auth), make_token(sub="alice")) as made:
         yield made
 

@@ -1,14 +1,28 @@
-"""Store wrappers for tests: the real store, with one behaviour of a busy database added."""
+"""Stores for tests: either backend for a test parametrized over both, and the real store with one behaviour of a
+busy database added."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sidecar.state import KeyScope, Store
+from sidecar.state.postgres import PostgresStore
+from sidecar.state.sqlite import SqliteStore
 from tests.support.waiting import past
 
-__all__ = ["LateClaims"]
+__all__ = ["LateClaims", "open_store"]
+
+
+async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """The store of a fixture parametrized ``["sqlite", "postgres"]``: a fresh SQLite file in ``tmp_path``, or the
+    test's PostgreSQL database (``postgres_dsn``)."""
+    if request.param == "postgres":
+        return await PostgresStore.open(request.getfixturevalue("postgres_dsn"))
+    return await SqliteStore.open(tmp_path / "store.db")
 
 
 class LateClaims:
