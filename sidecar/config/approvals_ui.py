@@ -8,8 +8,11 @@ HTTPS (a TLS-terminating proxy in front). A session lasts at most ``session_seco
 than the token it was signed in with. Only an approver signs in (a principal with one of ``approver_roles``,
 or an operator); one principal holds at most ``max_sessions_per_principal`` sessions, everyone together at most
 ``max_sessions``, and a sign-in never ends another principal's session. An open page's live updates
-(server-sent events) look for arrived, expired and decided previews every ``live_seconds``. ``http`` bounds
-its clients' time and number (``sidecar.config.http``). Serving it needs the ``approvals-ui`` extra
+(server-sent events) look for arrived, expired and decided previews every ``live_seconds``; one principal
+holds at most ``max_streams_per_principal`` such streams across their sessions (a quarter of
+``http.max_connections`` at most; their next one ends their own oldest) and everyone together at most
+``max_streams`` (default and most: half of ``http.max_connections``, the rest kept for page loads and sign-ins).
+``http`` bounds its clients' time and number (``sidecar.config.http``). Serving it needs the ``approvals-ui`` extra
 (``check_installed``).
 
 ``oidc`` adds signing in through an identity provider (OpenID Connect authorization code flow with PKCE,
@@ -92,6 +95,8 @@ class ApprovalsUiSettings(Section):
     approver_roles: tuple[str, ...] = Field(default=("approver",), min_length=1)
     max_sessions: int = Field(default=10_000, gt=0, le=1_000_000)  # open sessions of all principals together
     max_sessions_per_principal: int = Field(default=10, gt=0)  # one principal's (their browsers); the oldest ends
+    max_streams_per_principal: int = Field(default=4, gt=0)  # one principal's live pages; their oldest ends
+    max_streams: int | None = Field(default=None, gt=0)  # everyone's live pages (None: half of http.max_connections)
     http: HttpListenerSettings = Field(default_factory=lambda: HttpListenerSettings(max_connections=128))
 
     @field_validator("listen")
@@ -114,6 +119,25 @@ class ApprovalsUiSettings(Section):
             raise ValueError(f"max_sessions_per_principal ({self.max_sessions_per_principal}) may not exceed "
                              f"max_sessions ({self.max_sessions})")
         return self
+
+    @model_validator(mode="after")
+    def _streams_fit(self) -> ApprovalsUiSettings:
+        connections, per_principal = self.http.max_connections, self.max_streams_per_principal
+        if self.stream_cap * 2 > connections:
+            raise ValueError(f"max_streams ({self.stream_cap}) may be at most half of http.max_connections "
+                             f"({connections}): the rest is kept for page loads and sign-ins")
+        if per_principal * 4 > connections:
+            raise ValueError(f"max_streams_per_principal ({per_principal}) may be at most a quarter of "
+                             f"http.max_connections ({connections}), so that a few principals cannot fill the listener")
+        if per_principal > self.stream_cap:
+            raise ValueError(f"max_streams_per_principal ({per_principal}) may not exceed max_streams "
+                             f"({self.stream_cap})")
+        return self
+
+    @property
+    def stream_cap(self) -> int:
+        """How many live-update streams everyone together holds: ``max_streams``, else half the connections."""
+        return self.http.max_connections // 2 if self.max_streams is None else self.max_streams
 
     @property
     def endpoint(self) -> Endpoint | None:

@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from sidecar.config import Settings
+from sidecar.contract import Principal
 from sidecar.errors import StoreUnavailableError
 from sidecar.server.approvals_ui import live
 from sidecar.tools.registry import Registry
@@ -30,6 +31,7 @@ from tests.support.waiting import past, until
 
 pytestmark = pytest.mark.integration
 
+BOB = Principal(id="bob", tenant="acme")
 _SINCE = re.compile(r'data-live="/inbox/events\?since=([0-9a-f]{20})"')
 
 
@@ -39,9 +41,14 @@ def approval() -> dict[str, Any]:
 
 
 @pytest.fixture
+def ui() -> dict[str, Any]:
+    return {}
+
+
+@pytest.fixture
 async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth: dict[str, Any],
-                make_token: Callable[..., str], approval: dict[str, Any]) -> AsyncIterator[World]:
-    settings = make_settings(auth=jwt_auth, approvals_ui={"listen": "127.0.0.1:0", "live_seconds": 0.2})
+                make_token: Callable[..., str], approval: dict[str, Any], ui: dict[str, Any]) -> AsyncIterator[World]:
+    settings = make_settings(auth=jwt_auth, approvals_ui={"listen": "127.0.0.1:0", "live_seconds": 0.2, **ui})
     async with served_inbox(settings, make_token, tmp_path, **approval) as world:
         yield world
 
@@ -168,22 +175,64 @@ async def test_a_stream_ends_when_its_session_does(world: World) -> None:
         assert bobs.named("signed-out") == [""]
 
 
-async def test_a_session_has_a_bounded_number_of_streams(world: World) -> None:
-    bob = await world.signed_in()
-    async with contextlib.AsyncExitStack() as streams:
-        tried = live.MAX_STREAMS_PER_SESSION + 4  # opened at once: the limit still holds
-        opened = await asyncio.gather(*(streams.enter_async_context(Stream.of(bob)) for _ in range(tried)))
-        assert sorted(s.response.status for s in opened) == [200] * live.MAX_STREAMS_PER_SESSION + [429] * 4
-        await until(lambda: world.inbox.inbox.live.open_streams == live.MAX_STREAMS_PER_SESSION,
-                    what="every stream counted")
-        refused = await bob.get("/inbox/events")
-        assert refused.status == 429 and "at most 8 live pages per session" in refused.text
-        dave = await world.signed_in("dave", ("approver",))  # another session has its own
+async def test_a_principals_streams_are_bounded_across_their_sessions(world: World) -> None:
+    bob, again = await world.signed_in(), await world.signed_in()  # two sessions (browsers) of one principal
+    async with contextlib.AsyncExitStack() as held:
+        opened = [await held.enter_async_context(Stream.of(browser)) for browser in (bob, again, bob, again, bob)]
+        assert [s.response.status for s in opened] == [200] * 5
+        await until(lambda: opened[0].ended, what="bob's oldest stream ended by his fifth")
+        assert opened[0].named("superseded") == [""] and not any(s.ended for s in opened[1:])
+        assert world.inbox.inbox.live.slots.held(BOB) == 4  # approvals_ui.max_streams_per_principal
+        at_once = await asyncio.gather(*(held.enter_async_context(Stream.of(again)) for _ in range(6)))
+        assert [s.response.status for s in at_once] == [200] * 6 and world.inbox.inbox.live.slots.held(BOB) == 4
+        await until(lambda: sum(not s.ended for s in opened + at_once) == 4, what="only bob's newest 4 streaming")
+        dave = await world.signed_in("dave", ("approver",))  # another principal keeps his own
         async with Stream.of(dave) as daves:
-            assert daves.response.status == 200
+            await until(lambda: bool(daves.events), what="dave's stream running")
+            assert daves.response.status == 200 and not daves.ended
     await until(lambda: world.inbox.inbox.live.open_streams == 0, what="closed streams no longer counted")
-    async with Stream.of(bob) as again:
-        assert again.response.status == 200
+
+
+@pytest.mark.parametrize("ui", [{"http": {"max_connections": 64}}])
+async def test_two_approvers_holding_every_stream_they_can_leave_room_for_a_third(world: World) -> None:
+    streams: dict[str, list[Stream]] = {"bob": [], "carol": []}
+    most: dict[str, int] = {"bob": 0, "carol": 0}  # the most streams the inbox held of each, at any moment
+    async with contextlib.AsyncExitStack() as held:
+        for who, theirs in streams.items():  # every session they may hold, each with 8 pages opening at once
+            for _ in range(10):
+                with contextlib.suppress(AssertionError, aiohttp.ClientError):
+                    browser = await world.signed_in(who, ("approver",))
+                    opened = await asyncio.gather(*(held.enter_async_context(Stream.of(browser)) for _ in range(8)),
+                                                  return_exceptions=True)
+                    theirs += [s for s in opened if isinstance(s, Stream) and s.response.status == 200]
+                most[who] = max(most[who], world.inbox.inbox.live.slots.held(Principal(id=who, tenant="acme")))
+        erin = await world.signed_in("erin", ("approver",))
+        async with Stream.of(erin) as erins:
+            assert erins.response.status == 200
+            await until(lambda: bool(erins.events), what="erin's stream running")
+        for who, theirs in streams.items():
+            await until(lambda mine=theirs: sum(not s.ended for s in mine) == 4, what=f"{who}'s newest 4 only")
+            assert all(s.named("superseded") == [""] for s in theirs if s.ended)
+    assert most == {"bob": 4, "carol": 4}  # approvals_ui.max_streams_per_principal, even opening 8 at once
+
+
+@pytest.mark.parametrize("ui", [{"max_streams": 2, "max_streams_per_principal": 1, "http": {"max_connections": 8}}])
+async def test_a_stream_past_the_cap_of_all_is_refused_with_retry_after(world: World) -> None:
+    bob, dave, erin = [await world.signed_in(who, ("approver",)) for who in ("bob", "dave", "erin")]
+    async with contextlib.AsyncExitStack() as held:
+        bobs = await held.enter_async_context(Stream.of(bob))
+        async with Stream.of(dave) as daves:
+            assert (bobs.response.status, daves.response.status) == (200, 200)
+            async with Stream.of(erin) as refused:
+                assert refused.response.status == 503
+                assert refused.response.headers["Retry-After"] == str(live.RETRY_AFTER_SECONDS)
+            assert (await erin.get("/inbox")).status == 200  # her pages still load; only live updates wait
+            bobs_newer = await held.enter_async_context(Stream.of(bob))  # bob's newer page takes his own place
+            await until(lambda: bobs.ended, what="bob's older stream superseded")
+            assert bobs_newer.response.status == 200 and not daves.ended
+        await until(lambda: world.inbox.inbox.live.open_streams == 1, what="dave's stream given back")
+        async with Stream.of(erin) as erins:
+            assert erins.response.status == 200
 
 
 async def test_a_failing_store_skips_a_round_and_the_stream_goes_on(world: World, rounds: None,

@@ -42,6 +42,8 @@ def test_the_inbox_is_off_by_default_and_listens_on_one_tcp_address() -> None:
     ("live_seconds", "often", "Input should be a valid number"),
     ("max_sessions", 0, "Input should be greater than 0"),
     ("max_sessions_per_principal", 0, "Input should be greater than 0"),
+    ("max_streams_per_principal", 0, "Input should be greater than 0"),
+    ("max_streams", 0, "Input should be greater than 0"),
     ("approver_roles", [], "Tuple should have at least 1 item"),
     ("approver_roles", [""], "a role name may not be empty"),
     ("theme", "dark", "unknown key"),
@@ -49,6 +51,24 @@ def test_the_inbox_is_off_by_default_and_listens_on_one_tcp_address() -> None:
 def test_bad_inbox_settings_name_the_key(key: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=rf"config error at approvals_ui\.{key}: {message}"):
         parse_settings({"approvals_ui": {key: value}})
+
+
+@pytest.mark.parametrize(("ui", "message"), [
+    ({"max_streams": 65}, r"max_streams \(65\) may be at most half of http\.max_connections \(128\): the rest is "
+                          r"kept for page loads and sign-ins"),
+    ({"max_streams_per_principal": 33}, r"max_streams_per_principal \(33\) may be at most a quarter of "
+                                        r"http\.max_connections \(128\), so that a few principals cannot fill"),
+    ({"http": {"max_connections": 8}}, r"max_streams_per_principal \(4\) may be at most a quarter of "
+                                       r"http\.max_connections \(8\)"),
+    ({"max_streams": 2, "max_streams_per_principal": 3}, r"max_streams_per_principal \(3\) may not exceed "
+                                                         r"max_streams \(2\)"),
+])
+def test_live_streams_may_not_fill_the_inbox_listener(ui: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^config error at approvals_ui: {message}"):
+        parse_settings({"approvals_ui": ui})
+    defaults = parse_settings({}).approvals_ui
+    assert (defaults.max_streams_per_principal, defaults.max_streams, defaults.stream_cap) == (4, None, 64)
+    assert parse_settings({"approvals_ui": {"http": {"max_connections": 40}}}).approvals_ui.stream_cap == 20
 
 
 def test_one_principals_sessions_fit_within_everyones() -> None:

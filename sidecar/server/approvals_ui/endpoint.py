@@ -16,6 +16,7 @@ from sidecar.server.approvals_ui.pages import Inbox
 from sidecar.server.approvals_ui.security import Guarded
 from sidecar.server.approvals_ui.sessions import Sessions
 from sidecar.server.approvals_ui.signin import SignIn
+from sidecar.server.approvals_ui.stream_slots import StreamSlots
 from sidecar.server.auth import Authenticator
 from sidecar.server.http_limits import HttpLimits, bounded_server, listener_limits
 from sidecar.server.listeners import tcp_socket
@@ -47,9 +48,10 @@ class ApprovalsInbox:
         operators, authenticator = Operators(settings.auth), Authenticator(settings.auth)
         oidc = None if ui.oidc is None else OidcSignIn(ui.oidc, authenticator)
         sessions = Sessions(ui.session_seconds, max_open=ui.max_sessions, per_principal=ui.max_sessions_per_principal)
+        streams = StreamSlots(max_open=ui.stream_cap, per_principal=ui.max_streams_per_principal)
         inbox = Inbox(ApprovalDesk(approvals, operators), SignIn(settings.auth, authenticator), sessions,
                       approvers=Approvers(operators, ui.approver_roles), secure=not endpoint.is_loopback,
-                      page_size=ui.page_size, live_seconds=ui.live_seconds, oidc=oidc)
+                      page_size=ui.page_size, live_seconds=ui.live_seconds, streams=streams, oidc=oidc)
         host = endpoint.host.removeprefix("[").removesuffix("]")
         bound = tcp_socket(f"approvals_ui.listen {ui.listen}", host, endpoint.port)
         return cls(inbox, bound, host=endpoint.host, loopback=endpoint.is_loopback, limits=limits)

@@ -6,9 +6,11 @@ exactly as the inbox (and ``ListPreviews``) does, and sends ``event: changed`` w
 when that set differs from the one the page was rendered with (``since``) or last told of: a preview
 arrived, expired, or was decided elsewhere. An event carries the version only, a hash of what this
 person may see, never a preview; the page's script then fetches the page again and swaps its list in
-(``static/live.js``). A stream ends when its session does (``event: signed-out``), when the inbox
+(``static/live.js``). A stream ends when its session does (``event: signed-out``), when a newer stream of
+the same principal takes its place (``event: superseded``: the page then reloads on a timer), when the inbox
 closes (``close``, awaited before the listener stops, so no stream holds the shutdown up), or when the browser
-goes away. A session has at most ``MAX_STREAMS_PER_SESSION`` open at once (its tabs). A failing store
+goes away; its connection is closed with it. How many streams are open is bounded per principal and in all
+(``stream_slots``); a stream past the bound of all is refused with 503 and ``Retry-After``. A failing store
 skips a round (logged): the stream stays and tries again.
 """
 
@@ -19,7 +21,6 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Iterable
 
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
@@ -29,13 +30,14 @@ from sidecar.contract import Preview
 from sidecar.errors import DependencyError
 from sidecar.pipeline.preview_pages import PreviewPage
 from sidecar.server.approvals_ui.sessions import Session, Sessions
+from sidecar.server.approvals_ui.stream_slots import Slot, StreamSlots
 from sidecar.server.roles import MAX_LIST_LIMIT, ApprovalDesk
 
-__all__ = ["HEARTBEAT_SECONDS", "MAX_STREAMS_PER_SESSION", "LiveUpdates", "version_of"]
+__all__ = ["HEARTBEAT_SECONDS", "RETRY_AFTER_SECONDS", "LiveUpdates", "version_of"]
 
 log = logging.getLogger(__name__)
 
-MAX_STREAMS_PER_SESSION = 8
+RETRY_AFTER_SECONDS = 30  # a refused stream's page reloads this often instead (live.js)
 HEARTBEAT_SECONDS = 15.0  # a comment line this often keeps proxies from closing a quiet stream
 _RETRY_MS = 5000  # how long the browser waits before it reconnects a dropped stream
 
@@ -49,15 +51,15 @@ def version_of(previews: Iterable[Preview]) -> str:
 class LiveUpdates:
     """The event streams of one inbox's open pages."""
 
-    def __init__(self, desk: ApprovalDesk, sessions: Sessions, *, interval: float) -> None:
-        self._desk, self._sessions, self._interval = desk, sessions, interval
-        self._closing, self._none_open = asyncio.Event(), asyncio.Event()
+    def __init__(self, desk: ApprovalDesk, sessions: Sessions, slots: StreamSlots, *, interval: float) -> None:
+        self._desk, self._sessions, self.slots, self._interval = desk, sessions, slots, interval
+        self._closing, self._none_open = False, asyncio.Event()
         self._none_open.set()
-        self._open: Counter[str] = Counter()  # session id: open streams
+        self._running: set[Slot] = set()  # every stream until its response has ended, superseded ones included
 
     @property
     def open_streams(self) -> int:
-        return sum(self._open.values())
+        return len(self._running)
 
     async def version(self, session: Session) -> tuple[PreviewPage, str]:
         """The newest pending previews ``session``'s principal may decide (one page of at most ``MAX_LIST_LIMIT``),
@@ -67,26 +69,30 @@ class LiveUpdates:
 
     def response(self, session: Session, since: str) -> Response:
         """The event stream of a page of ``session`` rendered with the previews of version ``since``."""
-        if self._closing.is_set():
+        if self._closing:
             return PlainTextResponse("the inbox is stopping", status_code=503)
-        if self._open[session.id] >= MAX_STREAMS_PER_SESSION:
-            return PlainTextResponse(f"at most {MAX_STREAMS_PER_SESSION} live pages per session", status_code=429)
-        self._open[session.id] += 1  # counted now, so that pages opening at once cannot pass the limit together
+        slot = self.slots.take(session.principal)  # held now, so that pages opening at once cannot pass the caps
+        if slot is None:
+            return PlainTextResponse("The inbox holds as many live pages as it may; this page reloads on its own.",
+                                     status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        self._running.add(slot)
         self._none_open.clear()
-        return _Stream(self, session.id, since)
+        return _Stream(self, slot, session.id, since)
 
     async def close(self, timeout: float) -> None:
         """End every stream now and refuse new ones (the inbox is stopping); return once they have ended (at
         most ``timeout`` seconds: the listener's shutdown then closes what is left)."""
-        self._closing.set()
+        self._closing = True
+        for slot in self._running:
+            slot.end()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._none_open.wait(), timeout)
 
-    async def events(self, session_id: str, since: str) -> AsyncIterator[bytes]:
+    async def events(self, slot: Slot, session_id: str, since: str) -> AsyncIterator[bytes]:
         """The stream's lines: ``changed`` whenever the version differs from the last one sent (or ``since``)."""
         yield f"retry: {_RETRY_MS}\n\n".encode()
         last, quiet_since = since, time.monotonic()
-        while not self._closing.is_set():
+        while not slot.over:
             session = self._sessions.get(session_id)
             if session is None:
                 yield b"event: signed-out\ndata: \n\n"
@@ -98,17 +104,15 @@ class LiveUpdates:
             elif time.monotonic() - quiet_since >= HEARTBEAT_SECONDS:
                 yield b": still here\n\n"
                 quiet_since = time.monotonic()
-            try:
-                await asyncio.wait_for(self._closing.wait(), self._interval)
-            except TimeoutError:
-                pass
+            await slot.wait(self._interval)
+        if slot.superseded:
+            yield b"event: superseded\ndata: \n\n"
 
-    def ended(self, session_id: str) -> None:
-        """A stream of ``session_id`` that ``response`` counted has ended."""
-        self._open[session_id] -= 1
-        if self._open[session_id] <= 0:
-            del self._open[session_id]
-        if not self._open:
+    def ended(self, slot: Slot) -> None:
+        """The stream that ``response`` gave ``slot`` has ended."""
+        self.slots.give_back(slot)
+        self._running.discard(slot)
+        if not self._running:
             self._none_open.set()
 
     async def _current(self, session: Session, last: str) -> str:
@@ -121,15 +125,15 @@ class LiveUpdates:
 
 
 class _Stream(StreamingResponse):
-    """A session's event stream, counted as open until it ends, however it ends."""
+    """A session's event stream, holding its slot until it ends, however it ends; its connection closes with it."""
 
-    def __init__(self, live: LiveUpdates, session_id: str, since: str) -> None:
-        super().__init__(live.events(session_id, since), media_type="text/event-stream",
-                         headers={"X-Accel-Buffering": "no"})
-        self._live, self._session_id = live, session_id
+    def __init__(self, live: LiveUpdates, slot: Slot, session_id: str, since: str) -> None:
+        super().__init__(live.events(slot, session_id, since), media_type="text/event-stream",
+                         headers={"X-Accel-Buffering": "no", "Connection": "close"})
+        self._live, self._slot = live, slot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._live.ended(self._session_id)
+            self._live.ended(self._slot)

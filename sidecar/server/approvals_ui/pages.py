@@ -42,6 +42,7 @@ from sidecar.server.approvals_ui.security import FormError, read_form
 from sidecar.server.approvals_ui.sessions import Session, Sessions, SessionsFull, SignedIn, csrf_matches
 from sidecar.server.approvals_ui.shown import shown
 from sidecar.server.approvals_ui.signin import SignIn
+from sidecar.server.approvals_ui.stream_slots import StreamSlots
 from sidecar.server.approvals_ui.views import PreviewView
 from sidecar.server.roles import ApprovalDesk, Approvers
 from sidecar.state import AuditRecord
@@ -73,11 +74,12 @@ class Inbox:
     """The inbox's ASGI app over one ``ApprovalDesk``; session cookies ``Secure`` when ``secure``."""
 
     def __init__(self, desk: ApprovalDesk, sign_in: SignIn, sessions: Sessions, *, approvers: Approvers,
-                 secure: bool, page_size: int, live_seconds: float, oidc: OidcSignIn | None = None) -> None:
+                 secure: bool, page_size: int, live_seconds: float, streams: StreamSlots,
+                 oidc: OidcSignIn | None = None) -> None:
         self._desk, self._sign_in, self._sessions, self._oidc = desk, sign_in, sessions, oidc
         self._approvers = approvers
         self._secure, self._page_size = secure, page_size
-        self.live = LiveUpdates(desk, sessions, interval=live_seconds)
+        self.live = LiveUpdates(desk, sessions, streams, interval=live_seconds)
         prefix = "__Host-" if secure else ""  # __Host-: Secure, Path=/, no Domain, enforced by the browser
         self.session_cookie, self.sign_in_cookie = f"{prefix}toolbooth-session", f"{prefix}toolbooth-sign-in"
         self.login_cookie = f"{prefix}toolbooth-login"  # an OIDC login's state, until the provider sends it back

@@ -54,4 +54,13 @@
     source.close();
     say("Your session ended: reload the page to sign in again.");
   });
+  // A newer page of this person took this one's stream, or the inbox holds as many as it may (refused, 503):
+  // the page then reloads its list every 30 seconds, as it does without JavaScript.
+  function polling() {
+    source.close();
+    say("Live updates are paused here; this page reloads every 30 seconds.");
+    window.setInterval(() => { refresh().catch(() => say("The page could not be updated; reload it.")); }, 30000);
+  }
+  source.addEventListener("superseded", polling);
+  source.addEventListener("error", () => { if (source.readyState === EventSource.CLOSED) { polling(); } });
 })();
