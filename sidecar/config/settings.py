@@ -256,8 +256,10 @@ class Settings(Section):
 
     @model_validator(mode="after")
     def _initialize_fits_a_message(self) -> Settings:
-        """An MCP ``initialize`` is one message: its own bound cannot be above the bound of every message."""
-        if self.mcp.max_initialize_bytes > self.limits.max_message_bytes:
+        """An MCP ``initialize`` is one message: its own bound, when set, cannot be above the bound of every message
+        (the default simply yields to a smaller ``limits.max_message_bytes``)."""
+        mcp = self.mcp
+        if "max_initialize_bytes" in mcp.model_fields_set and mcp.max_initialize_bytes > self.limits.max_message_bytes:
             raise ValueError(f"mcp.max_initialize_bytes ({self.mcp.max_initialize_bytes}) must be at most "
                              f"limits.max_message_bytes ({self.limits.max_message_bytes}), the bound of every message")
         return self

@@ -9,9 +9,6 @@ exception                  status              details sent
 anything else (a bug)      INTERNAL            "internal error"; the traceback goes to the log
 =========================  ==================  ==========================================
 
-Tracebacks are rate-limited (``sidecar.telemetry.repeats``): a bug every request can reach writes a few a
-minute, with a count of those left out, not one per request.
-
 Denials, invalid arguments and failed tools are results, not exceptions, so they never get here.
 It is the outermost interceptor: whatever the inner ones (authentication) raise is mapped too.
 Request bytes that do not decode as the method's message (which gRPC would end with UNKNOWN,
@@ -27,14 +24,12 @@ import grpc
 
 from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
 from sidecar.server.interceptors.unary import UNDECODABLE_DETAILS, Proceed, Rpc, UnaryInterceptor
-from sidecar.telemetry.repeats import RepeatLimit
 
 __all__ = ["INTERNAL_DETAILS", "UNAVAILABLE_DETAILS", "UNDECODABLE_DETAILS", "StatusInterceptor", "status_of"]
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
-log.addFilter(RepeatLimit())
 
 UNAVAILABLE_DETAILS = "service unavailable"
 INTERNAL_DETAILS = "internal error"
