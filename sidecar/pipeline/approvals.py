@@ -62,6 +62,7 @@ DEFAULT_APPROVER_ROLES = ("approver",)
 # unexpired pending previews one principal may hold (``limits.max_pending_previews_per_principal``)
 DEFAULT_MAX_PENDING = 100
 READ_PER_PAGE = 2000  # previews a page reads at most (each the approver rule decides), then it ends early
+READ_BATCH = 200  # previews a page reads from the store at once, at least (the approver rule may keep few)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +159,7 @@ class Approvals:
         every one, for operators), newest first, after ``page_token`` (``InvalidRequestError`` if it is not
         one a page gave); only of ``tool`` and ``requester`` (a principal id) when given."""
         now = time.time()
-        query = PreviewQuery(PreviewState.PENDING, limit + 1, tenant=None if all_of_them else principal.tenant,
+        query = PreviewQuery(PreviewState.PENDING, _batch(limit), tenant=None if all_of_them else principal.tenant,
                              expires_after=now, created_after=now - MAX_PREVIEW_TTL_SECONDS,
                              after=read_token(page_token))
         return await self._page(principal, all_of_them, query, limit,
@@ -168,7 +169,7 @@ class Approvals:
                       limit: int = 100) -> list[Preview]:
         """Pending previews ``principal`` could have approved, of their tenant (as for ``pending``), that expired
         undecided after ``since`` (epoch seconds), newest first, at most ``limit``."""
-        query = PreviewQuery(PreviewState.PENDING, limit + 1, tenant=None if all_of_them else principal.tenant,
+        query = PreviewQuery(PreviewState.PENDING, _batch(limit), tenant=None if all_of_them else principal.tenant,
                              expires_after=since, expires_by=time.time(),
                              created_after=since - MAX_PREVIEW_TTL_SECONDS)
         return (await self._page(principal, all_of_them, query, limit, lambda r: True)).previews
@@ -189,8 +190,9 @@ class Approvals:
 
     async def _page(self, principal: Principal, all_of_them: bool, query: PreviewQuery, limit: int,
                     keep: Callable[[PreviewRecord], bool]) -> PreviewPage:
-        """Up to ``limit`` of the previews ``query`` reads (in batches) that ``keep`` keeps and ``principal`` may
-        decide, and the token after the last one read when more may follow; ``READ_PER_PAGE`` read at most."""
+        """Up to ``limit`` of the previews ``query`` reads (in batches of ``query.limit``) that ``keep`` keeps and
+        ``principal`` may decide, and the token after the last one read when more may follow; ``READ_PER_PAGE``
+        read at most."""
         kept: list[Preview] = []
         read = 0
         while True:
@@ -339,6 +341,12 @@ class Approvals:
         document = {"principal": approver.model_dump(mode="json"), "preview": preview,
                     "context": {"stage": Stage.APPROVER.value, "time": now_utc()}}
         return await self.policy.decide(Stage.APPROVER, PolicyInput.of(document))
+
+
+def _batch(limit: int) -> int:
+    """How many previews a listing of ``limit`` reads from the store at once: one more than a page (to know
+    whether another follows), and at least ``READ_BATCH``, for a rule that keeps few takes few round trips."""
+    return max(limit + 1, READ_BATCH)
 
 
 _DECIDED = (PreviewState.APPROVED, PreviewState.USED, PreviewState.DENIED)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,10 +14,10 @@ import pytest
 from sidecar.canonical import canonical_json, sorted_json
 from sidecar.contract import ErrorCode, PreviewState, Principal
 from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
-from sidecar.pipeline.approvals import Approvals, CallToApprove, Refusal, preview_hash
+from sidecar.pipeline.approvals import READ_BATCH, Approvals, CallToApprove, Refusal, preview_hash
 from sidecar.policy import Decision, Stage
 from sidecar.policy.input import PolicyInput
-from sidecar.state import PreviewRecord
+from sidecar.state import PreviewQuery, PreviewRecord
 from sidecar.state.sqlite import SqliteStore
 
 ALICE = Principal(id="alice", tenant="acme", roles=("developer",))
@@ -191,5 +192,44 @@ async def test_decided_lists_ones_own_decisions_latest_first_and_all_of_them_for
         assert [p.preview_id for p in every] == ids[::-1]
         assert [p.preview_id for p in await approvals.decided(bob, all_of_them=True, limit=2)] == ids[:1:-1]
         assert await approvals.decided(Principal(id="dave", tenant="acme"), all_of_them=False) == []
+    finally:
+        await store.aclose()
+
+
+class RareApprover:
+    """An approver rule that lets the approver decide only previews of the tool ``kept``."""
+
+    revision = "sha256:rev-1"
+
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
+        return Decision(allow=input.document()["preview"]["tool"] == "kept")
+
+
+class CountingStore:
+    """A store that counts the listings it is asked for."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store, self.listings = store, 0
+
+    async def previews(self, query: PreviewQuery) -> list[PreviewRecord]:
+        self.listings += 1
+        return await self.store.previews(query)
+
+
+async def test_a_page_the_approver_rule_thins_reads_the_store_in_few_round_trips(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "store.db")
+    try:
+        now = time.time()
+        for number in range(1000):  # one in 50 is the approver's to decide, the newest first
+            tool = "kept" if number % 50 == 0 else "other"
+            await store.save_preview(replace(_stored(CALL, "sha256:x", "{}"), preview_id=f"p-{number:04}", tool=tool,
+                                             state=PreviewState.PENDING, created_at=now - 1000 + number,
+                                             expires_at=now + 600), max_pending=10_000)
+        counting = CountingStore(store)
+        approvals = Approvals(counting, RareApprover(), max_pending=10)  # type: ignore[arg-type]
+        page = await approvals.pending(Principal(id="bob", tenant="acme"), all_of_them=False, limit=20)
+        assert [p.preview_id for p in page.previews] == [f"p-{n:04}" for n in range(950, -1, -50)]
+        assert page.next_page_token == ""
+        assert counting.listings <= 1000 // READ_BATCH + 1
     finally:
         await store.aclose()
