@@ -10,6 +10,12 @@ no event stream open), exactly as if it had expired: it answers ``404`` from the
 to meet by opening a new session. An agent that loses track of its sessions (no ``DELETE`` when it stops, a
 crash) so keeps working and never locks itself out. Only when all of that principal's sessions are busy is the
 new one refused, ``429`` with a JSON-RPC error: another principal's sessions are never touched.
+
+The SDK admits a session for any request without a session id, before reading it. An old session is ended only
+once the new one is accepted (its opening request answered below 400): a request that opens none (a body that
+is no JSON-RPC message, an ``initialize`` too large, a GET) ends nothing. Meanwhile, admission counts each idle
+session as spare once only, and a session that will end one of its principal's may pass ``mcp.max_sessions``
+for as long as its opening request takes (it takes the place of the one it ends).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from sidecar.config.mcp import McpSettings
 from sidecar.server.mcp_transport import SessionManager
@@ -50,6 +56,7 @@ class Sessions(SessionManager):
                          session_idle_timeout=settings.session_idle_seconds,
                          max_initialize_bytes=settings.max_initialize_bytes)
         self._per_principal = settings.max_sessions_per_principal
+        self._giving_way: set[str] = set()  # new sessions that end one of their principal's once accepted
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -61,29 +68,60 @@ class Sessions(SessionManager):
 
     def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         # Called under the SDK's session-creation lock, so the count cannot change meanwhile.
-        if requestor is not None:
-            self._make_room(requestor)
-        return super()._admit_session(requestor)
-
-    def _make_room(self, requestor: AuthorizationContext) -> None:
-        """End the principal's least recently used idle session if they hold their most; ``_AllBusy`` if none
-        is idle."""
+        if requestor is None:
+            return super()._admit_session(requestor)
         held = [session for session, owner in self._session_owners.items() if owner == requestor]
         if len(held) < self._per_principal:
-            return
-        idle = [(until, session) for session in held
-                if (until := _idle_until(self._server_instances[session])) is not None]
-        if not idle:
+            return super()._admit_session(requestor)
+        if len(_idle(held, self._server_instances)) <= len(self._giving_way.intersection(held)):
             log.warning("MCP: refused a new session of %s: its %d sessions (mcp.max_sessions_per_principal) are "
                         "all busy", _named(requestor), len(held))
             raise _AllBusy
+        cap_of_all, self.max_sessions = self.max_sessions, None  # it takes the place of the one it will end
+        try:
+            transport = super()._admit_session(requestor)
+        finally:
+            self.max_sessions = cap_of_all
+        assert transport is not None and transport.mcp_session_id is not None
+        self._giving_way.add(transport.mcp_session_id)
+        return transport
+
+    async def _serve_opening_request(self, http_transport: StreamableHTTPServerTransport, scope: Scope,
+                                     receive: Receive, send: Send) -> None:
+        session_id = http_transport.mcp_session_id
+        assert session_id is not None
+
+        async def accepted(message: Message) -> None:
+            owner = self._session_owners.get(session_id)
+            if message["type"] == "http.response.start" and message["status"] < 400 \
+                    and session_id in self._giving_way and owner is not None:
+                self._giving_way.discard(session_id)
+                self._end_least_recently_used(owner)
+            await send(message)
+
+        try:
+            await super()._serve_opening_request(http_transport, scope, receive, accepted)
+        finally:
+            self._giving_way.discard(session_id)
+
+    def _end_least_recently_used(self, requestor: AuthorizationContext) -> None:
+        """End the principal's least recently used idle session, for the new one just accepted."""
+        held = [session for session, owner in self._session_owners.items() if owner == requestor]
+        idle = _idle(held, self._server_instances)
+        if not idle:  # each became busy since the new one was admitted: they hold one more for now
+            return
         _, oldest = min(idle)
         transport = self._server_instances.pop(oldest)  # forgotten at once: its id answers 404 from now on
         self._session_owners.pop(oldest, None)
         assert transport.idle_scope is not None
         transport.idle_scope.cancel()  # its server task ends it, as when it expires
-        log.info("MCP: ended the least recently used idle session of %s for a new one (it holds %d, "
+        log.info("MCP: ended the least recently used idle session of %s for a new one (it held %d, "
                  "mcp.max_sessions_per_principal)", _named(requestor), len(held))
+
+
+def _idle(sessions: list[str], transports: dict[str, StreamableHTTPServerTransport]) -> list[tuple[float, str]]:
+    """The idle ones of ``sessions``, each with when it expires."""
+    return [(until, session) for session in sessions if (until := _idle_until(transports[session])) is not None]
 
 
 def _idle_until(transport: StreamableHTTPServerTransport) -> float | None:

@@ -85,6 +85,35 @@ async def test_a_new_session_ends_the_principals_least_recently_used_idle_one(en
     assert answers == [200, 404, 200]
 
 
+async def test_a_principal_at_their_most_gets_a_new_session_even_when_every_session_is_taken(
+        endpoint: Endpoint) -> None:
+    async with endpoint.client("alice") as alice, endpoint.client("bob") as bob:
+        first, second = await _open(alice, endpoint.url), await _open(alice, endpoint.url)
+        bobs = await _open(bob, endpoint.url)  # 3: the cap of all
+        third = await _open(alice, endpoint.url)
+        answers = [await _listed(alice, endpoint.url, session) for session in (first, second, third)]
+        assert await _listed(bob, endpoint.url, bobs) == 200
+        refused = await bob.post(endpoint.url, json=INIT)
+    assert answers == [404, 200, 200]
+    assert refused.status_code == 503  # the cap of all holds for a principal below their most
+
+
+async def test_a_refused_opening_request_ends_none_of_the_principals_sessions(endpoint: Endpoint) -> None:
+    """Only an accepted new session ends an old one: a request without a session id that opens none (a body
+    that is no JSON-RPC message, an initialize too large, any other request, a GET or a DELETE) leaves the
+    principal's idle sessions alone, even when they hold their most."""
+    opening = [{"content": b"{not json"}, {"content": _initialize(2**17)}, {"json": LIST}]
+    async with endpoint.client("alice") as alice:
+        held = [await _open(alice, endpoint.url), await _open(alice, endpoint.url)]  # her most: 2
+        refused, answers = [], []
+        for request in [alice.post(endpoint.url, **body) for body in opening] + [alice.get(endpoint.url),
+                                                                                 alice.delete(endpoint.url)]:
+            refused.append((await request).status_code)
+            answers.append([await _listed(alice, endpoint.url, session) for session in held])
+    assert refused[:2] == [400, 413] and all(status >= 400 for status in refused), refused
+    assert answers == [[200, 200]] * 5
+
+
 async def test_a_principal_whose_sessions_are_all_busy_is_refused_429_and_nobody_else_is(endpoint: Endpoint) -> None:
     tools.HOLD.close()
     started = tools.HELD_STARTED.value
