@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 _ALL_BUSY = "Too many open sessions for this principal, each with a request in flight; end one (DELETE) or retry"
 
 
+_Principal = tuple[str, str | None, str | None]
+
+
 class _AllBusy(Exception):
     """The principal holds their most sessions and every one is busy."""
 
@@ -57,6 +60,7 @@ class Sessions(SessionManager):
                          max_initialize_bytes=settings.max_initialize_bytes)
         self._per_principal = settings.max_sessions_per_principal
         self._giving_way: set[str] = set()  # new sessions that end one of their principal's once accepted
+        self._held: dict[_Principal, set[str]] = {}  # each principal's sessions, so none is found by a scan
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -70,20 +74,24 @@ class Sessions(SessionManager):
         # Called under the SDK's session-creation lock, so the count cannot change meanwhile.
         if requestor is None:
             return super()._admit_session(requestor)
-        held = [session for session, owner in self._session_owners.items() if owner == requestor]
-        if len(held) < self._per_principal:
-            return super()._admit_session(requestor)
-        if len(_idle(held, self._server_instances)) <= len(self._giving_way.intersection(held)):
+        held = self._held.get(_principal(requestor), set())
+        gives_way = len(held) >= self._per_principal
+        if gives_way and len(_idle(held, self._server_instances)) <= len(self._giving_way & held):
             log.warning("MCP: refused a new session of %s: its %d sessions (mcp.max_sessions_per_principal) are "
                         "all busy", _named(requestor), len(held))
             raise _AllBusy
-        cap_of_all, self.max_sessions = self.max_sessions, None  # it takes the place of the one it will end
+        cap_of_all = self.max_sessions
+        if gives_way:
+            self.max_sessions = None  # it takes the place of the one it will end
         try:
             transport = super()._admit_session(requestor)
         finally:
             self.max_sessions = cap_of_all
-        assert transport is not None and transport.mcp_session_id is not None
-        self._giving_way.add(transport.mcp_session_id)
+        if transport is not None:
+            assert transport.mcp_session_id is not None
+            self._held.setdefault(_principal(requestor), held).add(transport.mcp_session_id)
+            if gives_way:
+                self._giving_way.add(transport.mcp_session_id)
         return transport
 
     async def _serve_opening_request(self, http_transport: StreamableHTTPServerTransport, scope: Scope,
@@ -106,20 +114,38 @@ class Sessions(SessionManager):
 
     def _end_least_recently_used(self, requestor: AuthorizationContext) -> None:
         """End the principal's least recently used idle session, for the new one just accepted."""
-        held = [session for session, owner in self._session_owners.items() if owner == requestor]
+        held = self._held[_principal(requestor)]
         idle = _idle(held, self._server_instances)
         if not idle:  # each became busy since the new one was admitted: they hold one more for now
             return
         _, oldest = min(idle)
+        self._unheld(oldest)
         transport = self._server_instances.pop(oldest)  # forgotten at once: its id answers 404 from now on
         self._session_owners.pop(oldest, None)
         assert transport.idle_scope is not None
         transport.idle_scope.cancel()  # its server task ends it, as when it expires
-        log.info("MCP: ended the least recently used idle session of %s for a new one (it held %d, "
+        log.info("MCP: ended the least recently used idle session of %s for a new one (it holds %d, "
                  "mcp.max_sessions_per_principal)", _named(requestor), len(held))
 
+    async def _discard_session(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
+        self._unheld(session_id)
+        await super()._discard_session(session_id, transport)
 
-def _idle(sessions: list[str], transports: dict[str, StreamableHTTPServerTransport]) -> list[tuple[float, str]]:
+    def _unheld(self, session_id: str) -> None:
+        """Drop ``session_id`` from its principal's sessions (before the SDK forgets whose it is)."""
+        owner = self._session_owners.get(session_id)
+        if owner is not None and (held := self._held.get(key := _principal(owner))) is not None:
+            held.discard(session_id)
+            if not held:
+                del self._held[key]
+
+
+def _principal(requestor: AuthorizationContext) -> _Principal:
+    """What identifies a principal, as the SDK compares them."""
+    return requestor["client_id"], requestor["issuer"], requestor["subject"]
+
+
+def _idle(sessions: set[str], transports: dict[str, StreamableHTTPServerTransport]) -> list[tuple[float, str]]:
     """The idle ones of ``sessions``, each with when it expires."""
     return [(until, session) for session in sessions if (until := _idle_until(transports[session])) is not None]
 
