@@ -26,7 +26,7 @@ from mcp_types import (
 )
 from pydantic import ValidationError
 
-__all__ = ["DUPLICATE", "Refused", "read"]
+__all__ = ["DUPLICATE", "Refused", "error", "read"]
 
 DUPLICATE = "Invalid Request: a request with this id is in flight in this session; use an id of its own"
 NOT_JSON = "Parse error: the message is not one JSON value in UTF-8"
@@ -42,7 +42,12 @@ class Refused(ValueError):
 
     def __init__(self, code: int, message: str, *, request_id: RequestId | None = None) -> None:
         super().__init__(message)
-        self.error = JSONRPCError(jsonrpc="2.0", id=request_id, error=ErrorData(code=code, message=message))
+        self.error = error(code, message, request_id=request_id)
+
+
+def error(code: int, message: str, *, request_id: RequestId | None = None) -> JSONRPCError:
+    """The JSON-RPC error answering a request (id null unless ``request_id`` names it)."""
+    return JSONRPCError(jsonrpc="2.0", id=request_id, error=ErrorData(code=code, message=message))
 
 
 def read(body: bytes | str) -> JSONRPCMessage:

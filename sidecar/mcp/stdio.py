@@ -80,7 +80,7 @@ async def _read_lines(stdin: BinaryIO, incoming: MemoryObjectSendStream[SessionM
         while line := await anyio.to_thread.run_sync(stdin.readline, max_line_bytes + 1, abandon_on_cancel=True):
             if len(line) > max_line_bytes and not line.endswith(b"\n"):
                 await anyio.to_thread.run_sync(_skip_line, stdin, abandon_on_cancel=True)
-                await wire.send(envelope.Refused(INVALID_REQUEST, TOO_LARGE).error)
+                await wire.send(envelope.error(INVALID_REQUEST, TOO_LARGE))
                 continue
             try:
                 message = _admitted(envelope.read(line), wire.in_flight)

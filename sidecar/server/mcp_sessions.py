@@ -28,12 +28,12 @@ from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError
-from starlette.responses import Response
+from mcp_types import INTERNAL_ERROR
 from starlette.types import Message, Receive, Scope, Send
 
 from sidecar.config.mcp import McpSettings
-from sidecar.server.mcp_transport import SessionManager
+from sidecar.mcp import envelope
+from sidecar.server.mcp_transport import SessionManager, error_response
 
 __all__ = ["Sessions"]
 
@@ -66,9 +66,7 @@ class Sessions(SessionManager):
         try:
             await super()._handle_stateful_request(scope, receive, send)
         except _AllBusy:  # raised before anything was answered or opened
-            body = JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(code=INTERNAL_ERROR, message=_ALL_BUSY))
-            await Response(body.model_dump_json(by_alias=True, exclude_unset=True), status_code=429,
-                           media_type="application/json")(scope, receive, send)
+            await error_response(envelope.error(INTERNAL_ERROR, _ALL_BUSY), status_code=429)(scope, receive, send)
 
     def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         # Called under the SDK's session-creation lock, so the count cannot change meanwhile.

@@ -52,7 +52,7 @@ from starlette.types import Receive, Scope, Send
 from sidecar.mcp import envelope
 from sidecar.server.mcp_request_ids import InFlightIds, Watched
 
-__all__ = ["SessionManager", "asks_for_progress"]
+__all__ = ["SessionManager", "asks_for_progress", "error_response"]
 
 _ANSWER_AS_JSON: ContextVar[bool] = ContextVar("toolbooth_mcp_answer_as_json", default=False)
 _INITIALIZE_TOO_LARGE = ("Invalid Request: this initialize request is larger than the endpoint accepts "
@@ -87,15 +87,15 @@ class _Transport(StreamableHTTPServerTransport):
         try:
             message = envelope.read(body)
         except envelope.Refused as refused:
-            await _refused(refused.error)(scope, receive, send)
+            await error_response(refused.error)(scope, receive, send)
             return
         if _is_initialize(message) and len(body) > self._max_initialize_bytes:
-            too_large = envelope.Refused(INVALID_REQUEST, _INITIALIZE_TOO_LARGE, request_id=message.id).error
-            await _refused(too_large, status_code=413)(scope, receive, send)
+            too_large = envelope.error(INVALID_REQUEST, _INITIALIZE_TOO_LARGE, request_id=message.id)
+            await error_response(too_large, status_code=413)(scope, receive, send)
             return
         if isinstance(message, JSONRPCRequest) and not self._ids.claim(message.id):
-            duplicate = envelope.Refused(INVALID_REQUEST, envelope.DUPLICATE).error
-            await _refused(duplicate, status_code=409)(scope, receive, send)
+            duplicate = envelope.error(INVALID_REQUEST, envelope.DUPLICATE)
+            await error_response(duplicate, status_code=409)(scope, receive, send)
             return
         answer_as_json = _ANSWER_AS_JSON.set(not asks_for_progress(message))
         try:
@@ -159,7 +159,7 @@ def _is_initialize(message: JSONRPCMessage) -> TypeGuard[JSONRPCRequest]:
     return isinstance(message, JSONRPCRequest) and message.method == "initialize"
 
 
-def _refused(error: JSONRPCError, *, status_code: int = 400) -> Response:
-    """The JSON-RPC error as the body, 400 as the SDK answers a body it cannot parse."""
+def error_response(error: JSONRPCError, *, status_code: int = 400) -> Response:
+    """The JSON-RPC error as the body (400 by default, as the SDK answers a body it cannot parse)."""
     return Response(error.model_dump_json(by_alias=True, exclude_unset=True), status_code=status_code,
                     media_type="application/json")
