@@ -161,9 +161,8 @@ class Approvals:
         now = time.time()
         query = PreviewQuery(PreviewState.PENDING, _batch(limit), tenant=None if all_of_them else principal.tenant,
                              expires_after=now, created_after=now - MAX_PREVIEW_TTL_SECONDS,
-                             after=read_token(page_token))
-        return await self._page(principal, all_of_them, query, limit,
-                                lambda r: tool in (None, r.tool) and requester in (None, r.principal_id))
+                             after=read_token(page_token), tool=tool, principal_id=requester)
+        return await self._page(principal, all_of_them, query, limit)
 
     async def expired(self, principal: Principal, *, all_of_them: bool, since: float,
                       limit: int = 100) -> list[Preview]:
@@ -172,7 +171,7 @@ class Approvals:
         query = PreviewQuery(PreviewState.PENDING, _batch(limit), tenant=None if all_of_them else principal.tenant,
                              expires_after=since, expires_by=time.time(),
                              created_after=since - MAX_PREVIEW_TTL_SECONDS)
-        return (await self._page(principal, all_of_them, query, limit, lambda r: True)).previews
+        return (await self._page(principal, all_of_them, query, limit)).previews
 
     async def visible(self, principal: Principal, preview_id: str, *, all_of_them: bool) -> Preview | None:
         """The preview ``preview_id`` in any state (expired, decided too), if ``principal`` may see it: if they
@@ -188,11 +187,9 @@ class Approvals:
         """The audited steps of the calls sent with each of ``previews``' approvals (``approval_audit``)."""
         return await calls_with(self.store, previews)
 
-    async def _page(self, principal: Principal, all_of_them: bool, query: PreviewQuery, limit: int,
-                    keep: Callable[[PreviewRecord], bool]) -> PreviewPage:
-        """Up to ``limit`` of the previews ``query`` reads (in batches of ``query.limit``) that ``keep`` keeps and
-        ``principal`` may decide, and the token after the last one read when more may follow; ``READ_PER_PAGE``
-        read at most."""
+    async def _page(self, principal: Principal, all_of_them: bool, query: PreviewQuery, limit: int) -> PreviewPage:
+        """Up to ``limit`` of the previews ``query`` reads (in batches of ``query.limit``) that ``principal`` may
+        decide, and the token after the last one read when more may follow; ``READ_PER_PAGE`` read at most."""
         kept: list[Preview] = []
         read = 0
         while True:
@@ -203,7 +200,7 @@ class Approvals:
                     return PreviewPage(kept, page_token(query.after))
                 read += 1
                 query = replace(query, after=cursor_of(record))
-                if keep(record) and (all_of_them or (await self._approver_decision(principal, record)).allow):
+                if all_of_them or (await self._approver_decision(principal, record)).allow:
                     kept.append(to_preview(record))
             if len(records) < query.limit:
                 return PreviewPage(kept)

@@ -196,7 +196,8 @@ class PreviewCursor:
 class PreviewQuery:
     """Which previews a listing reads, newest first (``created_at``, then ``preview_id``, descending), at most
     ``limit``: those in ``state`` of ``tenant`` (``None``: every tenant), expiring after ``expires_after`` and
-    at most at ``expires_by``, created after ``created_after``, listed after ``after`` (``None``: the newest)."""
+    at most at ``expires_by``, created after ``created_after``, listed after ``after`` (``None``: the newest);
+    only of ``tool`` and of the requester ``principal_id`` when given."""
 
     state: PreviewState
     limit: int
@@ -205,3 +206,5 @@ class PreviewQuery:
     expires_by: float = math.inf
     created_after: float = -math.inf
     after: PreviewCursor | None = None
+    tool: str | None = None
+    principal_id: str | None = None

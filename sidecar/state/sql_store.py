@@ -178,8 +178,8 @@ class SqlStore:
     async def previews(self, query: PreviewQuery) -> list[PreviewRecord]:
         """The previews ``query`` selects, newest first."""
         after = query.after or PreviewCursor(math.inf, "")
-        params = (query.state.value, query.expires_after, query.expires_by, query.created_after, after.created_at,
-                  after.preview_id, query.limit)
+        params = (query.state.value, query.tool, query.principal_id, query.expires_after, query.expires_by,
+                  query.created_after, after.created_at, after.preview_id, query.limit)
         if query.tenant is None:
             rows = await self.driver.fetch(self._sql.list_previews, params)
         else:

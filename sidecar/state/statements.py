@@ -10,8 +10,10 @@ from sidecar.state.rows import CHAINED_COLUMNS, OPERATION_COLUMNS, PREVIEW_COLUM
 __all__ = ["StoreStatements"]
 
 _KEY = "tenant = ? AND principal_id = ? AND tool = ? AND key = ?"
-# A page of previews (``PreviewQuery``): state, expiry after and by, created after, the cursor, the limit.
-_LISTED = ("state = ? AND expires_at > ? AND expires_at <= ? AND created_at > ? AND (created_at, preview_id) < (?, ?) "
+# A page of previews (``PreviewQuery``): state, tool and requester (each ``NULL``: any), expiry after and by,
+# created after, the cursor, the limit. The listing indexes (migration 0009) still order and bound the read.
+_LISTED = ("state = ? AND tool = COALESCE(?, tool) AND principal_id = COALESCE(?, principal_id) AND expires_at > ? "
+           "AND expires_at <= ? AND created_at > ? AND (created_at, preview_id) < (?, ?) "
            "ORDER BY created_at DESC, preview_id DESC LIMIT ?")
 
 

@@ -90,8 +90,8 @@ class Store(Protocol):
         ...
 
     async def previews(self, query: PreviewQuery) -> list[PreviewRecord]:
-        """The previews ``query`` selects (tenant, state, expiry, after a cursor), newest first: filtered in the
-        store, so that one tenant's previews never push another's out of a page."""
+        """The previews ``query`` selects (tenant, state, tool, requester, expiry, after a cursor), newest first:
+        filtered in the store, so that one tenant's previews never push another's out of a page."""
         ...
 
     async def decide_preview(self, preview_id: str, state: PreviewState, *, decided_by: str, comment: str | None,

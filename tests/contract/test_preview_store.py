@@ -135,6 +135,22 @@ async def test_a_listing_reads_one_tenant_within_its_bounds_after_a_cursor(store
     assert [p.preview_id for p in await store.previews(expired)] == ["p-2"]
 
 
+async def test_a_listing_reads_only_the_tool_and_requester_it_names(store: AnyStore) -> None:
+    now = time.time()
+    for n, (tenant, principal_id, tool) in enumerate([("acme", "dev-1", "file_note"), ("acme", "ops (eu)", "file_note"),
+                                                     ("acme", "ops (eu)", "send_email"), ("evil", "ops (eu)", "x")]):
+        await store.save_preview(preview(f"p-{n}", tenant=tenant, principal_id=principal_id, created_at=10.0 + n,
+                                         tool=tool))
+    pending = PreviewQuery(PreviewState.PENDING, 10, tenant="acme", expires_after=now)
+    assert [p.preview_id for p in await store.previews(replace(pending, tool="file_note"))] == ["p-1", "p-0"]
+    assert [p.preview_id for p in await store.previews(replace(pending, principal_id="ops (eu)"))] == ["p-2", "p-1"]
+    both = replace(pending, tool="send_email", principal_id="ops (eu)")
+    assert [p.preview_id for p in await store.previews(both)] == ["p-2"]
+    assert [p.preview_id for p in await store.previews(replace(pending, tenant=None, principal_id="ops (eu)"))] == [
+        "p-3", "p-2", "p-1"]
+    assert await store.previews(replace(pending, principal_id="ops")) == []
+
+
 async def test_a_principal_holds_at_most_max_pending_unexpired_previews(store: AnyStore) -> None:
     now = time.time()
     await store.save_preview(preview("p-old", expires_at=now - 1))  # expired: not counted
@@ -148,7 +164,7 @@ async def test_a_principal_holds_at_most_max_pending_unexpired_previews(store: A
 
 async def test_listings_and_the_count_read_by_index(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "toolbooth.db")
-    sql, cursor = StoreStatements.of(SQLITE), ("pending", 1.0, math.inf, 0.0, math.inf, "", 101)
+    sql, cursor = StoreStatements.of(SQLITE), ("pending", None, None, 1.0, math.inf, 0.0, math.inf, "", 101)
     try:
         plans = [await store.driver.fetch(f"EXPLAIN QUERY PLAN {statement}", params) for statement, params in (
             (sql.list_tenant_previews, ("acme", *cursor)), (sql.list_previews, cursor),

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 
@@ -425,6 +426,20 @@ async def test_the_inbox_filters_by_tool_and_requester(world: World) -> None:
     assert (await bob.get("/inbox?requester=nobody")).text.count("/previews/") == 0
     everything = await bob.get("/inbox")
     assert "4 pending" in everything.text and '<meta http-equiv="refresh" content="30">' in everything.text
+
+
+async def test_the_inbox_filters_by_a_requester_whose_id_holds_a_bracket(world: World) -> None:
+    """A requester id is filtered on as it is, never read back out of the text shown ("ops (eu) (acme)")."""
+    held = await world.client("ops (eu)").execute("file_note", NOTE, idempotency_key="k-1")
+    assert held.preview is not None
+    other = await world.held_note(key="k-2")
+    bob = await world.signed_in()
+    inbox = await bob.get("/inbox")
+    assert '<option value="ops (eu)">ops (eu)</option>' in inbox.text
+    theirs = await bob.get("/inbox?" + urlencode({"requester": "ops (eu)"}))
+    assert "1 pending" in theirs.text and held.preview.preview_id in theirs.text
+    assert other.preview_id not in theirs.text
+    assert "Nothing is waiting" in (await bob.get("/inbox?requester=ops")).text
 
 
 async def test_a_port_in_use_is_a_start_up_error_naming_the_setting(make_settings: Callable[..., Settings],

@@ -44,7 +44,7 @@ from sidecar.server.approvals_ui.shown import shown
 from sidecar.server.approvals_ui.signin import SignIn
 from sidecar.server.approvals_ui.stream_slots import StreamSlots
 from sidecar.server.approvals_ui.views import PreviewView
-from sidecar.server.roles import ApprovalDesk, Approvers
+from sidecar.server.roles import MAX_LIST_LIMIT, ApprovalDesk, Approvers
 from sidecar.state import AuditRecord
 
 __all__ = ["Inbox"]
@@ -208,22 +208,24 @@ class Inbox:
         session = self._session(request)
         if session is None:
             return _see("/sign-in")
-        newest, version = await self.live.version(session)  # the filters' choices and the count: the newest ones
+        newest, version = await self.live.version(session)  # the filters' choices: the newest ones
         query = request.query_params
         tool, requester, after = query.get("tool", ""), query.get("requester", ""), query.get("after", "")
+        matching = newest if not (tool or requester) else await self._desk.pending(
+            session.principal, MAX_LIST_LIMIT, tool=tool or None, requester=requester or None)  # the count
         try:
             page = await self._desk.pending(session.principal, self._page_size, after, tool=tool or None,
                                             requester=requester or None)
         except InvalidRequestError:  # a link no page gave (edited, or of another format): the newest page
             return _see(_inbox_link(tool, requester))
         views = [PreviewView.of(p) for p in newest.previews]
-        matching = [v for v in views if tool in ("", v.tool) and requester in ("", v.requester_id)]
         tools = _choices([v.tool for v in views], tool)
         requesters = _choices([v.requester_id for v in views], requester)
         older = page.next_page_token and _inbox_link(tool, requester, page.next_page_token)
         expired = [PreviewView.of(p) for p in await self._desk.expired(session.principal, time.time() - EXPIRED_SHOWN)]
         return self._page("inbox.html", session, 200, previews=[PreviewView.of(p) for p in page.previews],
-                          total=len(matching), more=bool(newest.next_page_token), tools=tools, requesters=requesters,
+                          total=len(matching.previews), more=bool(matching.next_page_token), tools=tools,
+                          requesters=requesters,
                           tool=tool, requester=requester, version=version, expired=expired, older=older,
                           newest=after and _inbox_link(tool, requester))
 

@@ -53,7 +53,8 @@ class PreviewView:
     preview_hash: str
     tool: str
     version: str
-    requester: str
+    requester: str  # for people: the id, and the tenant in brackets
+    requester_id: str  # the requesting principal's id, as the inbox's filter names it
     conversation: str | None
     reason: str
     created_at: dt.datetime | None
@@ -70,11 +71,12 @@ class PreviewView:
     def of(cls, preview: Preview) -> PreviewView:
         call = _object(preview.call_json)
         principal = call.get("principal") or {}
-        requester = str(principal.get("id", "?")) + (f" ({principal['tenant']})" if principal.get("tenant") else "")
+        requester_id = str(principal.get("id", "?"))
+        requester = requester_id + (f" ({principal['tenant']})" if principal.get("tenant") else "")
         rendering = None if preview.rendering_json is None else _object(preview.rendering_json)
         shown = rendering if rendering is not None else call.get("arguments", call)
         return cls(preview_id=preview.preview_id, preview_hash=preview.preview_hash, tool=str(call.get("tool", "")),
-                   version=str(call.get("version", "")), requester=requester,
+                   version=str(call.get("version", "")), requester=requester, requester_id=requester_id,
                    conversation=call.get("conversation_id"), reason=preview.reason,
                    created_at=None if preview.created_at is None else _time(preview.created_at),
                    expires_at=_time(preview.expires_at), approver_roles=preview.approver_roles,
@@ -86,10 +88,6 @@ class PreviewView:
     def outcome(self) -> str:
         """What became of a decided preview, for people."""
         return _OUTCOMES.get(self.state, self.state)
-
-    @property
-    def requester_id(self) -> str:
-        return self.requester.partition(" (")[0]
 
     def status(self, now: dt.datetime) -> str:
         """Its state, ``expired`` for a pending one past its expiry (it can no longer be decided)."""
