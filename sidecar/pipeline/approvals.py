@@ -43,7 +43,7 @@ from sidecar.pipeline.preview_records import cursor_of, same_principal, stored_c
 from sidecar.policy import Decision, PolicyEngine, Stage
 from sidecar.policy.decision import MAX_PREVIEW_TTL_SECONDS
 from sidecar.policy.input import PolicyInput, now_utc
-from sidecar.state import AuditRecord, PreviewQuery, PreviewRecord, Store
+from sidecar.state import AuditRecord, PreviewCursor, PreviewQuery, PreviewRecord, Store
 
 __all__ = [
     "DEFAULT_APPROVER_ROLES",
@@ -191,19 +191,21 @@ class Approvals:
         """Up to ``limit`` of the previews ``query`` reads (in batches of ``query.limit``) that ``principal`` may
         decide, and the token after the last one read when more may follow; ``READ_PER_PAGE`` read at most."""
         kept: list[Preview] = []
+        cursors: list[PreviewCursor] = []
         read = 0
         while True:
             records = await self.store.previews(query)
             for record in records:
                 if len(kept) == limit or read == READ_PER_PAGE:  # and another is there: the next page starts here
                     assert query.after is not None  # one was read: ``limit`` is at least 1
-                    return PreviewPage(kept, page_token(query.after))
+                    return PreviewPage(kept, page_token(query.after), cursors)
                 read += 1
                 query = replace(query, after=cursor_of(record))
                 if all_of_them or (await self._approver_decision(principal, record)).allow:
                     kept.append(to_preview(record))
+                    cursors.append(cursor_of(record))
             if len(records) < query.limit:
-                return PreviewPage(kept)
+                return PreviewPage(kept, cursors=cursors)
 
     async def decided(self, principal: Principal, *, all_of_them: bool, limit: int = 100) -> list[Preview]:
         """Previews that were decided (approved, denied, or approved and then used by their call), the latest

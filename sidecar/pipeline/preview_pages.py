@@ -36,6 +36,14 @@ class PreviewPage:
 
     previews: list[Preview] = field(default_factory=list)
     next_page_token: str = ""
+    cursors: list[PreviewCursor] = field(default_factory=list, repr=False)  # where each preview was read
+
+    def head(self, count: int) -> PreviewPage:
+        """The first ``count`` (at least 1) previews of this page, and the token of the page after them: the
+        page a listing of ``count`` would have given."""
+        if len(self.previews) <= count:
+            return self
+        return PreviewPage(self.previews[:count], page_token(self.cursors[count - 1]), self.cursors[:count])
 
 
 def page_token(cursor: PreviewCursor) -> str:

@@ -9,6 +9,7 @@ import calendar
 import html
 import json
 import logging
+import math
 import re
 import socket
 import time
@@ -25,6 +26,7 @@ from sidecar.contract import ErrorCode, Preview, PreviewState, Status
 from sidecar.errors import StoreUnavailableError
 from sidecar.server.approvals_ui.pages import CHANGED, EXPIRED, FORGED
 from sidecar.server.approvals_ui.security import HEADERS
+from sidecar.state import PreviewQuery, PreviewRecord
 from sidecar.tools.registry import Registry
 from tests.support import tools
 from tests.support.approvals import NOTE
@@ -426,6 +428,24 @@ async def test_the_inbox_filters_by_tool_and_requester(world: World) -> None:
     assert (await bob.get("/inbox?requester=nobody")).text.count("/previews/") == 0
     everything = await bob.get("/inbox")
     assert "4 pending" in everything.text and '<meta http-equiv="refresh" content="30">' in everything.text
+
+
+async def test_the_newest_inbox_page_lists_the_pending_previews_once(world: World, monkeypatch: pytest.MonkeyPatch,
+                                                                      ) -> None:
+    """The newest page is the head of the listing the inbox reads for its live version: one listing, not two."""
+    held = [await world.held_note(key=f"k-{n}") for n in range(3)]
+    bob = await world.signed_in()
+    listings: list[PreviewQuery] = []
+    read = world.store.previews
+
+    async def counted(query: PreviewQuery) -> list[PreviewRecord]:
+        listings.append(query)
+        return await read(query)
+
+    monkeypatch.setattr(world.store, "previews", counted)
+    inbox = await bob.get("/inbox")
+    assert "3 pending" in inbox.text and all(p.preview_id in inbox.text for p in held)
+    assert len([q for q in listings if q.expires_by == math.inf]) == 1  # the pending ones (the rest: expired)
 
 
 async def test_the_inbox_filters_by_a_requester_whose_id_holds_a_bracket(world: World) -> None:

@@ -213,9 +213,9 @@ class Inbox:
         tool, requester, after = query.get("tool", ""), query.get("requester", ""), query.get("after", "")
         matching = newest if not (tool or requester) else await self._desk.pending(
             session.principal, MAX_LIST_LIMIT, tool=tool or None, requester=requester or None)  # the count
-        try:
-            page = await self._desk.pending(session.principal, self._page_size, after, tool=tool or None,
-                                            requester=requester or None)
+        try:  # the newest page is the head of what was read already
+            page = matching.head(self._page_size) if not after else await self._desk.pending(
+                session.principal, self._page_size, after, tool=tool or None, requester=requester or None)
         except InvalidRequestError:  # a link no page gave (edited, or of another format): the newest page
             return _see(_inbox_link(tool, requester))
         views = [PreviewView.of(p) for p in newest.previews]
