@@ -22,7 +22,8 @@ settles it). A worker that ends mid-call (``os._exit``, a signal, the OOM killer
 reached it ends it with ``INTERNAL_ERROR``, logged: for a tool with side effects its outcome is
 ``unknown`` too (recovery ``check_operation_status``: the handler may have had its effect), for a read a
 plain failure. One that had ended before the call reached it ran nothing: ``SERVICE_UNAVAILABLE``,
-retryable. A call still waiting for a free worker at its deadline never started.
+retryable. A call still waiting for a free worker (or thread) at its deadline, or at ``start_by``, never
+started: it is taken out of the queue.
 Other sync handlers share the sidecar's process: one that hangs or corrupts it is not contained.
 Only ``SideEffect.NONE`` tools may carry a retry policy (checked by ``@tool``). With its ``attempt_timeout``
 each attempt has a deadline of its own, within the call's: an attempt that hangs ends with ``TIMEOUT``
@@ -36,10 +37,10 @@ output, checked the same way, and its failed parts as errors (``Outcome.failed``
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -121,7 +122,7 @@ class Dispatcher:
             latest = self._end_of(ctx) if start_by is None else min(self._end_of(ctx), start_by)
             if latest <= time.monotonic():  # this attempt never starts
                 return _not_run(attempt - 1)
-            attempted = await self._attempt(defn, args, _for_attempt(defn, ctx))
+            attempted = await self._attempt(defn, args, _for_attempt(defn, ctx), start_by)
             if isinstance(attempted, _NotStarted):  # still queued at its deadline: it never ran
                 if self._end_of(ctx) > time.monotonic():  # only the attempt's own deadline passed: queue it again
                     continue
@@ -146,10 +147,11 @@ class Dispatcher:
         """Shutdown's bound: no handler runs past ``at`` (``time.monotonic()``, the earliest one given wins);
         one still running then is stopped as at its deadline (its outcome ``unknown``)."""
         self._stop_at = at if self._stop_at is None else min(self._stop_at, at)
-        moment = asyncio.get_running_loop().time() + (self._stop_at - time.monotonic())
+        moment = _loop_time(self._stop_at)
         for deadline in self._deadlines:
             when = deadline.when()
-            if not deadline.expired() and (when is None or when > moment):
+            assert when is not None  # every one is scheduled (``_bounded``)
+            if not deadline.expired() and when > moment:
                 deadline.reschedule(moment)
 
     def _end_of(self, ctx: ToolContext) -> float:
@@ -163,31 +165,36 @@ class Dispatcher:
         await self._pools.aclose()
 
     async def _attempt(
-        self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext
+        self, defn: ToolDefinition[Any, Any], args: BaseModel, ctx: ToolContext, start_by: float | None
     ) -> _Produced | ErrorInfo | _Unsettled | _NotStarted:
+        """One attempt. Until its handler starts (a sync one waits for a thread or a worker process) it is bounded
+        by ``start_by`` too: one still waiting then never starts."""
         remaining = self._end_of(ctx) - time.monotonic()
-        deadline = asyncio.timeout(remaining)
         job: Future[Any] | None = None
         running: asyncio.Future[Any] | None = None
         started = True  # False while an isolated call waits for a free worker
         pool = self._pools.get(defn.name)
         try:
-            async with deadline:
-                self._deadlines.add(deadline)  # entered: ``stop_by`` may bring it forward
+            if pool is None and not defn.is_async:  # in a thread, once one is free
+                job = self._threads.submit(_unless_late, defn.handler, args, ctx, start_by)
+                running = asyncio.wrap_future(job)
+                if not await self._started(job, running, ctx, start_by):
+                    return _NotStarted()
+            bound = self._end_of(ctx) if pool is None else _earliest(self._end_of(ctx), start_by)
+            async with self._bounded(bound) as deadline:
                 if pool is not None:
                     started = False
                     async with pool.lease() as worker:  # interrupted: that worker is stopped before it ends
                         started = True
+                        deadline.reschedule(_loop_time(self._end_of(ctx)))  # it starts: bounded by its own end
                         return await _settled(worker.call(defn.name, args, ctx), defn, ctx)
-                if defn.is_async:
+                if running is None:
                     pending: Awaitable[Any] = defn.handler(args, ctx)  # type: ignore[assignment]
                 else:
-                    job = self._threads.submit(functools.partial(defn.handler, args, ctx))
-                    running = asyncio.wrap_future(job)
                     pending = asyncio.shield(running)  # at the deadline the thread runs on: ``running`` stays
                 return await _settled(pending, defn, ctx)
         except TimeoutError:  # the deadline's: a handler's own TimeoutError is ``_settled``'s
-            if not started or (job is not None and job.cancel()):
+            if not started:
                 return _NotStarted()
             return _Unsettled(ErrorInfo.of(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within "
                                            f"{remaining * 1000:.0f} ms", side_effect=defn.side_effect), running)
@@ -199,8 +206,49 @@ class Dispatcher:
             return _lost(lost, defn, ctx)
         except BaseException as exc:  # noqa: BLE001 - the pool refused the handler (shut down, or no workers)
             return _unexpected(exc, defn, ctx)
-        finally:
-            self._deadlines.discard(deadline)
+
+    async def _started(self, job: Future[Any], running: asyncio.Future[Any], ctx: ToolContext,
+                       start_by: float | None) -> bool:
+        """Whether the sync handler's thread ``job`` started by the attempt's end and ``start_by``; if not, it
+        is taken out of the pool's queue (or it refused to start late: ``_Late``) and never runs."""
+        try:
+            async with self._bounded(_earliest(self._end_of(ctx), start_by)):
+                await asyncio.wait({running})  # whatever its outcome: ``_settled``'s
+        except TimeoutError:
+            if job.cancel():  # still queued: it never runs
+                return False
+        return not (job.done() and isinstance(job.exception(), _Late))
+
+    @contextlib.asynccontextmanager
+    async def _bounded(self, at: float) -> AsyncIterator[asyncio.Timeout]:
+        """A deadline at ``at`` (``time.monotonic()``) around the block, which ``stop_by`` may bring forward."""
+        async with asyncio.timeout_at(_loop_time(at)) as deadline:
+            self._deadlines.add(deadline)
+            try:
+                yield deadline
+            finally:
+                self._deadlines.discard(deadline)
+
+
+class _Late(Exception):
+    """A sync handler's thread was free only after its ``start_by``: the handler did not start."""
+
+
+def _unless_late(handler: Any, args: BaseModel, ctx: ToolContext, start_by: float | None) -> Any:
+    """Run ``handler`` in this thread, unless ``start_by`` has passed (the event loop may not yet have taken the
+    job out of the queue)."""
+    if start_by is not None and time.monotonic() >= start_by:
+        raise _Late
+    return handler(args, ctx)
+
+
+def _earliest(end: float, start_by: float | None) -> float:
+    return end if start_by is None else min(end, start_by)
+
+
+def _loop_time(at: float) -> float:
+    """``at`` (``time.monotonic()``) on the running event loop's clock."""
+    return asyncio.get_running_loop().time() + (at - time.monotonic())
 
 
 async def _settled(pending: Awaitable[Any], defn: ToolDefinition[Any, Any], ctx: ToolContext) -> _Produced | ErrorInfo:

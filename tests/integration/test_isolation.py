@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import psutil
 import pytest
 
@@ -301,6 +302,26 @@ async def test_a_call_still_waiting_for_a_worker_at_its_deadline_never_ran(
         assert served.runs("queued") == [] and not held.done()
         (served.folder / "gate").touch()
         assert (await held).status is Status.SUCCESS
+
+
+async def test_a_write_still_waiting_for_a_worker_at_its_callers_deadline_never_runs(
+        serving: Callable[..., contextlib.AbstractAsyncContextManager[Served]]) -> None:
+    """Its own deadline (exit_note's timeout) is far ahead, but it never started by its caller's."""
+    async with serving(workers_per_plugin=1) as served:
+        held = asyncio.create_task(served.call("gated", "held"))
+        await served.pid_of("held")  # the one worker is busy
+        with pytest.raises(ClientError) as raised:
+            await served.call("exit_note", "queued", idempotency_key="k-3", timeout=0.5)
+        assert raised.value.code is grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
+
+        async def released() -> bool:
+            return (await served.client.get_operation("exit_note", "k-3")).state is OperationState.NOT_FOUND
+
+        await until(released, timeout=5.0, what="the queued write's key released")  # not at exit_note's 10 s
+        (served.folder / "gate").touch()
+        assert (await held).status is Status.SUCCESS
+        assert (await served.call("whoami")).status is Status.SUCCESS  # after the queued write, were it waiting
+        assert served.runs("queued") == []
 
 
 async def test_shutdown_stops_every_worker_even_one_running_a_handler(
