@@ -2,8 +2,10 @@
 
 ``check_files_named`` is cheap and has no side effects: the files the configuration names exist and are
 usable (the JWT key fits one of its algorithms, the TLS certificate, its key and client CA, the mask key
-file, the bundle verification keys, the policy directory or bundle file), and the MCP SDK is installed
-when ``mcp.listen`` is set. ``serve`` runs it first, so such a mistake stops it before anything opens.
+file, the bundle verification keys, the policy directory or bundle file), the MCP SDK is installed
+when ``mcp.listen`` is set, and the HTTP listeners' caps fit the files this process may open
+(``sidecar.server.http_guard.check_descriptors``). ``serve`` runs it first, so such a mistake stops it
+before anything opens.
 ``preflight`` adds what takes longer, still changing nothing: the plugins load under the allow-list,
 each with its ``plugins.config`` section validated against its settings model, ``isolation`` names
 loaded sync tools whose handlers import by path (no worker process is started), the
@@ -14,8 +16,9 @@ creates nor migrates anything), and so is its local journal (a SQLite file too, 
 another store).
 
 Failures are raised as ``serve`` raises them: ``ConfigError`` and ``PolicyLoadError`` mean the
-configuration or what it names is wrong (exit 2); ``PluginLoadError``, ``BundleFetchError`` and
-``StoreUnavailableError`` mean something it relies on fails (exit 1).
+configuration or what it names is wrong (exit 2); ``PluginLoadError``, ``BundleFetchError``,
+``StoreUnavailableError`` and ``OSError`` (the listeners' caps past the process's file limit) mean something
+it relies on fails (exit 1).
 """
 
 from __future__ import annotations
@@ -73,9 +76,11 @@ class Checked:
 
 
 def check_files_named(settings: Settings) -> None:
-    """The key files, policy directory and bundle file the settings name exist and are usable; else ``ConfigError``."""
+    """The key files, policy directory and bundle file the settings name exist and are usable (else
+    ``ConfigError``); the HTTP listeners' caps fit the file descriptors (else ``OSError``)."""
     from sidecar.policy.bundle.signing import VerificationConfig
     from sidecar.server.auth import Authenticator
+    from sidecar.server.http_guard import check_descriptors
     from sidecar.server.tls import CertificateFiles
 
     Authenticator(settings.auth)  # reads the JWT key and parses it for each allowed algorithm
@@ -83,6 +88,7 @@ def check_files_named(settings: Settings) -> None:
         CertificateFiles(settings.server.tls)  # the certificate and key parse and match, the client CA parses
     settings.mcp.check_installed()
     settings.approvals_ui.check_installed()
+    check_descriptors(settings)
     settings.audit.read_mask_key()
     settings.audit.read_chain_key()
     policy = settings.policy

@@ -252,7 +252,7 @@ def _metrics_endpoint(settings: Settings, metrics: Metrics | None) -> _Endpoint 
         return None
     from sidecar.server.metrics_http import MetricsEndpoint
 
-    return MetricsEndpoint(metrics.registry, settings)
+    return MetricsEndpoint(metrics.registry, settings.metrics)
 
 
 def _approvals_inbox(settings: Settings, approvals: ApprovalGateway) -> _Endpoint | None:

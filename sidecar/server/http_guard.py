@@ -1,12 +1,12 @@
 """What bounds every HTTP listener of the sidecar, with no HTTP server library imported, and the guard of the one
 whose server has no such bounds (metrics, aiohttp).
 
-``check_descriptors`` refuses to start when the caps of the listeners that are on (``mcp``,
-``approvals_ui``, ``metrics``: their ``http.max_connections``) could together take more than half of the
-process's file descriptors (``RLIMIT_NOFILE``): the rest is left to gRPC, the store, the policy and the
-logs. ``refuse`` answers a connection past a cap ``503`` and closes it at once; ``TOO_SLOW`` (``408``) is
-written to one whose request head came too late. Their records, and asyncio's accept errors, are
-rate-limited (``sidecar.telemetry.repeats``).
+``check_descriptors`` (run once before anything opens, by ``sidecar.cli.preflight``) refuses to start when
+the caps of the listeners that are on (``mcp``, ``approvals_ui``, ``metrics``: their ``http.max_connections``)
+could together take more than half of the process's file descriptors (``RLIMIT_NOFILE``): the rest is left
+to gRPC, the store, the policy and the logs. ``refuse`` answers a connection past a cap ``503`` and closes
+it at once; ``TOO_SLOW`` (``408``) is written to one whose request head came too late. Their records, and
+asyncio's accept errors, are rate-limited (``sidecar.telemetry.repeats``).
 
 aiohttp closes a connection whose request has not arrived only at its keep-alive timer (an hour by default,
 in older releases never) and holds any number. ``guarded`` wraps its protocol factory:
@@ -35,16 +35,16 @@ log = logging.getLogger(__name__)
 _HEAD_END = b"\r\n\r\n"
 
 
-def check_descriptors(settings: Settings, listener: str) -> None:
-    """``OSError`` when the caps of the HTTP listeners that are on could together take more than half of this
-    process's file descriptors; ``listener`` (the one about to serve) names the failure."""
+def check_descriptors(settings: Settings) -> None:
+    """``OSError`` naming their keys when the caps of the HTTP listeners that are on could together take more
+    than half of this process's file descriptors."""
     caps = {f"{name}.http.max_connections": section.http.max_connections
             for name, section in (("mcp", settings.mcp), ("approvals_ui", settings.approvals_ui),
                                   ("metrics", settings.metrics)) if section.listen is not None}
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and 2 * sum(caps.values()) > soft:
         named = " + ".join(f"{key} {cap}" for key, cap in caps.items())
-        raise OSError(f"cannot serve {listener}: the HTTP listeners may hold {sum(caps.values())} connections "
+        raise OSError(f"the HTTP listeners may hold {sum(caps.values())} connections "
                       f"({named}), more than half of the {soft} files this process may open (RLIMIT_NOFILE); "
                       "lower them or raise the limit (ulimit -n, systemd's LimitNOFILE=)")
 

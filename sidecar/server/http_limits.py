@@ -17,8 +17,8 @@ httptools, which bounds no header's size), and WebSocket upgrades are off (neith
   besides) before it is complete (h11's ``max_incomplete_event_size``): a token the authenticator accepts
   is never refused by its size here.
 
-``listener_limits`` refuses to start when the HTTP listeners' caps together could take more than half of the
-process's file descriptors (``sidecar.server.http_guard.check_descriptors``). The records of a refused
+Whether the HTTP listeners' caps together could take more than half of the process's file descriptors is
+checked before any listener opens (``sidecar.server.http_guard.check_descriptors``). The records of a refused
 connection, uvicorn's warnings and asyncio's accept errors are rate-limited (``sidecar.telemetry.repeats``).
 """
 
@@ -36,7 +36,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sidecar.config import Settings
 from sidecar.config.http import HttpListenerSettings
-from sidecar.server.http_guard import TOO_SLOW, check_descriptors, limit_flood_records, refuse
+from sidecar.server.http_guard import TOO_SLOW, limit_flood_records, refuse
 
 __all__ = ["HttpLimits", "bounded_server", "listener_limits"]
 
@@ -55,9 +55,7 @@ class HttpLimits:
 
 
 def listener_limits(settings: Settings, listener: Listener) -> HttpLimits:
-    """The bounds of ``listener``; ``OSError`` when the listeners' caps could take too many file descriptors
-    (``check_descriptors``)."""
-    check_descriptors(settings, listener)
+    """The bounds of ``listener``."""
     section = settings.mcp if listener == "mcp" else settings.approvals_ui
     return HttpLimits(listener, section.http, settings.auth.max_metadata_bytes)
 

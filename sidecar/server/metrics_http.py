@@ -18,8 +18,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from sidecar.config import METRICS_PATH, Settings
-from sidecar.server.http_guard import check_descriptors, guarded
+from sidecar.config import METRICS_PATH, MetricsSettings
+from sidecar.server.http_guard import guarded
 from sidecar.server.listeners import tcp_socket
 
 __all__ = ["MetricsEndpoint"]
@@ -29,13 +29,11 @@ log = logging.getLogger(__name__)
 
 class MetricsEndpoint:
     """The metrics endpoint of one sidecar: its socket bound when made (``OSError`` ``cannot listen on …`` if it
-    cannot be, ``OSError`` from ``check_descriptors``), then ``start`` and ``stop`` (each once)."""
+    cannot be), then ``start`` and ``stop`` (each once)."""
 
-    def __init__(self, registry: CollectorRegistry, settings: Settings) -> None:
-        metrics = settings.metrics
+    def __init__(self, registry: CollectorRegistry, metrics: MetricsSettings) -> None:
         endpoint = metrics.endpoint
         assert endpoint is not None, "metrics.listen is not set"
-        check_descriptors(settings, "metrics")
         self._socket = tcp_socket(f"metrics.listen {metrics.listen}", endpoint.host.removeprefix("[")
                                   .removesuffix("]"), endpoint.port)
         app = web.Application()

@@ -197,7 +197,7 @@ async def test_metrics_serve_a_kept_alive_connection_and_time_out_only_a_late_he
     timeout = 0.5
     settings = make_settings(metrics={"listen": "127.0.0.1:0",
                                       "http": {"header_timeout_seconds": timeout, "idle_timeout_seconds": 30}})
-    endpoint = MetricsEndpoint(CollectorRegistry(), settings)
+    endpoint = MetricsEndpoint(CollectorRegistry(), settings.metrics)
     await endpoint.start()
     parts = urlsplit(endpoint.url)
     head = f"GET {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode()

@@ -77,7 +77,7 @@ async def world(tmp_path: Path, make_settings: Callable[..., Settings]) -> Async
     registry = Registry.from_tools([*tools.ALL, tools.count_up])
     reloader, pipeline = await open_sidecar(settings, registry=registry)
     assert pipeline.metrics is not None
-    endpoint = MetricsEndpoint(pipeline.metrics.registry, settings)
+    endpoint = MetricsEndpoint(pipeline.metrics.registry, settings.metrics)
     mcp = McpEndpoint.open(settings, pipeline)
     _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals,
                                      metrics=pipeline.metrics)

@@ -3,16 +3,24 @@ the caps checked against the process's file descriptors at start, and repeated l
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import resource
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from sidecar.config import parse_settings
 from sidecar.errors import ConfigError
+from sidecar.server import http_guard
 from sidecar.server.http_guard import check_descriptors
 from sidecar.server.http_limits import listener_limits
 from sidecar.telemetry.repeats import RepeatLimit
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_and_the_largest_head() -> None:
@@ -45,25 +53,54 @@ def test_bad_values_name_the_key(section: str, values: dict[str, object], expect
     assert expected in str(raised.value)
 
 
-def test_caps_that_could_take_half_the_file_descriptors_refuse_to_start() -> None:
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+def test_caps_that_could_take_half_the_file_descriptors_refuse_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    soft = 1024
+    monkeypatch.setattr(http_guard.resource, "getrlimit", lambda kind: (soft, resource.RLIM_INFINITY))
     cap = min(soft // 4 + 1, 65536)
     settings = parse_settings({"mcp": {"listen": "127.0.0.1:0", "http": {"max_connections": cap}},
                                "approvals_ui": {"listen": "127.0.0.1:0", "http": {"max_connections": cap}}})
     with pytest.raises(OSError) as raised:
-        listener_limits(settings, "approvals_ui")
+        check_descriptors(settings)
     assert str(raised.value) == (
-        f"cannot serve approvals_ui: the HTTP listeners may hold {2 * cap} connections (mcp.http.max_connections "
+        f"the HTTP listeners may hold {2 * cap} connections (mcp.http.max_connections "
         f"{cap} + approvals_ui.http.max_connections {cap}), more than half of the {soft} files this process may "
         "open (RLIMIT_NOFILE); lower them or raise the limit (ulimit -n, systemd's LimitNOFILE=)")
     alone = parse_settings({"mcp": {"listen": "127.0.0.1:0", "http": {"max_connections": cap}},
                             "approvals_ui": {"http": {"max_connections": cap}}})  # the inbox is off: not counted
+    check_descriptors(alone)
     assert listener_limits(alone, "mcp").settings.max_connections == cap
     with_metrics = parse_settings({"mcp": {"listen": "127.0.0.1:0", "http": {"max_connections": cap}},
                                    "metrics": {"listen": "127.0.0.1:0", "http": {"max_connections": cap}}})
-    with pytest.raises(OSError, match=r"^cannot serve metrics: .* \(mcp.http.max_connections \d+ \+ "
-                                      r"metrics.http.max_connections \d+\)"):
-        check_descriptors(with_metrics, "metrics")
+    with pytest.raises(OSError, match=r"^the HTTP listeners may hold \d+ connections \(mcp.http.max_connections "
+                                      r"\d+ \+ metrics.http.max_connections \d+\)"):
+        check_descriptors(with_metrics)
+
+
+def test_no_cap_is_too_large_without_a_file_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http_guard.resource, "getrlimit", lambda kind: (resource.RLIM_INFINITY,) * 2)
+    largest = {"listen": "127.0.0.1:0", "http": {"max_connections": 65536}}
+    check_descriptors(parse_settings({"mcp": largest, "approvals_ui": largest, "metrics": largest}))
+
+
+@pytest.mark.parametrize("command", [["config", "validate"], ["serve"]])
+def test_validate_and_serve_refuse_caps_past_half_the_file_limit(command: list[str], tmp_path: Path) -> None:
+    config = tmp_path / "toolbooth.json"
+    config.write_text(json.dumps({"store": {"sqlite_path": str(tmp_path / "s.db")},
+                                  "server": {"listen": [f"unix://{tmp_path / 's.sock'}"]},
+                                  "metrics": {"listen": "127.0.0.1:0", "http": {"max_connections": 200}}}))
+    env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
+    done = subprocess.run([sys.executable, "-m", "sidecar", *command, "--config", str(config)], env=env,
+                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, _hard())))
+    assert (done.returncode, done.stderr) == (1, (
+        "toolbooth: error: the HTTP listeners may hold 200 connections (metrics.http.max_connections 200), more "
+        "than half of the 256 files this process may open (RLIMIT_NOFILE); lower them or raise the limit "
+        "(ulimit -n, systemd's LimitNOFILE=)\n"))
+    assert not (tmp_path / "s.sock").exists() and not (tmp_path / "s.db").exists()  # nothing was opened
+
+
+def _hard() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 
 
 def test_the_default_caps_of_all_three_listeners_fit_the_usual_descriptor_limit() -> None:
