@@ -141,6 +141,11 @@ class Principal(_Frozen):
     roles: tuple[str, ...] = ()
     permissions: tuple[str, ...] = ()
 
+    @property
+    def identity(self) -> tuple[str, str]:
+        """Who this is, whatever their roles: ``(tenant, id)``; equal for the same caller."""
+        return self.tenant, self.id
+
 
 class ErrorInfo(_Frozen):
     """One error as the model sees it; ``details``: the domain details a tool marked safe to show

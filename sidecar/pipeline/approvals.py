@@ -363,7 +363,7 @@ def _too_many_pending(max_pending: int) -> ErrorInfo:
 def _mismatch(record: PreviewRecord, stored: dict[str, Any], call: CallToApprove) -> Refusal | None:
     """A refusal unless ``call`` is exactly the previewed call (under the preview's policy revision, with the
     stored rendering)."""
-    if (record.tenant, record.principal_id) != (call.principal.tenant, call.principal.id):
+    if (record.tenant, record.principal_id) != call.principal.identity:
         return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval is for another principal's call"))
     bound = "conversation_id" in stored
     canonical = call.canonical(record.policy_revision, bound=bound, rendering=stored.get("rendering"))

@@ -23,8 +23,7 @@ def cursor_of(record: PreviewRecord) -> PreviewCursor:
 
 def same_principal(principal: Principal, decided_by: str) -> bool:
     """Whether the approver stored as ``decided_by`` (a principal as JSON) is ``principal`` (same id and tenant)."""
-    approver = Principal.model_validate_json(decided_by)
-    return (approver.id, approver.tenant) == (principal.id, principal.tenant)
+    return Principal.model_validate_json(decided_by).identity == principal.identity
 
 
 def stored_call(record: PreviewRecord) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ from sidecar.contract import Preview, PreviewState, Principal
 from sidecar.errors import ConfigError
 from sidecar.server.approvals_ui.live import version_of
 from sidecar.server.approvals_ui.outcomes import CallRuns
+from sidecar.server.approvals_ui.places import to_end
 from sidecar.server.approvals_ui.security import is_loopback_host
 from sidecar.server.approvals_ui.sessions import Sessions, SessionsFull, SignedIn, csrf_matches
 from sidecar.server.approvals_ui.views import Item, PreviewView, items
@@ -137,6 +138,20 @@ def test_a_full_inbox_refuses_a_newcomer_and_ends_nobody_elses_session() -> None
         sessions.open(SignedIn(Principal(id="bob", tenant="other", roles=("approver",)), "token"))
     again = sessions.open(SignedIn(DAVE, "dev"))  # one who holds a session gives up their own oldest
     assert sessions.get(bob.id) == bob and sessions.get(dave.id) is None and sessions.get(again.id) == again
+
+
+def test_a_newcomer_ends_only_their_own_oldest_places_and_is_refused_when_all_are_others() -> None:
+    assert to_end([], 3, per_principal=2, max_open=3) is None
+    assert to_end([], 2, per_principal=2, max_open=3) == []
+    assert to_end(["a"], 2, per_principal=2, max_open=3) == []
+    assert to_end(["a", "b"], 2, per_principal=2, max_open=3) == ["a"]  # their own cap
+    assert to_end(["a", "b"], 5, per_principal=4, max_open=4) == ["a", "b"]  # everyone's cap, theirs first only
+    assert to_end(["a", "b", "c"], 3, per_principal=2, max_open=9) == ["a", "b"]  # a lowered cap
+
+
+def test_a_principal_is_one_whatever_their_roles() -> None:
+    assert BOB.identity == Principal(id="bob", tenant=BOB.tenant).identity == (BOB.tenant, "bob")
+    assert Principal(id="bob", tenant="other").identity != BOB.identity
 
 
 def test_csrf_tokens_must_match_exactly() -> None:

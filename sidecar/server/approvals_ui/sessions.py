@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.contract import Principal
+from sidecar.server.approvals_ui.places import to_end
 
 __all__ = ["Session", "Sessions", "SessionsFull", "SignedIn", "csrf_matches"]
 
@@ -63,12 +64,12 @@ class Sessions:
         ``SessionsFull`` when it would take another principal's place."""
         now = self._clock()
         self._open = {key: s for key, s in self._open.items() if s.expires_at > now}
-        principal = signed_in.principal
-        mine = [s.id for s in self._open.values() if _same(s.principal, principal)]
-        if len(self._open) >= self._max_open and not mine:
+        mine = [s.id for s in self._open.values() if s.principal.identity == signed_in.principal.identity]
+        ended = to_end(mine, len(self._open), per_principal=self._per_principal, max_open=self._max_open)
+        if ended is None:
             raise SessionsFull(f"the inbox holds its most sessions ({self._max_open}, approvals_ui.max_sessions)")
-        while mine and (len(mine) >= self._per_principal or len(self._open) >= self._max_open):
-            del self._open[mine.pop(0)]
+        for session_id in ended:
+            del self._open[session_id]
         ends = now + self._max_seconds if signed_in.until is None else min(signed_in.until, now + self._max_seconds)
         session = Session(secrets.token_urlsafe(32), signed_in.principal, signed_in.method, secrets.token_urlsafe(32),
                           ends)
@@ -90,10 +91,6 @@ class Sessions:
     def seconds_left(self, session: Session) -> int:
         """How long ``session`` has left, in whole seconds (the cookie's ``Max-Age``)."""
         return max(0, int(session.expires_at - self._clock()))
-
-
-def _same(one: Principal, other: Principal) -> bool:
-    return (one.id, one.tenant) == (other.id, other.tenant)
 
 
 def csrf_matches(expected: str, presented: str | None) -> bool:

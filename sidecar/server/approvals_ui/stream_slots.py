@@ -15,6 +15,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 from sidecar.contract import Principal
+from sidecar.server.approvals_ui.places import to_end
 
 __all__ = ["Slot", "StreamSlots"]
 
@@ -23,7 +24,7 @@ __all__ = ["Slot", "StreamSlots"]
 class Slot:
     """One open stream's place: ended (``end``) when it is superseded or the inbox stops."""
 
-    owner: tuple[str, str]
+    owner: tuple[str, str]  # its principal's ``identity``
     superseded: bool = False
     _over: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -55,18 +56,19 @@ class StreamSlots:
 
     def held(self, principal: Principal) -> int:
         """How many streams ``principal`` holds."""
-        return len(self._held.get(_key(principal), ()))
+        return len(self._held.get(principal.identity, ()))
 
     def take(self, principal: Principal) -> Slot | None:
         """A place for a new stream of ``principal``, ending their own oldest when needed; ``None`` when every
         place is held by others."""
-        mine = self._held.get(_key(principal), [])
-        if self.open >= self._max_open and not mine:
+        mine = self._held.get(principal.identity, [])
+        ended = to_end(mine, self.open, per_principal=self._per_principal, max_open=self._max_open)
+        if ended is None:
             return None
-        while mine and (len(mine) >= self._per_principal or self.open >= self._max_open):
-            mine.pop(0).end(superseded=True)
-        slot = Slot(_key(principal))
-        self._held[slot.owner] = [*mine, slot]
+        for superseded in ended:
+            superseded.end(superseded=True)
+        slot = Slot(principal.identity)
+        self._held[slot.owner] = [*mine[len(ended):], slot]
         return slot
 
     def give_back(self, slot: Slot) -> None:
@@ -77,6 +79,3 @@ class StreamSlots:
         if not mine:
             self._held.pop(slot.owner, None)
 
-
-def _key(principal: Principal) -> tuple[str, str]:
-    return principal.id, principal.tenant
