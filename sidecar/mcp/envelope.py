@@ -26,9 +26,8 @@ from mcp_types import (
 )
 from pydantic import ValidationError
 
-__all__ = ["DUPLICATE", "Refused", "error", "read"]
+__all__ = ["Refused", "error", "read"]
 
-DUPLICATE = "Invalid Request: a request with this id is in flight in this session; use an id of its own"
 NOT_JSON = "Parse error: the message is not one JSON value in UTF-8"
 _BATCH = "Invalid Request: batches are not part of MCP (removed in protocol 2025-06-18); send one message at a time"
 _NOT_OBJECT = "Invalid Request: a message is one JSON object"

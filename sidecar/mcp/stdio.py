@@ -5,10 +5,10 @@ dropped, so the client waits forever for an answer; and it decodes stdin with ``
 that is not UTF-8 silently becomes U+FFFD inside an argument. ``stdio_streams`` reads bytes: each line is read
 by ``sidecar.mcp.envelope`` and either handed to the server or answered at once with its JSON-RPC error (id
 null). A line longer than ``max_line_bytes`` is read to its end without being kept and answered
-``INVALID_REQUEST``, and so is a request whose id is that of a request still in flight (``7`` and ``"7"`` are
-one id; the SDK's dispatcher would run both and answer that id twice): an id is in flight until its answer is
-written or the client cancels it (``notifications/cancelled``). While it serves, fd 1 points at stderr and the
-protocol goes to a private duplicate of stdout, so stray output of a library cannot break the wire.
+``INVALID_REQUEST``, and so is a request whose id is that of a request still in flight (``sidecar.mcp.request_ids``;
+the SDK's dispatcher would run both and answer that id twice). One task writes stdout, the server's messages and
+these refusals alike, a line at a time. While it serves, fd 1 points at stderr and the protocol goes to a private
+duplicate of stdout, so stray output of a library cannot break the wire.
 """
 
 from __future__ import annotations
@@ -23,20 +23,14 @@ import anyio
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
-from mcp_types import (
-    INVALID_REQUEST,
-    JSONRPCError,
-    JSONRPCMessage,
-    JSONRPCNotification,
-    JSONRPCRequest,
-    JSONRPCResponse,
-)
+from mcp_types import INVALID_REQUEST, JSONRPCRequest
 
 from sidecar.mcp import envelope
+from sidecar.mcp.request_ids import DUPLICATE, InFlightIds
 
-__all__ = ["TOO_LARGE", "stdio_streams"]
+__all__ = ["stdio_streams"]
 
-TOO_LARGE = "Invalid Request: the message is longer than the bridge accepts (--max-message-bytes)"
+_TOO_LARGE = "Invalid Request: the message is longer than the bridge accepts (--max-message-bytes)"
 _CHUNK = 64 * 1024  # an overlong line is skipped this much at a time
 
 
@@ -46,59 +40,37 @@ async def stdio_streams(*, max_line_bytes: int) -> AsyncIterator[
     """The server's read and write streams over this process's stdin and stdout, until stdin closes."""
     incoming, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write, outgoing = anyio.create_memory_object_stream[SessionMessage](0)
+    ids = InFlightIds()
     with _claimed_stdout() as stdout:
-        wire = _Wire(stdout)
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_read_lines, sys.stdin.buffer, incoming, wire, max_line_bytes)
-            tasks.start_soon(_write_all, outgoing, wire)
+            tasks.start_soon(_read_lines, sys.stdin.buffer, incoming, write.clone(), ids, max_line_bytes)
+            tasks.start_soon(_write_all, outgoing, stdout, ids)
             yield read, write
 
 
-class _Wire:
-    """Stdout: one message a line, written whole by one writer at a time; and the requests not answered yet."""
-
-    def __init__(self, stdout: BinaryIO) -> None:
-        self._stdout, self._lock = stdout, anyio.Lock()
-        self.in_flight: set[str] = set()  # the ids of the requests handed to the server, as text
-
-    async def send(self, message: JSONRPCMessage) -> None:
-        if isinstance(message, JSONRPCResponse | JSONRPCError) and message.id is not None:
-            self.in_flight.discard(str(message.id))
-        line = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
-        async with self._lock:
-            await anyio.to_thread.run_sync(self._write, line)
-
-    def _write(self, line: bytes) -> None:
-        self._stdout.write(line)
-        self._stdout.flush()
-
-
-async def _read_lines(stdin: BinaryIO, incoming: MemoryObjectSendStream[SessionMessage | Exception], wire: _Wire,
-                      max_line_bytes: int) -> None:
+async def _read_lines(stdin: BinaryIO, incoming: MemoryObjectSendStream[SessionMessage | Exception],
+                      refusals: MemoryObjectSendStream[SessionMessage], ids: InFlightIds, max_line_bytes: int) -> None:
     """Each line of stdin to the server, or its error back to the client; ends the server's input at EOF."""
-    async with incoming:
+    async with incoming, refusals:
         while line := await anyio.to_thread.run_sync(stdin.readline, max_line_bytes + 1, abandon_on_cancel=True):
             if len(line) > max_line_bytes and not line.endswith(b"\n"):
                 await anyio.to_thread.run_sync(_skip_line, stdin, abandon_on_cancel=True)
-                await wire.send(envelope.error(INVALID_REQUEST, TOO_LARGE))
+                await refusals.send(SessionMessage(envelope.error(INVALID_REQUEST, _TOO_LARGE)))
                 continue
             try:
-                message = _admitted(envelope.read(line), wire.in_flight)
+                message = envelope.read(line)
             except envelope.Refused as refused:
-                await wire.send(refused.error)
+                await refusals.send(SessionMessage(refused.error))
                 continue
-            await incoming.send(SessionMessage(message))
-
-
-def _admitted(message: JSONRPCMessage, in_flight: set[str]) -> JSONRPCMessage:
-    """``message``, its request id now in flight (or a cancelled one no longer); ``Refused`` for an id in flight."""
-    if isinstance(message, JSONRPCRequest):
-        if str(message.id) in in_flight:
-            raise envelope.Refused(INVALID_REQUEST, envelope.DUPLICATE)
-        in_flight.add(str(message.id))
-    elif isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled":
-        in_flight.discard(str((message.params or {}).get("requestId")))
-    return message
+            request_id = message.id if isinstance(message, JSONRPCRequest) else None
+            if request_id is not None and not ids.claim(request_id):
+                await refusals.send(SessionMessage(envelope.error(INVALID_REQUEST, DUPLICATE)))
+                continue
+            item = SessionMessage(message)
+            ids.handed_over(item)
+            if request_id is not None:
+                ids.release(request_id)  # in flight until answered: the line is done with
+            await incoming.send(item)
 
 
 def _skip_line(stdin: BinaryIO) -> None:
@@ -107,10 +79,18 @@ def _skip_line(stdin: BinaryIO) -> None:
         pass
 
 
-async def _write_all(outgoing: MemoryObjectReceiveStream[SessionMessage], wire: _Wire) -> None:
+async def _write_all(outgoing: MemoryObjectReceiveStream[SessionMessage], stdout: BinaryIO, ids: InFlightIds) -> None:
+    """Each message, the server's and the refusals, to stdout: one line each, written by this one writer."""
     async with outgoing:
-        async for session_message in outgoing:
-            await wire.send(session_message.message)
+        async for item in outgoing:
+            ids.answered(item)
+            line = item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+            await anyio.to_thread.run_sync(_write_line, stdout, line)
+
+
+def _write_line(stdout: BinaryIO, line: bytes) -> None:
+    stdout.write(line)
+    stdout.flush()
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ token gets an event stream with the progress notifications, then the response. `
 true`` answers every POST as JSON (progress notifications are then dropped). Before either, the body is read
 by ``sidecar.mcp.envelope``: one that is not a single JSON-RPC message (not JSON, a batch, an id that is neither
 a string nor an integer) is answered 400 with the JSON-RPC error it is owed (id null) and never reaches the SDK.
-A request whose id is in flight in its session is answered 409 with -32600 (``sidecar.server.mcp_request_ids``).
+A request whose id is in flight in its session is answered 409 with -32600 (``sidecar.mcp.request_ids``).
 An ``initialize`` request of more than ``mcp.max_initialize_bytes`` is answered 413 with -32600 and its id, and
 opens no session: a session keeps its ``initialize`` params (client information, capabilities) for its life.
 What the server is handed with each message is the request's state only (principal and trace headers), not
@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
-from typing import Any, TypeGuard, cast
+from typing import Any, TypeGuard, TypeVar, cast
 
 import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
@@ -50,7 +50,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from sidecar.mcp import envelope
-from sidecar.server.mcp_request_ids import InFlightIds, Watched
+from sidecar.mcp.request_ids import DUPLICATE, InFlightIds
 
 __all__ = ["SessionManager", "asks_for_progress", "error_response"]
 
@@ -58,6 +58,8 @@ _ANSWER_AS_JSON: ContextVar[bool] = ContextVar("toolbooth_mcp_answer_as_json", d
 _INITIALIZE_TOO_LARGE = ("Invalid Request: this initialize request is larger than the endpoint accepts "
                          "(mcp.max_initialize_bytes); send a smaller one")
 _READ_ON = Exception("toolbooth: nothing to read (the dispatcher drops an exception it is handed)")
+
+T = TypeVar("T")
 
 
 def asks_for_progress(message: JSONRPCMessage) -> bool:
@@ -94,7 +96,7 @@ class _Transport(StreamableHTTPServerTransport):
             await error_response(too_large, status_code=413)(scope, receive, send)
             return
         if isinstance(message, JSONRPCRequest) and not self._ids.claim(message.id):
-            duplicate = envelope.error(INVALID_REQUEST, envelope.DUPLICATE)
+            duplicate = envelope.error(INVALID_REQUEST, DUPLICATE)
             await error_response(duplicate, status_code=409)(scope, receive, send)
             return
         answer_as_json = _ANSWER_AS_JSON.set(not asks_for_progress(message))
@@ -103,7 +105,7 @@ class _Transport(StreamableHTTPServerTransport):
         finally:
             _ANSWER_AS_JSON.reset(answer_as_json)
             if isinstance(message, JSONRPCRequest):
-                self._ids.posted(message.id)
+                self._ids.release(message.id)
         await self._forget_last_message()
 
     async def _forget_last_message(self) -> None:
@@ -120,8 +122,8 @@ class _Transport(StreamableHTTPServerTransport):
         async with super().connect() as (read, write):
             # What goes to the session and what it answers, so an id stays in flight until it is answered.
             assert self._read_stream_writer is not None
-            self._read_stream_writer = Watched(self._read_stream_writer, self._ids.handed_over)
-            self._write_stream = Watched(cast(ContextSendStream[SessionMessage], write), self._ids.answered)
+            self._read_stream_writer = _Watched(self._read_stream_writer, self._ids.handed_over)
+            self._write_stream = _Watched(cast(ContextSendStream[SessionMessage], write), self._ids.answered)
             yield read, cast(WriteStream[SessionMessage], self._write_stream)
 
     def _message_metadata(self, request: Request, *, close_sse_stream: CloseSSEStreamCallback | None = None,
@@ -153,6 +155,20 @@ class SessionManager(StreamableHTTPSessionManager):
             transport._ids = InFlightIds()
             transport._max_initialize_bytes = self._max_initialize_bytes
         return transport
+
+
+class _Watched(ContextSendStream[T]):
+    """A session's stream that shows each message to ``seen`` before sending it."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self, stream: ContextSendStream[T], seen: Callable[[T], None]) -> None:
+        super().__init__(stream._inner)
+        self._seen = seen
+
+    async def send(self, item: T) -> None:
+        self._seen(item)
+        await super().send(item)
 
 
 def _is_initialize(message: JSONRPCMessage) -> TypeGuard[JSONRPCRequest]:

@@ -433,3 +433,24 @@ async def test_a_request_id_in_flight_is_refused_before_anything_runs(world: Wor
     assert again.status_code == 200 and again.json()["id"] == 5  # answered: the id is free again
     await world.endpoint.stop()
     assert not [record for record in caplog.records if record.levelno >= logging.WARNING or record.exc_info]
+
+
+async def test_a_cancelled_request_id_is_free_again(world: World) -> None:
+    """A request the client cancelled (``notifications/cancelled``) is no longer in flight: its id can be used
+    again."""
+    tools.HOLD.close()
+    started = tools.HELD_STARTED.value
+    async with http_client(world.token(), ACCEPT) as http:
+        headers = await _session_headers(http, world.url)
+        first = asyncio.create_task(http.post(world.url, json=_held(6, "cancelled-1"), headers=headers))
+        try:
+            await tools.HELD_STARTED.reached(started + 1)
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 6}}
+            async with asyncio.timeout(30):
+                assert (await http.post(world.url, json=cancel, headers=headers)).status_code == 202
+                await first
+                again = await http.post(world.url, json={"jsonrpc": "2.0", "id": 6, "method": "tools/list"},
+                                        headers=headers)
+        finally:
+            tools.HOLD.open()
+    assert again.status_code == 200 and again.json()["id"] == 6
