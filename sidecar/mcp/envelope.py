@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 __all__ = ["Refused", "error", "read"]
 
-NOT_JSON = "Parse error: the message is not one JSON value in UTF-8"
+_NOT_JSON = "Parse error: the message is not one JSON value in UTF-8"
 _BATCH = "Invalid Request: batches are not part of MCP (removed in protocol 2025-06-18); send one message at a time"
 _NOT_OBJECT = "Invalid Request: a message is one JSON object"
 _BAD_ID = "Invalid Request: an id is a string or an integer"
@@ -54,7 +54,7 @@ def read(body: bytes | str) -> JSONRPCMessage:
     try:
         message = pydantic_core.from_json(body)
     except ValueError:
-        raise Refused(PARSE_ERROR, NOT_JSON) from None
+        raise Refused(PARSE_ERROR, _NOT_JSON) from None
     if isinstance(message, list):
         raise Refused(INVALID_REQUEST, _BATCH)
     if not isinstance(message, dict):
