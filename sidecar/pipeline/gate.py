@@ -107,15 +107,18 @@ class Pipeline:
     def stop_by(self, at: float) -> None:
         """Shutdown's bound (``time.monotonic()``, the end of ``server.shutdown_grace_seconds``): no handler runs
         past ``at``; one still running then is stopped as at its deadline (a write's key turns unknown), and
-        ``aclose`` waits for nothing past it."""
+        ``drain`` waits for nothing past it."""
         self.dispatcher.stop_by(at)
-        self.idempotency.stop_by(at)
+
+    async def drain(self) -> None:
+        """Let started writes finish and be recorded (each is bounded by its own deadline and by ``stop_by``;
+        one that outlived its deadline is waited for until ``stop_by``'s moment, not at all without it)."""
+        await self.idempotency.drain(until=self.dispatcher.stop_at)
 
     async def aclose(self) -> None:
-        """Let started writes finish and be recorded, then release the handler pool and stop the worker
-        processes, close the store and the policy engine (each write is bounded by its own deadline and by
-        ``stop_by``), and export the spans still queued."""
-        await self.idempotency.drain()
+        """``drain``, then release the handler pool and stop the worker processes, close the store and the
+        policy engine, and export the spans still queued."""
+        await self.drain()
         await self.dispatcher.aclose()
         await self.expiry.aclose()
         await self.store.aclose()

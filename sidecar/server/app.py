@@ -175,20 +175,22 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
             try:
                 async with _serving(_mcp_endpoint(settings, pipeline)), \
                         _serving(_approvals_inbox(settings, pipeline.approvals)):
-                    await sidecar.start()
-                    _log_start(settings, pipeline, reloader, sidecar)
-                    if worker is not None:
-                        worker.ready(sidecar.addresses)
-                    checkpoints = checkpointer.run if checkpointer else None
-                    async with _in_background(reloader.watch, reload_interval(settings.policy)), \
-                            _in_background(checkpoints, settings.audit.checkpoint_interval_seconds):
-                        await _wait_for_stop(stop or asyncio.Event())
-                    pipeline.stop_by(time.monotonic() + settings.server.shutdown_grace_seconds)
+                    try:
+                        await sidecar.start()
+                        _log_start(settings, pipeline, reloader, sidecar)
+                        if worker is not None:
+                            worker.ready(sidecar.addresses)
+                        checkpoints = checkpointer.run if checkpointer else None
+                        async with _in_background(reloader.watch, reload_interval(settings.policy)), \
+                                _in_background(checkpoints, settings.audit.checkpoint_interval_seconds):
+                            await _wait_for_stop(stop or asyncio.Event())
+                    finally:  # stopping, as asked or on a failure: no handler runs past the grace
+                        pipeline.stop_by(time.monotonic() + settings.server.shutdown_grace_seconds)
             finally:
                 await sidecar.stop(settings.server.shutdown_grace_seconds)
     finally:
         if checkpointer is not None:  # the last calls recorded first, so the checkpoint covers them
-            await pipeline.idempotency.drain()
+            await pipeline.drain()
             await checkpointer.try_write()
         await pipeline.aclose()
     log.info("toolbooth stopped")

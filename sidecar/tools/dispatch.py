@@ -154,6 +154,11 @@ class Dispatcher:
             if not deadline.expired() and when > moment:
                 deadline.reschedule(moment)
 
+    @property
+    def stop_at(self) -> float | None:
+        """Shutdown's bound (``time.monotonic()``), once ``stop_by`` gave one."""
+        return self._stop_at
+
     def _end_of(self, ctx: ToolContext) -> float:
         """When an attempt with ``ctx`` must end: its deadline, or shutdown's bound if that is earlier."""
         return ctx.deadline if self._stop_at is None else min(ctx.deadline, self._stop_at)

@@ -127,8 +127,9 @@ async def test_a_unary_deadline_does_not_stop_its_started_write(served: Served) 
     assert tools.SLEPT.value == before + 1
 
 
+@pytest.mark.parametrize("ending", ["stop", "cancel"])  # a shutdown, or serve failing (its task cancelled)
 async def test_shutdown_stops_a_started_write_at_the_end_of_its_grace(make_settings: Callable[..., Settings],
-                                                                       socket_path: Path) -> None:
+                                                                       socket_path: Path, ending: str) -> None:
     grace = 1.0
     settings = make_settings(server={"listen": [f"unix://{socket_path}"], "shutdown_grace_seconds": grace})
     registry = Registry.from_tools([*tools.ALL, *tools.BATCH_AND_STREAM])
@@ -143,8 +144,13 @@ async def test_shutdown_stops_a_started_write_at_the_end_of_its_grace(make_setti
 
         await until(running, timeout=WAIT, what="the write running")
         began = time.monotonic()
-        stop.set()
-        await task
+        if ending == "stop":
+            stop.set()
+            await task
+        else:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
         took = time.monotonic() - began
         with pytest.raises(ClientError):  # its RPC ended by the shutdown
             await write

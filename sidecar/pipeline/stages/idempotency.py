@@ -60,7 +60,6 @@ class IdempotencyStage:
         self._store, self._auditor, self._expiry = store, auditor, expiry
         self._detached: set[asyncio.Task[ToolResult]] = set()
         self._late: set[asyncio.Task[None]] = set()  # handlers running on past their deadline
-        self._stop_at: float | None = None  # ``time.monotonic()``: shutdown waits for late handlers until then
 
     async def run(self, call: Call, next: Next) -> ToolResult:
         if not call.defn.requires_idempotency_key:
@@ -72,18 +71,15 @@ class IdempotencyStage:
         task.add_done_callback(self._detached.discard)
         return await asyncio.shield(task)
 
-    def stop_by(self, at: float) -> None:
-        """Shutdown's bound (``time.monotonic()``): ``drain`` waits for late handlers until then, no longer."""
-        self._stop_at = at
-
-    async def drain(self) -> None:
+    async def drain(self, *, until: float | None) -> None:
         """Wait for every detached call (each is bounded by its own deadline, and by shutdown's bound
-        ``Dispatcher.stop_by``), then for the late handlers of writes until ``stop_by``'s moment."""
+        ``Dispatcher.stop_by``), then for the late handlers of writes until ``until`` (``time.monotonic()``;
+        ``None``: not at all)."""
         if self._detached:
             log.info("waiting for %d started write(s) to finish", len(self._detached))
             await asyncio.gather(*self._detached, return_exceptions=True)
-        if self._late and self._stop_at is not None:
-            await asyncio.wait(self._late, timeout=max(0.0, self._stop_at - time.monotonic()))
+        if self._late and until is not None:
+            await asyncio.wait(self._late, timeout=max(0.0, until - time.monotonic()))
         if self._late:  # past the bound: their keys stay unknown, for an operator to resolve
             log.warning("%d write(s) that outlived their deadline still run; their outcome stays unknown",
                         len(self._late))
