@@ -10,6 +10,7 @@ token gets an event stream with the progress notifications, then the response. `
 true`` answers every POST as JSON (progress notifications are then dropped). Before either, the body is read
 by ``sidecar.mcp.envelope``: one that is not a single JSON-RPC message (not JSON, a batch, an id that is neither
 a string nor an integer) is answered 400 with the JSON-RPC error it is owed (id null) and never reaches the SDK.
+One that passes is parsed and validated once more by the SDK, whose POST handler takes only the body.
 A request whose id is in flight in its session is answered 409 with -32600 (``sidecar.mcp.request_ids``).
 An ``initialize`` request of more than ``mcp.max_initialize_bytes`` is answered 413 with -32600 and its id, and
 opens no session: a session keeps its ``initialize`` params (client information, capabilities) for its life.
@@ -18,7 +19,8 @@ the request: the session keeps the last message it read while it idles, and with
 headers, body reader and connection (``sidecar.server.mcp_sessions`` says how many sessions there may be).
 It also keeps the last answer its message router routed, until it routes another: that router drops nothing
 it is handed (an answer goes by its id to a request's stream, anything else to the event stream), so there is
-no marker to push through it as there is for the dispatcher (``limits.max_result_bytes`` bounds a call's).
+no marker to push through it as there is for the dispatcher after a large body (``limits.max_result_bytes``
+bounds a call's).
 
 The MCP SDK's transport chooses per session, not per request; ``SessionManager`` makes it choose per
 request. Its sessions' transports (``_Transport``) read the choice from a context variable that
@@ -58,6 +60,7 @@ _ANSWER_AS_JSON: ContextVar[bool] = ContextVar("toolbooth_mcp_answer_as_json", d
 _INITIALIZE_TOO_LARGE = ("Invalid Request: this initialize request is larger than the endpoint accepts "
                          "(mcp.max_initialize_bytes); send a smaller one")
 _READ_ON = Exception("toolbooth: nothing to read (the dispatcher drops an exception it is handed)")
+_LARGE_BODY = 64 * 1024  # a POST's body larger than this is worth the marker after it (_forget_last_message)
 
 T = TypeVar("T")
 
@@ -106,7 +109,8 @@ class _Transport(StreamableHTTPServerTransport):
             _ANSWER_AS_JSON.reset(answer_as_json)
             if isinstance(message, JSONRPCRequest):
                 self._ids.release(message.id)
-        await self._forget_last_message()
+        if len(body) > _LARGE_BODY:
+            await self._forget_last_message()
 
     async def _forget_last_message(self) -> None:
         """Make the session's dispatcher let go of the message it read last, which it keeps (params and all,
