@@ -39,7 +39,7 @@ from sidecar.cli.common import (
     default_target,
     setup_logging,
 )
-from sidecar.config import ENV_TOKEN_FILE
+from sidecar.config import ENV_TOKEN_FILE, Limits
 from sidecar.contract import CallRequest, ToolListing, ToolResult
 from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
 
@@ -52,7 +52,7 @@ __all__ = ["ClientTools", "add_commands", "cmd_mcp_stdio", "read_token"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # as the sidecar's limits.max_message_bytes
+DEFAULT_MAX_MESSAGE_BYTES: int = Limits.model_fields["max_message_bytes"].default  # the sidecar's own default
 
 
 def add_commands(commands: Subparsers) -> None:
