@@ -6,7 +6,9 @@ The same keys for every listener (``sidecar.server.http_limits`` applies them to
 (from the connection, or from its first byte after an idle keep-alive); a connection between requests is
 closed after ``idle_timeout_seconds`` (whole seconds: uvicorn's own keep-alive timer); a listener holds at
 most ``max_connections`` at once and answers one more with 503. MCP and the inbox read request bodies: the
-whole request, body included, must arrive within ``request_timeout_seconds``.
+whole request, body included, must arrive within ``request_timeout_seconds``. Metrics' server (aiohttp)
+also closes a connection whose request has not arrived at its keep-alive timer: a head to metrics is due
+within the smaller of ``header_timeout_seconds`` and ``idle_timeout_seconds``.
 """
 
 from __future__ import annotations

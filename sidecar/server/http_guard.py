@@ -8,12 +8,14 @@ to gRPC, the store, the policy and the logs. ``refuse`` answers a connection pas
 it at once; ``TOO_SLOW`` (``408``) is written to one whose request head came too late. Their records, and
 asyncio's accept errors, are rate-limited (``sidecar.telemetry.repeats``).
 
-aiohttp closes a connection whose request has not arrived only at its keep-alive timer (an hour by default,
-in older releases never) and holds any number. ``guarded`` wraps its protocol factory:
-past ``max_connections`` a connection is refused, and one whose request head (up to its blank line) has
-not arrived within ``header_timeout_seconds`` of the connection or of the head's first byte is closed.
-The metrics endpoint answers ``GET`` only: whatever follows a head is read as the next head. Between
-requests aiohttp's keep-alive timer, set to ``idle_timeout_seconds``, closes an idle connection.
+aiohttp holds any number of connections and closes one whose request has not arrived only at its keep-alive
+timer (an hour by default; in recent releases from the connection, in older ones only after a response),
+without an answer. ``guarded`` wraps its protocol factory: past ``max_connections`` a connection is refused, and one
+whose request head (up to its blank line) has not arrived within ``header_timeout_seconds`` of the
+connection or of the head's first byte is closed. The metrics endpoint sets that timer to
+``idle_timeout_seconds``: a head is therefore due within the smaller of the two, and the guard's deadline
+is that smaller one (armed first, so that a late first head is answered ``408`` on every release). The
+metrics endpoint answers ``GET`` only: whatever follows a head is read as the next head.
 """
 
 from __future__ import annotations
@@ -102,8 +104,8 @@ class _Guarded(asyncio.Protocol):
         assert isinstance(inner, asyncio.Protocol)
         self._held.add(self)
         self._inner, self._transport = inner, transport
+        self._arm()  # before the inner protocol's keep-alive timer, which may fall due at the same moment
         inner.connection_made(transport)
-        self._arm()
 
     def data_received(self, data: bytes) -> None:
         if self._inner is None:
@@ -146,7 +148,8 @@ class _Guarded(asyncio.Protocol):
 
     def _arm(self) -> None:
         loop = asyncio.get_running_loop()
-        self._deadline = loop.call_later(self._settings.header_timeout_seconds, self._expire)
+        bound = min(self._settings.header_timeout_seconds, self._settings.idle_timeout_seconds)
+        self._deadline = loop.call_later(bound, self._expire)
 
     def _stop(self) -> None:
         if self._deadline is not None:

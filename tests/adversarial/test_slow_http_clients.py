@@ -218,6 +218,23 @@ async def test_metrics_serve_a_kept_alive_connection_and_time_out_only_a_late_he
         await endpoint.stop()
 
 
+async def test_a_late_first_head_on_metrics_is_answered_408_even_past_the_idle_timeout(
+        make_settings: Callable[..., Settings]) -> None:
+    # aiohttp's keep-alive timer runs from the connection too: the head is due at the sooner of the two bounds.
+    settings = make_settings(metrics={"listen": "127.0.0.1:0",
+                                      "http": {"header_timeout_seconds": 30, "idle_timeout_seconds": 1}})
+    endpoint = MetricsEndpoint(CollectorRegistry(), settings.metrics)
+    await endpoint.start()
+    try:
+        parts = urlsplit(endpoint.url)
+        assert parts.port is not None
+        written, after = await (await Slow.open(parts.port)).answer()
+        assert written.partition(b"\r\n")[0] == b"HTTP/1.1 408 Request Timeout", written
+        assert after < 1 + SLACK
+    finally:
+        await endpoint.stop()
+
+
 async def _response(reader: asyncio.StreamReader) -> bytes:
     """The status line of the next response on ``reader``, read through to the end of its body."""
     async with asyncio.timeout(SLACK):
