@@ -28,6 +28,7 @@ from sidecar.cli.output import json_output, output_flag
 from sidecar.cli.table import Column, render_table
 from sidecar.contract import ApprovalResult, Preview
 from sidecar.display import visible
+from sidecar.server.roles import MAX_LIST_LIMIT
 
 if TYPE_CHECKING:
     from sidecar.client import Client
@@ -37,7 +38,6 @@ __all__ = ["LISTED", "SEARCHED", "add_commands", "cmd_approve", "cmd_deny", "cmd
 
 LISTED = 1000  # pending previews ``previews list`` shows unless told otherwise
 SEARCHED = 100_000  # pending previews ``approve`` without ``--hash`` reads, at most, looking for the one to approve
-MAX_PAGE = 1000  # previews ListPreviews returns at most in one page
 
 
 def add_commands(commands: Subparsers) -> None:
@@ -136,7 +136,7 @@ def _read(client: Client, limit: int, page_token: str = "", *, looking_for: str 
     ``looking_for``, a preview id); and the token after the last one read when more are pending."""
     previews: list[Preview] = []
     while len(previews) < limit:
-        page, page_token = client.previews_page(limit=min(limit - len(previews), MAX_PAGE), page_token=page_token)
+        page, page_token = client.previews_page(limit=min(limit - len(previews), MAX_LIST_LIMIT), page_token=page_token)
         previews += page
         if not page_token or any(p.preview_id == looking_for for p in page):
             return previews, ""

@@ -47,7 +47,6 @@ from sidecar.state import AuditRecord, PreviewCursor, PreviewQuery, PreviewRecor
 
 __all__ = [
     "DEFAULT_APPROVER_ROLES",
-    "DEFAULT_MAX_PENDING",
     "DEFAULT_PREVIEW_TTL_SECONDS",
     "Approvals",
     "Approved",
@@ -59,8 +58,6 @@ __all__ = [
 log = logging.getLogger("toolbooth.approvals")
 DEFAULT_PREVIEW_TTL_SECONDS = 15 * 60
 DEFAULT_APPROVER_ROLES = ("approver",)
-# unexpired pending previews one principal may hold (``limits.max_pending_previews_per_principal``)
-DEFAULT_MAX_PENDING = 100
 READ_PER_PAGE = 2000  # previews a page reads at most (each the approver rule decides), then it ends early
 READ_BATCH = 200  # previews a page reads from the store at once, at least (the approver rule may keep few)
 
@@ -113,10 +110,11 @@ class Approved:
 
 
 class Approvals:
-    """Opens previews, records approvers' decisions, redeems approvals."""
+    """Opens previews, records approvers' decisions, redeems approvals; a principal holds at most ``max_pending``
+    pending previews (``limits.max_pending_previews_per_principal``)."""
 
     def __init__(self, store: Store, policy: PolicyEngine, metrics: Metrics | None = None, *,
-                 max_pending: int = DEFAULT_MAX_PENDING) -> None:
+                 max_pending: int) -> None:
         self.store, self.policy, self._metrics, self._max_pending = store, policy, metrics, max_pending
 
     async def open_preview(self, call: CallToApprove, decision: Decision) -> Preview:

@@ -24,6 +24,7 @@ from sidecar.canonical import canonical_json, sha256_hex
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, Preview, PreviewState, Status
 from sidecar.errors import StoreUnavailableError
+from sidecar.server.approvals_ui.live import RETRY_AFTER_SECONDS
 from sidecar.server.approvals_ui.pages import CHANGED, EXPIRED, FORGED
 from sidecar.server.approvals_ui.security import HEADERS
 from sidecar.state import PreviewQuery, PreviewRecord
@@ -411,6 +412,7 @@ async def test_every_response_has_the_strict_headers_and_a_foreign_host_is_refus
     css, script = await browser.get("/static/inbox.css"), await browser.get("/static/live.js")
     assert css.status == 200 and css.headers["Content-Type"].startswith("text/css")
     assert script.status == 200 and "javascript" in script.headers["Content-Type"] and "EventSource" in script.text
+    assert "dataset.reload" in script.text and "30000" not in script.text  # the server says how often it polls
     rebound = await browser.get("/sign-in", headers={"Host": "evil.example:80"})
     assert rebound.status == 421
     strict(rebound)
@@ -428,6 +430,7 @@ async def test_the_inbox_filters_by_tool_and_requester(world: World) -> None:
     assert (await bob.get("/inbox?requester=nobody")).text.count("/previews/") == 0
     everything = await bob.get("/inbox")
     assert "4 pending" in everything.text and '<meta http-equiv="refresh" content="30">' in everything.text
+    assert f'data-reload="{RETRY_AFTER_SECONDS}"' in everything.text  # live.js polls so once it has no stream
 
 
 async def test_the_newest_inbox_page_lists_the_pending_previews_once(world: World, monkeypatch: pytest.MonkeyPatch,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.canonical import canonical_json, sorted_json
+from sidecar.config import Limits
 from sidecar.contract import ErrorCode, PreviewState, Principal
 from sidecar.errors import MalformedDecisionError, PolicyEvaluationError, StoreUnavailableError
 from sidecar.pipeline.approvals import READ_BATCH, Approvals, CallToApprove, Refusal, preview_hash
@@ -21,6 +22,7 @@ from sidecar.state import PreviewQuery, PreviewRecord
 from sidecar.state.sqlite import SqliteStore
 
 ALICE = Principal(id="alice", tenant="acme", roles=("developer",))
+MAX_PENDING = Limits().max_pending_previews_per_principal
 CALL = CallToApprove(ALICE, "file_note", "1.0.0", {"title": "t", "body": "b"}, "sha256:rev-1")
 
 
@@ -94,7 +96,7 @@ class FailingApprover:
 
 async def test_a_failing_store_refuses_redeeming_and_deciding() -> None:
     store = BrokenStore()
-    approvals = Approvals(store, FailingApprover(PolicyEvaluationError("x")))  # type: ignore[arg-type]
+    approvals = Approvals(store, FailingApprover(PolicyEvaluationError("x")), max_pending=MAX_PENDING)  # type: ignore[arg-type]
     refusal = await approvals.check("p-1", CALL, Decision(required=True))
     assert isinstance(refusal, Refusal)
     assert refusal.error.code is ErrorCode.SERVICE_UNAVAILABLE and refusal.error.retryable
@@ -114,7 +116,7 @@ async def test_a_failing_approver_policy_approves_nothing(tmp_path: Path, error:
                                                           code: ErrorCode) -> None:
     store = await SqliteStore.open(tmp_path / "store.db")
     try:
-        approvals = Approvals(store, FailingApprover(error))  # type: ignore[arg-type]
+        approvals = Approvals(store, FailingApprover(error), max_pending=MAX_PENDING)  # type: ignore[arg-type]
         preview = await approvals.open_preview(CALL, Decision(required=True, reason="why"))
         result = await approvals.approve(Principal(id="bob", roles=("approver",)), preview.preview_id,
                                          preview.preview_hash, None)
@@ -128,7 +130,7 @@ async def test_a_failing_approver_policy_approves_nothing(tmp_path: Path, error:
 async def test_preview_ids_are_random_hex(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "store.db")
     try:
-        approvals = Approvals(store, FailingApprover(PolicyEvaluationError("unused")))  # type: ignore[arg-type]
+        approvals = Approvals(store, FailingApprover(PolicyEvaluationError("unused")), max_pending=MAX_PENDING)  # type: ignore[arg-type]
         ids = {(await approvals.open_preview(CALL, Decision(required=True))).preview_id for _ in range(50)}
     finally:
         await store.aclose()
@@ -148,7 +150,7 @@ async def _check(tmp_path: Path, record: PreviewRecord, call: CallToApprove) -> 
     store = await SqliteStore.open(tmp_path / "store.db")
     try:
         await store.save_preview(record)
-        refusal = await Approvals(store, None).check("p-1", call, Decision(), key="k-1")  # type: ignore[arg-type]
+        refusal = await Approvals(store, None, max_pending=MAX_PENDING).check("p-1", call, Decision(), key="k-1")  # type: ignore[arg-type]
     finally:
         await store.aclose()
     return refusal.error.code if isinstance(refusal, Refusal) else None
@@ -177,7 +179,7 @@ async def test_a_bound_preview_matches_only_its_rfc8785_hash(tmp_path: Path) -> 
 async def test_decided_lists_ones_own_decisions_latest_first_and_all_of_them_for_operators(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "store.db")
     try:
-        approvals = Approvals(store, FailingApprover(PolicyEvaluationError("unused")))  # type: ignore[arg-type]
+        approvals = Approvals(store, FailingApprover(PolicyEvaluationError("unused")), max_pending=MAX_PENDING)  # type: ignore[arg-type]
         bob, carol = Principal(id="bob", tenant="acme"), Principal(id="carol", tenant="acme")
         other_bob = Principal(id="bob", tenant="other")
         ids = [(await approvals.open_preview(CALL, Decision(required=True))).preview_id for _ in range(4)]
@@ -226,7 +228,7 @@ async def test_a_page_the_approver_rule_thins_reads_the_store_in_few_round_trips
                                              state=PreviewState.PENDING, created_at=now - 1000 + number,
                                              expires_at=now + 600), max_pending=10_000)
         counting = CountingStore(store)
-        approvals = Approvals(counting, RareApprover(), max_pending=10)  # type: ignore[arg-type]
+        approvals = Approvals(counting, RareApprover(), max_pending=MAX_PENDING)  # type: ignore[arg-type]
         page = await approvals.pending(Principal(id="bob", tenant="acme"), all_of_them=False, limit=20)
         assert [p.preview_id for p in page.previews] == [f"p-{n:04}" for n in range(950, -1, -50)]
         assert page.next_page_token == ""

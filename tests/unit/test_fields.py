@@ -62,7 +62,7 @@ async def test_a_lone_surrogate_reaches_no_store_or_policy(make_pipeline: Pipeli
         await pipeline.get_operation(DEVELOPER, tool="create_note", key="k\ud800")
     with pytest.raises(InvalidRequestError, match=r"^conversation_id is not valid Unicode"):
         await pipeline.list_tools(DEVELOPER, conversation_id="\udc00")
-    approvals = Approvals(NoStore(), None)  # type: ignore[arg-type]
+    approvals = Approvals(NoStore(), None, max_pending=1)  # type: ignore[arg-type]
     approved = await approvals.approve(DEVELOPER, "p-1", "sha256:x", "\ud800")
     denied = await approvals.deny(DEVELOPER, "p\udfff", "why")
     assert approved.error is not None and (approved.error.code, approved.error.field) == (

@@ -37,7 +37,7 @@ __all__ = ["HEARTBEAT_SECONDS", "RETRY_AFTER_SECONDS", "LiveUpdates", "version_o
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER_SECONDS = 30  # a refused stream's page reloads this often instead (live.js)
+RETRY_AFTER_SECONDS = 30  # a refused stream's page reloads this often instead (its data-reload, live.js)
 HEARTBEAT_SECONDS = 15.0  # a comment line this often keeps proxies from closing a quiet stream
 _RETRY_MS = 5000  # how long the browser waits before it reconnects a dropped stream
 

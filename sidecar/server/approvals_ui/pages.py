@@ -35,7 +35,7 @@ from sidecar.config.approvals_ui import CALLBACK_PATH
 from sidecar.contract import ApprovalResult, ErrorCode
 from sidecar.display import visible
 from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
-from sidecar.server.approvals_ui.live import LiveUpdates
+from sidecar.server.approvals_ui.live import RETRY_AFTER_SECONDS, LiveUpdates
 from sidecar.server.approvals_ui.oidc import LOGIN_SECONDS, OidcSignIn
 from sidecar.server.approvals_ui.outcomes import CallRuns
 from sidecar.server.approvals_ui.security import FormError, read_form
@@ -88,6 +88,7 @@ class Inbox:
         self._templates.filters["utc"] = lambda moment: moment.strftime("%Y-%m-%d %H:%M UTC")
         self._templates.filters["shown"] = shown
         self._templates.filters["visible"] = visible
+        self._templates.globals["reload_seconds"] = RETRY_AFTER_SECONDS  # a page without live updates reloads so
         self.app = Starlette(routes=[
             Route("/", self._home),
             Route("/sign-in", self._sign_in_form, methods=["GET"]),

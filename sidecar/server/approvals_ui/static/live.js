@@ -1,6 +1,6 @@
 // Live updates of an inbox page (docs/approvals.md): the server tells this page, by server-sent events, when
 // the previews its person may decide change; the page then fetches itself again and swaps its live region in.
-// Without JavaScript the inbox reloads itself every 30 seconds instead (a <noscript> refresh).
+// Without JavaScript the inbox reloads itself every data-reload seconds instead (a <noscript> refresh).
 "use strict";
 (function () {
   // The expiry of each preview shown counts down (the server's wording; seconds in the last minute).
@@ -55,11 +55,12 @@
     say("Your session ended: reload the page to sign in again.");
   });
   // A newer page of this person took this one's stream, or the inbox holds as many as it may (refused, 503):
-  // the page then reloads its list every 30 seconds, as it does without JavaScript.
+  // the page then reloads its list every data-reload seconds (the server's Retry-After), as it does without JavaScript.
+  const reload = Number(region.dataset.reload);
   function polling() {
     source.close();
-    say("Live updates are paused here; this page reloads every 30 seconds.");
-    window.setInterval(() => { refresh().catch(() => say("The page could not be updated; reload it.")); }, 30000);
+    say("Live updates are paused here; this page reloads every " + reload + " seconds.");
+    window.setInterval(() => { refresh().catch(() => say("The page could not be updated; reload it.")); }, reload * 1000);
   }
   source.addEventListener("superseded", polling);
   source.addEventListener("error", () => { if (source.readyState === EventSource.CLOSED) { polling(); } });
