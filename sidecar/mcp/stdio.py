@@ -7,14 +7,14 @@ by ``sidecar.mcp.envelope`` and either handed to the server or answered at once 
 null). A line longer than ``max_line_bytes`` is read to its end without being kept and answered
 ``INVALID_REQUEST``, and so is a request whose id is that of a request still in flight (``sidecar.mcp.request_ids``;
 the SDK's dispatcher would run both and answer that id twice). One task writes stdout, the server's messages and
-these refusals alike, a line at a time. While it serves, fd 1 points at stderr and the protocol goes to a private
-duplicate of stdout, so stray output of a library cannot break the wire.
+these refusals alike, a line at a time. While it serves, fd 0 points at the null device and fd 1 at stderr, and
+the protocol goes over private duplicates of both, so a library that reads stdin or writes stdout cannot break
+the wire (the SDK's own claim of them, a private function of its pinned version).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import BinaryIO
@@ -22,6 +22,7 @@ from typing import BinaryIO
 import anyio
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.server.stdio import _claim_fd, _open_stdin_diversion, _open_stdout_diversion
 from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_REQUEST, JSONRPCRequest
 
@@ -41,9 +42,9 @@ async def stdio_streams(*, max_line_bytes: int) -> AsyncIterator[
     incoming, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write, outgoing = anyio.create_memory_object_stream[SessionMessage](0)
     ids = InFlightIds()
-    with _claimed_stdout() as stdout:
+    with _claimed() as (stdin, stdout):
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_read_lines, sys.stdin.buffer, incoming, write.clone(), ids, max_line_bytes)
+            tasks.start_soon(_read_lines, stdin, incoming, write.clone(), ids, max_line_bytes)
             tasks.start_soon(_write_all, outgoing, stdout, ids)
             yield read, write
 
@@ -94,14 +95,18 @@ def _write_line(stdout: BinaryIO, line: bytes) -> None:
 
 
 @contextlib.contextmanager
-def _claimed_stdout() -> Iterator[BinaryIO]:
-    """A private duplicate of stdout for the protocol, fd 1 pointing at stderr meanwhile (restored after)."""
+def _claimed() -> Iterator[tuple[BinaryIO, BinaryIO]]:
+    """Private duplicates of stdin and stdout for the protocol, fd 0 pointing at the null device and fd 1 at
+    stderr meanwhile (restored after): the SDK's own claim of the standard streams, as its ``stdio_server``."""
     sys.stdout.flush()
-    wire_fd = os.dup(1)
-    os.dup2(2, 1)
+    stdin, release_stdin = _claim_fd(0, sys.stdin, "rb", _open_stdin_diversion)
     try:
-        with os.fdopen(wire_fd, "wb", closefd=False) as wire:
-            yield wire
+        stdout, release_stdout = _claim_fd(1, sys.stdout, "wb", _open_stdout_diversion)
+        try:
+            yield stdin, stdout
+        finally:
+            if release_stdout is not None:
+                release_stdout()
     finally:
-        os.dup2(wire_fd, 1)
-        os.close(wire_fd)
+        if release_stdin is not None:
+            release_stdin()
