@@ -47,7 +47,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from sidecar.contract import ErrorCode, ErrorInfo, Recovery, SideEffect
+from sidecar.contract import ErrorCode, ErrorInfo, SideEffect, guidance
 from sidecar.tools.definition import ToolContext, ToolDefinition
 from sidecar.tools.isolation.pool import ProcessPools
 from sidecar.tools.isolation.process import HandlerFailed, WorkerLost
@@ -201,8 +201,8 @@ class Dispatcher:
         except TimeoutError:  # the deadline's: a handler's own TimeoutError is ``_settled``'s
             if not started:
                 return _NotStarted()
-            return _Unsettled(ErrorInfo.of(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within "
-                                           f"{remaining * 1000:.0f} ms", side_effect=defn.side_effect), running)
+            return _unsettled(ErrorCode.TIMEOUT, f"tool {defn.name!r} did not finish within {remaining * 1000:.0f} ms",
+                              defn, running)
         except asyncio.CancelledError:  # the call itself is cancelled (its caller went away, the server stops)
             if job is not None:
                 job.cancel()  # one still queued never starts
@@ -306,24 +306,30 @@ def _cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+def _unsettled(code: ErrorCode, message: str, defn: ToolDefinition[Any, Any],
+               running: asyncio.Future[Any] | None = None) -> _Unsettled:
+    """An attempt whose handler may have had its effect, its outcome unknown: ``code``, guided as its tool's
+    ``TIMEOUT`` is (for a tool with side effects: not retryable, ``check_operation_status``)."""
+    retryable, recovery = guidance(ErrorCode.TIMEOUT, defn.side_effect)
+    return _Unsettled(ErrorInfo(code=code, message=message, retryable=retryable, recovery=recovery), running)
+
+
 def _lost(lost: WorkerLost, defn: ToolDefinition[Any, Any], ctx: ToolContext) -> ErrorInfo | _Unsettled:
     """The answer when an isolated handler's worker process ended before it answered: nothing ran if the call
     never reached it; else a read failed, and a write's outcome is unknown (it may have had its effect)."""
-    ctx.logger.error("handler of tool %r: %s", defn.name, lost)
+    failed = _unexpected(lost, defn, ctx)  # logged; what a read answers
     if not lost.delivered:
         return ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "the tool's worker process ended before the call "
                             "reached it; nothing ran")
     if defn.side_effect is SideEffect.NONE:
-        return ErrorInfo.of(ErrorCode.INTERNAL_ERROR, "the tool failed unexpectedly")
-    return _Unsettled(ErrorInfo(code=ErrorCode.INTERNAL_ERROR, retryable=False,
-                                recovery=Recovery.CHECK_OPERATION_STATUS,
-                                message="the tool's process ended while it ran: its effect may or may not have "
-                                        "happened; check the operation's status"), None)
+        return failed
+    return _unsettled(ErrorCode.INTERNAL_ERROR, "the tool's process ended while it ran: its effect may or may not "
+                      "have happened; check the operation's status", defn)
 
 
 def _unexpected(exc: BaseException, defn: ToolDefinition[Any, Any], ctx: ToolContext) -> ErrorInfo:
     """The handler's own failure: its details go to the log, the caller gets ``INTERNAL_ERROR``."""
-    if isinstance(exc, HandlerFailed):  # in a worker process: its traceback is text
+    if isinstance(exc, HandlerFailed):  # in a worker process (or with it: ``WorkerLost``): its traceback is text
         ctx.logger.error("handler of tool %r failed: %s", defn.name, exc)
     else:
         ctx.logger.error("handler of tool %r raised %s", defn.name, type(exc).__name__, exc_info=exc)

@@ -56,7 +56,7 @@ class HandlerFailed(Exception):
     cannot be read. The message is for the sidecar's log, never for the caller."""
 
 
-class WorkerLost(Exception):
+class WorkerLost(HandlerFailed):
     """The worker process ended before it answered. ``delivered``: the request had reached it, so the handler
     may have run (and had its effect); otherwise nothing ran. The message is for the sidecar's log."""
 
