@@ -37,6 +37,7 @@ from sidecar.contract import ErrorCode, OperationState, Recovery, Status, ToolRe
 from sidecar.errors import PluginLoadError
 from sidecar.plugin import Plugin
 from sidecar.server import serve
+from sidecar.tools.isolation.process import Worker
 from sidecar.tools.registry import Registry
 from tests.support import isolated
 from tests.support.sidecar_process import SidecarProcess
@@ -212,6 +213,33 @@ async def test_a_write_whose_worker_dies_after_its_effect_is_unknown_and_never_r
         assert (await served.call("whoami")).status is Status.SUCCESS  # the replacement worker serves
         assert (await served.client.get_operation(tool, "k-1")).state is OperationState.UNKNOWN
         assert served.runs("note") == [str(pid)]  # its effect happened once; nothing ran it again
+
+
+async def test_a_write_whose_worker_had_ended_before_the_call_reached_it_ran_nothing(
+        serving: Callable[..., contextlib.AbstractAsyncContextManager[Served]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker the call leased dies before the request is written: nothing ran, the key is released."""
+    ask = Worker.call
+    killed: list[int] = []
+
+    async def call_a_dead_worker(worker: Worker, tool: str, args: Any, ctx: Any) -> Any:
+        if not killed:  # the first call only
+            killed.append(worker.pid)
+            psutil.Process(worker.pid).kill()
+            await until(lambda: not worker.alive, timeout=WAIT, what="the worker's end noticed")
+        return await ask(worker, tool, args, ctx)
+
+    monkeypatch.setattr(Worker, "call", call_a_dead_worker)
+    async with serving(workers_per_plugin=1) as served:
+        result = await served.call("exit_note", "lost", idempotency_key="k-4")
+        assert result.error is not None and result.error.code is ErrorCode.SERVICE_UNAVAILABLE, result
+        assert result.error.message == "the tool's worker process ended before the call reached it; nothing ran"
+        assert result.error.retryable and result.error.recovery is Recovery.RETRY_WITH_BACKOFF, result
+        assert served.runs("lost") == [] and killed
+        assert (await served.client.get_operation("exit_note", "k-4")).state is OperationState.NOT_FOUND
+        retry = await served.call("exit_note", "lost", idempotency_key="k-4")  # the key was released: it runs
+        assert retry.error is not None and retry.error.recovery is Recovery.CHECK_OPERATION_STATUS, retry
+        assert served.runs("lost") == [str(await served.pid_of("lost"))] != [str(killed[0])]
 
 
 async def test_an_idle_worker_that_dies_is_replaced(
