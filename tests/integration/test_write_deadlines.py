@@ -1,9 +1,10 @@
 """A started write outlives its caller's gRPC deadline: it runs to its own timeout, is recorded, and a retry replays it.
 
 The write (``tests.support.tools.sleepy_note``, an async handler: the kind a deadline used to cancel) takes
-longer than its caller waits, on each RPC that carries a deadline: a batch, a stream and a unary call. The
-caller gets ``DEADLINE_EXCEEDED``; its key ends ``completed`` without an operator, and the same call again
-replays the stored result (while the write still runs, a retry gets ``OPERATION_IN_PROGRESS``). Shutdown
+longer than its caller waits, on each RPC that carries a deadline: a batch, a stream and a unary call (there
+``held_note``, held until its retry was answered). The caller gets ``DEADLINE_EXCEEDED``; its key ends
+``completed`` without an operator, and the same call again replays the stored result (while the write still
+runs, a retry gets ``OPERATION_IN_PROGRESS``). Shutdown (or serve failing)
 still bounds it: a write running at the end of ``server.shutdown_grace_seconds`` is stopped there, its key
 unknown.
 """
@@ -52,13 +53,13 @@ class Served:
     async def events(self, key: str) -> list[str]:
         return await statuses(self.pipeline, key)
 
-    async def settled(self, key: str) -> None:
-        """Wait until the write with ``key`` is no longer running, then check it is stored as completed (no
-        operator does anything)."""
+    async def settled(self, key: str, tool: str = TOOL) -> None:
+        """Wait until the write of ``tool`` with ``key`` is no longer running, then check it is stored as
+        completed (no operator does anything)."""
         states: list[OperationState] = []
 
         async def ended() -> bool:
-            states.append((await self.client.get_operation(TOOL, key)).state)
+            states.append((await self.client.get_operation(tool, key)).state)
             return states[-1] is not OperationState.IN_PROGRESS
 
         await until(ended, timeout=WAIT, what=f"the write {key!r} ending")
@@ -114,17 +115,25 @@ async def test_a_stream_deadline_does_not_stop_its_started_write(served: Served)
 
 
 async def test_a_unary_deadline_does_not_stop_its_started_write(served: Served) -> None:
-    before = tools.SLEPT.value
-    with pytest.raises(ClientError) as raised:
-        await served.client.execute(TOOL, {"count": 2500}, idempotency_key="u-1", timeout=0.5)
-    deadline_exceeded(raised)
-    running = await served.client.execute(TOOL, {"count": 2500}, idempotency_key="u-1")
-    if tools.SLEPT.value == before:  # still running (a loaded machine may have let it end already)
-        assert running.error is not None and running.error.code is ErrorCode.OPERATION_IN_PROGRESS, running
-        assert running.error.recovery is Recovery.CHECK_OPERATION_STATUS and "still running" in running.error.message
-    await served.settled("u-1")
-    replayed(await served.client.execute(TOOL, {"count": 2500}, idempotency_key="u-1"), before + 1)
-    assert tools.SLEPT.value == before + 1
+    """``held_note`` runs until the test opens ``HOLD``: its caller's deadline passes, and its retry is
+    answered, while it surely runs (within its own timeout, 5 s)."""
+    held, arguments = "held_note", {"text": "u"}
+    before, started = tools.HELD_DONE.value, tools.HELD_STARTED.value
+    tools.HOLD.close()
+    try:
+        call = asyncio.ensure_future(served.client.execute(held, arguments, idempotency_key="u-1", timeout=1.0))
+        await tools.HELD_STARTED.reached(started + 1, timeout=WAIT)
+        with pytest.raises(ClientError) as raised:
+            await call
+        deadline_exceeded(raised)
+        running = await served.client.execute(held, arguments, idempotency_key="u-1")
+    finally:
+        tools.HOLD.open()
+    assert running.error is not None and running.error.code is ErrorCode.OPERATION_IN_PROGRESS, running
+    assert running.error.recovery is Recovery.CHECK_OPERATION_STATUS and "still running" in running.error.message
+    await served.settled("u-1", held)
+    replayed(await served.client.execute(held, arguments, idempotency_key="u-1"), before + 1)
+    assert tools.HELD_DONE.value == before + 1 and tools.HELD_STARTED.value == started + 1
 
 
 @pytest.mark.parametrize("ending", ["stop", "cancel"])  # a shutdown, or serve failing (its task cancelled)
