@@ -21,16 +21,14 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Iterator
 
-__all__ = ["MARK", "Segment", "is_blank", "is_marked", "mark", "segments", "visible"]
+__all__ = ["is_blank", "is_marked", "segments", "visible"]
 
-MARK = "⟦U+{:04X}⟧"
+_MARK = "⟦U+{:04X}⟧"
 _KEPT = frozenset("\n\t ")
 _CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp", "Cn", "Co", "Cs"})
 _BRACKETS = frozenset([0x27E6, 0x27E7])  # the marks' brackets, marked so that a text cannot spell a mark
 _BLANK = frozenset([0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x3164, 0xFFA0,
                     *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0), *range(0x180B, 0x1810), *_BRACKETS])
-
-Segment = tuple[str, bool]  # a run of text, and whether it is one marked character's mark
 
 
 def is_marked(char: str) -> bool:
@@ -45,19 +43,15 @@ def is_blank(text: str) -> bool:
     return all(char.isspace() or (is_marked(char) and ord(char) not in _BRACKETS) for char in text)
 
 
-def mark(char: str) -> str:
-    """The mark of one character: its code point, ``⟦U+202E⟧``."""
-    return MARK.format(ord(char))
-
-
-def segments(text: str) -> Iterator[Segment]:
-    """``text`` as runs shown as they are (``False``) and marks of single characters (``True``), in order."""
+def segments(text: str) -> Iterator[tuple[str, bool]]:
+    """``text`` as runs shown as they are (``False``) and marks of single characters (``True``: its code point,
+    ``⟦U+202E⟧``), in order."""
     start = 0
     for index, char in enumerate(text):
         if is_marked(char):
             if index > start:
                 yield text[start:index], False
-            yield mark(char), True
+            yield _MARK.format(ord(char)), True
             start = index + 1
     if start < len(text):
         yield text[start:], False

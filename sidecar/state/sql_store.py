@@ -156,12 +156,9 @@ class SqlStore:
 
     # --- previews ---------------------------------------------------------------------------
 
-    async def save_preview(self, preview: PreviewRecord, *, max_pending: int | None = None) -> bool:
+    async def save_preview(self, preview: PreviewRecord, *, max_pending: int) -> bool:
         """Store a new (pending) preview, durable on return; ``False`` (nothing stored) if its principal already
         holds ``max_pending`` unexpired pending ones, counted under a lock of that principal's."""
-        if max_pending is None:
-            await self.driver.execute(self._sql.insert_preview, preview_row(preview))
-            return True
         async with self.driver.transaction(lock=_principal_lock(preview.tenant, preview.principal_id)) as tx:
             params = (preview.tenant, preview.principal_id, preview.created_at)
             [(held,)] = await tx.fetch(self._sql.pending_of_principal, params)

@@ -79,10 +79,10 @@ class Store(Protocol):
         """Delete the records completed before ``completed_before`` (never one without a result); how many."""
         ...
 
-    async def save_preview(self, preview: PreviewRecord, *, max_pending: int | None = None) -> bool:
-        """Store a new (pending) preview, durable on return. With ``max_pending``: unless its principal (tenant
-        and id) already holds that many unexpired pending previews (``False``: nothing stored); concurrent saves
-        of one principal, in any process sharing the database, are counted one after the other."""
+    async def save_preview(self, preview: PreviewRecord, *, max_pending: int) -> bool:
+        """Store a new (pending) preview, durable on return, unless its principal (tenant and id) already holds
+        ``max_pending`` unexpired pending previews (``False``: nothing stored); concurrent saves of one principal,
+        in any process sharing the database, are counted one after the other."""
         ...
 
     async def get_preview(self, preview_id: str) -> PreviewRecord | None:

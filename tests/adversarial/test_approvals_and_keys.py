@@ -237,7 +237,7 @@ async def test_a_preview_stored_before_conversations_were_bound_needs_a_new_appr
     await world.store.save_preview(PreviewRecord(
         preview_id="legacy-preview", preview_hash=preview_hash(legacy), tenant="acme", principal_id="alice",
         tool="file_note", tool_version="1.0.0", call_json=json.dumps(legacy), policy_revision=call.policy_revision,
-        reason="needs approval", approver_roles=("approver",), created_at=now, expires_at=now + 900))
+        reason="needs approval", approver_roles=("approver",), created_at=now, expires_at=now + 900), max_pending=100)
     assert await world.store.decide_preview("legacy-preview", PreviewState.APPROVED, now=now, comment=None,
                                             decided_by=Principal(id="bob", roles=("approver",)).model_dump_json())
     before = tools.CREATED.value

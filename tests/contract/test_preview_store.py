@@ -19,6 +19,7 @@ from tests.contract import test_store_contract as contract
 from tests.contract.test_store_contract import AnyStore, Stores
 
 stores, store = contract.stores, contract.store  # the contract suite's fixtures: every backend
+CAP = 1000  # pending previews a principal may hold, more than any test here saves
 
 
 def preview(preview_id: str = "p-1", **fields: object) -> PreviewRecord:
@@ -33,13 +34,13 @@ def preview(preview_id: str = "p-1", **fields: object) -> PreviewRecord:
 
 async def test_saved_preview_reads_back_equal(store: AnyStore) -> None:
     saved = preview()
-    await store.save_preview(saved)
+    await store.save_preview(saved, max_pending=CAP)
     assert await store.get_preview("p-1") == saved
     assert await store.get_preview("p-unknown") is None
 
 
 async def test_approve_then_consume_once(store: AnyStore) -> None:
-    await store.save_preview(preview())
+    await store.save_preview(preview(), max_pending=CAP)
     assert not await store.consume_approval("p-1", now=time.time())  # pending: nothing to consume
     assert await store.decide_preview("p-1", PreviewState.APPROVED, decided_by='{"id":"boss"}', comment="ok",
                                       now=123.5)
@@ -53,7 +54,7 @@ async def test_approve_then_consume_once(store: AnyStore) -> None:
 
 
 async def test_a_used_approval_is_given_back_only_once_and_only_when_used(store: AnyStore) -> None:
-    await store.save_preview(preview())
+    await store.save_preview(preview(), max_pending=CAP)
     assert not await store.restore_approval("p-1")  # pending: nothing to give back
     assert await store.decide_preview("p-1", PreviewState.APPROVED, decided_by="b", comment=None, now=1.0)
     assert not await store.restore_approval("p-1")  # approved, not used
@@ -69,7 +70,7 @@ async def test_a_used_approval_is_given_back_only_once_and_only_when_used(store:
 
 
 async def test_a_decision_is_final(store: AnyStore) -> None:
-    await store.save_preview(preview())
+    await store.save_preview(preview(), max_pending=CAP)
     assert await store.decide_preview("p-1", PreviewState.DENIED, decided_by="b", comment="no", now=1.0)
     assert not await store.decide_preview("p-1", PreviewState.APPROVED, decided_by="c", comment=None, now=2.0)
     assert not await store.consume_approval("p-1", now=3.0)
@@ -84,7 +85,7 @@ async def test_unknown_preview_cannot_be_decided_or_consumed(store: AnyStore) ->
 
 async def test_previews_by_state_newest_first(store: AnyStore) -> None:
     for n in range(3):
-        await store.save_preview(preview(f"p-{n}", created_at=100.0 + n))
+        await store.save_preview(preview(f"p-{n}", created_at=100.0 + n), max_pending=CAP)
     await store.decide_preview("p-1", PreviewState.DENIED, decided_by="b", comment="no", now=1.0)
     assert [p.preview_id for p in await store.previews(PreviewQuery(PreviewState.PENDING, 100))] == ["p-2", "p-0"]
     assert [p.preview_id for p in await store.previews(PreviewQuery(PreviewState.PENDING, 1))] == ["p-2"]
@@ -93,7 +94,7 @@ async def test_previews_by_state_newest_first(store: AnyStore) -> None:
 
 async def test_concurrent_decisions_and_consumptions_have_one_winner(stores: Stores, store: AnyStore) -> None:
     second = await stores.open()  # another sidecar on the same database
-    await store.save_preview(preview())
+    await store.save_preview(preview(), max_pending=CAP)
     decided = await asyncio.gather(*(s.decide_preview("p-1", PreviewState.APPROVED, decided_by=f"b{i}", comment=None,
                                                       now=1.0) for i, s in enumerate([store, second] * 8)))
     assert Counter(decided) == {True: 1, False: 15}
@@ -124,7 +125,8 @@ async def test_a_listing_reads_one_tenant_within_its_bounds_after_a_cursor(store
     for n, (tenant, created, expires) in enumerate([("acme", 10.0, now + 60), ("evil", 11.0, now + 60),
                                                    ("acme", 12.0, now - 1), ("acme", 12.0, now + 60),
                                                    ("acme", 12.0, now + 90), ("acme", 13.0, now + 60)]):
-        await store.save_preview(preview(f"p-{n}", tenant=tenant, created_at=created, expires_at=expires))
+        await store.save_preview(preview(f"p-{n}", tenant=tenant, created_at=created, expires_at=expires),
+                                 max_pending=CAP)
     pending = PreviewQuery(PreviewState.PENDING, 10, tenant="acme", expires_after=now)
     assert [p.preview_id for p in await store.previews(pending)] == ["p-5", "p-4", "p-3", "p-0"]
     after = replace(pending, after=PreviewCursor(12.0, "p-4"), limit=1)  # ties of created_at: by id, descending
@@ -140,7 +142,7 @@ async def test_a_listing_reads_only_the_tool_and_requester_it_names(store: AnySt
     for n, (tenant, principal_id, tool) in enumerate([("acme", "dev-1", "file_note"), ("acme", "ops (eu)", "file_note"),
                                                      ("acme", "ops (eu)", "send_email"), ("evil", "ops (eu)", "x")]):
         await store.save_preview(preview(f"p-{n}", tenant=tenant, principal_id=principal_id, created_at=10.0 + n,
-                                         tool=tool))
+                                         tool=tool), max_pending=CAP)
     pending = PreviewQuery(PreviewState.PENDING, 10, tenant="acme", expires_after=now)
     assert [p.preview_id for p in await store.previews(replace(pending, tool="file_note"))] == ["p-1", "p-0"]
     assert [p.preview_id for p in await store.previews(replace(pending, principal_id="ops (eu)"))] == ["p-2", "p-1"]
@@ -153,7 +155,7 @@ async def test_a_listing_reads_only_the_tool_and_requester_it_names(store: AnySt
 
 async def test_a_principal_holds_at_most_max_pending_unexpired_previews(store: AnyStore) -> None:
     now = time.time()
-    await store.save_preview(preview("p-old", expires_at=now - 1))  # expired: not counted
+    await store.save_preview(preview("p-old", expires_at=now - 1), max_pending=CAP)  # expired: not counted
     saved = await asyncio.gather(*(store.save_preview(preview(f"p-{n}"), max_pending=3) for n in range(8)))
     assert Counter(saved) == {True: 3, False: 5}
     assert await store.save_preview(preview("p-other", principal_id="dev-2"), max_pending=3)

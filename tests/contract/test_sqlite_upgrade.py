@@ -96,7 +96,7 @@ async def test_an_unversioned_file_is_upgraded_keeping_every_record(tmp_path: Pa
         assert await store.claim(fresh, "hash-a", "r-fresh", deadline_at=time.time() + 60) == Claim()
         await store.complete(fresh, SUCCESS, request_id="r-fresh")
         assert (await store.operation(fresh)).state is OperationState.COMPLETED  # type: ignore[union-attr]
-        await store.save_preview(preview("p-new"))
+        assert await store.save_preview(preview("p-new"), max_pending=100)
         assert await store.decide_preview("p-new", PreviewState.APPROVED, decided_by="{}", comment=None, now=1.0)
         assert await store.consume_approval("p-new", now=2.0, key="fresh")
         await store.record_audit(event(6))

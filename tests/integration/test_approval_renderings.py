@@ -137,7 +137,7 @@ async def test_an_approval_stored_without_the_tools_rendering_needs_a_new_one(wo
         preview_id="unrendered", preview_hash=preview_hash(canonical), tenant="acme", principal_id="alice",
         tool="send_email", tool_version="1.0.0", call_json=canonical_json(canonical),
         policy_revision=call.policy_revision, reason="r", approver_roles=("approver",), created_at=now,
-        expires_at=now + 900))
+        expires_at=now + 900), max_pending=100)
     assert await world.store.decide_preview("unrendered", PreviewState.APPROVED, now=now, comment=None,
                                             decided_by=Principal(id="bob", roles=("approver",)).model_dump_json())
     before = len(SENT)

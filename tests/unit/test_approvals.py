@@ -149,7 +149,7 @@ async def _check(tmp_path: Path, record: PreviewRecord, call: CallToApprove) -> 
     """What checking ``call`` against the stored ``record`` says, for a retry with the key that used it."""
     store = await SqliteStore.open(tmp_path / "store.db")
     try:
-        await store.save_preview(record)
+        await store.save_preview(record, max_pending=MAX_PENDING)
         refusal = await Approvals(store, None, max_pending=MAX_PENDING).check("p-1", call, Decision(), key="k-1")  # type: ignore[arg-type]
     finally:
         await store.aclose()
