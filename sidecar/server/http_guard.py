@@ -4,9 +4,10 @@ whose server has no such bounds (metrics, aiohttp).
 ``check_descriptors`` (run once before anything opens, by ``sidecar.cli.preflight``) refuses to start when
 the caps of the listeners that are on (``mcp``, ``approvals_ui``, ``metrics``: their ``http.max_connections``)
 could together take more than half of the process's file descriptors (``RLIMIT_NOFILE``): the rest is left
-to gRPC, the store, the policy and the logs. ``refuse`` answers a connection past a cap ``503`` and closes
-it at once; ``TOO_SLOW`` (``408``) is written to one whose request head came too late. Their records, and
-asyncio's accept errors, are rate-limited (``sidecar.telemetry.repeats``).
+to gRPC, the store, the policy and the logs. What both guards share: ``refused`` answers a connection past
+a cap ``503`` and closes it at once; a ``Deadline`` runs until a request (or its head) arrives, and
+``expire`` closes a connection whose request came too late (``408`` first when no answer may be under
+way). Their records, and asyncio's accept errors, are rate-limited (``sidecar.telemetry.repeats``).
 
 aiohttp holds any number of connections and closes one whose request has not arrived only at its keep-alive
 timer (an hour by default; in recent releases from the connection, in older ones only after a response),
@@ -30,7 +31,7 @@ from sidecar.config import Settings
 from sidecar.config.http import HttpConnectionSettings
 from sidecar.telemetry.repeats import limit_repeats
 
-__all__ = ["TOO_SLOW", "check_descriptors", "guarded", "limit_flood_records", "refuse"]
+__all__ = ["Deadline", "check_descriptors", "expire", "guarded", "limit_flood_records", "refused"]
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +65,53 @@ def _answer(status: http.HTTPStatus) -> bytes:
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
 
 
-_BUSY, TOO_SLOW = _answer(http.HTTPStatus.SERVICE_UNAVAILABLE), _answer(http.HTTPStatus.REQUEST_TIMEOUT)
+_BUSY, _TOO_SLOW = _answer(http.HTTPStatus.SERVICE_UNAVAILABLE), _answer(http.HTTPStatus.REQUEST_TIMEOUT)
 
 
-def refuse(transport: asyncio.BaseTransport, listener: str, held: int) -> None:
-    """Answer a connection past ``listener``'s cap (it holds ``held``) ``503`` and close it."""
+def refused(transport: asyncio.BaseTransport, listener: str, held: int, cap: int) -> bool:
+    """Whether a new connection is past ``listener``'s ``cap`` (it holds ``held``): then it is answered ``503``
+    and closed."""
+    if held < cap:
+        return False
     assert isinstance(transport, asyncio.WriteTransport)
     transport.write(_BUSY)
     transport.close()
     log.warning("%s: refused a connection: %d are open (%s.http.max_connections)", listener, held, listener)
+    return True
+
+
+def expire(transport: asyncio.WriteTransport, listener: str, *, answering: bool) -> None:
+    """Close a connection whose request did not arrive in time, with a ``408`` unless an answer may be under way
+    (``answering``); nothing when it is closing already."""
+    if transport.is_closing():
+        return
+    if not answering:
+        transport.write(_TOO_SLOW)
+    log.debug("%s: closed a connection whose request did not arrive in time", listener)
+    transport.close()
+
+
+class Deadline:
+    """A connection's one pending deadline (``when``, on the loop's clock), calling ``fire`` when it passes."""
+
+    def __init__(self, fire: Callable[[], None]) -> None:
+        self._fire = fire
+        self._handle: asyncio.TimerHandle | None = None
+        self.when: float | None = None  # None: none is armed
+
+    def arm(self, when: float) -> None:
+        """Replace the deadline with one at ``when``."""
+        self.stop()
+        self.when, self._handle = when, asyncio.get_running_loop().call_at(when, self._passed)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self.when = None
+
+    def _passed(self) -> None:
+        self._handle = self.when = None
+        self._fire()
 
 
 def guarded(factory: Callable[[], asyncio.BaseProtocol], listener: str,
@@ -91,13 +130,12 @@ class _Guarded(asyncio.Protocol):
         self._factory, self._listener, self._settings, self._held = factory, listener, settings, held
         self._inner: asyncio.Protocol | None = None
         self._transport: asyncio.WriteTransport | None = None
-        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline = Deadline(self._expire)
         self._tail = b""  # the last bytes of a head being received (its blank line may straddle two reads)
         self._served = False  # a whole head arrived before
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if len(self._held) >= self._settings.max_connections:
-            refuse(transport, self._listener, len(self._held))
+        if refused(transport, self._listener, len(self._held), self._settings.max_connections):
             return
         assert isinstance(transport, asyncio.WriteTransport)
         inner = self._factory()
@@ -128,7 +166,7 @@ class _Guarded(asyncio.Protocol):
         if self._inner is None:
             return
         self._held.discard(self)
-        self._stop()
+        self._deadline.stop()
         self._inner.connection_lost(exc)
 
     def _watch(self, data: bytes) -> None:
@@ -137,31 +175,19 @@ class _Guarded(asyncio.Protocol):
         end = seen.rfind(_HEAD_END)
         if end < 0:
             self._tail = seen[-len(_HEAD_END) + 1:]
-            if self._deadline is None:
+            if self._deadline.when is None:
                 self._arm()
             return
         self._served, rest = True, seen[end + len(_HEAD_END):]
-        self._stop()
+        self._deadline.stop()
         self._tail = rest[-len(_HEAD_END) + 1:]
         if rest:
             self._arm()
 
     def _arm(self) -> None:
-        loop = asyncio.get_running_loop()
         bound = min(self._settings.header_timeout_seconds, self._settings.idle_timeout_seconds)
-        self._deadline = loop.call_later(bound, self._expire)
-
-    def _stop(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        self._deadline.arm(asyncio.get_running_loop().time() + bound)
 
     def _expire(self) -> None:
-        self._deadline = None
         assert self._transport is not None
-        if self._transport.is_closing():
-            return
-        if not self._served:  # nothing was answered yet, so no answer is under way
-            self._transport.write(TOO_SLOW)
-        log.debug("%s: closed a connection whose request head did not arrive in time", self._listener)
-        self._transport.close()
+        expire(self._transport, self._listener, answering=self._served)

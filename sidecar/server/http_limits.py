@@ -25,7 +25,6 @@ connection, uvicorn's warnings and asyncio's accept errors are rate-limited (``s
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -36,11 +35,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sidecar.config import Settings
 from sidecar.config.http import HttpListenerSettings
-from sidecar.server.http_guard import TOO_SLOW, limit_flood_records, refuse
+from sidecar.server.http_guard import Deadline, expire, limit_flood_records, refused
 
 __all__ = ["HttpLimits", "bounded_server", "listener_limits"]
-
-log = logging.getLogger(__name__)
 
 Listener = Literal["mcp", "approvals_ui"]
 
@@ -63,7 +60,7 @@ def listener_limits(settings: Settings, listener: Listener) -> HttpLimits:
 def bounded_server(app: ASGIApp, limits: HttpLimits, *, close_seconds: int) -> uvicorn.Server:
     """A uvicorn server of ``app`` within ``limits`` (lifespan off, no access log, no ``Server`` header); a
     graceful shutdown gives open connections ``close_seconds``."""
-    limit_flood_records("uvicorn.error", __name__)
+    limit_flood_records("uvicorn.error")
     class Bounded(_BoundedH11):
         """``_BoundedH11`` within this listener's limits."""
 
@@ -84,20 +81,21 @@ class _BoundedH11(H11Protocol):
     limits: ClassVar[HttpLimits]
     _refused = False
     _began: float | None = None  # when the request being received began to arrive
-    _deadline: asyncio.TimerHandle | None = None
+    _deadline: Deadline
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.limits.settings.max_connections:
+        settings = self.limits.settings
+        if refused(transport, self.limits.listener, len(self.connections), settings.max_connections):
             self._refused = True
-            refuse(transport, self.limits.listener, len(self.connections))
             return
         super().connection_made(transport)
+        self._deadline = Deadline(self._expire)
         self._track()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
             return
-        self._stop_deadline()
+        self._deadline.stop()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -109,32 +107,23 @@ class _BoundedH11(H11Protocol):
         self._track()
 
     def _track(self) -> None:
-        """Arm the deadline of the request arriving now (its head, or its body); none while none is."""
-        self._stop_deadline()
-        if self.transport.is_closing():
-            return
+        """Keep the deadline of the request arriving now (its head, or its body); none while none is."""
         state, settings = self.conn.their_state, self.limits.settings
-        if state is h11.IDLE and self.timeout_keep_alive_task is None:  # not idle between requests: a head is due
+        if self.transport.is_closing():
+            bound = None
+        elif state is h11.IDLE and self.timeout_keep_alive_task is None:  # not idle between requests: a head is due
             bound = settings.header_timeout_seconds
         elif state is h11.SEND_BODY:
             bound = settings.request_timeout_seconds
         else:
+            bound = None
+        if bound is None:
             self._began = None
+            self._deadline.stop()
             return
         if self._began is None:
             self._began = self.loop.time()
-        self._deadline = self.loop.call_at(self._began + bound, self._expire)
-
-    def _stop_deadline(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        self._deadline.arm(self._began + bound)
 
     def _expire(self) -> None:
-        self._deadline = None
-        if self.transport.is_closing():
-            return
-        if self.conn.their_state is h11.IDLE:  # no request arrived, so no answer began
-            self.transport.write(TOO_SLOW)
-        log.debug("%s: closed a connection whose request did not arrive in time", self.limits.listener)
-        self.transport.close()
+        expire(self.transport, self.limits.listener, answering=self.conn.their_state is not h11.IDLE)
