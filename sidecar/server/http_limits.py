@@ -123,7 +123,8 @@ class _BoundedH11(H11Protocol):
             return
         if self._began is None:
             self._began = self.loop.time()
-        self._deadline.arm(self._began + bound)
+        if self._deadline.when != self._began + bound:  # armed once per phase, not once per read
+            self._deadline.arm(self._began + bound)
 
     def _expire(self) -> None:
         expire(self.transport, self.limits.listener, answering=self.conn.their_state is not h11.IDLE)
