@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from sidecar.cli.common import (
@@ -33,11 +34,10 @@ from sidecar.server.roles import MAX_LIST_LIMIT
 if TYPE_CHECKING:
     from sidecar.client import Client
 
-__all__ = ["LISTED", "SEARCHED", "add_commands", "cmd_approve", "cmd_deny", "cmd_previews_list", "describe",
-           "previews_table"]
+__all__ = ["add_commands", "cmd_approve", "cmd_deny", "cmd_previews_list", "describe", "previews_table"]
 
-LISTED = 1000  # pending previews ``previews list`` shows unless told otherwise
-SEARCHED = 100_000  # pending previews ``approve`` without ``--hash`` reads, at most, looking for the one to approve
+_LISTED = 1000  # pending previews ``previews list`` shows unless told otherwise
+_SEARCHED = 100_000  # pending previews ``approve`` without ``--hash`` reads, at most, looking for the one to approve
 
 
 def add_commands(commands: Subparsers) -> None:
@@ -45,8 +45,8 @@ def add_commands(commands: Subparsers) -> None:
     previews = commands.add_parser("previews", help="calls waiting for approval")
     actions = previews.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="pending previews you may approve (operators: all)")
-    listing.add_argument("--limit", type=_positive, default=LISTED, metavar="N",
-                         help=f"at most N, newest first, read a page at a time (default: {LISTED})")
+    listing.add_argument("--limit", type=_positive, default=_LISTED, metavar="N",
+                         help=f"at most N, newest first, read a page at a time (default: {_LISTED})")
     listing.add_argument("--page-token", default="", metavar="T",
                          help="start after this page token (the one a listing cut short printed)")
     listing.add_argument("-l", "--long", action="store_true",
@@ -130,17 +130,23 @@ def describe(preview: Preview) -> str:
     return visible("\n".join(lines))
 
 
-def _read(client: Client, limit: int, page_token: str = "", *, looking_for: str | None = None,
-          ) -> tuple[list[Preview], str]:
-    """Up to ``limit`` pending previews, newest first, after ``page_token``, page after page (stopping early at
-    ``looking_for``, a preview id); and the token after the last one read when more are pending."""
-    previews: list[Preview] = []
-    while len(previews) < limit:
-        page, page_token = client.previews_page(limit=min(limit - len(previews), MAX_LIST_LIMIT), page_token=page_token)
-        previews += page
-        if not page_token or any(p.preview_id == looking_for for p in page):
-            return previews, ""
-    return previews, page_token
+def _pages(client: Client, limit: int, page_token: str = "") -> Iterator[tuple[list[Preview], str]]:
+    """The pending previews, newest first, after ``page_token``, a page at a time, up to ``limit`` in all: each
+    page with the token after it (``""`` after the last)."""
+    read = 0
+    while read < limit:
+        page, page_token = client.previews_page(limit=min(limit - read, MAX_LIST_LIMIT), page_token=page_token)
+        yield page, page_token
+        if not page_token:
+            return
+        read += len(page)
+
+
+def _read(client: Client, limit: int, page_token: str = "") -> tuple[list[Preview], str]:
+    """Up to ``limit`` (at least 1) pending previews, newest first, after ``page_token``; and the token after the
+    last one read when more are pending."""
+    pages = list(_pages(client, limit, page_token))
+    return [preview for page, _ in pages for preview in page], pages[-1][1]
 
 
 def _positive(text: str) -> int:
@@ -150,8 +156,8 @@ def _positive(text: str) -> int:
 
 
 def _listed(args: argparse.Namespace) -> Preview:
-    previews, _ = with_client(args, lambda client: _read(client, SEARCHED, looking_for=args.preview_id))
-    found = next((p for p in previews if p.preview_id == args.preview_id), None)
+    found = with_client(args, lambda client: next((p for page, _ in _pages(client, _SEARCHED) for p in page
+                                                   if p.preview_id == args.preview_id), None))
     if found is None:
         raise CommandError(f"preview {args.preview_id!r} is not among the pending previews you may approve; "
                            "check the id, or pass --hash", EXIT_TOOL_ERROR)
