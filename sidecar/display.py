@@ -28,19 +28,22 @@ _KEPT = frozenset("\n\t ")
 _CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp", "Cn", "Co", "Cs"})
 _BRACKETS = frozenset([0x27E6, 0x27E7])  # the marks' brackets, marked so that a text cannot spell a mark
 _BLANK = frozenset([0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x3164, 0xFFA0,
-                    *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0), *range(0x180B, 0x1810), *_BRACKETS])
+                    *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0), *range(0x180B, 0x1810)])
 
 
 def is_marked(char: str) -> bool:
     """Whether ``char`` (one character) is shown as its mark rather than as itself."""
-    if char in _KEPT:
-        return False
-    return ord(char) in _BLANK or unicodedata.category(char) in _CATEGORIES
+    return _hidden(char) or ord(char) in _BRACKETS
 
 
 def is_blank(text: str) -> bool:
     """Whether ``text`` shows nothing: only spaces and characters marked for being invisible (``"\u200b"``)."""
-    return all(char.isspace() or (is_marked(char) and ord(char) not in _BRACKETS) for char in text)
+    return all(char.isspace() or _hidden(char) for char in text)
+
+
+def _hidden(char: str) -> bool:
+    """Whether ``char`` shows as nothing, or not as itself: marked for that (the brackets are marked besides)."""
+    return char not in _KEPT and (ord(char) in _BLANK or unicodedata.category(char) in _CATEGORIES)
 
 
 def segments(text: str) -> Iterator[tuple[str, bool]]:
