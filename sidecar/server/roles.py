@@ -51,10 +51,11 @@ class Approvers:
 
     def __init__(self, operators: Operators, roles: Iterable[str]) -> None:
         self._operators, self.roles = operators, tuple(roles)
+        self._roles = frozenset(self.roles)
 
     def includes(self, principal: Principal) -> bool:
         """Whether ``principal`` is an approver (or an operator)."""
-        return self._operators.includes(principal) or not frozenset(self.roles).isdisjoint(principal.roles)
+        return self._operators.includes(principal) or not self._roles.isdisjoint(principal.roles)
 
 
 class StatusProvider(Protocol):
