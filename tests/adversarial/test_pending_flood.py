@@ -224,6 +224,7 @@ async def test_the_cli_follows_the_pages(world: World, capsys: pytest.CaptureFix
     cut_short = [p["preview_id"] for p in json.loads(out)]
     assert code == 0 and cut_short == list(reversed(seeded))[:1200]
     token = err.rpartition("--page-token ")[2].strip()
+    assert err == f"more previews are pending: list them with --page-token {token}\n"
     code, out, _ = await toolbooth("previews", "list", "--page-token", token)
     assert code == 0 and [p["preview_id"] for p in json.loads(out)] == [*list(reversed(seeded))[1200:],
                                                                        mine.preview_id]

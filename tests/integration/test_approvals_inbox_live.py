@@ -60,10 +60,12 @@ def rounds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class Stream:
-    """One open ``/inbox/events`` stream of a browser, read in the background: its events and heartbeats."""
+    """One open ``/inbox/events`` stream of a browser, read in the background: its events and heartbeats, and
+    its body as text."""
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self.response, self.events, self.heartbeats, self.ended = response, list[tuple[str, str]](), 0, False
+        self.body = ""
         self._task = asyncio.create_task(self._read())
 
     @classmethod
@@ -88,6 +90,7 @@ class Stream:
         event = ""
         with contextlib.suppress(aiohttp.ClientPayloadError):
             async for raw in self.response.content:
+                self.body += raw.decode()
                 line = raw.decode().rstrip("\n")
                 if line.startswith(": "):
                     self.heartbeats += 1
@@ -226,6 +229,8 @@ async def test_a_stream_past_the_cap_of_all_is_refused_with_retry_after(world: W
             async with Stream.of(erin) as refused:
                 assert refused.response.status == 503
                 assert refused.response.headers["Retry-After"] == str(live.RETRY_AFTER_SECONDS)
+                await until(lambda: refused.ended, what="the refusal read")
+                assert refused.body == "The inbox holds as many live pages as it may; this page reloads on its own."
             assert (await erin.get("/inbox")).status == 200  # her pages still load; only live updates wait
             bobs_newer = await held.enter_async_context(Stream.of(bob))  # bob's newer page takes his own place
             await until(lambda: bobs.ended, what="bob's older stream superseded")
