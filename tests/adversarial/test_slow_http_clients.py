@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,6 +232,66 @@ async def test_a_late_first_head_on_metrics_is_answered_408_even_past_the_idle_t
         written, after = await (await Slow.open(parts.port)).answer()
         assert written.partition(b"\r\n")[0] == b"HTTP/1.1 408 Request Timeout", written
         assert after < 1 + SLACK
+    finally:
+        await endpoint.stop()
+
+
+BOUNDS = {"header_timeout_seconds": 0.5, "request_timeout_seconds": 1.0, "idle_timeout_seconds": 30}
+
+
+async def test_a_body_slower_than_the_request_timeout_is_closed(make_settings: Callable[..., Settings]) -> None:
+    endpoint = McpEndpoint.open(make_settings(mcp={"listen": "127.0.0.1:0", "http": BOUNDS}), FakeGateway())
+    await endpoint.start()
+    parts = urlsplit(endpoint.url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        body = json.dumps(INIT).encode()
+        head = (f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAccept: {ACCEPT['Accept']}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        began = time.monotonic()
+        writer.write(head + body[:10])  # the whole head, within its timeout, and the body's first bytes only
+        async with asyncio.timeout(BOUNDS["request_timeout_seconds"] + SLACK):
+            assert await reader.read() == b""  # a request arrived: closed without an answer
+        assert time.monotonic() - began >= BOUNDS["request_timeout_seconds"]  # not at the head's timeout
+    finally:
+        writer.close()
+        await endpoint.stop()
+
+
+@pytest.mark.parametrize("listener", ["mcp", "approvals_ui"])
+async def test_a_late_second_head_on_a_kept_alive_connection_is_answered_408(
+        listener: str, tmp_path: Path, make_settings: Callable[..., Settings],
+        make_token: Callable[..., str]) -> None:
+    settings = make_settings(**{listener: {"listen": "127.0.0.1:0", "http": BOUNDS}})
+    async with _serving(listener, settings, make_token, tmp_path) as url:
+        parts = urlsplit(url)
+        head = f"GET /missing HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode()
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        try:
+            writer.write(head)
+            assert (await _response(reader)).startswith(b"HTTP/1.1 404 ")
+            began = time.monotonic()
+            writer.write(head[:-2])  # the next head, but for its blank line
+            async with asyncio.timeout(BOUNDS["header_timeout_seconds"] + SLACK):
+                answer = await reader.read()
+            assert answer.partition(b"\r\n")[0] == b"HTTP/1.1 408 Request Timeout", answer
+            assert time.monotonic() - began >= BOUNDS["header_timeout_seconds"]  # from its first byte
+        finally:
+            writer.close()
+
+
+@asynccontextmanager
+async def _serving(listener: str, settings: Settings, make_token: Callable[..., str],
+                   root: Path) -> AsyncIterator[str]:
+    """The URL of ``listener`` (``mcp`` or ``approvals_ui``) served within ``settings``."""
+    if listener == "approvals_ui":
+        async with served_inbox(settings, make_token, root) as world:
+            yield world.inbox.url
+        return
+    endpoint = McpEndpoint.open(settings, FakeGateway())
+    await endpoint.start()
+    try:
+        yield endpoint.url
     finally:
         await endpoint.stop()
 
