@@ -14,11 +14,10 @@ and ``check`` hands the stored rendering to the call (``Approved.rendering``), f
 exactly it. A stored preview whose content no longer hashes to its hash (changed after it was stored)
 is neither approved nor executed.
 
-Listings (``pending``, ``expired``, ``decided``) read one tenant's previews, the caller's (operators: every
-tenant's), filtered in the store, newest first, a page at a time (``sidecar.pipeline.preview_pages``); the
-approver rule then decides within each page. A principal holds at most ``max_pending`` unexpired pending
-previews: past it, a call that needs approval is refused (``RATE_LIMITED``) and stores nothing, so that no one
-fills the approvers' lists.
+Listings (``pending``, ``expired``, ``decided``) read the caller's tenant (operators: every tenant), filtered
+in the store, newest first, a page at a time (``preview_pages``); the approver rule decides within each page.
+A principal holds at most ``max_pending`` unexpired pending previews: past it, a call that needs approval is
+refused (``RATE_LIMITED``) and stores nothing, so that no one fills the approvers' lists.
 """
 
 from __future__ import annotations
@@ -27,16 +26,25 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
 
-from sidecar.canonical import canonical_json, hash_matches, sha256_hex
+from sidecar.canonical import canonical_json
 from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview, PreviewState, Principal
 from sidecar.display import is_blank
 from sidecar.errors import CallRefused, DependencyError, refusal
 from sidecar.metrics import Metrics
 from sidecar.pipeline.approval_audit import calls_with, decision_event
+from sidecar.pipeline.approval_calls import (
+    CHANGED,
+    Approved,
+    CallToApprove,
+    Refusal,
+    approval_error,
+    mismatch,
+    preview_hash,
+    unusable,
+)
 from sidecar.pipeline.fields import malformed_field
 from sidecar.pipeline.preview_pages import PreviewPage, page_token, read_token
 from sidecar.pipeline.preview_records import cursor_of, same_principal, stored_call, to_preview
@@ -60,53 +68,6 @@ DEFAULT_PREVIEW_TTL_SECONDS = 15 * 60
 DEFAULT_APPROVER_ROLES = ("approver",)
 READ_PER_PAGE = 2000  # previews a page reads at most (each the approver rule decides), then it ends early
 READ_BATCH = 200  # previews a page reads from the store at once, at least (the approver rule may keep few)
-
-
-@dataclass(frozen=True, slots=True)
-class CallToApprove:
-    """What an approval is bound to: one validated call by one principal under one policy revision, and,
-    for a tool that renders its calls, ``render``: its rendering of this one (``CallRefused`` if it fails)."""
-
-    principal: Principal
-    tool: str
-    version: str
-    arguments: dict[str, Any]  # validated, as JSON data
-    policy_revision: str
-    conversation_id: str | None = None
-    render: Callable[[], Awaitable[dict[str, Any]]] | None = None
-
-    def canonical(self, policy_revision: str | None = None, *, bound: bool = True,
-                  rendering: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The canonical call (with another ``policy_revision`` to compare with an older preview; not
-        ``bound`` to its conversation to compare with a preview stored before previews were; with the
-        tool's ``rendering`` of it, if any)."""
-        canonical: dict[str, Any] = {
-            "tool": self.tool, "version": self.version, "arguments": self.arguments,
-            "principal": {"id": self.principal.id, "tenant": self.principal.tenant},
-            "policy_revision": self.policy_revision if policy_revision is None else policy_revision}
-        if bound:
-            canonical["conversation_id"] = self.conversation_id
-        return canonical if rendering is None else {**canonical, "rendering": rendering}
-
-
-def preview_hash(canonical: dict[str, Any]) -> str:
-    """``sha256:`` + hex over the canonical JSON of a canonical call: equal for any key order."""
-    return sha256_hex(canonical)
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """Why an approved call may not run; ``preview`` is the one to approve (with ``APPROVAL_REQUIRED``)."""
-
-    error: ErrorInfo
-    preview: Preview | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Approved:
-    """An approval that lets its call go on; ``rendering``: the tool's rendering the approver approved."""
-
-    rendering: dict[str, Any] | None = None
 
 
 class Approvals:
@@ -239,9 +200,10 @@ class Approvals:
         except DependencyError as exc:  # fail closed: refuse, nothing changes
             return Refusal(_failure(exc, f"consuming approval {approval_id}"))
         if record is not None and key is not None and record.used_key == key:
-            return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval was already used by the call with "
-                                  "this idempotency key, whose stored result has expired; it does not run again"))
-        return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval was already used"))
+            return Refusal(approval_error(ErrorCode.PERMISSION_DENIED, "this approval was already used by the call "
+                                          "with this idempotency key, whose stored result has expired; it does not "
+                                          "run again"))
+        return Refusal(approval_error(ErrorCode.PERMISSION_DENIED, "this approval was already used"))
 
     async def restore(self, approval_id: str) -> None:
         """Give back the approval a call consumed and certainly had no effect with (it never ran, or its tool
@@ -256,16 +218,16 @@ class Approvals:
                      key: str | None) -> Refusal | Approved:
         record = await self.store.get_preview(approval_id)
         if record is None:
-            return Refusal(_error(ErrorCode.RESOURCE_NOT_FOUND, "there is no approval with this id"))
+            return Refusal(approval_error(ErrorCode.RESOURCE_NOT_FOUND, "there is no approval with this id"))
         stored = stored_call(record)
         if stored is None:
-            return Refusal(_error(ErrorCode.PERMISSION_DENIED, _CHANGED))
-        if refusal := _mismatch(record, stored, call):
+            return Refusal(approval_error(ErrorCode.PERMISSION_DENIED, CHANGED))
+        if refusal := mismatch(record, stored, call):
             return refusal
         approved = Approved(stored.get("rendering"))
         if record.state is PreviewState.USED and key is not None and record.used_key == key:
             return approved  # a retry of the call that used it: its idempotency record replays, never runs it twice
-        if refusal := _unusable(record):
+        if refusal := unusable(record):
             return refusal
         if "conversation_id" not in stored or (call.render is not None and approved.rendering is None):
             fresh = await self.open_preview(call, decision)
@@ -319,7 +281,7 @@ class Approvals:
             return _refused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, "preview_hash is not the hash of this preview",
                                          field="preview_hash"), record)
         if state is PreviewState.APPROVED and stored_call(record) is None:
-            return _refused(ErrorInfo.of(ErrorCode.PERMISSION_DENIED, _CHANGED, field="preview_id"))
+            return _refused(ErrorInfo.of(ErrorCode.PERMISSION_DENIED, CHANGED, field="preview_id"))
         decided_by = approver.model_dump_json()
         if not await self.store.decide_preview(preview_id, state, decided_by=decided_by, comment=comment or None,
                                                now=time.time()):
@@ -347,10 +309,6 @@ def _batch(limit: int) -> int:
 
 
 _DECIDED = (PreviewState.APPROVED, PreviewState.USED, PreviewState.DENIED)
-_CHANGED = ("the stored preview no longer matches its hash: it was changed after it was made, so it is neither "
-            "approved nor run; ask for a new approval")
-
-
 def _too_many_pending(max_pending: int) -> ErrorInfo:
     return ErrorInfo.of(ErrorCode.RATE_LIMITED, f"this principal already has {max_pending} calls waiting for a "
                         "person's approval, the most it may have; nothing was stored. Wait until an approver has "
@@ -358,43 +316,10 @@ def _too_many_pending(max_pending: int) -> ErrorInfo:
                         details={"max_pending_previews": max_pending})
 
 
-def _mismatch(record: PreviewRecord, stored: dict[str, Any], call: CallToApprove) -> Refusal | None:
-    """A refusal unless ``call`` is exactly the previewed call (under the preview's policy revision, with the
-    stored rendering)."""
-    if (record.tenant, record.principal_id) != call.principal.identity:
-        return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval is for another principal's call"))
-    bound = "conversation_id" in stored
-    canonical = call.canonical(record.policy_revision, bound=bound, rendering=stored.get("rendering"))
-    # A preview stored before previews were bound to a conversation was hashed before RFC 8785 too.
-    matches = hash_matches(canonical, record.preview_hash) if not bound else hmac.compare_digest(
-        preview_hash(canonical), record.preview_hash)
-    if not matches:
-        return Refusal(_error(ErrorCode.INVALID_ARGUMENT, "the call differs from the approved one (tool, version, "
-                              "arguments or conversation); send exactly the approved call"))
-    return None
-
-
-def _unusable(record: PreviewRecord) -> Refusal | None:
-    """A refusal unless ``record`` is an approved, unexpired, unused approval."""
-    if record.state is PreviewState.DENIED:
-        return Refusal(_error(ErrorCode.PERMISSION_DENIED, f"an approver denied this call: {record.comment}"))
-    if record.state is PreviewState.USED:
-        return Refusal(_error(ErrorCode.PERMISSION_DENIED, "this approval was already used"))
-    if record.expires_at <= time.time():
-        return Refusal(_error(ErrorCode.PREVIEW_EXPIRED, "the preview expired before the call ran"))
-    if record.state is PreviewState.PENDING:
-        return Refusal(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, "this call is not approved yet"), to_preview(record))
-    return None
-
-
 def _failure(exc: DependencyError, doing: str) -> ErrorInfo:
     """The typed error of a failing store or approver policy; the details go to the log only."""
     log.error("%s failed: %s", doing, exc)
     return refusal(exc, consequence="nothing was done")
-
-
-def _error(code: ErrorCode, message: str) -> ErrorInfo:
-    return ErrorInfo.of(code, message, field="approval_id")
 
 
 def _refused(error: ErrorInfo, record: PreviewRecord | None = None) -> ApprovalResult:
