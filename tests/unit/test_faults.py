@@ -1,0 +1,78 @@
+"""One classification of failures outside a call, whatever transport carries it: kind, public message, retryable."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sidecar import errors
+from sidecar.contract import ErrorCode, ErrorInfo
+from sidecar.errors import (
+    ArgumentError,
+    AuthenticationError,
+    BundleError,
+    BundleFetchError,
+    BundleFormatError,
+    BundleSignatureError,
+    CallRefused,
+    ConfigError,
+    DependencyError,
+    InvalidRequestError,
+    MalformedDecisionError,
+    PluginLoadError,
+    PolicyEvaluationError,
+    PolicyLoadError,
+    StoreRefusedError,
+    StoreUnavailableError,
+    ToolboothError,
+)
+from sidecar.faults import Fault, FaultKind, classify
+
+_SECRET = "db at 10.0.0.5 refused: password=hunter2"
+_REFUSED = ErrorInfo.of(ErrorCode.PERMISSION_DENIED, _SECRET)
+
+UNAVAILABLE = Fault(FaultKind.UNAVAILABLE, "service unavailable", retryable=True)
+NOT_WORTH_RETRYING = Fault(FaultKind.UNAVAILABLE, "service unavailable", retryable=False)
+INTERNAL = Fault(FaultKind.INTERNAL, "internal error", retryable=False)
+
+# Every exception of sidecar.errors, and what a caller is told when one ends a request outside a call.
+CASES: list[tuple[BaseException, Fault]] = [
+    (AuthenticationError("token expired"), Fault(FaultKind.UNAUTHENTICATED, "token expired", retryable=False)),
+    (InvalidRequestError("tool is required"), Fault(FaultKind.INVALID_REQUEST, "tool is required", retryable=False)),
+    (DependencyError(_SECRET), UNAVAILABLE),
+    (StoreUnavailableError(_SECRET), UNAVAILABLE),
+    (PolicyEvaluationError(_SECRET), UNAVAILABLE),
+    (StoreRefusedError(_SECRET), NOT_WORTH_RETRYING),
+    (MalformedDecisionError(_SECRET), NOT_WORTH_RETRYING),
+    (ToolboothError(_SECRET), INTERNAL),
+    (ConfigError(_SECRET), INTERNAL),
+    (PluginLoadError(_SECRET), INTERNAL),
+    (PolicyLoadError(_SECRET), INTERNAL),
+    (BundleError(_SECRET), INTERNAL),
+    (BundleFetchError(_SECRET), INTERNAL),
+    (BundleFormatError(_SECRET), INTERNAL),
+    (BundleSignatureError(_SECRET), INTERNAL),
+    (CallRefused(_REFUSED), INTERNAL),  # a stage's refusal is a result; raised this far, it is a bug
+    (ArgumentError([_REFUSED]), INTERNAL),
+    (ValueError(_SECRET), INTERNAL),
+    (KeyboardInterrupt(), INTERNAL),
+]
+
+
+@pytest.mark.parametrize(("exc", "fault"), CASES, ids=lambda case: type(case).__name__)
+def test_each_exception_has_one_fault_with_a_constant_message(exc: BaseException, fault: Fault) -> None:
+    assert classify(exc) == fault
+    assert "hunter2" not in classify(exc).message
+
+
+def test_every_exception_of_sidecar_errors_is_pinned() -> None:
+    declared = {value for name in errors.__all__ if isinstance(value := getattr(errors, name), type)}
+    assert declared == {type(exc) for exc, _ in CASES if type(exc).__module__ == errors.__name__}
+
+
+def test_a_fault_is_a_frozen_value() -> None:
+    fault = classify(AuthenticationError("token expired"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fault.kind = FaultKind.INTERNAL  # type: ignore[misc]
+    assert not hasattr(fault, "__dict__")
