@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
+import grpc
 import pytest
 
 from sidecar import errors
@@ -28,6 +30,7 @@ from sidecar.errors import (
     ToolboothError,
 )
 from sidecar.faults import Fault, FaultKind, classify
+from sidecar.server.interceptors.status import _GRPC_CODES, status_of
 
 _SECRET = "db at 10.0.0.5 refused: password=hunter2"
 _REFUSED = ErrorInfo.of(ErrorCode.PERMISSION_DENIED, _SECRET)
@@ -76,3 +79,19 @@ def test_a_fault_is_a_frozen_value() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         fault.kind = FaultKind.INTERNAL  # type: ignore[misc]
     assert not hasattr(fault, "__dict__")
+
+
+@pytest.mark.parametrize("table", [_GRPC_CODES], ids=["grpc"])
+def test_every_transport_has_a_code_for_every_kind(table: Mapping[FaultKind, object]) -> None:
+    assert set(table) == set(FaultKind)
+
+
+GRPC = {FaultKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED, FaultKind.INVALID_REQUEST:
+        grpc.StatusCode.INVALID_ARGUMENT, FaultKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+        FaultKind.INTERNAL: grpc.StatusCode.INTERNAL}
+RAISED = [(exc, fault) for exc, fault in CASES if isinstance(exc, Exception)]  # what a transport catches
+
+
+@pytest.mark.parametrize(("exc", "fault"), RAISED, ids=lambda case: type(case).__name__)
+def test_grpc_sends_the_status_of_the_kind_and_the_public_message(exc: Exception, fault: Fault) -> None:
+    assert status_of(exc) == (GRPC[fault.kind], fault.message)

@@ -1,13 +1,15 @@
 """``StatusInterceptor``: the one place an exception becomes a gRPC status.
 
-=========================  ==================  ==========================================
-exception                  status              details sent
-=========================  ==================  ==========================================
-``AuthenticationError``    UNAUTHENTICATED     its constant message (e.g. "token expired")
-``InvalidRequestError``    INVALID_ARGUMENT    its constant message (e.g. "tool is required")
-``DependencyError``        UNAVAILABLE         "service unavailable"
-anything else (a bug)      INTERNAL            "internal error"; the traceback goes to the log
-=========================  ==================  ==========================================
+What the caller is told is ``sidecar.faults.classify``'s; the status is its kind's:
+
+===============  ================  ======================================================
+``FaultKind``    status            e.g. (exception: details sent)
+===============  ================  ======================================================
+UNAUTHENTICATED  UNAUTHENTICATED   ``AuthenticationError``: "token expired"
+INVALID_REQUEST  INVALID_ARGUMENT  ``InvalidRequestError``: "tool is required"
+UNAVAILABLE      UNAVAILABLE       ``DependencyError``: "service unavailable"
+INTERNAL         INTERNAL          a bug: "internal error"; the traceback goes to the log
+===============  ================  ======================================================
 
 Denials, invalid arguments and failed tools are results, not exceptions, so they never get here.
 It is the outermost interceptor: whatever the inner ones (authentication) raise is mapped too.
@@ -22,28 +24,28 @@ from typing import TypeVar
 
 import grpc
 
-from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
+from sidecar.errors import InvalidRequestError
+from sidecar.faults import FaultKind, classify
 from sidecar.server.interceptors.unary import UNDECODABLE_DETAILS, Proceed, Rpc, UnaryInterceptor
 
-__all__ = ["INTERNAL_DETAILS", "UNAVAILABLE_DETAILS", "UNDECODABLE_DETAILS", "StatusInterceptor", "status_of"]
+__all__ = ["UNDECODABLE_DETAILS", "StatusInterceptor", "status_of"]
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-UNAVAILABLE_DETAILS = "service unavailable"
-INTERNAL_DETAILS = "internal error"
+_GRPC_CODES: dict[FaultKind, grpc.StatusCode] = {
+    FaultKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    FaultKind.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    FaultKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    FaultKind.INTERNAL: grpc.StatusCode.INTERNAL,
+}
 
 
 def status_of(exc: Exception) -> tuple[grpc.StatusCode, str]:
     """The status and details the caller gets for ``exc``; only constant messages are ever sent."""
-    if isinstance(exc, AuthenticationError):
-        return grpc.StatusCode.UNAUTHENTICATED, str(exc)
-    if isinstance(exc, InvalidRequestError):
-        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
-    if isinstance(exc, DependencyError):
-        return grpc.StatusCode.UNAVAILABLE, UNAVAILABLE_DETAILS
-    return grpc.StatusCode.INTERNAL, INTERNAL_DETAILS
+    fault = classify(exc)
+    return _GRPC_CODES[fault.kind], fault.message
 
 
 class StatusInterceptor(UnaryInterceptor):
