@@ -15,7 +15,9 @@ failed, and a tool may name a ``preview`` renderer whose rendering of a call its
 nothing globally; a plugin exposes its tools through the ``toolbooth.tools`` entry-point
 group (``docs/plugins.md``), naming a list of them or a ``Plugin(tools, settings=Model)``: the
 operator's ``plugins.config.<name>`` section, validated as ``Model`` at start-up, reaches each call
-as ``ctx.plugin_settings(Model)``; ``read_plugin_settings`` reads it for the plugin's own programs.
+as ``ctx.plugin_settings(Model)``; ``read_plugin_settings`` reads it for the plugin's own programs (a
+``ConfigError`` says what is wrong), and ``default_state_dir`` is where Toolbooth keeps its files by default.
+A plugin's own command-line program takes its flags, tables and progress from ``sidecar.plugin_cli``.
 
 This module is a promise to plugin authors: the names in ``__all__`` keep their meaning.
 (``sidecar.contract`` and ``sidecar.masking``, which older plugins import from, keep theirs too.)
@@ -23,7 +25,9 @@ This module is a promise to plugin authors: the names in ``__all__`` keep their 
 
 from __future__ import annotations
 
+from sidecar.config import default_state_dir
 from sidecar.contract import ErrorCode, Principal, Recovery, SideEffect
+from sidecar.errors import ConfigError
 from sidecar.tools.definition import RetryPolicy, ToolContext, ToolDefinition, ToolDefinitionError, tool
 from sidecar.tools.masking import SENSITIVE
 from sidecar.tools.outcomes import Partial, ToolError
@@ -31,6 +35,7 @@ from sidecar.tools.plugins import Plugin, PluginDefinitionError, read_plugin_set
 
 __all__ = [
     "SENSITIVE",
+    "ConfigError",
     "ErrorCode",
     "Partial",
     "Plugin",
@@ -43,6 +48,7 @@ __all__ = [
     "ToolDefinition",
     "ToolDefinitionError",
     "ToolError",
+    "default_state_dir",
     "read_plugin_settings",
     "tool",
 ]

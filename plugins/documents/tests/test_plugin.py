@@ -10,8 +10,7 @@ import pytest
 
 import toolbooth_documents
 from plugins.documents.tests.support import ENV_POSTGRES_DSN
-from sidecar.errors import ConfigError
-from sidecar.plugin import ErrorCode, SideEffect, ToolDefinition, read_plugin_settings
+from sidecar.plugin import ConfigError, ErrorCode, SideEffect, ToolDefinition, read_plugin_settings
 from toolbooth_documents import PLUGIN, TOOLS, read_document, search_documents
 from toolbooth_documents.models import (
     ReadDocumentInput,

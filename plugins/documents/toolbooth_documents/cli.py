@@ -8,9 +8,9 @@
 Every command works on the index the sidecar's tools use: ``plugins.config.documents`` of the sidecar's config
 file ``--config FILE`` and its ``TOOLBOOTH_*`` variables (``read_plugin_settings``), unless ``--db PATH`` or
 ``--postgres-dsn DSN`` names another. Exit codes: 0 done, 1 a file was skipped or the index failed, 2 bad usage
-or a configuration error. Like ``toolbooth``'s commands (``sidecar.cli.output``), each takes ``--output json``
+or a configuration error. Like ``toolbooth``'s commands (``sidecar.plugin_cli``), each takes ``--output json``
 (a JSON document on stdout; a failure is a JSON object on stderr), ``list`` prints a table that fits the
-terminal (``sidecar.cli.table``) and ``index`` shows its progress on a terminal's stderr (``--no-progress``).
+terminal and ``index`` shows its progress on a terminal's stderr (``--no-progress``).
 """
 
 from __future__ import annotations
@@ -27,11 +27,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sidecar.cli.output import Parser, UsageError, error_document, json_errors, json_output, output_flag, requested_json
-from sidecar.cli.progress import meter, progress_flag, progress_wanted
-from sidecar.cli.table import Column, render_table
-from sidecar.errors import ConfigError
-from sidecar.plugin import read_plugin_settings
+from sidecar.plugin import ConfigError, read_plugin_settings
+from sidecar.plugin_cli import (
+    Column,
+    Parser,
+    UsageError,
+    error_document,
+    json_errors,
+    json_output,
+    meter,
+    output_flag,
+    progress_flag,
+    progress_wanted,
+    render_table,
+    requested_json,
+)
 from toolbooth_documents.index import Index, open_index
 from toolbooth_documents.loader import load_directory
 from toolbooth_documents.records import DOCUMENT_ID_PATTERN, Change, IndexUnavailable, Listed, check_name, rfc3339

@@ -10,8 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from sidecar.errors import ConfigError
-from sidecar.plugin import ErrorCode, ToolError
+from sidecar.plugin import ConfigError, ErrorCode, ToolError
 from tests.support.postgres import PASSWORD, closed_port_dsn
 from tests.support.waiting import until
 from toolbooth_email import send_email_preview

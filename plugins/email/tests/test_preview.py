@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from sidecar.errors import ConfigError
-from sidecar.plugin import ErrorCode, Principal, SideEffect, ToolError, read_plugin_settings
+from sidecar.plugin import ConfigError, ErrorCode, Principal, SideEffect, ToolError, read_plugin_settings
 from toolbooth_email import PLUGIN, TOOLS, send_email, send_email_preview
 from toolbooth_email.access import content_hash
 from toolbooth_email.drafts import open_drafts

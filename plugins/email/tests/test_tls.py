@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.errors import ConfigError
-from sidecar.plugin import ErrorCode
+from sidecar.plugin import ConfigError, ErrorCode
 from tests.support.waiting import until
 from toolbooth_email.models import SendEmailOutput
 

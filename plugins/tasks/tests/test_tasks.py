@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from sidecar.errors import ConfigError
-from sidecar.plugin import ErrorCode, Principal, SideEffect, ToolContext, ToolError
+from sidecar.plugin import ConfigError, ErrorCode, Principal, SideEffect, ToolContext, ToolError
 from toolbooth_tasks import (
     PLUGIN,
     TOOLS,

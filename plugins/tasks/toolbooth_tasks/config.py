@@ -19,8 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from sidecar.config import default_state_dir
-from sidecar.plugin import ToolContext
+from sidecar.plugin import ToolContext, default_state_dir
 from toolbooth_tasks.directory import Directory, load_directory
 from toolbooth_tasks.store import PostgresTasks, SqliteTasks, TaskStore
 
