@@ -30,7 +30,7 @@ from sidecar.errors import (
     ToolboothError,
 )
 from sidecar.faults import Fault, FaultKind, classify
-from sidecar.server.interceptors.status import _GRPC_CODES, status_of
+from sidecar.server.interceptors.status import _GRPC_CODES, INTERNAL_DETAILS, UNAVAILABLE_DETAILS, status_of
 
 _SECRET = "db at 10.0.0.5 refused: password=hunter2"
 _REFUSED = ErrorInfo.of(ErrorCode.PERMISSION_DENIED, _SECRET)
@@ -95,3 +95,7 @@ RAISED = [(exc, fault) for exc, fault in CASES if isinstance(exc, Exception)]  #
 @pytest.mark.parametrize(("exc", "fault"), RAISED, ids=lambda case: type(case).__name__)
 def test_grpc_sends_the_status_of_the_kind_and_the_public_message(exc: Exception, fault: Fault) -> None:
     assert status_of(exc) == (GRPC[fault.kind], fault.message)
+
+
+def test_the_grpc_details_still_exported_are_the_public_messages() -> None:
+    assert (UNAVAILABLE_DETAILS, INTERNAL_DETAILS) == (UNAVAILABLE.message, INTERNAL.message)
