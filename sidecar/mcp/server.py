@@ -13,8 +13,10 @@ audited like ``ExecuteTool``:
   ``sidecar.mcp.results.call_result``. A hidden tool and an unknown one get the same result.
 
 What fails outside a call maps to a JSON-RPC error (``protocol_error``), as it maps to a gRPC status
-there: a broken request is ``INVALID_PARAMS`` with its message, a failed dependency (the policy
-engine during a listing) ``INTERNAL_ERROR`` "service unavailable", a refused token "unauthenticated: …".
+there, from its ``sidecar.faults`` kind and public message: a broken request is ``INVALID_PARAMS`` with its
+message, a failed dependency (the policy engine during a listing) ``INTERNAL_ERROR`` "service unavailable",
+a refused token ``INVALID_REQUEST`` "unauthenticated: …", a bug ``INTERNAL_ERROR`` "internal error" (its
+traceback logged).
 
 Progress: a ``tools/call`` whose ``_meta`` carries a ``progressToken`` is executed with a progress
 sender (``Tools.execute(..., progress=)``): the handler's ``ctx.report_progress`` reports, rate-limited
@@ -27,6 +29,7 @@ one, and this server sends nothing about it but its response.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
@@ -39,15 +42,23 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from sidecar import __version__
 from sidecar.api.schemas import mcp_tool
 from sidecar.contract import CallRequest, Progress, ToolListing, ToolResult
-from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
+from sidecar.faults import FaultKind, classify
 from sidecar.mcp.meta import call_request, conversation_id
 from sidecar.mcp.results import call_result
 
-__all__ = ["SERVER_NAME", "UNAVAILABLE", "Context", "SendProgress", "Tools", "ToolsFor", "build_server",
-           "protocol_error"]
+__all__ = ["SERVER_NAME", "Context", "SendProgress", "Tools", "ToolsFor", "build_server", "protocol_error"]
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "toolbooth"
-UNAVAILABLE = "service unavailable"
+
+# The JSON-RPC error code of each kind of fault, and how its public message is worded.
+_MCP_ERRORS: dict[FaultKind, tuple[int, str]] = {
+    FaultKind.UNAUTHENTICATED: (types.INVALID_REQUEST, "unauthenticated: {}"),
+    FaultKind.INVALID_REQUEST: (types.INVALID_PARAMS, "{}"),
+    FaultKind.UNAVAILABLE: (types.INTERNAL_ERROR, "{}"),
+    FaultKind.INTERNAL: (types.INTERNAL_ERROR, "{}"),
+}
 
 Context = ServerRequestContext[Any, Any]
 SendProgress = Callable[[Progress], Awaitable[None]]
@@ -102,14 +113,14 @@ def _progress_sender(ctx: Context) -> SendProgress | None:
 def _protocol_errors() -> Iterator[None]:
     try:
         yield
-    except (AuthenticationError, InvalidRequestError, DependencyError) as exc:
+    except Exception as exc:
         raise protocol_error(exc) from exc
 
 
-def protocol_error(exc: AuthenticationError | InvalidRequestError | DependencyError) -> MCPError:
-    """The JSON-RPC error for a failure outside a call's result; only constant messages are sent."""
-    if isinstance(exc, AuthenticationError):
-        return MCPError(types.INVALID_REQUEST, f"unauthenticated: {exc}")
-    if isinstance(exc, InvalidRequestError):
-        return MCPError(types.INVALID_PARAMS, str(exc))
-    return MCPError(types.INTERNAL_ERROR, UNAVAILABLE)
+def protocol_error(exc: Exception) -> MCPError:
+    """The JSON-RPC error for a failure outside a call's result; only constant messages are sent, a bug is logged."""
+    fault = classify(exc)
+    if fault.kind is FaultKind.INTERNAL:
+        log.error("unexpected error while serving an MCP request", exc_info=exc)
+    code, wording = _MCP_ERRORS[fault.kind]
+    return MCPError(code, wording.format(fault.message))

@@ -30,6 +30,7 @@ from sidecar.errors import (
     ToolboothError,
 )
 from sidecar.faults import Fault, FaultKind, classify
+from sidecar.mcp.server import _MCP_ERRORS, protocol_error
 from sidecar.server.interceptors.status import _GRPC_CODES, INTERNAL_DETAILS, UNAVAILABLE_DETAILS, status_of
 
 _SECRET = "db at 10.0.0.5 refused: password=hunter2"
@@ -81,7 +82,7 @@ def test_a_fault_is_a_frozen_value() -> None:
     assert not hasattr(fault, "__dict__")
 
 
-@pytest.mark.parametrize("table", [_GRPC_CODES], ids=["grpc"])
+@pytest.mark.parametrize("table", [_GRPC_CODES, _MCP_ERRORS], ids=["grpc", "mcp"])
 def test_every_transport_has_a_code_for_every_kind(table: Mapping[FaultKind, object]) -> None:
     assert set(table) == set(FaultKind)
 
@@ -95,6 +96,26 @@ RAISED = [(exc, fault) for exc, fault in CASES if isinstance(exc, Exception)]  #
 @pytest.mark.parametrize(("exc", "fault"), RAISED, ids=lambda case: type(case).__name__)
 def test_grpc_sends_the_status_of_the_kind_and_the_public_message(exc: Exception, fault: Fault) -> None:
     assert status_of(exc) == (GRPC[fault.kind], fault.message)
+
+
+MCP = {FaultKind.UNAUTHENTICATED: (-32600, "unauthenticated: {}"), FaultKind.INVALID_REQUEST: (-32602, "{}"),
+       FaultKind.UNAVAILABLE: (-32603, "{}"), FaultKind.INTERNAL: (-32603, "{}")}
+
+
+@pytest.mark.parametrize(("exc", "fault"), RAISED, ids=lambda case: type(case).__name__)
+def test_mcp_sends_the_json_rpc_error_of_the_kind_and_the_public_message(exc: Exception, fault: Fault) -> None:
+    code, wording = MCP[fault.kind]
+    assert (protocol_error(exc).error.code, protocol_error(exc).error.message) == (code, wording.format(fault.message))
+
+
+def test_a_bug_reaches_an_mcp_client_as_internal_error_and_the_log_with_its_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    try:
+        raise ValueError(_SECRET)
+    except ValueError as exc:
+        error = protocol_error(exc)
+    assert (error.error.code, error.error.message) == (-32603, "internal error")
+    assert caplog.records[-1].exc_info is not None and _SECRET in caplog.text
 
 
 def test_the_grpc_details_still_exported_are_the_public_messages() -> None:
