@@ -1,9 +1,10 @@
 """``toolbooth policy test | check | eval | replay``: the security team's commands (``docs/policies.md``).
 
-A thin shell like the rest of ``sidecar.cli``: ``sidecar.policy.devtools.runner`` runs the Rego tests and
-``sidecar.policy.devtools.dry_run`` evaluates decisions; this module parses flags, prints text
-or JSON (``--output``) and turns the outcome into an exit code. Every command reads the policy directory
-given to it, else ``policy.path`` of ``--config`` (by default the bundled policies).
+A thin shell like the rest of ``sidecar.cli``: ``sidecar.policy.devtools`` runs the Rego tests and checks,
+``sidecar.pipeline.dry_run`` evaluates decisions; this module parses flags, prints text or JSON (``--output``)
+and turns the outcome into an exit code. Every command reads the policy directory given to it, else
+``policy.path`` of ``--config`` (by default the bundled policies); check, eval and replay decide with the
+engine its ``policy.engine`` names (``sidecar.policy.engines``: an OPA server is sent the policies).
 
 Exit codes:
   test   0 every test passed (and every file reached --threshold); 1 otherwise; 2 the policies do not load
@@ -54,7 +55,7 @@ from sidecar.pipeline.dry_run import VALIDATION, DryRun, Verdict, dry_run
 from sidecar.policy import CALL_STAGES
 from sidecar.policy.devtools.check import CheckReport, check_policies
 from sidecar.policy.devtools.runner import Outcome, RegoTestReport, run_tests
-from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.policy.engines import open_engine
 from sidecar.policy.input import now_utc
 from sidecar.tools.definition import ToolDefinition
 from sidecar.tools.registry import Registry
@@ -136,7 +137,7 @@ def _dir_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _common_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config file whose policy.path is used")
+    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config: its policy.path and engine")
     output_flag(parser)
 
 
@@ -236,8 +237,8 @@ _COVERAGE_COLUMNS = (Column("FILE"), Column("LINES", right=True), Column("COVERE
 
 def cmd_check(args: argparse.Namespace) -> int:
     """``toolbooth policy check``: compile, find the entrypoints, check decisions on sample calls."""
-    root = policy_dir(args.dir, args.config)
-    report = asyncio.run(check_policies(root))
+    policy = load_settings(args.config).policy
+    report = asyncio.run(check_policies(policy, root := args.dir or policy.path))
     print(dump_json(check_document(report, root)) if json_output(args) else format_check(report, root))
     return EXIT_OK if report.ok else EXIT_FAILURE
 
@@ -286,11 +287,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     defn = installed_tool(settings, args.tool)
     principal = read_principal(args.principal)
     arguments = read_arguments(args.arguments)
-    engine = _loading(EmbeddedEngine.load, args.dir or settings.policy.path)
-    run = asyncio.run(dry_run(engine, defn, principal, arguments, limits=settings.limits,
-                              time=args.time or now_utc()))
+    run = asyncio.run(_dry_run(settings, args.dir, defn, principal, arguments, time=args.time or now_utc()))
     print(dump_json(run.document()) if json_output(args) else format_dry_run(run))
     return _VERDICT_EXIT[run.verdict]
+
+
+async def _dry_run(settings: Settings, root: Path | None, defn: ToolDefinition[Any, Any], principal: Principal,
+                   arguments: str, *, time: str) -> DryRun:
+    """The dry run on the configured engine, over ``root`` (else what ``serve`` decides on)."""
+    try:
+        engine = await open_engine(settings.policy, root)
+    except PolicyLoadError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    try:
+        return await dry_run(engine, defn, principal, arguments, limits=settings.limits, time=time)
+    finally:
+        await engine.aclose()
 
 
 def format_dry_run(run: DryRun) -> str:

@@ -1,7 +1,9 @@
 """``toolbooth policy replay``: what a candidate policy set would decide otherwise, on the audit log's calls.
 
 A thin shell over ``sidecar.pipeline.replay``: it loads the candidate (a policy directory, or a bundle
-file, read without checking its signature: ``policy bundle verify`` does that), reads the audit log of
+file, read without checking its signature: ``policy bundle verify`` does that) into the engine
+``policy.engine`` of ``--config`` names (``sidecar.policy.engines``; an OPA server is sent the candidate,
+as ``serve`` sends its policies, so point it at one that serves no sidecar), reads the audit log of
 the store of ``--config`` as ``toolbooth audit`` does, and prints the calls that would change as a
 table, or everything as JSON (``--output json``; ``--json``, its older spelling, too).
 
@@ -28,10 +30,11 @@ from sidecar.cli.common import (
 from sidecar.cli.output import json_output, output_flag
 from sidecar.cli.progress import meter, progress_flag, progress_wanted
 from sidecar.cli.table import Column, render_table
+from sidecar.config import PolicySettings, load_settings
 from sidecar.errors import PolicyLoadError
 from sidecar.pipeline.replay import ReplayReport, replay_log
-from sidecar.policy.bundle import load_bundle
-from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.policy import PolicyEngine
+from sidecar.policy.engines import open_candidate
 from sidecar.state import Store
 
 __all__ = ["EXIT_CHANGED", "add_replay_command", "cmd_replay", "format_report", "load_candidate"]
@@ -56,10 +59,10 @@ def add_replay_command(policy_actions: Subparsers) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """``toolbooth policy replay``: 0 when nothing would change, 3 when something would."""
-    engine = load_candidate(args.policies)
-    wanted = progress_wanted(args)
+    policy, wanted = load_settings(args.config).policy, progress_wanted(args)
 
     async def run(store: Store) -> ReplayReport:
+        engine = await load_candidate(policy, args.policies)
         try:
             with meter("replaying the audit log", enabled=wanted) as shown:
                 if shown.drawn:
@@ -74,15 +77,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return EXIT_CHANGED if report.changes else EXIT_OK
 
 
-def load_candidate(path: Path) -> EmbeddedEngine:
-    """The candidate policy set at ``path``, a directory or a bundle file; a usage error saying why it does not
-    load."""
+async def load_candidate(settings: PolicySettings, path: Path) -> PolicyEngine:
+    """The configured engine over the candidate at ``path``, a directory or a bundle file; a usage error saying
+    why it does not load."""
     try:
-        if path.is_dir():
-            return EmbeddedEngine.load(path)
-        if not path.exists():
-            raise PolicyLoadError(f"no policy directory or bundle at {path}")
-        return EmbeddedEngine.from_bundle(load_bundle(path, skip_verification=True))
+        return await open_candidate(settings, path)
     except PolicyLoadError as exc:
         raise CommandError(f"--policies {path}: {exc}", EXIT_USAGE) from None
 

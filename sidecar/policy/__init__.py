@@ -9,8 +9,9 @@ The package is organised by concept; this face re-exports the names callers use:
 * ``sidecar.policy.input``: ``PolicyInput``, the input document of a decision.
 
 The engines themselves (``embedded``, ``opa``), the decision cache (``cache``), hot reload
-(``reload``, ``sources``), the policy set as read from disk (``files``), bundles (``bundle``)
-and opening the configured engine (``factory``) are imported from their modules.
+(``reload``, ``sources``), the policy set as read from disk (``files``), bundles (``bundle``),
+the engines by kind (``engines``) and opening the configured engine (``factory``) are imported
+from their modules.
 """
 
 from __future__ import annotations

@@ -1,48 +1,44 @@
 """Opening the configured policy engine, reloadable and cached: the policy side of the composition root.
 
-Closing one is ``await engine.aclose()``, whatever it wraps.
+Which engine decides, and how it opens, is the row of ``policy.engine`` in ``sidecar.policy.engines``;
+here it is put behind hot reload (a directory, a bundle, or nothing to watch when its server manages the
+policies) and the decision cache. Closing one is ``await engine.aclose()``, whatever it wraps.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
-from sidecar.config import PolicyEngineKind, PolicySettings
+from sidecar.config import PolicySettings
 from sidecar.errors import PolicyLoadError
 from sidecar.policy.bundle.fetch import BundleFetcher
 from sidecar.policy.bundle.signing import VerificationConfig
 from sidecar.policy.cache import CachingEngine
 from sidecar.policy.compiling import compiled
 from sidecar.policy.devtools.runner import Outcome, run_tests
-from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.engine import PolicyEngine
+from sidecar.policy.engines import engine_for
 from sidecar.policy.files import checked_files
 from sidecar.policy.reload import PolicySource, ReloadingEngine
 from sidecar.policy.sources import BundleSource, DirectorySource, FixedSource
 
-__all__ = ["open_engine", "open_reloading", "policy_source", "reload_interval", "with_cache"]
-
-
-async def open_engine(settings: PolicySettings) -> PolicyEngine:
-    """The engine ``policy.engine`` names, over ``policy.path``; ``PolicyLoadError`` when it cannot start."""
-    if settings.engine is PolicyEngineKind.OPA:
-        from sidecar.policy.opa import OpaEngine  # aiohttp is only imported when OPA is configured
-
-        assert settings.opa is not None  # config validation requires the section for this engine
-        return await OpaEngine.open(settings.opa, settings.path)
-    return EmbeddedEngine(await compiled(checked_files, settings.path))
+__all__ = ["open_reloading", "policy_source", "reload_interval", "with_cache"]
 
 
 def policy_source(settings: PolicySettings) -> PolicySource:
-    """What hot reload watches: ``policy.bundle`` or ``policy.path``, unless OPA manages the policies."""
-    if settings.engine is PolicyEngineKind.OPA and settings.opa is not None and not settings.opa.upload_policies:
-        return FixedSource(f"OPA-managed policies at {settings.opa.url}", lambda: open_engine(settings))
+    """What hot reload watches: ``policy.bundle`` or ``policy.path``, unless the engine's server manages the
+    policies."""
+    factory = engine_for(settings)
+    if (managed := factory.managed(settings)) is not None:
+        return FixedSource(managed, lambda: factory.open_managed(settings))
     if settings.bundle is not None:
         bundle = settings.bundle
         verification = None if bundle.verification is None else VerificationConfig.from_settings(bundle.verification)
+        serve = functools.partial(factory.open_files, settings)
         if bundle.file is not None:
-            return BundleSource.from_file(bundle.file, verification)
-        return BundleSource.from_url(BundleFetcher.from_settings(bundle), verification)
+            return BundleSource.from_file(bundle.file, verification, serve)
+        return BundleSource.from_url(BundleFetcher.from_settings(bundle), verification, serve)
     return DirectorySource(settings.path, lambda: _load_directory(settings))
 
 
@@ -52,9 +48,7 @@ async def _load_directory(settings: PolicySettings) -> PolicyEngine:
     files = await compiled(checked_files, settings.path)
     if settings.reload_requires_tests:
         await _require_passing_tests(settings.path)
-    if settings.engine is PolicyEngineKind.OPA:
-        return await open_engine(settings)
-    return EmbeddedEngine(files)
+    return await engine_for(settings).open_files(settings, files)
 
 
 def reload_interval(settings: PolicySettings) -> float:

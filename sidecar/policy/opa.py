@@ -90,9 +90,8 @@ class OpaEngine:
         self._reads_key = reads_idempotency_key
 
     @classmethod
-    async def open(cls, settings: OpaSettings, policy_path: Path) -> OpaEngine:
-        """Connect; upload ``policy_path`` unless OPA manages its own policies; raise ``PolicyLoadError``."""
-        files = PolicyFiles.read(Path(policy_path)) if settings.upload_policies else None
+    async def open(cls, settings: OpaSettings, files: PolicyFiles | None) -> OpaEngine:
+        """Connect; upload ``files``, or (``None``) use the policies OPA manages itself; raise ``PolicyLoadError``."""
         client = await _Client.connect(settings)
         try:
             revision = await (_served_revision(client, settings.url) if files is None

@@ -19,15 +19,15 @@ from sidecar.policy.bundle.fetch import BundleFetcher
 from sidecar.policy.bundle.format import load_bundle
 from sidecar.policy.bundle.signing import VerificationConfig
 from sidecar.policy.compiling import compiled
-from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.engine import PolicyEngine
 from sidecar.policy.files import PolicyFiles, check_files, policy_paths
 
-__all__ = ["BundleSource", "DirectorySource", "FixedSource", "Loader"]
+__all__ = ["BundleSource", "DirectorySource", "FixedSource", "Loader", "Serve"]
 
 _WATCHED = ("*.rego", "*.json")
 
 Loader = Callable[[], Awaitable[PolicyEngine]]
+Serve = Callable[[PolicyFiles], Awaitable[PolicyEngine]]  # the configured engine over checked files
 
 
 @dataclass(frozen=True)
@@ -69,15 +69,16 @@ class FixedSource:
 
 @dataclass
 class BundleSource:
-    """An OPA bundle, from a file or a URL, verified and compiled by the embedded engine."""
+    """An OPA bundle, from a file or a URL, verified and checked here, then served by the configured engine."""
 
     description: str
     read: Callable[[], Awaitable[bytes | None]]  # the bundle's bytes, or None when unchanged
     verification: VerificationConfig | None
+    serve: Serve
     _content: bytes = b""
 
     @classmethod
-    def from_file(cls, path: Path, verification: VerificationConfig | None) -> BundleSource:
+    def from_file(cls, path: Path, verification: VerificationConfig | None, serve: Serve) -> BundleSource:
         """A bundle file, read again only when its size or modification time changes."""
         seen: list[tuple[int, int]] = []
 
@@ -89,15 +90,15 @@ class BundleSource:
             seen[:] = [(stat.st_size, stat.st_mtime_ns)]
             return path.read_bytes()
 
-        return cls(f"bundle {path}", lambda: asyncio.to_thread(read_if_changed), verification)
+        return cls(f"bundle {path}", lambda: asyncio.to_thread(read_if_changed), verification, serve)
 
     @classmethod
-    def from_url(cls, fetcher: BundleFetcher, verification: VerificationConfig | None) -> BundleSource:
+    def from_url(cls, fetcher: BundleFetcher, verification: VerificationConfig | None, serve: Serve) -> BundleSource:
         """A bundle URL, polled with conditional GETs."""
         async def read() -> bytes | None:
             return (await fetcher.fetch()).content
 
-        return cls(f"bundle {fetcher.url}", read, verification)
+        return cls(f"bundle {fetcher.url}", read, verification, serve)
 
     async def fingerprint(self) -> str:
         """The SHA-256 of the bundle's bytes (kept for ``load``)."""
@@ -107,8 +108,8 @@ class BundleSource:
         return hashlib.sha256(self._content).hexdigest()
 
     async def load(self) -> PolicyEngine:
-        """Verify, check and compile the bundle last fingerprinted (off the event loop)."""
-        return EmbeddedEngine(await compiled(self._checked, self._content))
+        """Verify and check the bundle last fingerprinted (off the event loop), then serve it."""
+        return await self.serve(await compiled(self._checked, self._content))
 
     def _checked(self, content: bytes) -> PolicyFiles:
         bundle = load_bundle(content, self.verification, name=self.description.removeprefix("bundle "))

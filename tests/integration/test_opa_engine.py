@@ -29,7 +29,8 @@ from sidecar.config import PolicyEngineKind, PolicySettings, bundled_policy_dir
 from sidecar.errors import PolicyLoadError
 from sidecar.policy import PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
-from sidecar.policy.factory import open_engine, open_reloading
+from sidecar.policy.engines import open_engine
+from sidecar.policy.factory import open_reloading
 from sidecar.policy.input import PolicyInput
 from tests.support.opa_server import OpaServer
 from tests.support.reloading import rewrite

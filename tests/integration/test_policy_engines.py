@@ -28,7 +28,7 @@ from sidecar.contract import CallRequest, ErrorCode, Principal, Status
 from sidecar.errors import PolicyEvaluationError, PolicyLoadError
 from sidecar.policy import CALL_STAGES, PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
-from sidecar.policy.factory import open_engine
+from sidecar.policy.engines import open_engine
 from sidecar.policy.input import CallInput, InputParts, PolicyInput, principal_json, tool_json
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools

@@ -2,15 +2,17 @@
 
 The sidecar (the default policies, ``echo``'s text masked in the audit log) serves calls that run, are
 denied, need approval, name a hidden tool, an unknown one, bad arguments and a write; its log is then
-replayed against edited copies of its policies, as a directory and as a bundle, on SQLite and PostgreSQL.
+replayed against edited copies of its policies, as a directory and as a bundle, on SQLite and PostgreSQL,
+by the embedded engine and by the opa engine (a local OPA server, OPA's own engine) alike.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from sidecar.tools.masking import MASK_PREFIX
 from sidecar.tools.registry import Registry
 from tests.contract.conftest import postgres, postgres_dsn
 from tests.support import tools
+from tests.support.opa_server import OpaServer
 
 pytestmark = pytest.mark.integration
 __all__ = ["postgres", "postgres_dsn"]
@@ -254,3 +257,29 @@ async def test_a_candidate_whose_decision_fails_reports_an_error(log: Log, tmp_p
     [(stage, before, after)] = [(s["stage"], s["before"], s["after"]) for s in change["changes"]]
     assert (stage, before, after) == ("authz", "allow", "error")
     assert "data.toolbooth.authz.decision.allow must be a boolean" in change["changes"][0]["reason"]
+
+
+@pytest.fixture
+def opa() -> Iterator[OpaServer]:
+    with OpaServer() as server:
+        yield server
+
+
+def on_opa(log: Log, opa: OpaServer) -> Log:
+    """The same log, its config naming the opa engine: the candidate is sent to ``opa``, which decides."""
+    config = log.config.with_name("toolbooth-opa.yaml")
+    config.write_text(json.dumps({**json.loads(log.config.read_text()),
+                                  "policy": {"engine": "opa", "opa": {"url": opa.url, "timeout_seconds": 5}}}))
+    return dataclasses.replace(log, config=config)
+
+
+async def test_the_opa_engine_replays_as_the_embedded_one(log: Log, opa: OpaServer, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    candidate = edited(log.policies, tmp_path / "candidate", candidate_edit)
+    bundle = tmp_path / "candidate.tar.gz"
+    bundle.write_bytes(build_bundle(candidate, revision="candidate-7"))
+    for policies, changed in ((log.policies, 0), (candidate, 3), (bundle, 3)):
+        embedded = await asyncio.to_thread(replay, capsys, log, "--policies", str(policies), "--json")
+        remote = await asyncio.to_thread(replay, capsys, on_opa(log, opa), "--policies", str(policies), "--json")
+        assert remote == embedded and remote[0] == changed, policies
+    assert any(seen.method == "POST" and seen.path.startswith("/v1/data/toolbooth/authz/decision") for seen in opa.seen)

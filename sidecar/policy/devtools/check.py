@@ -1,9 +1,9 @@
 """``toolbooth policy check``: does a policy directory compile, and do its decisions have the right shape?
 
 ``check_policies`` compiles a policy directory (its tests too), checks that the three
-entrypoints exist and evaluates them on sample calls (every sample principal, side
-effect, and a tool with and without required permissions), reporting each distinct
-failure once.
+entrypoints exist and has the configured engine (``policy.engine``: an OPA server is sent the
+directory, as ``serve`` sends it) evaluate them on sample calls (every sample principal, side
+effect, and a tool with and without required permissions), reporting each distinct failure once.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from sidecar.config import PolicySettings
 from sidecar.contract import CallRequest, Principal, SideEffect
 from sidecar.errors import PolicyEvaluationError, PolicyLoadError
 from sidecar.policy.decision import CALL_STAGES, RULES, Stage
 from sidecar.policy.devtools.runner import defined_rules
-from sidecar.policy.embedded import EmbeddedEngine
+from sidecar.policy.engine import PolicyEngine
+from sidecar.policy.engines import open_engine
 from sidecar.policy.input import CallInput, InputParts, PolicyInput, now_utc, principal_json, tool_json
 from sidecar.tools.definition import ToolContext, tool
 
@@ -81,13 +83,21 @@ async def _sample_tool(args: _NoArguments, ctx: ToolContext) -> _NoArguments:
     return args
 
 
-async def check_policies(root: Path) -> CheckReport:
-    """Compile ``root`` (tests too), then evaluate each defined entrypoint on every sample call."""
+async def check_policies(settings: PolicySettings, root: Path) -> CheckReport:
+    """Compile ``root`` (tests too), then have the configured engine evaluate each defined entrypoint on every
+    sample call."""
     try:
-        engine = EmbeddedEngine.load(Path(root))
-        defined = defined_rules(Path(root))
+        engine = await open_engine(settings, Path(root))
+        try:
+            return await _check(engine, defined_rules(Path(root)))
+        finally:
+            await engine.aclose()
     except PolicyLoadError as exc:
         return CheckReport(None, 0, (Problem(str(exc)),))
+
+
+async def _check(engine: PolicyEngine, defined: set[str]) -> CheckReport:
+    """The entrypoints of ``CALL_STAGES`` not ``defined``, and how the defined ones fail on the samples."""
     problems = [Problem(f"{RULES[stage]} is not defined") for stage in CALL_STAGES if RULES[stage] not in defined]
     samples = _samples()
     failures: dict[str, list[str]] = {}
