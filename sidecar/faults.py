@@ -12,9 +12,11 @@ anything else (a bug)    INTERNAL         "internal error"                      
 .. [1] not for a ``MalformedDecisionError`` (a policy bug) or a ``StoreRefusedError`` (the data itself is
    refused): asking again fails again, as ``refusal`` says for a call's result.
 
-Only this module reads the exception; each transport maps the kind to its own code in one table, so
-a new kind without a code there fails a test. The details of an unavailable dependency or of a bug never
-reach the caller; the transport logs a bug with its traceback.
+Only this module reads the exception; each transport maps the kind to its own code in one table
+(``sidecar.server.interceptors.status``: gRPC statuses, ``sidecar.mcp.server``: JSON-RPC errors,
+``sidecar.server.http_faults``: HTTP statuses), so a new kind without a code there fails a test. The
+details of an unavailable dependency or of a bug never reach the caller; the transport logs a bug with its
+traceback.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from sidecar.errors import (
 )
 from sidecar.faults import Fault, FaultKind, classify
 from sidecar.mcp.server import _MCP_ERRORS, protocol_error
+from sidecar.server.http_faults import HTTP_STATUSES
 from sidecar.server.interceptors.status import _GRPC_CODES, INTERNAL_DETAILS, UNAVAILABLE_DETAILS, status_of
 
 _SECRET = "db at 10.0.0.5 refused: password=hunter2"
@@ -82,7 +83,7 @@ def test_a_fault_is_a_frozen_value() -> None:
     assert not hasattr(fault, "__dict__")
 
 
-@pytest.mark.parametrize("table", [_GRPC_CODES, _MCP_ERRORS], ids=["grpc", "mcp"])
+@pytest.mark.parametrize("table", [_GRPC_CODES, _MCP_ERRORS, HTTP_STATUSES], ids=["grpc", "mcp", "http"])
 def test_every_transport_has_a_code_for_every_kind(table: Mapping[FaultKind, object]) -> None:
     assert set(table) == set(FaultKind)
 
@@ -116,6 +117,15 @@ def test_a_bug_reaches_an_mcp_client_as_internal_error_and_the_log_with_its_trac
         error = protocol_error(exc)
     assert (error.error.code, error.error.message) == (-32603, "internal error")
     assert caplog.records[-1].exc_info is not None and _SECRET in caplog.text
+
+
+HTTP = {FaultKind.UNAUTHENTICATED: 401, FaultKind.INVALID_REQUEST: 400, FaultKind.UNAVAILABLE: 503,
+        FaultKind.INTERNAL: 500}
+
+
+@pytest.mark.parametrize(("exc", "fault"), RAISED, ids=lambda case: type(case).__name__)
+def test_http_answers_the_status_of_the_kind(exc: Exception, fault: Fault) -> None:
+    assert HTTP_STATUSES[classify(exc).kind] == HTTP[fault.kind]
 
 
 def test_the_grpc_details_still_exported_are_the_public_messages() -> None:
