@@ -22,8 +22,9 @@
 
 A handler's ``ToolError`` (``sidecar.plugin``) is not here: it belongs to plugin authors and
 becomes an ``ErrorInfo`` in dispatch. ``refusal`` is the only place a ``DependencyError``
-becomes an ``ErrorInfo``; ``sidecar.server.interceptors`` is the only place an exception
-becomes a gRPC status.
+becomes an ``ErrorInfo``; ``sidecar.faults.classify`` is the only place an exception that ends a
+request outside a call becomes what the caller is told (a kind, whose gRPC status, JSON-RPC error or
+HTTP status each transport has in one table).
 """
 
 from __future__ import annotations
