@@ -22,8 +22,9 @@ from sidecar.metrics import Metrics
 from sidecar.pipeline.approvals import Approvals
 from sidecar.pipeline.decisions import Decider
 from sidecar.pipeline.gate import Pipeline
-from sidecar.pipeline.order import DecidingStages, call_chain
+from sidecar.pipeline.order import DecidingStages, Stages, call_chain
 from sidecar.pipeline.stages.audit import Auditor
+from sidecar.pipeline.stages.consume_approval import ConsumeApprovalStage
 from sidecar.pipeline.stages.dispatch import DispatchStage
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
 from sidecar.pipeline.stages.metrics import MetricsStage
@@ -59,10 +60,11 @@ async def open_sidecar(settings: Settings, *, registry: Registry | None = None,
 
 async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
                         policy: PolicyEngine | None = None, metrics: Metrics | None = None,
-                        tracing: Tracing | None = None) -> Pipeline:
+                        tracing: Tracing | None = None, stages: Stages | None = None) -> Pipeline:
     """Load plugins (unless ``registry`` is given) and policies (unless ``policy`` is), open the store, start
     the isolated tools' worker processes; count into ``metrics`` (none: a new one with ``metrics.listen``);
-    trace as the ``OTEL_*`` variables say unless ``tracing`` is given."""
+    trace as the ``OTEL_*`` variables say unless ``tracing`` is given; add ``stages`` to the chain
+    (``assemble``)."""
     if metrics is None and settings.metrics.listen is not None:
         metrics = Metrics()
     if registry is None:
@@ -85,7 +87,7 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
         pipeline = assemble(registry=registry, policy=engine, store=store, limits=settings.limits,
                             mask_key=mask_key, retention_hours=settings.store.idempotency_retention_hours,
                             isolation=settings.isolation, metrics=metrics, tracing=tracing,
-                            log_context=settings.logging.format is LogFormat.JSON)
+                            log_context=settings.logging.format is LogFormat.JSON, stages=stages)
     except BaseException:
         await store.aclose()
         await engine.aclose()
@@ -102,13 +104,15 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
 def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits,
              mask_key: bytes | None = None, retention_hours: float = 24.0,
              isolation: IsolationSettings | None = None, metrics: Metrics | None = None,
-             tracing: Tracing | None = None, log_context: bool = False) -> Pipeline:
+             tracing: Tracing | None = None, log_context: bool = False, stages: Stages | None = None) -> Pipeline:
     """The pipeline over these parts. ``mask_key`` masks sensitive values in the audit log and previews
     (default: a random key of this pipeline); finished idempotency records older than ``retention_hours``
     are deleted; the tools ``isolation`` names run in worker processes (``ConfigError`` if it names a tool
     that cannot), started by ``open_pipeline`` or else at their first call. With ``metrics``, its calls,
     decisions and approvals are counted there. Calls are traced with ``tracing`` (default: not at all); with
-    ``log_context`` their log lines carry their fields (JSON logs)."""
+    ``log_context`` their log lines carry their fields (JSON logs). ``stages`` are added to the chain in their
+    slots (``sidecar.pipeline.order.Stages``; what each slot may rely on: ``sidecar.pipeline.chain.CallStage``),
+    and closed with the pipeline if they have an ``aclose``."""
     if metrics is not None:
         policy = MeteredEngine(policy, metrics)
     tracing = Tracing() if tracing is None else tracing
@@ -118,12 +122,13 @@ def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: 
     isolation = isolation or IsolationSettings()
     pools = ProcessPools(isolation_plan(registry, isolation), isolation)
     dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads, pools=pools)
-    expiry = Expiry(store, retention_hours * 3600)
     deciding = DecidingStages.build(registry, decider, limits, approvals, masker)
-    idempotency = IdempotencyStage(store, auditor, expiry)
-    observers = [] if metrics is None else [MetricsStage(metrics)]
-    chain = call_chain(auditor, deciding, idempotency, DispatchStage(dispatcher, limits), observers=observers,
-                       tracer=tracing.tracer, log_context=log_context)
+    idempotency = IdempotencyStage(store, auditor, Expiry(store, retention_hours * 3600))
+    added = stages or Stages()
+    if metrics is not None:
+        added = added.observed_first_by(MetricsStage(metrics))
+    chain = call_chain(auditor, deciding, idempotency, ConsumeApprovalStage(approvals),
+                       DispatchStage(dispatcher, limits), added=added, tracer=tracing.tracer, log_context=log_context)
     return Pipeline(registry=registry, policy=policy, store=store, limits=limits, approvals=approvals, chain=chain,
-                    resolve=deciding.resolve, idempotency=idempotency, dispatcher=dispatcher, expiry=expiry,
-                    auditor=auditor, tracing=tracing, metrics=metrics)
+                    resolve=deciding.resolve, idempotency=idempotency, dispatcher=dispatcher, auditor=auditor,
+                    tracing=tracing, metrics=metrics)

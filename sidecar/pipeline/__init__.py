@@ -1,4 +1,5 @@
-"""One call through every stage, with no transport code (DESIGN.md, stages 2-9; ``docs/architecture.md``).
+"""One call through every stage, with no transport code (stages 0-9 of ``sidecar.pipeline.order``;
+``docs/architecture.md``).
 
 ``Pipeline`` (``gate``) is what transports call; a call is a ``Call`` (``call``) run through a
 ``Chain`` (``chain``) of stages (``stages/``), built by ``sidecar.bootstrap``. Approvals and the

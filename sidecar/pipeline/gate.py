@@ -32,7 +32,7 @@ from sidecar.pipeline.stages.audit import Auditor
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
 from sidecar.pipeline.stages.resolve import ResolveStage
 from sidecar.policy import PolicyEngine
-from sidecar.state import Expiry, Store
+from sidecar.state import Store
 from sidecar.telemetry.propagation import incoming
 from sidecar.telemetry.tracing import Tracing
 from sidecar.tools.definition import ProgressSink
@@ -57,7 +57,6 @@ class Pipeline:
     resolve: ResolveStage
     idempotency: IdempotencyStage
     dispatcher: Dispatcher
-    expiry: Expiry
     auditor: Auditor
     tracing: Tracing
     metrics: Metrics | None = None  # what the sidecar counts (``metrics.listen``); ``None``: nothing
@@ -116,11 +115,14 @@ class Pipeline:
         await self.idempotency.drain(until=self.dispatcher.stop_at)
 
     async def aclose(self) -> None:
-        """``drain``, then release the handler pool and stop the worker processes, close the store and the
-        policy engine, and export the spans still queued."""
+        """``drain``, then close every stage that has an ``aclose`` (``Chain.aclose``: the last first, so the
+        dispatch stage releases the handler pool and stops the worker processes, the idempotency stage stops
+        the expiry of its records), then, even if one of them failed, close the store and the policy engine
+        and export the spans still queued."""
         await self.drain()
-        await self.dispatcher.aclose()
-        await self.expiry.aclose()
-        await self.store.aclose()
-        await self.policy.aclose()
-        await self.tracing.aclose()
+        try:
+            await self.chain.aclose()
+        finally:
+            await self.store.aclose()
+            await self.policy.aclose()
+            await self.tracing.aclose()

@@ -1,24 +1,34 @@
-"""The order of a call's stages, written once.
+"""The order of a call's stages, written once, and the one numbering of them that every module and doc uses.
 
-``DecidingStages`` are the stages that decide whether a call may run (DESIGN.md, stages 2-5:
-resolve + availability, validate, authorize, approval). A real call (``call_chain``) meets them
-after audit, which sees every result, and the check of the request's string fields (``RequestStage``),
-and before idempotency + dispatch, which run it; ``toolbooth policy eval`` (``sidecar.pipeline.dry_run``)
-runs them alone, with no approvals service, so that no preview is opened and nothing is stored or executed.
+A real call (``call_chain``) meets, outermost first:
 
-Around them all, outermost: the call's span when the sidecar traces (``TraceStage``), then its log context
-when its lines carry call fields (``LogContextStage``); neither is in the chain otherwise, so they cost
-nothing then.
+0. observers, which see every call and its result: the call's span when the sidecar traces (``TraceStage``),
+   its log context when its lines carry call fields (``LogContextStage``), its metrics with ``metrics.listen``
+   (``MetricsStage``), then the ``Stages.observers`` given; the first three are in the chain only when on;
+1. audit (``AuditStage``): the outcome event of every call that is not detached;
+2. request (``RequestStage``): the request's string fields;
+   then ``Stages.before_decisions``;
+3. resolve + availability (``ResolveStage``);
+4. validate (``ValidateStage``);
+5. authorize (``AuthorizeStage``);
+6. approval (``ApprovalStage``): checks an approval, or opens a preview;
+   then ``Stages.after_decisions``;
+7. idempotency (``IdempotencyStage``): claims a write's key; the stages after it run detached;
+8. consume approval (``ConsumeApprovalStage``): spends the checked approval, once the call owns its key (a call
+   whose key is in progress, reused for another request or replayed must not spend it, ``docs/approvals.md``);
+   then ``Stages.before_dispatch``;
+9. dispatch (``DispatchStage``): runs the handler and ends the call with its result.
 
-The approval stage only checks an approval; it is consumed between idempotency and dispatch
-(``ConsumeApprovalStage``), once the call owns its key: a call whose key is in progress, reused
-for another request or replayed must not spend the approval (``docs/approvals.md``).
+``DecidingStages`` are stages 3-6, those that decide whether a call may run; ``toolbooth policy eval``
+(``sidecar.pipeline.dry_run``) runs them alone, with no approvals service, so that no preview is opened and
+nothing is stored or executed. ``Stages`` are what the caller of ``sidecar.bootstrap.assemble`` adds, by slot;
+``CallStage`` (``sidecar.pipeline.chain``) says what a stage in each slot may rely on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opentelemetry.trace import Tracer
 
@@ -29,6 +39,7 @@ from sidecar.pipeline.decisions import Decider
 from sidecar.pipeline.stages.approval import ApprovalStage
 from sidecar.pipeline.stages.audit import Auditor, AuditStage
 from sidecar.pipeline.stages.authorize import AuthorizeStage
+from sidecar.pipeline.stages.consume_approval import ConsumeApprovalStage
 from sidecar.pipeline.stages.dispatch import DispatchStage
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
 from sidecar.pipeline.stages.log_context import LogContextStage
@@ -39,12 +50,12 @@ from sidecar.pipeline.stages.validate import ValidateStage
 from sidecar.tools.masking import Masker
 from sidecar.tools.registry import Registry
 
-__all__ = ["DecidingStages", "call_chain"]
+__all__ = ["DecidingStages", "Stages", "call_chain"]
 
 
 @dataclass(frozen=True, slots=True)
 class DecidingStages:
-    """Stages 2-5, in order when iterated."""
+    """Stages 3-6, in order when iterated."""
 
     resolve: ResolveStage
     validate: ValidateStage
@@ -62,14 +73,32 @@ class DecidingStages:
         return iter((self.resolve, self.validate, self.authorize, self.approval))
 
 
+@dataclass(frozen=True, slots=True)
+class Stages:
+    """Stages added to a real call's chain, by slot, each slot's in the order given (``CallStage`` says which
+    calls reach each slot): ``observers`` see every call and its result (stage 0, around audit);
+    ``before_decisions`` every call with well-formed fields (after stage 2); ``after_decisions`` only the calls
+    the policies let run, approved where they must be (after stage 6); ``before_dispatch`` only the calls
+    about to run, a write's once it owns its key and spent its approval (after stage 8)."""
+
+    observers: Sequence[CallStage] = ()
+    before_decisions: Sequence[CallStage] = ()
+    after_decisions: Sequence[CallStage] = ()
+    before_dispatch: Sequence[CallStage] = ()
+
+    def observed_first_by(self, observer: CallStage) -> Stages:
+        """These stages with ``observer`` first among the observers."""
+        return replace(self, observers=(observer, *self.observers))
+
+
 def call_chain(auditor: Auditor, deciding: DecidingStages, idempotency: IdempotencyStage,
-               dispatch: DispatchStage, *, observers: Sequence[CallStage] = (), tracer: Tracer | None = None,
-               log_context: bool = False) -> Chain:
-    """The chain of a real call: its span (with a ``tracer``), its log context (``log_context``), the
-    ``observers`` (metrics), which see every call and its result, audit, the request's fields, the deciding
-    stages, idempotency, consuming the approval, dispatch."""
+               consume: ConsumeApprovalStage, dispatch: DispatchStage, *, added: Stages = Stages(),
+               tracer: Tracer | None = None, log_context: bool = False) -> Chain:
+    """The chain of a real call, stages 0-9: its span (with a ``tracer``), its log context (``log_context``),
+    the ``added`` observers (metrics first, when the sidecar counts), audit, the request's fields, the deciding
+    stages, idempotency, consuming the approval, dispatch; the ``added`` stages in their slots."""
     observing: list[CallStage] = [TraceStage(tracer)] if tracer is not None else []
     if log_context:
         observing.append(LogContextStage())
-    return Chain([*observing, *observers, AuditStage(auditor), RequestStage(), *deciding, idempotency,
-                  deciding.approval.consuming(), dispatch])
+    return Chain([*observing, *added.observers, AuditStage(auditor), RequestStage(), *added.before_decisions,
+                  *deciding, *added.after_decisions, idempotency, consume, *added.before_dispatch, dispatch])

@@ -1,4 +1,5 @@
-"""Stage 8, shaping the result: every ``ToolResult`` of a call is built here.
+"""The result of a call: every ``ToolResult`` is built here, by the stage that ends the call (dispatch, stage 9,
+or any stage's refusal).
 
 Its ``meta`` says how it was produced (request id, tool and version, duration, attempts,
 policy revision) and, for a tool whose output model declares them (``ToolDefinition.page_fields``),

@@ -1,4 +1,4 @@
-"""Stage 3: turn untrusted ``arguments_json`` into the tool's input model.
+"""Stage 4 (validate, ``sidecar.pipeline.order``): turn untrusted ``arguments_json`` into the tool's input model.
 
 Limits are checked before anything is parsed into a model: byte size first (before
 ``json.loads``), then nesting depth. JSON that has no canonical form (RFC 8785, see

@@ -1,4 +1,5 @@
-"""The chain of stages: order, ending a call, refusals as results, and the one stage order of bootstrap."""
+"""The chain of stages: order, ending a call, refusals as results, closing its stages, and the one stage order
+of bootstrap."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Chain, Next
 from sidecar.pipeline.decisions import Decider
 from sidecar.pipeline.order import DecidingStages
-from sidecar.pipeline.stages.approval import ApprovalStage, ConsumeApprovalStage
+from sidecar.pipeline.stages.approval import ApprovalStage
 from sidecar.pipeline.stages.audit import AuditStage
 from sidecar.pipeline.stages.authorize import AuthorizeStage
+from sidecar.pipeline.stages.consume_approval import ConsumeApprovalStage
 from sidecar.pipeline.stages.dispatch import DispatchStage
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
 from sidecar.pipeline.stages.request import RequestStage
@@ -75,6 +77,28 @@ async def test_a_refusal_ends_the_call_and_earlier_stages_see_it_as_a_result() -
 async def test_a_chain_whose_last_stage_passes_the_call_on_is_a_bug() -> None:
     with pytest.raises(AssertionError, match="last stage"):
         await Chain([Recorder("a", [])])(_call())
+
+
+class Closing(Recorder):
+    """A stage that notes when it is closed, failing to close with ``fails``."""
+
+    def __init__(self, name: str, seen: list[str], fails: bool = False) -> None:
+        super().__init__(name, seen)
+        self.fails = fails
+
+    async def aclose(self) -> None:
+        self.seen.append(f"{self.name} closed")
+        if self.fails:
+            raise OSError(f"{self.name} could not close")
+
+
+async def test_the_stages_with_an_aclose_are_closed_once_the_last_first_despite_a_failure() -> None:
+    seen: list[str] = []
+    first, failing, last = Closing("first", seen), Closing("failing", seen, fails=True), Closing("last", seen)
+    chain = Chain([first, Recorder("not closing", seen), failing, last, first, End()])
+    with pytest.raises(OSError, match="failing could not close"):
+        await chain.aclose()
+    assert seen == ["first closed", "last closed", "failing closed"]
 
 
 async def test_a_real_call_meets_the_stages_in_the_designed_order(tmp_path: Path) -> None:

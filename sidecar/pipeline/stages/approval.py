@@ -1,4 +1,4 @@
-"""Stage 5, approval: run only approved calls (``docs/approvals.md``).
+"""Stage 6, approval: run only approved calls (``docs/approvals.md``).
 
 The approval policy decides whether the call needs a person's approval. With ``approval_id`` the
 approval is checked (``Approvals.check``: the exact approved call, in its conversation, approved and
@@ -12,9 +12,9 @@ the rendering is stored with the preview and covered by its hash; a renderer tha
 with its error and stores nothing. An approved call carries the approved rendering on to its handler
 (``call.approved_preview``, ``ctx.approved_preview``).
 
-The approval is consumed later, by ``ConsumeApprovalStage``, which runs after the idempotency
-stage has claimed the call's key: a call whose key is in progress, reused or replayed spends no
-approval. A call that certainly had no effect gives its approval back.
+The approval is consumed later, by the consume-approval stage (8, ``sidecar.pipeline.stages.consume_approval``),
+which runs after the idempotency stage (7) has claimed the call's key: a call whose key is in progress, reused
+or replayed spends no approval. A call that certainly had no effect gives its approval back.
 
 Built without ``Approvals`` (``toolbooth policy eval``), the stage opens no preview: a call that
 needs approval ends with ``APPROVAL_REQUIRED`` alone.
@@ -30,12 +30,12 @@ from sidecar.pipeline.approvals import Approvals, CallToApprove, Refusal
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Next
 from sidecar.pipeline.decisions import Decider
-from sidecar.pipeline.stages.idempotency import had_no_effect
+from sidecar.pipeline.stages.approval_guard import guarding_key, refused
 from sidecar.policy import Stage
 from sidecar.tools.masking import Masker
 from sidecar.tools.preview import render as render_preview
 
-__all__ = ["ApprovalStage", "ConsumeApprovalStage"]
+__all__ = ["ApprovalStage"]
 
 
 class ApprovalStage:
@@ -50,9 +50,9 @@ class ApprovalStage:
         if call.request.approval_id and self._approvals is not None:
             call.trail["approval_id"] = call.request.approval_id
             checked = await self._approvals.check(call.request.approval_id, self._to_approve(call), decision,
-                                                  key=_key(call))
+                                                  key=guarding_key(call))
             if isinstance(checked, Refusal):
-                raise _refused(checked)
+                raise refused(checked)
             call.approved_preview = checked.rendering
         elif decision.required:
             preview = None
@@ -67,10 +67,6 @@ class ApprovalStage:
                               preview=preview)
         return await next(call)
 
-    def consuming(self) -> ConsumeApprovalStage:
-        """The stage that consumes the approvals this stage checked (after the key is claimed)."""
-        return ConsumeApprovalStage(self._approvals)
-
     def _to_approve(self, call: Call) -> CallToApprove:
         """The call to preview or compare, its sensitive values masked."""
         assert self._masker is not None
@@ -84,34 +80,3 @@ class ApprovalStage:
 
         return CallToApprove(call.principal, call.defn.name, call.defn.version, arguments, call.policy_revision,
                              call.request.conversation_id, render=None if call.defn.preview is None else render)
-
-
-class ConsumeApprovalStage:
-    """Right before dispatch, after the key is claimed: uses the checked approval once, atomically (of
-    concurrent calls with other keys one runs); gives it back if the call certainly had no effect."""
-
-    def __init__(self, approvals: Approvals | None) -> None:
-        self._approvals = approvals
-
-    async def run(self, call: Call, next: Next) -> ToolResult:
-        approval_id = call.request.approval_id
-        if not approval_id or self._approvals is None:
-            return await next(call)
-        with call.span("store", "consume_approval"):
-            denied = await self._approvals.consume(approval_id, key=_key(call))
-        if denied is not None:
-            raise _refused(denied)
-        result = await next(call)
-        if had_no_effect(call, result):
-            await self._approvals.restore(approval_id)
-        return result
-
-
-def _key(call: Call) -> str | None:
-    """The idempotency key that guards ``call``, if its tool has one."""
-    return call.request.idempotency_key if call.defn.requires_idempotency_key else None
-
-
-def _refused(denied: Refusal) -> CallRefused:
-    status = Status.APPROVAL_REQUIRED if denied.preview is not None else Status.ERROR
-    return CallRefused(denied.error, status=status, preview=denied.preview)

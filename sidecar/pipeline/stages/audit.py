@@ -1,6 +1,6 @@
-"""Stage 9, audit: every call's outcome is an audit event; a write's dispatch is one before it runs.
+"""Stage 1, audit: every call's outcome is an audit event; a write's dispatch is one before it runs.
 
-``AuditStage`` is the outermost stage, so it sees every result, refusals included, and a caller
+``AuditStage`` is outermost but for the observers (stage 0), so it sees every result, refusals included, and a caller
 that went away (``cancelled``). A keyed call that reached its claim is detached from its caller
 (``IdempotencyStage``) and records its own outcome with the same ``Auditor``.
 """

@@ -1,4 +1,4 @@
-"""Stage 4, authorize: the authz policy decides with the validated arguments in its input.
+"""Stage 5, authorize: the authz policy decides with the validated arguments in its input.
 
 A deny ends the call with the policy's code (``PERMISSION_DENIED``, or ``RESOURCE_NOT_FOUND``
 where the policy hides existence) and its public reason; ``internal_reason`` only reaches the audit log.

@@ -1,4 +1,4 @@
-"""Stage 7, dispatch: the last stage; runs the handler within the call's deadline and shapes its result.
+"""Stage 9, dispatch: the last stage; runs the handler within the call's deadline and shapes its result.
 
 The deadline is ``call.handler_deadline()``: the tool's timeout or the caller's deadline, whichever comes
 first, but for a write (a detached call) its tool's timeout alone; such a write does not start once its
@@ -7,7 +7,7 @@ processes of isolated ones are ``sidecar.tools.dispatch.Dispatcher``'s. When the
 runs in a span ``handler {tool}`` (attribute ``toolbooth.attempts``).
 A handler whose outcome is not known (it outlived the deadline, or its worker process died) sets
 ``call.unknown``; one that runs on (a sync write's thread) sets ``call.late``, its own result once it ends,
-for the idempotency stage to store.
+for the idempotency stage to store. ``aclose`` releases the handler pool and stops the worker processes.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ class DispatchStage:
         if outcome.late is not None:
             call.late = asyncio.ensure_future(self._late(call, outcome.late))
         return self._result(call, outcome)
+
+    async def aclose(self) -> None:
+        """Release the handler pool and stop the worker processes."""
+        await self._dispatcher.aclose()
 
     async def _late(self, call: Call, late: asyncio.Future[Outcome]) -> ToolResult:
         return self._result(call, await late)

@@ -1,4 +1,4 @@
-"""Stage 6, idempotency: a call of a tool with side effects runs at most once per key.
+"""Stage 7, idempotency: a call of a tool with side effects runs at most once per key.
 
 Such a call must carry an ``idempotency_key``. Claiming it finds one of: nothing (this call owns
 the key and runs), the same request finished (its stored result is replayed), still running
@@ -7,7 +7,8 @@ worker process ended while it ran or its sidecar stopped mid-call (also ``OPERAT
 run again; settled by its handler's late result or by an operator), or a different request
 (``IDEMPOTENCY_KEY_REUSED``).
 
-From its claim on, a keyed call is detached from its caller: it runs to its end, and its outcome
+From its claim on, a keyed call is detached from its caller (``call.detached``; the stages after this one run
+in a task of their own, which the caller's cancellation does not reach): it runs to its end, and its outcome
 is stored and audited, even if the caller goes away or its deadline passes. Its handler's deadline is the
 tool's timeout, not the caller's (``Call.handler_deadline``); a handler that has not started by the caller's
 deadline does not start (``TIMEOUT``, nothing ran, the key released). So a retry after the caller's
@@ -31,7 +32,8 @@ handler never started (a later stage refused it, e.g. its approval was already u
 deadline passed while the key was being claimed) or its tool said nothing happened. A retry with
 the key then runs; a stored result would have burned the key with nothing run.
 
-Each store operation is a span ``store {operation}`` when the sidecar traces.
+Each store operation is a span ``store {operation}`` when the sidecar traces. ``aclose`` stops the expiry of
+finished records (``Expiry``), which each claim pokes.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ class IdempotencyStage:
         self._detached.add(task)
         task.add_done_callback(self._detached.discard)
         return await asyncio.shield(task)
+
+    async def aclose(self) -> None:
+        """Stop deleting finished records past their retention."""
+        await self._expiry.aclose()
 
     async def drain(self, *, until: float | None) -> None:
         """Wait for every detached call (each is bounded by its own deadline, and by shutdown's bound

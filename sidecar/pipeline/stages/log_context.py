@@ -1,6 +1,6 @@
-"""The log context of a call: every line written while it runs through the chain carries its request id, tool
-and caller (``sidecar.telemetry.call_log``). Outermost but for the trace stage, so the audit stage's lines
-carry them too."""
+"""Stage 0 (an observer), the log context of a call: every line written while it runs through the chain carries
+its request id, tool and caller (``sidecar.telemetry.call_log``). Outermost but for the trace stage, so the audit
+stage's lines carry them too."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The metrics of tool calls (``metrics.listen``): outermost stage, so every call of every transport counts once.
+"""Stage 0 (an observer), the metrics of tool calls (``metrics.listen``): around audit, so every call of every
+transport counts once.
 
 ``toolbooth_tool_calls_total{tool,status,code}`` and ``toolbooth_tool_call_duration_seconds{tool}``:
 ``tool`` is the registered tool the call resolved to, ``UNKNOWN_TOOL`` when it never did (an unknown

@@ -1,4 +1,4 @@
-"""Stage 1, request: every string field of a call is checked before anything reads, decides or stores it.
+"""Stage 2, request: every string field of a call is checked before anything reads, decides or stores it.
 
 A field (``tool``, ``idempotency_key``, ``call_id``, ``conversation_id``, ``approval_id``) must be
 valid Unicode, within its bound in bytes of UTF-8 and free of control characters: the rules every

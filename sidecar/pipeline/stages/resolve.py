@@ -1,4 +1,4 @@
-"""Stage 2, resolve + availability: the tool, if it exists and the availability policy shows it.
+"""Stage 3, resolve + availability: the tool, if it exists and the availability policy shows it.
 
 Availability is decided here at discovery too (``listing``), so a tool is checked by the same
 code when it is listed and again when it is called.

@@ -1,5 +1,5 @@
-"""The span of a call: ``execute_tool {tool}``, outermost, so it covers every stage (OpenTelemetry GenAI
-semantic conventions for tool execution).
+"""Stage 0 (an observer), the span of a call: ``execute_tool {tool}``, outermost, so it covers every stage
+(OpenTelemetry GenAI semantic conventions for tool execution).
 
 It continues the caller's trace when the transport got one (``Call.trace_headers``, extracted by the
 propagators of ``OTEL_PROPAGATORS``, W3C trace context by default), and gives the call its span

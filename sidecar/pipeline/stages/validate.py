@@ -1,4 +1,4 @@
-"""Stage 3, validate: size and nesting limits, then the tool's input model.
+"""Stage 4, validate: size and nesting limits, then the tool's input model.
 
 Invalid arguments end the call with ``INVALID_ARGUMENT`` (field path, ``correct_arguments``).
 Valid ones are kept as the model (for the handler) and as JSON data with secrets in clear (for
