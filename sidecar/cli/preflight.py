@@ -24,14 +24,10 @@ it relies on fails (exit 1).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import sqlite3
 from dataclasses import dataclass
-from pathlib import Path
 
 from sidecar.cli.common import EXIT_FAILURE, EXIT_USAGE
-from sidecar.config import PolicyEngineKind, Settings, StoreSettings
+from sidecar.config import Settings, StoreSettings
 from sidecar.errors import (
     BundleFetchError,
     ConfigError,
@@ -79,6 +75,7 @@ def check_files_named(settings: Settings) -> None:
     """The key files, policy directory and bundle file the settings name exist and are usable (else
     ``ConfigError``); the HTTP listeners' caps fit the file descriptors (else ``OSError``)."""
     from sidecar.policy.bundle.signing import VerificationConfig
+    from sidecar.policy.engines import engine_for
     from sidecar.server.auth import Authenticator
     from sidecar.server.http_guard import check_descriptors
     from sidecar.server.tls import CertificateFiles
@@ -97,7 +94,7 @@ def check_files_named(settings: Settings) -> None:
             VerificationConfig.from_settings(policy.bundle.verification)
         if policy.bundle.file is not None and not policy.bundle.file.is_file():
             raise ConfigError(f"config error at policy.bundle.file: {policy.bundle.file} is not a file")
-    elif not (policy.engine is PolicyEngineKind.OPA and policy.opa is not None and not policy.opa.upload_policies):
+    elif engine_for(policy).managed(policy) is None:  # the engine decides on policy.path
         if not policy.path.is_dir():
             raise ConfigError(f"config error at policy.path: {policy.path} is not a directory")
 
@@ -117,65 +114,33 @@ async def preflight(settings: Settings) -> Checked:
 
 
 async def _check_policy(settings: Settings) -> str:
-    """Load the policies as ``serve`` does, but never upload them to an OPA server."""
+    """Load the policies as ``serve`` does, but never contact an engine's server (nor upload to it): what it
+    would be sent is compiled here."""
     from sidecar.policy.compiling import compiled
+    from sidecar.policy.engines import engine_for
     from sidecar.policy.factory import open_reloading
     from sidecar.policy.files import checked_files
 
     policy = settings.policy
-    if policy.engine is PolicyEngineKind.OPA:
-        assert policy.opa is not None
-        if not policy.opa.upload_policies:
-            return f"opa {policy.opa.url}: policies managed by OPA (not contacted)"
+    factory = engine_for(policy)
+    if (managed := factory.managed(policy)) is not None:
+        return f"{managed} (not contacted)"
+    if factory.contacts_server:
         files = await compiled(checked_files, policy.path)
-        return f"opa {policy.opa.url} (not contacted): directory {policy.path}, revision {files.revision()}"
+        return f"{factory.label(policy)} (not contacted): directory {policy.path}, revision {files.revision()}"
     reloader = await open_reloading(policy)
     try:
-        return f"embedded: {reloader.status.source}, revision {reloader.revision}"
+        return f"{factory.label(policy)}: {reloader.status.source}, revision {reloader.revision}"
     finally:
         await reloader.aclose()
 
 
 async def _check_store(settings: StoreSettings) -> None:
+    from sidecar.state.backends import backend_for
     from sidecar.state.journal import Journal
+    from sidecar.state.sqlite.reach import reach_file
 
-    if settings.postgres_dsn is not None:
-        await _reach_postgres(settings)
-    else:
-        await asyncio.to_thread(_reach_sqlite, settings.sqlite_path)
+    await backend_for(settings).reach(settings)
     journal = settings.journal_path()
-    await asyncio.to_thread(_reach_sqlite, journal, "the local journal")
+    await asyncio.to_thread(reach_file, journal, "the local journal")
     await asyncio.to_thread(Journal.check, journal, settings.identity())
-
-
-async def _reach_postgres(settings: StoreSettings) -> None:
-    import psycopg
-
-    from sidecar.config.dsn import redact_dsn
-    from sidecar.state.postgres.driver import reason
-
-    assert settings.postgres_dsn is not None
-    dsn = settings.postgres_dsn.get_secret_value()
-    timeout = max(1, round(settings.connect_timeout_seconds))
-    try:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=timeout) as conn:
-            await conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        raise StoreUnavailableError(f"cannot reach the PostgreSQL store at {redact_dsn(dsn)}: {reason(exc)}") from None
-
-
-def _reach_sqlite(path: Path, what: str = "SQLite store") -> None:
-    """An existing file opens (read-only) as a database; a new one could be created where it is configured."""
-    if path.exists():
-        try:
-            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-                db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        except sqlite3.Error as exc:
-            raise StoreUnavailableError(f"cannot open {what} at {path}: {exc}") from None
-        writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
-        if not writable:
-            raise StoreUnavailableError(f"cannot open {what} at {path}: it or its directory is not writable")
-        return
-    existing = next(parent for parent in path.parents if parent.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise StoreUnavailableError(f"cannot create {what} at {path}: {existing} is not a writable directory")

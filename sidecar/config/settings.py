@@ -25,7 +25,6 @@ from sidecar.config.base import (
     UNIX_PREFIX,
     Section,
     default_socket_path,
-    default_state_dir,
 )
 from sidecar.config.isolation import IsolationSettings
 from sidecar.config.listen import MAX_PORT, ListenKind, parse_listen
@@ -89,11 +88,7 @@ class AuditSettings(Section):
     def checkpoint_path(self, store: StoreSettings) -> Path:
         """``checkpoint_file``, else ``<sqlite file>.checkpoint`` (SQLite) or ``audit.checkpoint`` in the state
         directory (PostgreSQL)."""
-        if self.checkpoint_file is not None:
-            return self.checkpoint_file
-        if store.postgres_dsn is None:
-            return store.sqlite_path.with_name(store.sqlite_path.name + ".checkpoint")
-        return default_state_dir() / "audit.checkpoint"
+        return self.checkpoint_file or store.checkpoint_path()
 
 
 def _read_key(name: str, inline: SecretStr | None, file: Path | None) -> bytes | None:

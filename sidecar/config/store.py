@@ -1,16 +1,31 @@
-"""The ``store`` section: a SQLite file by default, or a PostgreSQL database shared by replicas."""
+"""The ``store`` section: a SQLite file by default, or a PostgreSQL database shared by replicas.
+
+``StoreSettings.kind`` is the one place that tells which backend the settings name; what differs between
+the backends' settings (the database's identity, the default places of the local journal and the audit
+checkpoint, the store in one line) is one row of ``_BACKENDS`` each. The stores themselves, by kind, are
+``sidecar.state.backends``.
+"""
 
 from __future__ import annotations
 
 import hashlib
+from enum import StrEnum
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from sidecar.config.base import Section, default_state_dir
 from sidecar.config.dsn import dsn_parts, redact_dsn
 
-__all__ = ["StoreSettings"]
+__all__ = ["StoreKind", "StoreSettings"]
+
+
+class StoreKind(StrEnum):
+    """The backend of a store."""
+
+    SQLITE = "sqlite"
+    POSTGRES = "postgres"
 
 
 class StoreSettings(Section):
@@ -62,25 +77,78 @@ class StoreSettings(Section):
                              "while the database answers")
         return self
 
+    @property
+    def kind(self) -> StoreKind:
+        """PostgreSQL when ``postgres_dsn`` is set, else SQLite."""
+        return StoreKind.SQLITE if self.postgres_dsn is None else StoreKind.POSTGRES
+
+    def dsn(self) -> str:
+        """The PostgreSQL DSN, with its password (the settings of a ``postgres`` store only)."""
+        assert self.postgres_dsn is not None, "only a postgres store has a DSN"
+        return self.postgres_dsn.get_secret_value()
+
     def identity(self) -> str:
         """Which database this is (the SQLite file; PostgreSQL's user, server and database): the local journal
         belongs to it."""
-        if self.postgres_dsn is None:
-            return f"sqlite {self.sqlite_path.resolve()}"
-        return redact_dsn(self.postgres_dsn.get_secret_value())
+        return _BACKENDS[self.kind].identity(self)
 
     def journal_path(self) -> Path:
         """``journal_file``, else ``<sqlite file>.journal`` (SQLite) or ``store-<digest of identity>.journal`` in
         the state directory (PostgreSQL)."""
-        if self.journal_file is not None:
-            return self.journal_file
-        if self.postgres_dsn is None:
-            return self.sqlite_path.with_name(self.sqlite_path.name + ".journal")
-        return default_state_dir() / f"store-{hashlib.sha256(self.identity().encode()).hexdigest()[:16]}.journal"
+        return self.journal_file or _BACKENDS[self.kind].journal(self)
+
+    def checkpoint_path(self) -> Path:
+        """Where the audit checkpoint is kept unless ``audit.checkpoint_file`` says: ``<sqlite file>.checkpoint``
+        (SQLite) or ``audit.checkpoint`` in the state directory (PostgreSQL)."""
+        return _BACKENDS[self.kind].checkpoint(self)
 
     def describe(self) -> str:
         """The store in one line, for people: never with the database password."""
-        if self.postgres_dsn is None:
-            return f"sqlite {self.sqlite_path}"
-        dsn = redact_dsn(self.postgres_dsn.get_secret_value())
-        return f"postgres {dsn} (pool {self.pool_min_size}-{self.pool_max_size})"
+        return _BACKENDS[self.kind].describe(self)
+
+
+class _Backend(Protocol):
+    """What differs between the backends' settings."""
+
+    def identity(self, store: StoreSettings) -> str: ...
+
+    def journal(self, store: StoreSettings) -> Path: ...
+
+    def checkpoint(self, store: StoreSettings) -> Path: ...
+
+    def describe(self, store: StoreSettings) -> str: ...
+
+
+class _Sqlite:
+    """A local file; the journal and the checkpoint beside it."""
+
+    def identity(self, store: StoreSettings) -> str:
+        return f"sqlite {store.sqlite_path.resolve()}"
+
+    def journal(self, store: StoreSettings) -> Path:
+        return store.sqlite_path.with_name(store.sqlite_path.name + ".journal")
+
+    def checkpoint(self, store: StoreSettings) -> Path:
+        return store.sqlite_path.with_name(store.sqlite_path.name + ".checkpoint")
+
+    def describe(self, store: StoreSettings) -> str:
+        return f"sqlite {store.sqlite_path}"
+
+
+class _Postgres:
+    """A shared database; this sidecar's journal and checkpoint in its state directory."""
+
+    def identity(self, store: StoreSettings) -> str:
+        return redact_dsn(store.dsn())
+
+    def journal(self, store: StoreSettings) -> Path:
+        return default_state_dir() / f"store-{hashlib.sha256(self.identity(store).encode()).hexdigest()[:16]}.journal"
+
+    def checkpoint(self, store: StoreSettings) -> Path:
+        return default_state_dir() / "audit.checkpoint"
+
+    def describe(self, store: StoreSettings) -> str:
+        return f"postgres {redact_dsn(store.dsn())} (pool {store.pool_min_size}-{store.pool_max_size})"
+
+
+_BACKENDS: dict[StoreKind, _Backend] = {StoreKind.SQLITE: _Sqlite(), StoreKind.POSTGRES: _Postgres()}

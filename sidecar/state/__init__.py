@@ -3,8 +3,9 @@
 ``SqlStore`` (``sql_store``) implements it once over a small SQL ``Driver`` (``driver``); a backend is a
 driver plus its versioned migrations (``migrate``): SQLite (``sidecar.state.sqlite``, the default, needs
 nothing installed) or PostgreSQL (``sidecar.state.postgres``) shared by replicas when
-``store.postgres_dsn`` is set. ``sidecar.state.factory.open_store`` picks (it is not imported here:
-it needs ``sidecar.config``, which needs ``sidecar.config.dsn``).
+``store.postgres_dsn`` is set: ``StoreSettings.kind``. ``sidecar.state.backends`` opens each kind, and
+``sidecar.state.factory.open_store`` the configured one (neither is imported here: they need
+``sidecar.config``, which needs ``sidecar.config.dsn``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The PostgreSQL backend, for replicas sharing one database: a driver (psycopg 3 async pool) and its migrations.
 
 Migrations are ``sidecar/state/migrations/postgres/NNNN_*.sql``. Importing this imports psycopg:
-``factory.open_store`` does so only when PostgreSQL is configured.
+``backends`` does so only when PostgreSQL is configured.
 """
 
 from __future__ import annotations

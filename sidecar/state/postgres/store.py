@@ -15,7 +15,7 @@ from sidecar.state.migrate import migrate
 from sidecar.state.postgres.driver import Pool, PostgresDriver, reason
 from sidecar.state.sql_store import SqlStore
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresStore", "reach"]
 
 
 class PostgresStore(SqlStore):
@@ -39,6 +39,17 @@ class PostgresStore(SqlStore):
         except psycopg.Error as exc:
             raise StoreUnavailableError(f"cannot open the PostgreSQL store at {where}: {reason(exc)}") from exc
         return cls(PostgresDriver(pool, where, answer_timeout=statement_timeout, down_wait=down_wait))
+
+
+async def reach(dsn: str, *, connect_timeout: float) -> None:
+    """One connection to the database at ``dsn`` answers ``SELECT 1``; nothing is created or migrated.
+    ``StoreUnavailableError`` otherwise."""
+    timeout = max(1, round(connect_timeout))
+    try:
+        async with await AsyncConnection.connect(dsn, autocommit=True, connect_timeout=timeout) as conn:
+            await conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        raise StoreUnavailableError(f"cannot reach the PostgreSQL store at {redact_dsn(dsn)}: {reason(exc)}") from None
 
 
 def _connection_options(connect_timeout: float, statement_timeout: float) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The SQLite backend: a driver (one connection, one worker thread, WAL) and its migrations.
+"""The SQLite backend: a driver (one connection, one worker thread, WAL) and its migrations; ``reach`` checks a
+file could be opened, changing nothing.
 
 Migrations are ``sidecar/state/migrations/sqlite/NNNN_*.sql``; files from before versioned migrations
 are upgraded in place (``legacy``).
