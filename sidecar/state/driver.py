@@ -30,6 +30,8 @@ class Dialect:
     now: str  # an expression: the current time, as timestamp columns store it
     epoch: str  # template: a timestamp column as epoch seconds
     timestamp: str  # template: epoch seconds as a timestamp column stores them
+    insert_new: str  # template: an ``INSERT INTO {}`` (table, columns, values) that skips a row whose key is taken
+    returning: str  # template: ``{}``, a statement, giving back the columns of the rows it wrote (the second ``{}``)
     table_exists: str  # a query with one parameter, a table name: one row, true if the table exists
     version_table: str  # the DDL of ``toolbooth_schema`` (version, name, applied_at)
     single_writer: bool  # one write transaction at a time (SQLite): claims are group-committed with the rest

@@ -1,4 +1,5 @@
-"""Every statement ``SqlStore`` runs, written once and spelled for one ``Dialect``."""
+"""Every statement ``SqlStore`` runs, written once and spelled for one ``Dialect``: what a backend spells its own
+way (placeholders, the clock, timestamps, an insert that skips a taken key, ``RETURNING``) comes from it."""
 
 from __future__ import annotations
 
@@ -64,8 +65,8 @@ class StoreStatements:
         previews = ", ".join(PREVIEW_COLUMNS)
         audit = f"SELECT id, chain_id, {', '.join(CHAINED_COLUMNS)} FROM audit WHERE id > ?"
         text = cls(
-            claim="INSERT INTO idempotency (tenant, principal_id, tool, key, request_hash, request_id, deadline_at, "
-                  f"created_at) VALUES (?, ?, ?, ?, ?, ?, ?, {d.now}) ON CONFLICT DO NOTHING",
+            claim=d.insert_new.format("idempotency (tenant, principal_id, tool, key, request_hash, request_id, "
+                                      f"deadline_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, {d.now})"),
             holder=f"SELECT request_hash, {columns} FROM idempotency WHERE {_KEY}",
             complete=f"UPDATE idempotency SET result_json = ?, completed_at = {d.now} "
                      f"WHERE {_KEY} AND result_json IS NULL AND request_id = ?",
@@ -92,9 +93,10 @@ class StoreStatements:
                              "WHERE preview_id = ? AND state = 'used'",
             insert_audit=f"INSERT INTO audit (chain_id, {', '.join(CHAINED_COLUMNS)}) "
                          f"VALUES (?, {_values(len(CHAINED_COLUMNS))})",
-            start_chain=f"INSERT INTO audit_chains (started_at, link_id, link_hash) SELECT {d.now}, l.id, l.hash "
-                        "FROM (SELECT 1 AS one) o LEFT JOIN (SELECT id, hash FROM audit WHERE hash IS NOT NULL "
-                        "ORDER BY id DESC LIMIT 1) l ON o.one = 1 RETURNING id, link_hash",
+            start_chain=d.returning.format(
+                f"INSERT INTO audit_chains (started_at, link_id, link_hash) SELECT {d.now}, l.id, l.hash "
+                "FROM (SELECT 1 AS one) o LEFT JOIN (SELECT id, hash FROM audit WHERE hash IS NOT NULL "
+                "ORDER BY id DESC LIMIT 1) l ON o.one = 1", "id, link_hash"),
             chains="SELECT id, link_id, link_hash FROM audit_chains ORDER BY id",
             last_audit_link="SELECT id, hash FROM audit WHERE chain_id = ? AND hash IS NOT NULL "
                             "ORDER BY id DESC LIMIT 1",
@@ -104,7 +106,7 @@ class StoreStatements:
             audit_all_after=f"{audit} ORDER BY id ASC",
             audit_all_after_newest=f"{audit} ORDER BY id DESC",
             audit_of_approvals=f"{audit} AND time >= ? AND decisions_json LIKE ? ORDER BY id DESC LIMIT ?",
-            set_mask_key="INSERT INTO audit_mask_key (id, key) VALUES (1, ?) ON CONFLICT DO NOTHING",
+            set_mask_key=d.insert_new.format("audit_mask_key (id, key) VALUES (1, ?)"),
             mask_key="SELECT key FROM audit_mask_key",
         )
         return cls(**{f.name: d.sql(getattr(text, f.name)) for f in fields(cls)})

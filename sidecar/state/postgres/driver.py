@@ -45,6 +45,8 @@ POSTGRES = Dialect(
     now="now()",  # the server's clock, at the start of the statement's transaction
     epoch="extract(epoch FROM {})::float8",
     timestamp="to_timestamp({})",
+    insert_new="INSERT INTO {} ON CONFLICT DO NOTHING",
+    returning="{} RETURNING {}",
     table_exists="SELECT to_regclass(?) IS NOT NULL",  # on the search path, as every statement sees it
     version_table="CREATE TABLE toolbooth_schema (version integer PRIMARY KEY, name text NOT NULL, "
                   "applied_at timestamptz NOT NULL DEFAULT now())",

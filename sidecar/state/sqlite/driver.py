@@ -35,6 +35,8 @@ SQLITE = Dialect(
     now="toolbooth_now()",  # Python's clock (``time.time``), registered on each connection: microseconds
     epoch="{}",  # timestamps are stored as epoch seconds (REAL)
     timestamp="{}",
+    insert_new="INSERT INTO {} ON CONFLICT DO NOTHING",
+    returning="{} RETURNING {}",
     table_exists="SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?",
     version_table="CREATE TABLE toolbooth_schema (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
                   "applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)",
