@@ -24,7 +24,8 @@ from sidecar import PUBLIC_MODULES
 REPO = Path(sidecar.__file__).resolve().parent.parent
 SNAPSHOT = Path(__file__).with_name("plugin_api.json")
 PROMISED = ("sidecar.plugin", "sidecar.plugin_cli")
-DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
+# What outside users read; docs/architecture.md is for those who change the sidecar, whose internals it explains.
+DOCS = sorted([REPO / "README.md", *(path for path in (REPO / "docs").glob("*.md") if path.name != "architecture.md")])
 _IMPORT = re.compile(r"^\s*(?:from\s+(sidecar[\w.]*)\s+import\s+(\([^)]*\)|[^\n]*)|import\s+(sidecar[\w.]*))", re.M)
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 
