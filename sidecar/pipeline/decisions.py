@@ -5,7 +5,8 @@ decision id of its own (a UUID, as OPA's decision log names decisions), and, whe
 for the call's ``policy`` span (attribute ``toolbooth.policy.{stage}.allow``, for the approval stage
 ``toolbooth.policy.approval.required``; ``toolbooth.policy.{stage}.error`` when the engine failed). An
 engine that cannot answer refuses the call through ``sidecar.errors.refusal``: nothing after the stage
-that asked runs.
+that asked runs. A call's decisions and its audit masks come from one policy set, the one in force at its
+first decision (``sidecar.policy.reload.pin_for``): a reload meanwhile does not reach them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sidecar.ids import random_uuid
 from sidecar.pipeline.call import Call
 from sidecar.policy import Decision, PolicyEngine, Stage
 from sidecar.policy.input import CallInput
+from sidecar.policy.reload import pin_for
 
 __all__ = ["AUDIT_MASKS", "Decider"]
 
@@ -55,7 +57,8 @@ class Decider:
         """The engine's decision, or the refusal of a call whose decision failed (trail written)."""
         assert call.inputs is not None
         try:
-            return await self.policy.decide(stage, call.inputs.build(stage, arguments))
+            with pin_for(call):
+                return await self.policy.decide(stage, call.inputs.build(stage, arguments))
         except PolicyEvaluationError as exc:
             log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
             call.trail[_NAMES[stage]] = {"error": str(exc)}
@@ -69,10 +72,12 @@ class Decider:
         return decided
 
     async def masked(self, call: Call, tool: str) -> tuple[str, ...]:
-        """The pointers ``data.toolbooth.audit.mask`` lists for ``tool``, read once per policy revision."""
-        revision = self.policy.revision
-        if self._masks[0] != revision:
-            self._masks = (revision, await self._read_masks(call))
+        """The pointers ``data.toolbooth.audit.mask`` lists for ``tool`` in the call's policy set, read once per
+        policy revision."""
+        with pin_for(call):
+            revision = self.policy.revision
+            if self._masks[0] != revision:
+                self._masks = (revision, await self._read_masks(call))
         return self._masks[1].get(tool, ())
 
     async def _read_masks(self, call: Call) -> dict[str, tuple[str, ...]]:

@@ -86,7 +86,7 @@ class CachingEngine(DelegatingEngine):
         super().__init__(inner)
         self._cache: Generations[Decision] = Generations(max_entries, ttl_seconds, timer)
         self._batches: Generations[tuple[Decision, ...]] = Generations(max_entries, ttl_seconds, timer)
-        self._revision = inner.revision
+        self._revision, self._keyers = inner.revision, _keyers(inner.revision, inner.reads_idempotency_key)
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         """The cached decision for ``input``, else the wrapped engine's (kept when cacheable)."""
@@ -124,17 +124,27 @@ class CachingEngine(DelegatingEngine):
         return [decision for decision in found if decision is not None], expires
 
     def _keyer(self, stage: Stage) -> Callable[[PolicyInput], Hashable | None]:
-        """The key of an input for ``stage`` under the policy set in force (asked once, for a whole batch)."""
+        """The key of an input for ``stage`` under the policy set in force (asked once, for a whole batch); the
+        set's rules for keys are read once per revision."""
         revision = self.inner.revision
         if revision != self._revision:  # a new policy set: drop every old decision at once
             self._cache.clear()
             self._batches.clear()
-            self._revision = revision
-        if self.inner.reads_idempotency_key:
-            return lambda input: None if input.cache_key is None else (
-                revision, stage, input.cache_key, input.idempotency_key)
-        return lambda input: None if input.cache_key is None else (revision, stage, input.cache_key)
+            self._revision, self._keyers = revision, _keyers(revision, self.inner.reads_idempotency_key)
+        return self._keyers[stage]
 
     def _keep(self, key: Hashable | None, decision: Decision) -> None:
         if key is not None and decision.cacheable:
             self._cache.put(key, decision)
+
+
+def _keyers(revision: str, reads_idempotency_key: bool) -> dict[Stage, Callable[[PolicyInput], Hashable | None]]:
+    """Per stage, the key of an input (``None``: not cached) under one policy set: with the call's idempotency
+    key only when its policies may read it."""
+    def keyer(stage: Stage) -> Callable[[PolicyInput], Hashable | None]:
+        if reads_idempotency_key:
+            return lambda input: None if input.cache_key is None else (
+                revision, stage, input.cache_key, input.idempotency_key)
+        return lambda input: None if input.cache_key is None else (revision, stage, input.cache_key)
+
+    return {stage: keyer(stage) for stage in Stage}

@@ -1,9 +1,11 @@
 """The policy seam: the ``PolicyEngine`` protocol every engine implements, and ``DelegatingEngine``.
 
-An engine answers decisions (``decide``, ``decide_many``), names the policy revision in force,
-says whether its policies may read ``input.call.idempotency_key`` (``reads_idempotency_key``),
-reads ``data.toolbooth.audit.mask`` (``audit_masks``) and releases what it holds (``aclose``).
-Every engine implements all six, so callers call them directly.
+An engine names the policy revision in force (``revision``), says whether its policies may read
+``input.call.idempotency_key`` (``reads_idempotency_key``, part of the decision cache's key), answers
+decisions (``decide``, ``decide_many``), reads ``data.toolbooth.audit.mask`` (``audit_masks``) and
+releases what it holds (``aclose``). Every engine implements all six, so callers call them directly.
+The first two are facts of the policy set: they change only when another set is loaded
+(``sidecar.policy.reload``), so a caller may read them once per call.
 
 Failing closed: an engine that cannot evaluate (error, unreachable, too slow) raises
 ``PolicyEvaluationError`` -> ``SERVICE_UNAVAILABLE``, retryable; a decision of the wrong
@@ -26,7 +28,11 @@ __all__ = ["DelegatingEngine", "PolicyEngine"]
 
 
 class PolicyEngine(Protocol):
-    """Evaluates the decisions of one policy set. Implementations must fail closed by raising."""
+    """Evaluates the decisions of one policy set. Implementations must fail closed by raising.
+
+    Its members, all six: ``revision``, ``reads_idempotency_key``, ``decide``, ``decide_many``,
+    ``audit_masks``, ``aclose``.
+    """
 
     @property
     def revision(self) -> str:

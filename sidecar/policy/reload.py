@@ -1,13 +1,19 @@
 """Hot reload: serve one policy revision while watching the source for the next.
 
-``ReloadingEngine`` is a ``PolicyEngine`` that delegates to the engine in force.
+``ReloadingEngine`` is a ``PolicyEngine`` that delegates to the policy set in force,
+published as one immutable ``Loaded`` (the engine, its revision and whether its policies
+read the idempotency key: the facts that change only on a reload, read once then).
 ``watch`` polls the source's fingerprint; when it changes, the new policy set is
-loaded — compiled and, if required, tested — and only then swapped in. A set that
-fails to load is refused: the old revision
+loaded — compiled and, if required, tested — and only then swapped in, one assignment
+on the event-loop thread. A set that fails to load is refused: the old revision
 keeps serving, the refusal is logged, and ``status`` reports it until a later
-change loads. The swap happens on the event-loop thread, between two decisions.
-Any check of a new set (compiling it, running its tests) belongs to the source's
-``load``, so nothing is handed to an engine before it passed.
+change loads. Any check of a new set (compiling it, running its tests) belongs to the
+source's ``load``, so nothing is handed to an engine before it passed.
+
+A call sees one revision: within ``with pin_for(call):``, every decision of the call (in its
+task and the tasks it starts) comes from the set in force at its first decision, even if a
+reload swaps another in meanwhile. The set replaced last stays open for such calls until the
+next swap; a call still deciding after two swaps (seconds apart at least) gets the set in force.
 """
 
 from __future__ import annotations
@@ -15,16 +21,19 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from sidecar.contract import ReloadStatus
 from sidecar.errors import PolicyLoadError
 from sidecar.metrics import Metrics
+from sidecar.policy.decision import Decision, Stage
 from sidecar.policy.engine import DelegatingEngine, PolicyEngine
+from sidecar.policy.input import PolicyInput
 
-__all__ = ["PolicySource", "ReloadingEngine"]
+__all__ = ["Loaded", "Pin", "PolicySource", "ReloadingEngine", "pin_for"]
 
 log = logging.getLogger("toolbooth.policy.reload")
 
@@ -46,14 +55,62 @@ class PolicySource(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """One policy set as loaded: its engine, and the facts about it that hold until the next reload."""
+
+    engine: PolicyEngine
+    revision: str
+    reads_idempotency_key: bool
+
+    @classmethod
+    def of(cls, engine: PolicyEngine) -> Loaded:
+        """``engine``'s facts, read once."""
+        return cls(engine, engine.revision, engine.reads_idempotency_key)
+
+
+@dataclass(slots=True)
+class Pin:
+    """The policy set of one call: taken by its first decision, answering every decision made while
+    ``deciding`` (what is asked outside its decisions, e.g. a listing, gets the set in force)."""
+
+    owner: object
+    loaded: Loaded | None = None
+    deciding: bool = False
+
+    def __enter__(self) -> Pin:
+        """Deciding from here (``with pin_for(call):``)."""
+        self.deciding = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.deciding = False
+
+
+_PIN: ContextVar[Pin | None] = ContextVar("toolbooth_policy_pin", default=None)
+
+
+def pin_for(owner: object) -> Pin:
+    """The pin of ``owner`` (a call) in this context: its task and the tasks it starts. A new one for a new owner
+    (the context's calls come one after another)."""
+    pin = _PIN.get()
+    if pin is None or pin.owner is not owner:
+        pin = Pin(owner)
+        _PIN.set(pin)
+    return pin
+
+
 class ReloadingEngine(DelegatingEngine):
     """A ``PolicyEngine`` whose policy set can be replaced while it serves.
 
-    Decisions, the revision and the audit masks come from ``inner``, the engine in force.
+    Decisions, the revision and the audit masks come from ``loaded``: the set in force, or the one a call
+    is pinned to (``pin_for``). ``inner`` is the engine in force.
     """
 
     def __init__(self, source: PolicySource, engine: PolicyEngine, fingerprint: str) -> None:
         super().__init__(engine)
+        self._current = Loaded.of(engine)  # the set in force
+        self._previous: Loaded | None = None  # the one before it, open for the calls pinned to it
         self._source, self._seen = source, fingerprint
         self.status = ReloadStatus(source.description, engine.revision, _now())
         self.on_status: Callable[[ReloadStatus], Awaitable[None]] | None = None
@@ -78,13 +135,54 @@ class ReloadingEngine(DelegatingEngine):
             self._count("refused")
             await self._set(replace(self.status, last_attempt_at=_now(), last_error=str(exc)))
             return self.status
-        old, self.inner = self.inner, engine
-        await old.aclose()
+        closing, self._previous, self._current = self._previous, self._current, Loaded.of(engine)
+        self.inner = engine
+        if closing is not None:
+            await closing.engine.aclose()
         log.info("policy revision %s loaded from %s", engine.revision, self._source.description)
         self._count("loaded")
         now = _now()
         await self._set(ReloadStatus(self._source.description, engine.revision, now, now))
         return self.status
+
+    @property
+    def loaded(self) -> Loaded:
+        """While a call decides: the set it is pinned to (taken now, at its first decision) if that is still open.
+        Else the set in force."""
+        pin = _PIN.get()
+        if pin is None or not pin.deciding:
+            return self._current
+        if pin.loaded is None:
+            pin.loaded = self._current
+        return pin.loaded if pin.loaded is self._current or pin.loaded is self._previous else self._current
+
+    @property
+    def revision(self) -> str:
+        """The revision of ``loaded``."""
+        return self.loaded.revision
+
+    @property
+    def reads_idempotency_key(self) -> bool:
+        """Whether the policies of ``loaded`` may read the idempotency key."""
+        return self.loaded.reads_idempotency_key
+
+    async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
+        """The decision of ``loaded``."""
+        return await self.loaded.engine.decide(stage, input)
+
+    async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
+        """The decisions of ``loaded``, in order."""
+        return await self.loaded.engine.decide_many(stage, inputs)
+
+    async def audit_masks(self) -> dict[str, tuple[str, ...]]:
+        """The audit masks of ``loaded``."""
+        return await self.loaded.engine.audit_masks()
+
+    async def aclose(self) -> None:
+        """Release the set in force and the one kept open before it."""
+        if self._previous is not None:
+            await self._previous.engine.aclose()
+        await self._current.engine.aclose()
 
     async def watch(self, interval: float, stop: asyncio.Event) -> None:
         """Poll until ``stop`` is set; errors reading the source are logged, never fatal."""

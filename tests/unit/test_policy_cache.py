@@ -150,9 +150,9 @@ async def test_the_idempotency_key_is_left_out_where_no_policy_reads_it(engine: 
     assert len(inner.asked) == 1
 
 
-async def test_the_idempotency_key_is_kept_where_a_policy_may_read_it(engine: CachingEngine,
-                                                                     inner: CountingEngine) -> None:
+async def test_the_idempotency_key_is_kept_where_a_policy_may_read_it(inner: CountingEngine, clock: Clock) -> None:
     inner.reads_idempotency_key = True
+    engine = CachingEngine(inner, max_entries=10, ttl_seconds=5, timer=clock)
     for key in ("k-1", "k-2", "k-1", None):
         await engine.decide(Stage.AUTHZ, parts().build(Stage.AUTHZ, call(key=key)))
     assert [json.loads(asked.json)["call"]["idempotency_key"] for asked in inner.asked] == ["k-1", "k-2", None]
@@ -242,3 +242,15 @@ def test_a_listings_inputs_are_those_of_its_tools() -> None:
     assert len(batch) == 2 and [json.loads(one.json)["tool"] for one in batch] == [{"name": "a"}, {"name": "b"}]
     assert [one.cache_key for one in batch[0:2]] == [parts(tool=t).build(Stage.AVAILABILITY).cache_key
                                                        for t in ('{"name":"a"}', '{"name":"b"}')]
+
+
+async def test_whether_the_key_is_read_is_learnt_once_per_revision(engine: CachingEngine,
+                                                                   inner: CountingEngine) -> None:
+    """It is a fact of a policy set: asked again only when the revision changes (a reload)."""
+    inner.reads_idempotency_key = True  # not a reload: the set in force still reads no key
+    for key in ("k-1", "k-2"):
+        await engine.decide(Stage.AUTHZ, parts().build(Stage.AUTHZ, call(key=key)))
+    inner.revision = "sha256:two"
+    for key in ("k-1", "k-2"):
+        await engine.decide(Stage.AUTHZ, parts().build(Stage.AUTHZ, call(key=key)))
+    assert [json.loads(asked.json)["call"]["idempotency_key"] for asked in inner.asked] == ["k-1", "k-1", "k-2"]

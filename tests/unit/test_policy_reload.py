@@ -19,7 +19,7 @@ from sidecar.policy.compiling import compiled
 from sidecar.policy.factory import policy_source
 from sidecar.policy.files import PolicyFiles
 from sidecar.policy.input import PolicyInput
-from sidecar.policy.reload import ReloadingEngine
+from sidecar.policy.reload import ReloadingEngine, pin_for
 from tests.support.reloading import rewrite
 
 DENY_ALL = 'package toolbooth.availability\n\nimport rego.v1\n\ndecision := {"allow": false, "reason": "closed"}\n'
@@ -146,3 +146,31 @@ async def test_every_set_is_compiled_on_the_one_policy_thread(policies: Path, mo
 async def test_the_policy_thread_runs_one_thing_at_a_time() -> None:
     idents = await asyncio.gather(*(compiled(threading.get_ident) for _ in range(8)))
     assert len(set(idents)) == 1 and idents[0] != threading.get_ident()
+
+
+async def test_a_pinned_call_decides_on_one_revision_across_a_reload(policies: Path) -> None:
+    engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
+    first, call = engine.revision, object()
+    with pin_for(call):
+        assert await allowed(engine)  # the call's first decision takes the set in force
+    rewrite(policies / "availability.rego", DENY_ALL)
+    await engine.reload_if_changed()
+    assert not await allowed(engine) and engine.revision != first  # what is not the call's: the new set
+    with pin_for(call):
+        assert await allowed(engine) and engine.revision == first  # the call's next decisions: still its own
+    with pin_for(object()):
+        assert not await allowed(engine)  # another call: the set in force at its first decision
+    await engine.aclose()
+
+
+async def test_a_call_still_deciding_after_two_reloads_gets_the_set_in_force(policies: Path) -> None:
+    engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
+    call = object()
+    with pin_for(call):
+        assert await allowed(engine)
+    for text in (DENY_ALL, DENY_ALL.replace("closed", "still closed")):
+        rewrite(policies / "availability.rego", text)
+        await engine.reload_if_changed()
+    with pin_for(call):  # its set is closed by now
+        assert (await engine.decide(Stage.AVAILABILITY, INPUT)).reason == "still closed"
+    await engine.aclose()
