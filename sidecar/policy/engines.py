@@ -124,7 +124,8 @@ async def open_engine(settings: PolicySettings, path: Path | None = None) -> Pol
     factory = engine_for(settings)
     if path is None and factory.managed(settings) is not None:
         return await factory.open_managed(settings)
-    return await _sending(settings, path or settings.path).open_directory(settings, path or settings.path)
+    root = settings.path if path is None else path
+    return await _sending(settings, root).open_directory(settings, root)
 
 
 async def open_candidate(settings: PolicySettings, path: Path) -> PolicyEngine:
