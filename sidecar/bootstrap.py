@@ -1,8 +1,9 @@
 """The composition root: the one place that builds the sidecar's collaborators and wires them together.
 
-``open_sidecar`` opens what ``toolbooth serve`` runs: the reloadable policy engine (watched for
-changes, asked for its status) and the pipeline over it, cached. ``open_pipeline`` loads plugins
-and policies, opens the store from ``Settings`` (its audit chain keyed with ``audit.chain_key``) and
+``open_serving`` opens everything ``toolbooth serve`` runs: ``open_sidecar``'s reloadable policy engine (watched
+for changes, asked for its status) and the pipeline over it, cached; the HTTP endpoints that are on
+(``sidecar.server.endpoints``) over that pipeline; the writer of the signed audit checkpoint. ``open_pipeline``
+loads plugins and policies, opens the store from ``Settings`` (its audit chain keyed with ``audit.chain_key``) and
 starts the worker processes of the isolated tools (``isolation``); ``assemble`` wires given parts
 (tests and tools pass their own) into the chain of ``sidecar.pipeline.order``. With ``metrics.listen``,
 one ``Metrics`` (its own registry) is made here and given to every part that counts: the calls' stage,
@@ -15,7 +16,9 @@ pools, masker).
 
 from __future__ import annotations
 
+import logging
 import secrets
+from dataclasses import dataclass
 
 from sidecar.config import IsolationSettings, Limits, LogFormat, Settings
 from sidecar.metrics import Metrics
@@ -32,7 +35,9 @@ from sidecar.policy import PolicyEngine
 from sidecar.policy.factory import open_reloading, with_cache
 from sidecar.policy.metered import MeteredEngine
 from sidecar.policy.reload import ReloadingEngine
+from sidecar.server.endpoints import Endpoints, Parts
 from sidecar.state import Expiry, Store
+from sidecar.state.checkpoint import Checkpointer
 from sidecar.state.factory import open_store
 from sidecar.telemetry.tracing import Tracing
 from sidecar.tools.dispatch import Dispatcher
@@ -41,7 +46,9 @@ from sidecar.tools.isolation.pool import ProcessPools
 from sidecar.tools.masking import Masker
 from sidecar.tools.registry import Registry
 
-__all__ = ["assemble", "open_pipeline", "open_sidecar"]
+__all__ = ["Serving", "assemble", "open_pipeline", "open_serving", "open_sidecar"]
+
+log = logging.getLogger(__name__)
 
 
 async def open_sidecar(settings: Settings, *, registry: Registry | None = None,
@@ -132,3 +139,47 @@ def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: 
     return Pipeline(registry=registry, policy=policy, store=store, limits=limits, approvals=approvals, chain=chain,
                     resolve=deciding.resolve, idempotency=idempotency, dispatcher=dispatcher, auditor=auditor,
                     tracing=tracing, metrics=metrics)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What ``toolbooth serve`` runs (``sidecar.server.app.serve``): the engine, the pipeline, its endpoints and
+    the checkpoint's writer (``None``: no chain key, or not this worker's job)."""
+
+    reloader: ReloadingEngine
+    pipeline: Pipeline
+    endpoints: Endpoints
+    checkpointer: Checkpointer | None
+
+    async def aclose(self) -> None:
+        """Close the pipeline; with a checkpointer, once the last calls are recorded, so the checkpoint covers them."""
+        if self.checkpointer is not None:
+            await self.pipeline.drain()
+            await self.checkpointer.try_write()
+        await self.pipeline.aclose()
+
+
+async def open_serving(settings: Settings, *, registry: Registry | None = None, writes_checkpoint: bool = True,
+                       reuse_port: bool = False) -> Serving:
+    """``open_sidecar`` and what serves over it: the endpoints (with ``reuse_port``, one of several workers'), and
+    the checkpoint's writer when ``writes_checkpoint`` and a chain key is configured."""
+    reloader, pipeline = await open_sidecar(settings, registry=registry)
+    try:
+        checkpointer = _checkpointer(settings, pipeline.store) if writes_checkpoint else None
+    except BaseException:
+        await pipeline.aclose()
+        raise
+    parts = Parts(settings, pipeline, pipeline.approvals, pipeline.metrics, reuse_port=reuse_port)
+    return Serving(reloader, pipeline, Endpoints(parts), checkpointer)
+
+
+def _checkpointer(settings: Settings, store: Store) -> Checkpointer | None:
+    """The writer of the signed audit checkpoint; ``None`` (said in the log) without a chain key."""
+    key = settings.audit.read_chain_key()
+    if key is None:
+        log.warning("audit chain unkeyed: no audit.chain_key is configured, so whoever can write the database can "
+                    "recompute the chain, and no checkpoint is written")
+        return None
+    path = settings.audit.checkpoint_path(settings.store)
+    log.info("audit chain keyed; checkpoint %s", path)
+    return Checkpointer(store, key, path)

@@ -2,10 +2,10 @@
 
 ``check_files_named`` is cheap and has no side effects: the files the configuration names exist and are
 usable (the JWT key fits one of its algorithms, the TLS certificate, its key and client CA, the mask key
-file, the bundle verification keys, the policy directory or bundle file), the MCP SDK is installed
-when ``mcp.listen`` is set, and the HTTP listeners' caps fit the files this process may open
-(``sidecar.server.http_guard.check_descriptors``). ``serve`` runs it first, so such a mistake stops it
-before anything opens.
+file, the bundle verification keys, the policy directory or bundle file), the extra of each HTTP endpoint
+that is on is installed (``sidecar.config.endpoints``: the MCP SDK for ``mcp.listen``, …), and the HTTP
+listeners' caps fit the files this process may open (``sidecar.server.http_guard.check_descriptors``).
+``serve`` runs it first, so such a mistake stops it before anything opens.
 ``preflight`` adds what takes longer, still changing nothing: the plugins load under the allow-list,
 each with its ``plugins.config`` section validated against its settings model, ``isolation`` names
 loaded sync tools whose handlers import by path (no worker process is started), the
@@ -74,6 +74,7 @@ class Checked:
 def check_files_named(settings: Settings) -> None:
     """The key files, policy directory and bundle file the settings name exist and are usable (else
     ``ConfigError``); the HTTP listeners' caps fit the file descriptors (else ``OSError``)."""
+    from sidecar.config.endpoints import check_installed
     from sidecar.policy.bundle.signing import VerificationConfig
     from sidecar.policy.engines import engine_for
     from sidecar.server.auth import Authenticator
@@ -83,8 +84,7 @@ def check_files_named(settings: Settings) -> None:
     Authenticator(settings.auth)  # reads the JWT key and parses it for each allowed algorithm
     if settings.server.tls is not None:
         CertificateFiles(settings.server.tls)  # the certificate and key parse and match, the client CA parses
-    settings.mcp.check_installed()
-    settings.approvals_ui.check_installed()
+    check_installed(settings)
     check_descriptors(settings)
     settings.audit.read_mask_key()
     settings.audit.read_chain_key()

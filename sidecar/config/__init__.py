@@ -28,6 +28,7 @@ from sidecar.config.base import (
     default_socket_path,
     default_state_dir,
 )
+from sidecar.config.http_json import CALL_PATH, HttpJsonSettings
 from sidecar.config.isolation import IsolationSettings
 from sidecar.config.listen import LISTEN_FORMS, ListenAddress, ListenKind, is_loopback, parse_listen, socket_path
 from sidecar.config.logs import LogFormat, LoggingSettings
@@ -58,6 +59,7 @@ from sidecar.config.settings import (
 from sidecar.config.tls import ServerTlsSettings
 
 __all__ = [
+    "CALL_PATH",
     "CLIENT_VARIABLES",
     "ENV_NO_PROGRESS",
     "ENV_PREFIX",
@@ -83,6 +85,7 @@ __all__ = [
     "BundleSettings",
     "BundleVerificationSettings",
     "DecisionCacheSettings",
+    "HttpJsonSettings",
     "IsolationSettings",
     "JwtSettings",
     "Limits",

@@ -13,7 +13,7 @@ holds at most ``max_streams_per_principal`` such streams across their sessions (
 ``http.max_connections`` at most; their next one ends their own oldest) and everyone together at most
 ``max_streams`` (default and most: half of ``http.max_connections``, the rest kept for page loads and sign-ins).
 ``http`` bounds its clients' time and number (``sidecar.config.http``). Serving it needs the ``approvals-ui`` extra
-(``check_installed``).
+(``sidecar.config.endpoints``).
 
 ``oidc`` adds signing in through an identity provider (OpenID Connect authorization code flow with PKCE,
 ``sidecar.server.approvals_ui.oidc``): ``issuer`` (its discovery document is at
@@ -25,7 +25,6 @@ by ``auth.jwt`` as an agent's token is, so it needs ``auth.jwt`` (checked with t
 
 from __future__ import annotations
 
-import importlib.util
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -33,11 +32,9 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from sidecar.config.base import Section
 from sidecar.config.http import HttpListenerSettings
 from sidecar.config.listen import Endpoint, is_loopback, one_tcp_endpoint
-from sidecar.errors import ConfigError
 
 __all__ = ["CALLBACK_PATH", "ApprovalsUiSettings", "OidcSettings"]
 
-_NEEDS = ("starlette", "uvicorn", "jinja2")
 CALLBACK_PATH = "/sign-in/callback"
 
 
@@ -143,11 +140,3 @@ class ApprovalsUiSettings(Section):
     def endpoint(self) -> Endpoint | None:
         """The host and port to listen on, ``None`` when the inbox is off."""
         return None if self.listen is None else one_tcp_endpoint(self.listen, "the approval inbox")
-
-    def check_installed(self) -> None:
-        """``ConfigError`` when the inbox is on but its web stack (the ``approvals-ui`` extra) is not installed."""
-        missing = [name for name in _NEEDS if importlib.util.find_spec(name) is None]
-        if self.listen is not None and missing:
-            raise ConfigError("config error at approvals_ui.listen: serving the approval inbox needs the "
-                              f"'approvals-ui' extra (pip install 'toolbooth[approvals-ui]'); missing: "
-                              f"{', '.join(missing)}")

@@ -10,19 +10,16 @@ request as JSON (progress notifications are then dropped). ``http`` bounds its c
 at most ``max_sessions_per_principal`` sessions (a new one ends their least recently used idle one), fewer than
 ``max_sessions``, all principals' together (``sidecar.server.mcp_sessions``). An ``initialize`` request's body
 is at most ``max_initialize_bytes`` (at most ``limits.max_message_bytes``, checked with the whole ``Settings``), as
-its session keeps its params. Serving it needs the ``mcp`` extra (``check_installed``).
+its session keeps its params. Serving it needs the ``mcp`` extra (``sidecar.config.endpoints``).
 """
 
 from __future__ import annotations
-
-import importlib.util
 
 from pydantic import Field, field_validator, model_validator
 
 from sidecar.config.base import Section
 from sidecar.config.http import HttpListenerSettings
 from sidecar.config.listen import Endpoint, one_tcp_endpoint
-from sidecar.errors import ConfigError
 
 __all__ = ["MCP_PATH", "McpSettings"]
 
@@ -61,9 +58,3 @@ class McpSettings(Section):
     def endpoint(self) -> Endpoint | None:
         """The host and port to listen on, ``None`` when the endpoint is off."""
         return None if self.listen is None else one_tcp_endpoint(self.listen, "the MCP endpoint")
-
-    def check_installed(self) -> None:
-        """``ConfigError`` when the endpoint is on but the MCP SDK (the ``mcp`` extra) is not installed."""
-        if self.listen is not None and importlib.util.find_spec("mcp") is None:
-            raise ConfigError("config error at mcp.listen: serving MCP needs the 'mcp' extra "
-                              "(pip install 'toolbooth[mcp]')")

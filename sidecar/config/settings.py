@@ -26,6 +26,8 @@ from sidecar.config.base import (
     Section,
     default_socket_path,
 )
+from sidecar.config.endpoints import ENDPOINTS, Workers
+from sidecar.config.http_json import HttpJsonSettings
 from sidecar.config.isolation import IsolationSettings
 from sidecar.config.listen import MAX_PORT, ListenKind, parse_listen
 from sidecar.config.logs import LoggingSettings
@@ -212,6 +214,7 @@ class Settings(Section):
     mcp: McpSettings = Field(default_factory=McpSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     approvals_ui: ApprovalsUiSettings = Field(default_factory=ApprovalsUiSettings)
+    http_json: HttpJsonSettings = Field(default_factory=HttpJsonSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     log_level: str = "INFO"
     _origins: Origins = PrivateAttr(default_factory=dict)
@@ -231,13 +234,12 @@ class Settings(Section):
 
     @model_validator(mode="after")
     def _dev_mode_stays_local(self) -> Settings:
-        """Dev mode trusts every caller, so it may only listen where no one else can reach (gRPC, MCP and the
-        approval inbox alike)."""
+        """Dev mode trusts every caller, so it may only listen where no one else can reach (gRPC and every endpoint
+        of ``sidecar.config.endpoints`` but those that may: metrics)."""
         if self.auth.effective_mode is AuthMode.DEV:
             addresses = [("server.listen", address) for address in self.server.listen]
-            addresses += [("mcp.listen", self.mcp.listen)] if self.mcp.listen is not None else []
-            if self.approvals_ui.listen is not None:
-                addresses.append(("approvals_ui.listen", self.approvals_ui.listen))
+            addresses += [(row.key, listen) for row in ENDPOINTS
+                          if not row.dev_off_loopback and (listen := row.listen(self)) is not None]
             if self.approvals_ui.oidc is not None:
                 raise ValueError("approvals_ui.oidc: signing in through an identity provider needs auth.jwt, which "
                                  "verifies the tokens it issues (auth mode 'dev' trusts a static principal)")
@@ -260,12 +262,17 @@ class Settings(Section):
         return self
 
     @model_validator(mode="after")
-    def _a_metrics_port_per_worker(self) -> Settings:
-        """Worker ``i`` serves its metrics on ``metrics.listen``'s port + ``i``: those ports must exist."""
-        endpoint = self.metrics.endpoint
-        if endpoint is not None and endpoint.port and endpoint.port + self.server.workers - 1 > MAX_PORT:
-            raise ValueError(f"metrics.listen: {self.metrics.listen!r}: with server.workers: {self.server.workers} "
-                             f"worker i serves metrics on port {endpoint.port} + i, beyond {MAX_PORT}: choose lower")
+    def _a_port_per_worker(self) -> Settings:
+        """Worker ``i`` serves an endpoint with a port each (metrics) on its configured port + ``i``: those ports
+        must exist."""
+        for row in ENDPOINTS:
+            listen = row.listen(self)
+            if row.workers is not Workers.PORT_EACH or listen is None:
+                continue
+            port = parse_listen(listen).endpoints[0].port
+            if port and port + self.server.workers - 1 > MAX_PORT:
+                raise ValueError(f"{row.key}: {listen!r}: with server.workers: {self.server.workers} worker i serves "
+                                 f"{row.title} on port {port} + i, beyond {MAX_PORT}: choose lower")
         return self
 
 

@@ -4,13 +4,12 @@
 port 0 or a temporary socket; binding is ``sidecar.server.listeners``, TLS on TCP ``sidecar.server.tls``,
 the health-only listener of probes ``sidecar.server.probes``); ``serve`` runs the
 sidecar until SIGTERM/SIGINT and logs at start what it serves with: plugins, tools, store,
-policy engine and revision, listeners, trace exporters. With a chain key (``audit.chain_key``) it writes the signed
-audit checkpoint (``sidecar.state.checkpoint``) at an interval and, once the last calls are
-recorded, at shutdown. With ``mcp.listen`` it serves MCP too (``sidecar.server.mcp_http``), on the same
-event loop: started before gRPC, stopped first at shutdown, each within ``server.shutdown_grace_seconds``.
-With ``metrics.listen`` it serves Prometheus metrics (``sidecar.server.metrics_http``), also on that loop:
-started first, stopped last, so a scrape sees the whole shutdown.
-With ``approvals_ui.listen`` it serves the approval inbox (``sidecar.server.approvals_ui``) the same way.
+policy engine and revision, listeners, trace exporters. What it runs is built by ``sidecar.bootstrap.open_serving``
+(the composition root). With a chain key (``audit.chain_key``) it writes the signed audit checkpoint
+(``sidecar.state.checkpoint``) at an interval and, once the last calls are recorded, at shutdown. The HTTP
+endpoints that are on (``sidecar.server.endpoints``: metrics, MCP, the approval inbox, HTTP/JSON) run on the same
+event loop: metrics started first and stopped last, so a scrape sees the whole shutdown; the others started
+before gRPC and stopped before it, each within ``server.shutdown_grace_seconds``.
 As one of ``server.workers`` processes (a ``WorkerRole``, from ``sidecar.server.supervisor``) it shares its TCP
 ports with the other workers (SO_REUSEPORT), writes the checkpoint only as worker 0, and says when it serves.
 """
@@ -26,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -41,18 +40,18 @@ from sidecar.server import interceptors
 from sidecar.server.approval_service import SERVICE_NAME as APPROVAL_SERVICE_NAME
 from sidecar.server.approval_service import ApprovalServicer
 from sidecar.server.auth import Authenticator
+from sidecar.server.endpoints import Phase
+from sidecar.server.gateway import ToolGateway
 from sidecar.server.listeners import bind_all, remove_sockets
 from sidecar.server.policy_service import RELOAD_HEALTH_NAME, PolicyServicer
 from sidecar.server.policy_service import SERVICE_NAME as POLICY_SERVICE_NAME
 from sidecar.server.probes import open_probes
 from sidecar.server.roles import ApprovalDesk, ApprovalGateway, Operators, PolicyStatusView, StatusProvider
 from sidecar.server.tls import server_credentials
-from sidecar.server.tool_service import SERVICE_NAME, ToolGateway, ToolServicer
-from sidecar.state.checkpoint import Checkpointer
+from sidecar.server.tool_service import SERVICE_NAME, ToolServicer
 
 if TYPE_CHECKING:
     from sidecar.pipeline.gate import Pipeline
-    from sidecar.state import Store
     from sidecar.tools.registry import Registry
 
 __all__ = ["SERVICE_NAME", "Sidecar", "WorkerRole", "create_server", "serve"]
@@ -159,28 +158,27 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
                 worker: WorkerRole | None = None) -> None:
     """Run the sidecar until SIGTERM, SIGINT or ``stop``, then shut down gracefully; as ``worker``, one of
     several processes."""
-    from sidecar.bootstrap import open_sidecar
+    from sidecar.bootstrap import open_serving
     from sidecar.policy.factory import reload_interval
 
-    reloader, pipeline = await open_sidecar(settings, registry=registry)
-    checkpointer: Checkpointer | None = None
+    writes_checkpoint = worker is None or worker.writes_checkpoint
+    serving = await open_serving(settings, registry=registry, writes_checkpoint=writes_checkpoint,
+                                 reuse_port=worker is not None)
+    reloader, pipeline, endpoints = serving.reloader, serving.pipeline, serving.endpoints
     try:
-        if worker is None or worker.writes_checkpoint:
-            checkpointer = _checkpointer(settings, pipeline.store)
-        async with _serving(_metrics_endpoint(settings, pipeline.metrics)):
+        async with endpoints.serving(Phase.AROUND_GRPC):
             _, sidecar = await create_server(settings, pipeline, policy=reloader, approvals=pipeline.approvals,
                                              metrics=pipeline.metrics, trace_context=pipeline.tracing.enabled,
                                              reuse_port=worker is not None)
             reloader.on_status = sidecar.report_policy
             try:
-                async with _serving(_mcp_endpoint(settings, pipeline)), \
-                        _serving(_approvals_inbox(settings, pipeline.approvals)):
+                async with endpoints.serving(Phase.WITHIN_GRPC):
                     try:
                         await sidecar.start()
                         _log_start(settings, pipeline, reloader, sidecar)
                         if worker is not None:
                             worker.ready(sidecar.addresses)
-                        checkpoints = checkpointer.run if checkpointer else None
+                        checkpoints = serving.checkpointer.run if serving.checkpointer else None
                         async with _in_background(reloader.watch, reload_interval(settings.policy)), \
                                 _in_background(checkpoints, settings.audit.checkpoint_interval_seconds):
                             await _wait_for_stop(stop or asyncio.Event())
@@ -189,10 +187,7 @@ async def serve(settings: Settings, *, registry: Registry | None = None, stop: a
             finally:
                 await sidecar.stop(settings.server.shutdown_grace_seconds)
     finally:
-        if checkpointer is not None:  # the last calls recorded first, so the checkpoint covers them
-            await pipeline.drain()
-            await checkpointer.try_write()
-        await pipeline.aclose()
+        await serving.aclose()
     log.info("toolbooth stopped")
 
 
@@ -218,54 +213,6 @@ def _log_start(settings: Settings, pipeline: Pipeline, reloader: ReloadingEngine
              extra={"trace_exporters": exporters})
 
 
-class _Endpoint(Protocol):
-    """An HTTP listener of the sidecar's beside gRPC (MCP, metrics, the approval inbox)."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-@contextlib.asynccontextmanager
-async def _serving(endpoint: _Endpoint | None) -> AsyncIterator[None]:
-    """``endpoint`` served while the body runs, then stopped (each within its own bound); ``None``: nothing."""
-    if endpoint is None:
-        yield
-        return
-    await endpoint.start()
-    try:
-        yield
-    finally:
-        await endpoint.stop()
-
-
-def _mcp_endpoint(settings: Settings, gateway: ToolGateway) -> _Endpoint | None:
-    """The MCP endpoint of ``mcp.listen``; none when it is off (the MCP SDK is imported only then)."""
-    if settings.mcp.listen is None:
-        return None
-    from sidecar.server.mcp_http import McpEndpoint
-
-    return McpEndpoint.open(settings, gateway)
-
-
-def _metrics_endpoint(settings: Settings, metrics: Metrics | None) -> _Endpoint | None:
-    """The metrics endpoint of ``metrics.listen``; none when it is off (aiohttp's server is imported only then)."""
-    if metrics is None:
-        return None
-    from sidecar.server.metrics_http import MetricsEndpoint
-
-    return MetricsEndpoint(metrics.registry, settings.metrics)
-
-
-def _approvals_inbox(settings: Settings, approvals: ApprovalGateway) -> _Endpoint | None:
-    """The approval inbox of ``approvals_ui.listen``; none when it is off (its web stack is imported only then)."""
-    if settings.approvals_ui.listen is None:
-        return None
-    from sidecar.server.approvals_ui.endpoint import ApprovalsInbox
-
-    return ApprovalsInbox.open(settings, approvals)
-
-
 @contextlib.asynccontextmanager
 async def _in_background(work: Callable[[float, asyncio.Event], Coroutine[Any, Any, None]] | None,
                          interval: float) -> AsyncIterator[None]:
@@ -281,18 +228,6 @@ async def _in_background(work: Callable[[float, asyncio.Event], Coroutine[Any, A
     finally:
         stop.set()
         await task
-
-
-def _checkpointer(settings: Settings, store: Store) -> Checkpointer | None:
-    """The writer of the signed audit checkpoint; ``None`` (said in the log) without a chain key."""
-    key = settings.audit.read_chain_key()
-    if key is None:
-        log.warning("audit chain unkeyed: no audit.chain_key is configured, so whoever can write the database can "
-                    "recompute the chain, and no checkpoint is written")
-        return None
-    path = settings.audit.checkpoint_path(settings.store)
-    log.info("audit chain keyed; checkpoint %s", path)
-    return Checkpointer(store, key, path)
 
 
 def _channel_options(settings: Settings, reuse_port: bool) -> list[tuple[str, int]]:

@@ -2,7 +2,7 @@
 whose server has no such bounds (metrics, aiohttp).
 
 ``check_descriptors`` (run once before anything opens, by ``sidecar.cli.preflight``) refuses to start when
-the caps of the listeners that are on (``mcp``, ``approvals_ui``, ``metrics``: their ``http.max_connections``)
+the caps of the listeners that are on (each of ``sidecar.config.endpoints``: its ``http.max_connections``)
 could together take more than half of the process's file descriptors (``RLIMIT_NOFILE``): the rest is left
 to gRPC, the store, the policy and the logs. What both guards share: ``refused`` answers a connection past
 a cap ``503`` and closes it at once; a ``Deadline`` runs until a request (or its head) arrives, and
@@ -28,6 +28,7 @@ import resource
 from collections.abc import Callable
 
 from sidecar.config import Settings
+from sidecar.config.endpoints import ENDPOINTS
 from sidecar.config.http import HttpConnectionSettings
 from sidecar.telemetry.repeats import limit_repeats
 
@@ -41,9 +42,8 @@ _HEAD_END = b"\r\n\r\n"
 def check_descriptors(settings: Settings) -> None:
     """``OSError`` naming their keys when the caps of the HTTP listeners that are on could together take more
     than half of this process's file descriptors."""
-    caps = {f"{name}.http.max_connections": section.http.max_connections
-            for name, section in (("mcp", settings.mcp), ("approvals_ui", settings.approvals_ui),
-                                  ("metrics", settings.metrics)) if section.listen is not None}
+    caps = {f"{row.section}.http.max_connections": row.settings(settings).http.max_connections
+            for row in ENDPOINTS if row.listen(settings) is not None}
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and 2 * sum(caps.values()) > soft:
         named = " + ".join(f"{key} {cap}" for key, cap in caps.items())

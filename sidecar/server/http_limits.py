@@ -1,5 +1,5 @@
-"""How the sidecar's HTTP listeners (MCP, the approval inbox) bound their clients, so that no number of slow or
-idle clients can exhaust the process.
+"""How the sidecar's HTTP listeners that read request bodies (MCP, the approval inbox, HTTP/JSON) bound their
+clients, so that no number of slow or idle clients can exhaust the process.
 
 uvicorn bounds only the idle time after a response (``timeout_keep_alive``): it starts no timer before a
 request's head has arrived, so a client that sends part of a header holds its connection, and a file
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import h11
 import uvicorn
@@ -39,22 +39,20 @@ from sidecar.server.http_guard import Deadline, expire, limit_flood_records, ref
 
 __all__ = ["HttpLimits", "bounded_server", "listener_limits"]
 
-Listener = Literal["mcp", "approvals_ui"]
-
-
 @dataclass(frozen=True)
 class HttpLimits:
     """The bounds of one listener: its section's ``http`` keys and the largest head it reads."""
 
-    listener: Listener
+    listener: str  # its section: mcp, approvals_ui, http_json
     settings: HttpListenerSettings
     max_head_bytes: int
 
 
-def listener_limits(settings: Settings, listener: Listener) -> HttpLimits:
-    """The bounds of ``listener``."""
-    section = settings.mcp if listener == "mcp" else settings.approvals_ui
-    return HttpLimits(listener, section.http, settings.auth.max_metadata_bytes)
+def listener_limits(settings: Settings, listener: str) -> HttpLimits:
+    """The bounds of the listener of the section ``listener`` (one with ``HttpListenerSettings``)."""
+    bounds = getattr(settings, listener).http
+    assert isinstance(bounds, HttpListenerSettings), f"{listener} reads no request bodies"
+    return HttpLimits(listener, bounds, settings.auth.max_metadata_bytes)
 
 
 def bounded_server(app: ASGIApp, limits: HttpLimits, *, close_seconds: int) -> uvicorn.Server:

@@ -38,10 +38,10 @@ from sidecar.contract import CallRequest, Principal, ToolListing, ToolResult
 from sidecar.errors import AuthenticationError
 from sidecar.mcp.server import Context, SendProgress, build_server
 from sidecar.server.auth import Authenticator
+from sidecar.server.gateway import ToolGateway
 from sidecar.server.http_limits import HttpLimits, bounded_server, listener_limits
 from sidecar.server.listeners import tcp_socket
 from sidecar.server.mcp_sessions import Sessions
-from sidecar.server.tool_service import ToolGateway
 from sidecar.telemetry.propagation import continuing, trace_headers
 
 __all__ = ["McpEndpoint", "principal_of"]

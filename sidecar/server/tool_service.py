@@ -1,7 +1,7 @@
 """The thin ``ToolService`` servicer: proto in, a ``ToolGateway`` (the pipeline) call, proto out.
 
-Every decision lives behind the gateway; authentication and the mapping of exceptions to gRPC
-statuses live in ``sidecar.server.interceptors``. The only errors raised here are
+Every decision lives behind the gateway (``sidecar.server.gateway``, re-exported here); authentication and the
+mapping of exceptions to gRPC statuses live in ``sidecar.server.interceptors``. The only errors raised here are
 ``InvalidRequestError`` for a request without its required fields (the gateway raises it too, for a
 malformed string field of ``ListTools`` and ``GetOperation``, and for an empty or too large batch);
 everything else is a result. ``ExecuteToolStream`` writes its events with ``context.write`` (a coroutine,
@@ -11,16 +11,16 @@ not a generator), so the interceptors wrap it as they wrap a unary method.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
 from sidecar.api import convert
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
-from sidecar.contract import CallBatch, CallRequest, Operation, Principal, Progress, ToolListing, ToolResult
+from sidecar.contract import Progress
 from sidecar.errors import InvalidRequestError
+from sidecar.server.gateway import ToolGateway
 from sidecar.server.interceptors import current_principal
 
 __all__ = ["OPERATION_KEY_REQUIRED", "SERVICE_NAME", "TOOL_REQUIRED", "ToolGateway", "ToolServicer"]
@@ -30,28 +30,6 @@ TOOL_REQUIRED = "tool is required"
 OPERATION_KEY_REQUIRED = "tool and idempotency_key, or request_id, are required"
 
 _Context = grpc.aio.ServicerContext[Any, Any]
-
-
-class ToolGateway(Protocol):
-    """What the servicer needs from the pipeline."""
-
-    async def list_tools(self, principal: Principal, *, conversation_id: str | None = None) -> ToolListing: ...
-
-    async def execute(
-        self, principal: Principal, request: CallRequest, *, caller_deadline: float | None = None
-    ) -> ToolResult: ...
-
-    async def execute_batch(
-        self, principal: Principal, batch: CallBatch, *, caller_deadline: float | None = None
-    ) -> tuple[ToolResult, ...]: ...
-
-    async def execute_streamed(
-        self, principal: Principal, request: CallRequest, send: Callable[[Progress], Awaitable[None]], *,
-        caller_deadline: float | None = None,
-    ) -> ToolResult: ...
-
-    async def get_operation(self, principal: Principal, *, tool: str | None = None, key: str | None = None,
-                            request_id: str | None = None) -> Operation: ...
 
 
 class ToolServicer(pb_grpc.ToolServiceServicer):

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from sidecar.config import parse_settings
+from sidecar.config.endpoints import check_installed
 from sidecar.contract import Preview, PreviewState, Principal
 from sidecar.errors import ConfigError
 from sidecar.server.approvals_ui.live import version_of
@@ -95,8 +96,8 @@ def test_serving_the_inbox_without_its_web_stack_is_a_config_error(monkeypatch: 
     with pytest.raises(ConfigError, match=r"config error at approvals_ui\.listen: serving the approval inbox needs "
                                           r"the 'approvals-ui' extra \(pip install 'toolbooth\[approvals-ui\]'\); "
                                           r"missing: jinja2"):
-        settings.approvals_ui.check_installed()
-    parse_settings({}).approvals_ui.check_installed()  # off: nothing to need
+        check_installed(settings)
+    check_installed(parse_settings({}))  # off: nothing to need
 
 
 class Clock:

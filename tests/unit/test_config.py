@@ -8,6 +8,7 @@ import pytest
 
 from sidecar.cli import main
 from sidecar.config import AuthMode, load_settings, parse_settings
+from sidecar.config.endpoints import check_installed
 from sidecar.errors import ConfigError
 
 
@@ -221,8 +222,8 @@ def test_serving_mcp_without_the_sdk_is_a_config_error(monkeypatch: pytest.Monke
     settings = parse_settings({"mcp": {"listen": "127.0.0.1:8765"}})
     with pytest.raises(ConfigError, match=r"config error at mcp\.listen: serving MCP needs the 'mcp' extra "
                                           r"\(pip install 'toolbooth\[mcp\]'\)"):
-        settings.mcp.check_installed()
-    parse_settings({}).mcp.check_installed()  # off: nothing to need
+        check_installed(settings)
+    check_installed(parse_settings({}))  # off: nothing to need
 
 
 def test_opa_engine_settings(tmp_path: Path) -> None:

@@ -1,0 +1,212 @@
+"""The HTTP/JSON endpoint (``http_json.listen``): ``POST /v1/call`` runs one call and answers its ``ToolResult``.
+
+The body is one JSON object with the fields of ``ExecuteTool`` (``sidecar.contract.CallRequest``), the arguments
+as a JSON value rather than text::
+
+    {"tool": "send_email", "arguments": {"to": "a@example.com"}, "idempotency_key": "k-1",
+     "approval_id": null, "conversation_id": "c-9", "call_id": "call-7"}
+
+Only ``tool`` is required. The call goes to the pipeline (``ToolGateway.execute``) as a gRPC call does, so every
+field is checked there, by the same rules (``sidecar.pipeline.fields``), and a refused call is audited.
+
+Two channels, as over gRPC: a call that ran, was denied, held for approval or refused for its arguments or fields
+is ``200`` with the ``ToolResult`` as JSON (what ``toolbooth call --output json`` prints; ``status`` and ``error.code``
+say what happened). A request the endpoint cannot take is a typed error, ``{"error": {"code", "message"[, "field"]}}``:
+
+======  ==========================  ===========================================================
+status  code                        when
+======  ==========================  ===========================================================
+401     ``UNAUTHENTICATED``         no bearer token, or one the authenticator refuses
+415     ``UNSUPPORTED_MEDIA_TYPE``  a ``Content-Type`` other than ``application/json``
+413     ``PAYLOAD_TOO_LARGE``       a body above ``limits.max_message_bytes``
+400     ``MALFORMED_JSON``          a body that is not one JSON text in UTF-8
+400     ``UNKNOWN_FIELD``           a key the call has no field for (``field`` names it)
+400     ``INVALID_REQUEST``         not an object, no ``tool``, a field of the wrong type
+404     ``NOT_FOUND``               any other path; 405 ``METHOD_NOT_ALLOWED``: any other method
+503     ``UNAVAILABLE``             the store or policy engine cannot answer (retry later)
+500     ``INTERNAL``                a bug; the traceback goes to the log
+======  ==========================  ===========================================================
+
+The caller authenticates as over gRPC (``sidecar.server.auth``: the bearer JWT of ``Authorization``; dev mode:
+the static principal, on loopback only), before its body is read. Its trace headers (``traceparent``) are the
+trace the call continues. uvicorn serves it on the sidecar's loop within the listener bounds of
+``sidecar.server.http_limits`` (``http_json.http``); ``stop`` takes no new connection and lets the calls in flight
+finish within ``server.shutdown_grace_seconds``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import socket
+from typing import Any, NoReturn
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sidecar.config import CALL_PATH, Settings
+from sidecar.contract import CallRequest
+from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
+from sidecar.server.auth import Authenticator
+from sidecar.server.gateway import ToolGateway
+from sidecar.server.http_limits import bounded_server, listener_limits
+from sidecar.server.interceptors.status import INTERNAL_DETAILS, UNAVAILABLE_DETAILS
+from sidecar.server.listeners import tcp_socket
+from sidecar.server.tool_service import TOOL_REQUIRED
+from sidecar.telemetry.propagation import continuing, trace_headers
+
+__all__ = ["HttpJsonEndpoint", "Refused"]
+
+log = logging.getLogger(__name__)
+
+_STRING_FIELDS = ("tool", "idempotency_key", "approval_id", "conversation_id", "call_id")
+_FIELDS = frozenset({*_STRING_FIELDS, "arguments"})
+_MEDIA_TYPE = "application/json"
+# What the gateway raises, as (status, code, message); the rest is a bug. Its one place until a
+# transport-neutral classification of errors maps them for every transport.
+_RAISED: dict[type[Exception], tuple[int, str, str | None]] = {
+    AuthenticationError: (401, "UNAUTHENTICATED", None),  # None: the exception's own constant message
+    InvalidRequestError: (400, "INVALID_REQUEST", None),
+    DependencyError: (503, "UNAVAILABLE", UNAVAILABLE_DETAILS),
+}
+
+
+class Refused(Exception):
+    """A request the endpoint does not take: its status, stable code, constant message and the field at fault."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+    def response(self) -> JSONResponse:
+        error = {"code": self.code, "message": self.message, **({"field": self.field} if self.field else {})}
+        headers = {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{self.message}"'} \
+            if self.status == 401 else None
+        return JSONResponse({"error": error}, status_code=self.status, headers=headers)
+
+
+class HttpJsonEndpoint:
+    """The HTTP/JSON endpoint of one sidecar: bound by ``open``, then ``start`` and ``stop`` (each once)."""
+
+    def __init__(self, app: Starlette, bound: socket.socket, *, host: str, settings: Settings) -> None:
+        self._socket = bound
+        self.url = f"http://{host}:{bound.getsockname()[1]}{CALL_PATH}"
+        grace = math.ceil(settings.server.shutdown_grace_seconds)
+        self._server = bounded_server(app, listener_limits(settings, "http_json"), close_seconds=grace)
+
+    @classmethod
+    def open(cls, settings: Settings, gateway: ToolGateway, *, reuse_port: bool = False) -> HttpJsonEndpoint:
+        """The endpoint of ``settings.http_json`` over ``gateway``, its socket bound (shared with other workers'
+        with ``reuse_port``); ``OSError`` ``cannot listen on …`` if it cannot be."""
+        endpoint = settings.http_json.endpoint
+        assert endpoint is not None, "http_json.listen is not set"
+        calls = _Calls(gateway, Authenticator(settings.auth), settings.limits.max_message_bytes)
+        app = Starlette(routes=[Route(CALL_PATH, calls.call, methods=["POST"])],
+                        exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]
+        host = endpoint.host.removeprefix("[").removesuffix("]")
+        bound = tcp_socket(f"http_json.listen {settings.http_json.listen}", host, endpoint.port, reuse_port=reuse_port)
+        return cls(app, bound, host=endpoint.host, settings=settings)
+
+    async def start(self) -> None:
+        """Serve on this loop; returns once it accepts connections."""
+        try:
+            await self._server.startup(sockets=[self._socket])
+        except BaseException:
+            self._socket.close()
+            raise
+        if self._server.should_exit:  # uvicorn logs why and asks to exit instead of raising
+            self._socket.close()
+            raise OSError(f"cannot listen on http_json.listen {self.url}")
+        log.info("HTTP/JSON calls on %s", self.url)
+
+    async def stop(self) -> None:
+        """Take no new connection; let the calls in flight finish within the grace, then close the connections."""
+        await self._server.shutdown()
+        self._socket.close()
+
+
+class _Calls:
+    """``POST /v1/call``: authenticate, read and check the body, run the call, answer its result."""
+
+    def __init__(self, gateway: ToolGateway, authenticator: Authenticator, max_bytes: int) -> None:
+        self._gateway, self._authenticator, self._max_bytes = gateway, authenticator, max_bytes
+
+    async def call(self, request: Request) -> Response:
+        metadata = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.scope["headers"]]
+        try:
+            principal = await self._authenticator.authenticate(metadata)
+            call = _call_request(await self._body(request))
+            with continuing(trace_headers(metadata)):
+                result = await self._gateway.execute(principal, call)
+        except Refused as refused:
+            return refused.response()
+        except Exception as exc:  # noqa: BLE001 - every failure is answered; a bug is logged with its traceback
+            return _refused(exc, request).response()
+        return JSONResponse(result.model_dump(mode="json"))
+
+    async def _body(self, request: Request) -> Any:
+        """The body as JSON, if it is JSON and within its bound; else ``Refused``."""
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != _MEDIA_TYPE:
+            raise Refused(415, "UNSUPPORTED_MEDIA_TYPE", f"the body must be {_MEDIA_TYPE}")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._max_bytes:
+            _too_large(self._max_bytes)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self._max_bytes:
+                _too_large(self._max_bytes)
+        try:
+            return json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise Refused(400, "MALFORMED_JSON", "the body is not one JSON text in UTF-8") from None
+
+
+def _call_request(body: Any) -> CallRequest:
+    """The call ``body`` asks for; ``Refused`` for what the call has no field for, or a field of the wrong type.
+    The values themselves are the pipeline's to check."""
+    if not isinstance(body, dict):
+        raise Refused(400, "INVALID_REQUEST", "the body must be a JSON object")
+    unknown = sorted(set(body) - _FIELDS)
+    if unknown:
+        raise Refused(400, "UNKNOWN_FIELD", f"unknown field {unknown[0]!r}: a call has {', '.join(sorted(_FIELDS))}",
+                      field=unknown[0])
+    for name in _STRING_FIELDS:
+        if not isinstance(body.get(name), str | None):
+            raise Refused(400, "INVALID_REQUEST", f"{name} must be a string", field=name)
+    if not body.get("tool"):
+        raise Refused(400, "INVALID_REQUEST", TOOL_REQUIRED, field="tool")
+    arguments = body.get("arguments")
+    arguments_json = "" if arguments is None else json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    optional = {name: body.get(name) or None for name in _STRING_FIELDS if name != "tool"}
+    return CallRequest(tool=body["tool"], arguments_json=arguments_json, **optional)
+
+
+def _refused(exc: Exception, request: Request) -> Refused:
+    """What the caller is told of an exception the authenticator or the gateway raised."""
+    for kind, (status, code, message) in _RAISED.items():
+        if isinstance(exc, kind):
+            return Refused(status, code, str(exc) if message is None else message)
+    log.error("unexpected error while serving %s %s", request.method, request.url.path, exc_info=exc)
+    return Refused(500, "INTERNAL", INTERNAL_DETAILS)
+
+
+def _too_large(bound: int) -> NoReturn:
+    raise Refused(413, "PAYLOAD_TOO_LARGE", f"the body is larger than {bound} bytes (limits.max_message_bytes)")
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals (an unknown path, another method) as typed errors too."""
+    code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "INVALID_REQUEST")
+    refused = Refused(exc.status_code, code, str(exc.detail)).response()
+    refused.headers.update(exc.headers or {})
+    return refused
