@@ -1,17 +1,31 @@
-"""``Call``: the one input object every stage of the chain gets, and what the stages learn about it.
+"""``Call``: the one input object every stage of the chain gets, and the records the stages add to it.
 
-A stage reads what earlier stages set and sets its own part: resolve sets ``tool`` and
-``inputs``, validate sets ``arguments``, approval sets ``approved_preview`` (the approved rendering
-of a tool that renders its calls), idempotency sets ``detached``, ``key`` and ``deadline``, dispatch
-sets ``attempts`` (and ``unknown``, ``late`` for a handler whose outcome is not known). ``progress`` is
-where the handler's progress reports go (a streamed call's caller; ``None``: nowhere).
-``trail`` is the audit trail: every decision made for the call, by stage; ``decision_ids`` names each one.
-``trace_headers`` is the trace context its caller sent (``sidecar.telemetry.propagation``); the trace stage
-sets ``trace`` (the call's span) when the sidecar traces, ``span`` makes the stages' own spans, children
-of the call's, and ``deciding`` notes a policy decision for the span they share (nothing at all when it
-does not trace).
-The accessors (``defn``, ``validated``) say which stage must have run, so a stage placed
-before the one it depends on fails loudly in tests rather than silently deciding on nothing.
+Its input, given when the transport makes it: ``principal``, ``request`` (whose malformed string fields the
+request stage replaces by placeholders, the one change to the input), ``policy_revision``, ``caller_deadline``
+(``time.monotonic()`` by which the caller stops waiting), ``progress`` (where the handler's progress reports go;
+``None``: nowhere), ``trace_headers`` (the trace context its caller sent, ``sidecar.telemetry.propagation``),
+``time`` (``input.context.time`` of its decisions), ``request_id`` and ``started``.
+
+What the stages learn is a record each, set once by the stage that owns it (stages numbered as in
+``sidecar.pipeline.order``), ``None`` until then; setting one again is a bug (``AssertionError`` naming its stage):
+
+==============  ===============  ==========================================================================
+record          set by           what it holds
+==============  ===============  ==========================================================================
+``trace``       trace (0)        the call's span (``CallTrace``), when the sidecar traces and samples it
+``inputs``      resolve (3)      the policy input's shared parts, before the availability decision
+``tool``        resolve (3)      the tool, once it is available to the caller
+``arguments``   validate (4)     the validated arguments (``Arguments``)
+``approved``    approval (6)     the checked approval (``Approved``: the rendering its approver approved)
+``claim``       idempotency (7)  a write's key and its handler's deadline (``KeyClaim``): the call is detached
+``dispatched``  dispatch (9)     the handler's attempts, and for an unknown outcome its late result (``Dispatched``)
+==============  ===============  ==========================================================================
+
+``trail`` gathers every decision made for the call, by stage (the audit log records it); ``decision_ids`` names
+each one. ``span`` makes the stages' own spans, children of the call's, and ``deciding`` notes a policy decision
+for the span they share (nothing at all when the sidecar does not trace). The accessors (``defn``, ``validated``)
+say which stage must have run, so a stage placed before the one it depends on fails loudly in tests rather than
+silently deciding on nothing.
 """
 
 from __future__ import annotations
@@ -24,14 +38,16 @@ import logging
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from operator import attrgetter
 from time import monotonic
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel
 
 from sidecar.canonical import canonical_bytes, legacy_sha256_hex, sha256_hex
 from sidecar.contract import CallRequest, Principal, ToolResult
 from sidecar.ids import random_uuid_hex
+from sidecar.pipeline.approval_calls import Approved
 from sidecar.policy.input import CallInput, InputParts, now_utc
 from sidecar.state import KeyScope
 from sidecar.tools.definition import ProgressSink, ToolContext, ToolDefinition
@@ -41,9 +57,33 @@ if TYPE_CHECKING:
 
     from sidecar.telemetry.spans import CallTrace, DecisionOutcome
 
-__all__ = ["Arguments", "Call"]
+__all__ = ["Arguments", "Call", "Dispatched", "KeyClaim"]
 
 _NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()  # also: no decision outcome to note
+T = TypeVar("T")
+
+
+class Once(property, Generic[T]):
+    """A record of ``Call``, kept in the slot ``slot``: ``None`` until set; set once, by ``stage`` (setting it again
+    raises ``AssertionError``). A ``property`` whose getter is ``attrgetter``: read as fast as any property."""
+
+    def __init__(self, slot: str, stage: str) -> None:
+        read = attrgetter(slot)
+
+        def write(call: Call, value: T) -> None:
+            if read(call) is not None:
+                raise AssertionError(f"call.{slot.lstrip('_')} is set once, by the {stage} stage")
+            setattr(call, slot, value)
+
+        super().__init__(read, write)
+
+    if TYPE_CHECKING:  # what the property's own ``__get__`` and ``__set__`` return and take, for the type checker
+        @overload
+        def __get__(self, call: None, owner: type | None = None, /) -> Once[T]: ...
+        @overload
+        def __get__(self, call: Call, owner: type | None = None, /) -> T | None: ...
+        def __get__(self, call: Call | None, owner: type | None = None, /) -> Once[T] | T | None: ...
+        def __set__(self, call: Call, value: T, /) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +100,25 @@ class Arguments:
     canonical: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class KeyClaim:
+    """A write's claim (idempotency): the key it claims, which the stages after that one own, and its handler's
+    deadline (``time.monotonic()``): the tool's timeout from the claim, not the caller's deadline."""
+
+    key: KeyScope
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    """What dispatching the handler did: its ``attempts`` (0: it never started), whether its outcome is
+    ``unknown`` (its effect may have happened), and, for a handler that runs on, its own result when it ends."""
+
+    attempts: int
+    unknown: bool = False
+    late: asyncio.Future[ToolResult] | None = None
+
+
 @dataclass(slots=True)
 class Call:
     """One tool call on its way through the chain."""
@@ -67,38 +126,53 @@ class Call:
     principal: Principal
     request: CallRequest
     policy_revision: str
-    caller_deadline: float | None = None  # ``time.monotonic()`` by which the caller stops waiting
-    progress: ProgressSink | None = None  # the transport's: where the handler's progress reports go
-    time: str = field(default_factory=now_utc)  # ``input.context.time`` of every decision of the call
+    caller_deadline: float | None = None
+    progress: ProgressSink | None = None
+    time: str = field(default_factory=now_utc)
     request_id: str = field(default_factory=random_uuid_hex)
     started: float = field(default_factory=monotonic)
-    tool: ToolDefinition[Any, Any] | None = None  # resolve: the tool, once available to the caller
-    inputs: InputParts | None = None  # resolve: the policy input's shared parts
-    arguments: Arguments | None = None  # validate
-    approved_preview: dict[str, Any] | None = None  # approval: the rendering its approver approved
-    key: KeyScope | None = None  # idempotency: the key this call claimed (``None``: none, or not ours)
-    deadline: float | None = None  # idempotency or dispatch: ``time.monotonic()`` by which the handler must end
-    attempts: int = 0  # dispatch
-    unknown: bool = False  # dispatch: the handler's effect may have happened, its outcome is not known
-    late: asyncio.Future[ToolResult] | None = None  # dispatch: that handler runs on; its own result when it ends
-    detached: bool = False  # idempotency: a started write records its own outcome, even if the caller leaves
+    trace_headers: Mapping[str, str] | None = None
     trail: dict[str, Any] = field(default_factory=dict)  # decisions (as documents) and approval ids, by stage
     decision_ids: dict[str, str] = field(default_factory=dict)  # stage -> the UUID of its decision (decision log)
-    trace_headers: Mapping[str, str] | None = None  # the transport's: the caller's trace context
-    trace: CallTrace | None = None  # trace: the call's span, when the sidecar traces
-    _request_hash: str | None = None
+    _trace: CallTrace | None = field(default=None, init=False, repr=False)
+    _inputs: InputParts | None = field(default=None, init=False, repr=False)
+    _tool: ToolDefinition[Any, Any] | None = field(default=None, init=False, repr=False)
+    _arguments: Arguments | None = field(default=None, init=False, repr=False)
+    _approved: Approved | None = field(default=None, init=False, repr=False)
+    _claim: KeyClaim | None = field(default=None, init=False, repr=False)
+    _dispatched: Dispatched | None = field(default=None, init=False, repr=False)
+    _request_hash: str | None = field(default=None, init=False, repr=False)
+
+    trace = Once["CallTrace"]("_trace", "trace")
+    inputs = Once[InputParts]("_inputs", "resolve")
+    tool = Once[ToolDefinition[Any, Any]]("_tool", "resolve")
+    arguments = Once[Arguments]("_arguments", "validate")
+    approved = Once[Approved]("_approved", "approval")
+    claim = Once[KeyClaim]("_claim", "idempotency")
+    dispatched = Once[Dispatched]("_dispatched", "dispatch")
 
     @property
     def defn(self) -> ToolDefinition[Any, Any]:
         """The resolved tool (only after the resolve stage)."""
-        assert self.tool is not None, "the resolve stage must run first"
-        return self.tool
+        assert self._tool is not None, "the resolve stage must run first"
+        return self._tool
 
     @property
     def validated(self) -> Arguments:
         """The validated arguments (only after the validate stage)."""
-        assert self.arguments is not None, "the validate stage must run first"
-        return self.arguments
+        assert self._arguments is not None, "the validate stage must run first"
+        return self._arguments
+
+    @property
+    def detached(self) -> bool:
+        """Whether the idempotency stage detached this write from its caller (``claim``): it records its own
+        outcome, even if the caller leaves."""
+        return self._claim is not None
+
+    @property
+    def attempts(self) -> int:
+        """How many times the handler was started (0 before dispatch, or if it never started)."""
+        return 0 if self._dispatched is None else self._dispatched.attempts
 
     @property
     def elapsed_ms(self) -> int:
@@ -110,11 +184,11 @@ class Call:
         """Hash of the canonical request: equal for equal arguments in any key order or spacing.
         Before the arguments are valid, the raw text is hashed instead."""
         if self._request_hash is None:
-            if self.arguments is None:
+            if self._arguments is None:
                 self._request_hash = sha256_hex(self._hashed())
             else:  # {"arguments": ..., "tool": ..., "version": ...} in JCS order, from the arguments' canonical bytes
                 rest = canonical_bytes({"tool": self.request.tool, "version": self.defn.version})
-                digest = hashlib.sha256(b'{"arguments":' + self.arguments.canonical + b"," + rest[1:])
+                digest = hashlib.sha256(b'{"arguments":' + self._arguments.canonical + b"," + rest[1:])
                 self._request_hash = "sha256:" + digest.hexdigest()
         return self._request_hash
 
@@ -125,38 +199,37 @@ class Call:
         return legacy_sha256_hex(self._hashed())
 
     def _hashed(self) -> dict[str, Any]:
-        arguments: Any = self.request.arguments_json if self.arguments is None else self.arguments.data
-        return {"tool": self.request.tool, "version": self.tool.version if self.tool else "", "arguments": arguments}
+        arguments: Any = self.request.arguments_json if self._arguments is None else self._arguments.data
+        return {"tool": self.request.tool, "version": self._tool.version if self._tool else "", "arguments": arguments}
 
     def span(self, kind: str, name: str) -> AbstractContextManager[Span | None]:
         """A span ``{kind} {name}`` (``store claim``, ``handler calculate``), child of the call's,
         while the block runs; ``None`` (and nothing made) when the sidecar does not trace."""
-        if self.trace is None:
+        if self._trace is None:
             return _NO_SPAN
-        return self.trace.part(f"{kind} {name}")
+        return self._trace.part(f"{kind} {name}")
 
     def deciding(self, stage: str) -> AbstractContextManager[DecisionOutcome | None]:
         """Where the block notes the outcome of ``stage``'s policy decision, for the call's ``policy`` span;
         ``None`` (and nothing noted) when the sidecar does not trace."""
-        if self.trace is None:
+        if self._trace is None:
             return _NO_SPAN
-        return self.trace.deciding(stage)
+        return self._trace.deciding(stage)
 
     def context(self, deadline: float) -> ToolContext:
         """What the tool's handler (or its preview renderer) may know of this call, to end by ``deadline``."""
         logger = logging.LoggerAdapter(_tool_logger(self.request.tool), {"request_id": self.request_id})
         return ToolContext(principal=self.principal, request_id=self.request_id, deadline=deadline,
                            idempotency_key=self.request.idempotency_key, attempt=1, logger=logger,
-                           progress_sink=self.progress, approved_preview=self.approved_preview,
+                           progress_sink=self.progress,
+                           approved_preview=None if self._approved is None else self._approved.rendering,
                            conversation_id=self.request.conversation_id or None, settings=self.defn.settings)
 
     def handler_deadline(self) -> float:
-        """When the handler must end (``time.monotonic()``), fixed the first time it is asked: the tool's
-        timeout from now, or the caller's deadline if earlier; for a detached call (a write) the tool's timeout
-        alone: once started, it runs on after its caller stopped waiting, and its outcome is recorded."""
-        if self.deadline is None:
-            self.deadline = monotonic() + self.defn.timeout if self.detached else self.deadline_from_now()
-        return self.deadline
+        """When the handler must end (``time.monotonic()``): for a detached call (a write) its claim's, the tool's
+        timeout alone (once started, it runs on after its caller stopped waiting, and its outcome is recorded);
+        for another, ``deadline_from_now``."""
+        return self.deadline_from_now() if self._claim is None else self._claim.deadline
 
     def deadline_from_now(self) -> float:
         """The tool's timeout from now, or the caller's deadline if earlier (``time.monotonic()``)."""

@@ -40,17 +40,22 @@ class CallStage(Protocol):
     **Which calls reach it**, by slot (``sidecar.pipeline.order.Stages``):
 
     - ``observers`` (stage 0): every call, refused or not, and its result; a call whose caller went away
-      raises ``asyncio.CancelledError`` out of ``next``. Nothing is known of the call yet (``call.tool`` is
-      ``None``); an observer should not refuse, since audit (stage 1) would not see it.
+      raises ``asyncio.CancelledError`` out of ``next``. On the way in nothing is known of the call but its
+      input (no record of ``Call`` is set; on the way out, those of the stages it reached are); an observer
+      should not refuse, since audit (stage 1) would not see it.
     - ``before_decisions`` (after stage 2): every call whose string fields are well-formed; it is audited
-      whatever it returns. No tool is resolved and no policy has decided.
-    - ``after_decisions`` (after stage 6): only calls of a tool available to the caller, with valid arguments
-      (``call.defn``, ``call.validated``), that the authz policy allows, and either need no approval or carry
-      one that was checked (not yet spent). A write's key is not claimed yet: a refusal here leaves it free.
+      whatever it returns. No tool is resolved (``call.tool`` is ``None``) and no policy has decided.
+    - ``after_decisions`` (after stage 6): only calls of a tool available to the caller (``call.defn``), with
+      valid arguments (``call.validated``), that the authz policy allows, and either need no approval or carry
+      one that was checked, not yet spent (``call.approved``). A write's key is not claimed yet
+      (``call.claim`` is ``None``): a refusal here leaves it free.
     - ``before_dispatch`` (after stage 8): only calls about to run. A write (a tool that requires an
-      idempotency key) gets here only once it owns its key, never for a replayed, in-progress or reused one,
-      and after its dispatch was audited and its approval spent; a refusal here releases the key and gives the
-      approval back (nothing ran: a retry with the key runs).
+      idempotency key) gets here only once it owns its key (``call.claim``), never for a replayed,
+      in-progress or reused one, and after its dispatch was audited and its approval spent; a refusal here
+      releases the key and gives the approval back (nothing ran: a retry with the key runs).
+
+    A stage reads the records of ``Call`` that the stages before it set (``sidecar.pipeline.call``) and never
+    sets another stage's: each is set once, by the stage that owns it.
 
     **Cancellation.** Up to stage 7 a call runs in its caller's task: a caller that goes away cancels it
     (``CancelledError`` through ``next``). From stage 7 on, a write runs detached from its caller's

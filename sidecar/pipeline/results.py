@@ -63,8 +63,9 @@ def replayed(call: Call, result_json: str) -> ToolResult:
 
 
 def _meta(call: Call, data: Any) -> ResultMeta:
-    page = {name: data[name] for name in call.tool.page_fields if name in data} if (
-        call.tool is not None and isinstance(data, dict)) else {}
+    tool = call.tool
+    page = {name: data[name] for name in tool.page_fields if name in data} if (
+        tool is not None and isinstance(data, dict)) else {}
     return ResultMeta(request_id=call.request_id, tool=call.request.tool,
-                      tool_version=call.tool.version if call.tool else "", duration_ms=call.elapsed_ms,
+                      tool_version=tool.version if tool else "", duration_ms=call.elapsed_ms,
                       attempt=call.attempts, policy_revision=call.policy_revision, **page)

@@ -45,7 +45,7 @@ class Seen:
     resolved: bool  # the resolve stage had found the tool
     validated: bool  # the validate stage had kept the arguments
     decided: tuple[str, ...]  # the policy decisions made so far
-    detached: bool  # the idempotency stage had detached the call from its caller
+    claimed: str | None  # the key the idempotency stage claimed for the call, detaching it from its caller
 
 
 @dataclass
@@ -56,8 +56,10 @@ class Noting:
     seen: list[Seen | str]
 
     async def run(self, call: Call, next: Next) -> ToolResult:
+        claimed = None if call.claim is None else call.claim.key.key
+        assert call.detached is (claimed is not None)
         self.seen.append(Seen(self.slot, call.request.tool, call.tool is not None, call.arguments is not None,
-                              tuple(sorted(call.trail)), call.detached))
+                              tuple(sorted(call.trail)), claimed))
         result = await next(call)
         self.seen.append(f"{self.slot} out: {result.status.value}")
         return result
@@ -117,10 +119,10 @@ async def test_a_read_meets_every_slot_in_order_each_seeing_what_the_stages_befo
     assert result.status is Status.SUCCESS and result.data["text"] == "hi"
     decisions = ("approval", "authz", "availability")
     assert served.seen == [
-        Seen("observers", "echo", False, False, (), False),
-        Seen("before_decisions", "echo", False, False, (), False),
-        Seen("after_decisions", "echo", True, True, decisions, False),
-        Seen("before_dispatch", "echo", True, True, decisions, False),
+        Seen("observers", "echo", False, False, (), None),
+        Seen("before_decisions", "echo", False, False, (), None),
+        Seen("after_decisions", "echo", True, True, decisions, None),
+        Seen("before_dispatch", "echo", True, True, decisions, None),
         *(f"{slot} out: success" for slot in reversed(SLOTS))]
 
 
@@ -129,8 +131,8 @@ async def test_a_write_reaches_the_slot_before_dispatch_detached_and_only_while_
     first = await served.client.execute("create_note", {"text": "x"}, idempotency_key="k-1")
     assert first.status is Status.SUCCESS and not first.meta.idempotency_replayed
     assert [entry for entry in served.seen if isinstance(entry, Seen)][-2:] == [
-        Seen("after_decisions", "create_note", True, True, ("approval", "authz", "availability"), False),
-        Seen("before_dispatch", "create_note", True, True, ("approval", "authz", "availability"), True)]
+        Seen("after_decisions", "create_note", True, True, ("approval", "authz", "availability"), None),
+        Seen("before_dispatch", "create_note", True, True, ("approval", "authz", "availability"), "k-1")]
     served.seen.clear()
     replayed = await served.client.execute("create_note", {"text": "x"}, idempotency_key="k-1")
     assert replayed.meta.idempotency_replayed

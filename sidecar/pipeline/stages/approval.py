@@ -10,7 +10,7 @@ clear.
 A tool with a ``preview`` renderer renders the call when its preview is opened (``sidecar.tools.preview``):
 the rendering is stored with the preview and covered by its hash; a renderer that fails ends the call
 with its error and stores nothing. An approved call carries the approved rendering on to its handler
-(``call.approved_preview``, ``ctx.approved_preview``).
+(``call.approved``, ``ctx.approved_preview``).
 
 The approval is consumed later, by the consume-approval stage (8, ``sidecar.pipeline.stages.consume_approval``),
 which runs after the idempotency stage (7) has claimed the call's key: a call whose key is in progress, reused
@@ -53,7 +53,7 @@ class ApprovalStage:
                                                   key=guarding_key(call))
             if isinstance(checked, Refusal):
                 raise refused(checked)
-            call.approved_preview = checked.rendering
+            call.approved = checked
         elif decision.required:
             preview = None
             if self._approvals is not None:

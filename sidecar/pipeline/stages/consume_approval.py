@@ -1,4 +1,5 @@
-"""Stage 8, consume approval: the approval stage (6) only checked the call's approval; it is spent here.
+"""Stage 8, consume approval: the approval stage (6) only checked the call's approval (``call.approved``); it is
+spent here.
 
 It runs right before dispatch, after the idempotency stage (7) claimed the call's key: a call whose key is in
 progress, reused for another request or replayed never gets here, so it spends no approval. The approval is
@@ -22,12 +23,12 @@ __all__ = ["ConsumeApprovalStage"]
 class ConsumeApprovalStage:
     """Uses the checked approval once, right before dispatch; gives it back if the call certainly had no effect."""
 
-    def __init__(self, approvals: Approvals | None) -> None:
+    def __init__(self, approvals: Approvals) -> None:
         self._approvals = approvals
 
     async def run(self, call: Call, next: Next) -> ToolResult:
         approval_id = call.request.approval_id
-        if not approval_id or self._approvals is None:
+        if call.approved is None or approval_id is None:  # no approval was checked: none to spend
             return await next(call)
         with call.span("store", "consume_approval"):
             denied = await self._approvals.consume(approval_id, key=guarding_key(call))

@@ -5,9 +5,9 @@ first, but for a write (a detached call) its tool's timeout alone; such a write 
 caller's deadline has passed. Retries, cancellation, the thread pool for sync handlers and the worker
 processes of isolated ones are ``sidecar.tools.dispatch.Dispatcher``'s. When the sidecar traces, the handler
 runs in a span ``handler {tool}`` (attribute ``toolbooth.attempts``).
-A handler whose outcome is not known (it outlived the deadline, or its worker process died) sets
-``call.unknown``; one that runs on (a sync write's thread) sets ``call.late``, its own result once it ends,
-for the idempotency stage to store. ``aclose`` releases the handler pool and stops the worker processes.
+It sets ``call.dispatched`` (``Dispatched``): the handler's attempts; whether its outcome is not known (it outlived
+the deadline, or its worker process died); for one that runs on (a sync write's thread), its own result once it
+ends, for the idempotency stage to store. ``aclose`` releases the handler pool and stops the worker processes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import asyncio
 from sidecar.config import Limits
 from sidecar.contract import ToolResult
 from sidecar.pipeline import results
-from sidecar.pipeline.call import Call
+from sidecar.pipeline.call import Call, Dispatched
 from sidecar.pipeline.chain import Next
 from sidecar.tools.dispatch import Dispatcher, Outcome
 
@@ -36,9 +36,8 @@ class DispatchStage:
                                                  call.context(call.handler_deadline()), start_by=call.caller_deadline)
             if span is not None:
                 span.set_attribute("toolbooth.attempts", outcome.attempts)
-        call.attempts, call.unknown = outcome.attempts, outcome.unknown
-        if outcome.late is not None:
-            call.late = asyncio.ensure_future(self._late(call, outcome.late))
+        late = None if outcome.late is None else asyncio.ensure_future(self._late(call, outcome.late))
+        call.dispatched = Dispatched(outcome.attempts, outcome.unknown, late)
         return self._result(call, outcome)
 
     async def aclose(self) -> None:

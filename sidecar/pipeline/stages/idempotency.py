@@ -7,10 +7,11 @@ worker process ended while it ran or its sidecar stopped mid-call (also ``OPERAT
 run again; settled by its handler's late result or by an operator), or a different request
 (``IDEMPOTENCY_KEY_REUSED``).
 
-From its claim on, a keyed call is detached from its caller (``call.detached``; the stages after this one run
-in a task of their own, which the caller's cancellation does not reach): it runs to its end, and its outcome
-is stored and audited, even if the caller goes away or its deadline passes. Its handler's deadline is the
-tool's timeout, not the caller's (``Call.handler_deadline``); a handler that has not started by the caller's
+From its claim on (``call.claim``: its key and its handler's deadline), a keyed call is detached from its caller
+(``call.detached``; the stages after this one run in a task of their own, which the caller's cancellation does not
+reach): it runs to its end, and its outcome is stored and audited, even if the caller goes away or its deadline
+passes. Its handler's deadline is the tool's timeout, not the caller's (``Call.handler_deadline``); a handler that
+has not started by the caller's
 deadline does not start (``TIMEOUT``, nothing ran, the key released). So a retry after the caller's
 deadline gets ``OPERATION_IN_PROGRESS`` while the write runs, then its stored result. At shutdown
 (``stop_by``) no handler runs past the end of the grace: one still running then is stopped as at its
@@ -21,11 +22,11 @@ result. Only when the journal cannot take it either does the key turn unknown (p
 for an operator to settle: it never runs again. The dispatch is audited durably before the handler
 runs; if that write fails the key is released and nothing runs.
 
-A handler whose outcome is not known (``call.unknown``: it outlived the deadline and the caller got
-``TIMEOUT``, or its worker process ended while it ran) may have had its effect: its error is not stored,
-its record is marked unknown. A sync handler's thread runs on (``call.late``); when it ends, its own result
-is stored under the key (unless an operator resolved it first) and audited, so retries replay it. An async
-handler was cancelled, an isolated sync handler's worker process killed or dead: an operator settles it.
+A handler whose outcome is not known (``call.dispatched.unknown``: it outlived the deadline and the caller got
+``TIMEOUT``, or its worker process ended while it ran) may have had its effect: its error is not stored, its
+record is marked unknown. A sync handler's thread runs on (``call.dispatched.late``); when it ends, its own
+result is stored under the key (unless an operator resolved it first) and audited, so retries replay it. An
+async handler was cancelled, an isolated sync handler's worker process killed or dead: an operator settles it.
 
 A key is released, not completed, when the call certainly had no effect (``had_no_effect``): its
 handler never started (a later stage refused it, e.g. its approval was already used, or its
@@ -45,7 +46,7 @@ import time
 from sidecar.contract import ErrorCode, ErrorInfo, OperationState, ToolResult
 from sidecar.errors import CallRefused, StoreUnavailableError, refusal
 from sidecar.pipeline import results
-from sidecar.pipeline.call import Call
+from sidecar.pipeline.call import Call, KeyClaim
 from sidecar.pipeline.chain import Next
 from sidecar.pipeline.stages.audit import Auditor
 from sidecar.state import Claim, Expiry, KeyScope, Store
@@ -67,7 +68,7 @@ class IdempotencyStage:
         if not call.defn.requires_idempotency_key:
             return await next(call)
         scope = _scope(call)
-        call.detached = True
+        call.claim = KeyClaim(scope, time.monotonic() + call.defn.timeout)
         task = asyncio.create_task(self._detached_call(call, scope, next))
         self._detached.add(task)
         task.add_done_callback(self._detached.discard)
@@ -102,7 +103,7 @@ class IdempotencyStage:
         return result
 
     async def _claimed(self, call: Call, scope: KeyScope, next: Next) -> ToolResult:
-        deadline_at = time.time() + (call.handler_deadline() - time.monotonic())
+        deadline_at = time.time() + (call.handler_deadline() - time.monotonic())  # the claim's, as wall-clock time
         try:
             with call.span("store", "claim"):
                 claim = await self._store.claim(scope, call.request_hash, call.request_id, deadline_at=deadline_at,
@@ -112,67 +113,63 @@ class IdempotencyStage:
             raise CallRefused(refusal(exc, consequence="nothing was executed")) from None
         if not claim.claimed:
             return _not_ours(call, claim)
-        call.key = scope
         self._expiry.poke()
-        await self._record_dispatch(call)
+        await self._record_dispatch(call, scope)
         result = await next(call)
-        await self._finish(call, result)
+        await self._finish(call, scope, result)
         return result
 
-    async def _record_dispatch(self, call: Call) -> None:
+    async def _record_dispatch(self, call: Call, key: KeyScope) -> None:
         try:
             with call.span("store", "record_audit"):
                 await self._auditor.dispatching(call)
         except StoreUnavailableError as exc:
-            await self._release(call)
+            await self._release(call, key)
             log.error("audit write failed before dispatch of request %s: %s", call.request_id, exc)
             raise CallRefused(refusal(exc, consequence="nothing was executed", part="the audit log")) from None
 
-    async def _finish(self, call: Call, result: ToolResult) -> None:
-        """Store the outcome under the key; forget the key if the call certainly had no effect; mark it
+    async def _finish(self, call: Call, key: KeyScope, result: ToolResult) -> None:
+        """Store the outcome under ``key``; forget the key if the call certainly had no effect; mark it
         unknown if the handler's outcome is not known, and store the handler's own result when it ends."""
-        assert call.key is not None
-        if not call.unknown:
-            await self._settle(call, result)
+        dispatched = call.dispatched
+        if dispatched is None or not dispatched.unknown:
+            await self._settle(call, key, result)
             return
         try:
             with call.span("store", "mark_overran"):
-                await self._store.mark_overran(call.key, now=time.time())
+                await self._store.mark_overran(key, now=time.time())
         except StoreUnavailableError as exc:  # it turns unknown anyway, past its deadline plus the grace
             log.error("could not mark the key of request %s unknown: %s", call.request_id, exc)
-        if call.late is not None:
-            task = asyncio.create_task(self._settle_late(call, call.late))
+        if dispatched.late is not None:
+            task = asyncio.create_task(self._settle_late(call, key, dispatched.late))
             self._late.add(task)
             task.add_done_callback(self._late.discard)
 
-    async def _settle_late(self, call: Call, late: asyncio.Future[ToolResult]) -> None:
+    async def _settle_late(self, call: Call, key: KeyScope, late: asyncio.Future[ToolResult]) -> None:
         """Store and audit the result of a handler that ended after its deadline."""
         result = await late
         log.warning("request %s: tool %r ended after its deadline (%s); its result settles its key",
                     call.request_id, call.defn.name, result.status.value)
-        await self._settle(call, result)
+        await self._settle(call, key, result)
         self._auditor.outcome(call, result)
 
-    async def _settle(self, call: Call, result: ToolResult) -> None:
-        assert call.key is not None
+    async def _settle(self, call: Call, key: KeyScope, result: ToolResult) -> None:
         if had_no_effect(call, result):
-            await self._release(call)
+            await self._release(call, key)
             return
         try:
             with call.span("store", "complete"):
-                await self._store.complete(call.key, result.model_dump_json(), request_id=call.request_id)
+                await self._store.complete(key, result.model_dump_json(), request_id=call.request_id)
         except StoreUnavailableError as exc:  # neither the store nor its local journal took it
             log.critical("the result of request %s could not be stored under its key, nor kept locally (%s): "
                          "its key turns unknown, never runs again, and an operator settles it", call.request_id, exc)
 
-    async def _release(self, call: Call) -> None:
-        if call.key is not None:
-            try:
-                with call.span("store", "release"):
-                    await self._store.release(call.key, request_id=call.request_id)
-            except StoreUnavailableError as exc:  # neither the store nor its local journal took it
-                log.error("could not release idempotency key of request %s: %s; it turns unknown", call.request_id,
-                          exc)
+    async def _release(self, call: Call, key: KeyScope) -> None:
+        try:
+            with call.span("store", "release"):
+                await self._store.release(key, request_id=call.request_id)
+        except StoreUnavailableError as exc:  # neither the store nor its local journal took it
+            log.error("could not release idempotency key of request %s: %s; it turns unknown", call.request_id, exc)
 
 
 def had_no_effect(call: Call, result: ToolResult) -> bool:
