@@ -91,11 +91,11 @@ def _http_json(parts: Parts) -> Endpoint:
     return HttpJsonEndpoint.open(parts.settings, parts.gateway, reuse_port=parts.reuse_port)
 
 
-KINDS = MappingProxyType({
-    "metrics": EndpointKind(Phase.AROUND_GRPC, _metrics),
+KINDS = MappingProxyType({  # named and ordered as sidecar.config.endpoints.ENDPOINTS
     "mcp": EndpointKind(Phase.WITHIN_GRPC, _mcp),
     "approvals_ui": EndpointKind(Phase.WITHIN_GRPC, _approvals_ui),
     "http_json": EndpointKind(Phase.WITHIN_GRPC, _http_json),
+    "metrics": EndpointKind(Phase.AROUND_GRPC, _metrics),
 })
 
 
