@@ -50,11 +50,11 @@ from starlette.routing import Route
 
 from sidecar.config import CALL_PATH, Settings
 from sidecar.contract import CallRequest
-from sidecar.errors import AuthenticationError, DependencyError, InvalidRequestError
+from sidecar.faults import FaultKind, classify
 from sidecar.server.auth import Authenticator
 from sidecar.server.gateway import ToolGateway
+from sidecar.server.http_faults import HTTP_STATUSES
 from sidecar.server.http_limits import bounded_server, listener_limits
-from sidecar.server.interceptors.status import INTERNAL_DETAILS, UNAVAILABLE_DETAILS
 from sidecar.server.listeners import tcp_socket
 from sidecar.server.tool_service import TOOL_REQUIRED
 from sidecar.telemetry.propagation import continuing, trace_headers
@@ -66,13 +66,6 @@ log = logging.getLogger(__name__)
 _STRING_FIELDS = ("tool", "idempotency_key", "approval_id", "conversation_id", "call_id")
 _FIELDS = frozenset({*_STRING_FIELDS, "arguments"})
 _MEDIA_TYPE = "application/json"
-# What the gateway raises, as (status, code, message); the rest is a bug. Its one place until a
-# transport-neutral classification of errors maps them for every transport.
-_RAISED: dict[type[Exception], tuple[int, str, str | None]] = {
-    AuthenticationError: (401, "UNAUTHENTICATED", None),  # None: the exception's own constant message
-    InvalidRequestError: (400, "INVALID_REQUEST", None),
-    DependencyError: (503, "UNAVAILABLE", UNAVAILABLE_DETAILS),
-}
 
 
 class Refused(Exception):
@@ -188,12 +181,12 @@ def _call_request(body: Any) -> CallRequest:
 
 
 def _refused(exc: Exception, request: Request) -> Refused:
-    """What the caller is told of an exception the authenticator or the gateway raised."""
-    for kind, (status, code, message) in _RAISED.items():
-        if isinstance(exc, kind):
-            return Refused(status, code, str(exc) if message is None else message)
-    log.error("unexpected error while serving %s %s", request.method, request.url.path, exc_info=exc)
-    return Refused(500, "INTERNAL", INTERNAL_DETAILS)
+    """What the caller is told of an exception the authenticator or the gateway raised: its ``sidecar.faults``
+    kind (the code), its HTTP status and public message."""
+    fault = classify(exc)
+    if fault.kind is FaultKind.INTERNAL:
+        log.error("unexpected error while serving %s %s", request.method, request.url.path, exc_info=exc)
+    return Refused(HTTP_STATUSES[fault.kind], fault.kind.value, fault.message)
 
 
 def _too_large(bound: int) -> NoReturn:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 
 import grpc
 import pytest
+from starlette.requests import Request
 
 from sidecar import errors
 from sidecar.contract import ErrorCode, ErrorInfo
@@ -32,7 +34,8 @@ from sidecar.errors import (
 from sidecar.faults import Fault, FaultKind, classify
 from sidecar.mcp.server import _MCP_ERRORS, protocol_error
 from sidecar.server.http_faults import HTTP_STATUSES
-from sidecar.server.interceptors.status import _GRPC_CODES, INTERNAL_DETAILS, UNAVAILABLE_DETAILS, status_of
+from sidecar.server.http_json import _refused
+from sidecar.server.interceptors.status import _GRPC_CODES, status_of
 
 _SECRET = "db at 10.0.0.5 refused: password=hunter2"
 _REFUSED = ErrorInfo.of(ErrorCode.PERMISSION_DENIED, _SECRET)
@@ -124,9 +127,8 @@ HTTP = {FaultKind.UNAUTHENTICATED: 401, FaultKind.INVALID_REQUEST: 400, FaultKin
 
 
 @pytest.mark.parametrize(("exc", "fault"), RAISED, ids=lambda case: type(case).__name__)
-def test_http_answers_the_status_of_the_kind(exc: Exception, fault: Fault) -> None:
-    assert HTTP_STATUSES[classify(exc).kind] == HTTP[fault.kind]
-
-
-def test_the_grpc_details_still_exported_are_the_public_messages() -> None:
-    assert (UNAVAILABLE_DETAILS, INTERNAL_DETAILS) == (UNAVAILABLE.message, INTERNAL.message)
+def test_http_json_answers_the_status_of_the_kind_its_name_and_the_public_message(exc: Exception,
+                                                                                  fault: Fault) -> None:
+    response = _refused(exc, Request({"type": "http", "method": "POST", "path": "/v1/call", "headers": []})).response()
+    assert response.status_code == HTTP[fault.kind]
+    assert json.loads(bytes(response.body)) == {"error": {"code": fault.kind.value, "message": fault.message}}

@@ -28,15 +28,11 @@ from sidecar.errors import InvalidRequestError
 from sidecar.faults import FaultKind, classify
 from sidecar.server.interceptors.unary import UNDECODABLE_DETAILS, Proceed, Rpc, UnaryInterceptor
 
-__all__ = ["INTERNAL_DETAILS", "UNAVAILABLE_DETAILS", "UNDECODABLE_DETAILS", "StatusInterceptor", "status_of"]
+__all__ = ["UNDECODABLE_DETAILS", "StatusInterceptor", "status_of"]
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
-
-# sidecar.faults' public messages of UNAVAILABLE and INTERNAL, for the HTTP/JSON endpoint until it classifies too.
-UNAVAILABLE_DETAILS = "service unavailable"
-INTERNAL_DETAILS = "internal error"
 
 _GRPC_CODES: dict[FaultKind, grpc.StatusCode] = {
     FaultKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
