@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.client import AsyncClient
 from sidecar.config import Settings
+from sidecar.server.http_json import HttpJsonEndpoint
 from sidecar.server.mcp_http import McpEndpoint
 from sidecar.server.metrics_http import MetricsEndpoint
 from tests.integration.test_server import FakeGateway
@@ -258,7 +259,7 @@ async def test_a_body_slower_than_the_request_timeout_is_closed(make_settings: C
         await endpoint.stop()
 
 
-@pytest.mark.parametrize("listener", ["mcp", "approvals_ui"])
+@pytest.mark.parametrize("listener", ["mcp", "approvals_ui", "http_json"])
 async def test_a_late_second_head_on_a_kept_alive_connection_is_answered_408(
         listener: str, tmp_path: Path, make_settings: Callable[..., Settings],
         make_token: Callable[..., str]) -> None:
@@ -283,12 +284,13 @@ async def test_a_late_second_head_on_a_kept_alive_connection_is_answered_408(
 @asynccontextmanager
 async def _serving(listener: str, settings: Settings, make_token: Callable[..., str],
                    root: Path) -> AsyncIterator[str]:
-    """The URL of ``listener`` (``mcp`` or ``approvals_ui``) served within ``settings``."""
+    """The URL of ``listener`` (``mcp``, ``approvals_ui`` or ``http_json``) served within ``settings``."""
     if listener == "approvals_ui":
         async with served_inbox(settings, make_token, root) as world:
             yield world.inbox.url
         return
-    endpoint = McpEndpoint.open(settings, FakeGateway())
+    opened = HttpJsonEndpoint if listener == "http_json" else McpEndpoint
+    endpoint = opened.open(settings, FakeGateway())
     await endpoint.start()
     try:
         yield endpoint.url
