@@ -36,9 +36,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sidecar.config import MCP_PATH, Settings
 from sidecar.contract import CallRequest, Principal, ToolListing, ToolResult
 from sidecar.errors import AuthenticationError
+from sidecar.faults import classify
 from sidecar.mcp.server import Context, SendProgress, build_server
 from sidecar.server.auth import Authenticator
 from sidecar.server.gateway import ToolGateway
+from sidecar.server.http_faults import HTTP_STATUSES
 from sidecar.server.http_limits import HttpLimits, bounded_server, listener_limits
 from sidecar.server.listeners import tcp_socket
 from sidecar.server.mcp_sessions import Sessions
@@ -154,7 +156,7 @@ class _CallerTools:
 
 
 class _Authenticated:
-    """ASGI: authenticate each request with the sidecar's authenticator, or answer 401."""
+    """ASGI: authenticate each request with the sidecar's authenticator, or answer 401 (``HTTP_STATUSES``)."""
 
     def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
         self._app, self._authenticator = app, authenticator
@@ -164,9 +166,10 @@ class _Authenticated:
         try:
             principal = await self._authenticator.authenticate(metadata)
         except AuthenticationError as exc:
-            challenge = f'Bearer error="invalid_token", error_description="{exc}"'
-            response = JSONResponse({"error": "invalid_token", "error_description": str(exc)}, status_code=401,
-                                    headers={"WWW-Authenticate": challenge})
+            fault = classify(exc)
+            challenge = f'Bearer error="invalid_token", error_description="{fault.message}"'
+            response = JSONResponse({"error": "invalid_token", "error_description": fault.message},
+                                    status_code=HTTP_STATUSES[fault.kind], headers={"WWW-Authenticate": challenge})
             await response(scope, receive, send)
             return
         state = scope.setdefault("state", {})
