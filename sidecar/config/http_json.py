@@ -3,9 +3,9 @@
 ``listen`` is one TCP address (``HOST:PORT``, ``[IPV6]:PORT``; port 0 for any free port). Callers
 authenticate as over gRPC (``auth``: a bearer JWT in the ``Authorization`` header); in ``dev`` mode the
 address must be loopback (checked with the whole ``Settings``). A request's body is at most
-``limits.max_message_bytes``; ``http`` bounds its clients' time and number (``sidecar.config.http``). It keeps
-no state between requests, so with ``server.workers`` every worker serves it on the same port. Serving it
-needs the ``http-json`` extra (``sidecar.config.endpoints``).
+``limits.max_message_bytes``; ``http`` bounds its clients' time and number (``sidecar.config.http``; 64
+connections by default). It keeps no state between requests, so with ``server.workers`` every worker serves it
+on the same port. Serving it needs the ``http-json`` extra (``sidecar.config.endpoints``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ class HttpJsonSettings(Section):
     """Where the HTTP/JSON endpoint listens (``None``: nowhere, the default)."""
 
     listen: str | None = None
-    http: HttpListenerSettings = Field(default_factory=HttpListenerSettings)
+    # 64 connections by default: with every listener on at its default cap, they fit half of the usual 1024 files
+    http: HttpListenerSettings = Field(default_factory=lambda: HttpListenerSettings(max_connections=64))
 
     @field_validator("listen")
     @classmethod
