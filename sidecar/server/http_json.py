@@ -11,7 +11,8 @@ field is checked there, by the same rules (``sidecar.pipeline.fields``), and a r
 
 Two channels, as over gRPC: a call that ran, was denied, held for approval or refused for its arguments or fields
 is ``200`` with the ``ToolResult`` as JSON (what ``toolbooth call --output json`` prints; ``status`` and ``error.code``
-say what happened). A request the endpoint cannot take is a typed error, ``{"error": {"code", "message"[, "field"]}}``:
+say what happened). A request the endpoint cannot take is a typed error,
+``{"error": {"code", "message", "retryable"[, "field"]}}`` (``retryable``: whether sending it again may help):
 
 ======  ==========================  ===========================================================
 status  code                        when
@@ -69,14 +70,17 @@ _MEDIA_TYPE = "application/json"
 
 
 class Refused(Exception):
-    """A request the endpoint does not take: its status, stable code, constant message and the field at fault."""
+    """A request the endpoint does not take: its status, stable code, constant message, the field at fault and
+    whether sending it again may help."""
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, field: str | None = None, *,
+                 retryable: bool = False) -> None:
         super().__init__(message)
-        self.status, self.code, self.message, self.field = status, code, message, field
+        self.status, self.code, self.message, self.field, self.retryable = status, code, message, field, retryable
 
     def response(self) -> JSONResponse:
-        error = {"code": self.code, "message": self.message, **({"field": self.field} if self.field else {})}
+        error = {"code": self.code, "message": self.message, "retryable": self.retryable,
+                 **({"field": self.field} if self.field else {})}
         headers = {"WWW-Authenticate": f'Bearer error="invalid_token", error_description="{self.message}"'} \
             if self.status == 401 else None
         return JSONResponse({"error": error}, status_code=self.status, headers=headers)
@@ -182,11 +186,11 @@ def _call_request(body: Any) -> CallRequest:
 
 def _refused(exc: Exception, request: Request) -> Refused:
     """What the caller is told of an exception the authenticator or the gateway raised: its ``sidecar.faults``
-    kind (the code), its HTTP status and public message."""
+    kind (the code), its HTTP status, public message and whether it is worth retrying."""
     fault = classify(exc)
     if fault.kind is FaultKind.INTERNAL:
         log.error("unexpected error while serving %s %s", request.method, request.url.path, exc_info=exc)
-    return Refused(HTTP_STATUSES[fault.kind], fault.kind.value, fault.message)
+    return Refused(HTTP_STATUSES[fault.kind], fault.kind.value, fault.message, retryable=fault.retryable)
 
 
 def _too_large(bound: int) -> NoReturn:

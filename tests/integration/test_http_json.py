@@ -21,6 +21,7 @@ from sidecar.bootstrap import assemble
 from sidecar.client import AsyncClient
 from sidecar.config import Limits, Settings
 from sidecar.contract import ErrorCode, Status, ToolResult
+from sidecar.errors import StoreUnavailableError
 from sidecar.pipeline import Pipeline
 from sidecar.server import Sidecar, create_server
 from sidecar.server.http_json import HttpJsonEndpoint
@@ -154,7 +155,7 @@ async def test_approval_required_is_a_result_with_the_preview(world: World) -> N
 async def test_a_request_it_cannot_take_is_a_typed_error(world: World, sent: dict[str, Any], status: int, code: str,
                                                          field: str | None) -> None:
     error = _error(await world.post(**sent), status)
-    assert error["code"] == code and error["message"] and error.get("field") == field
+    assert error["code"] == code and error["message"] and error.get("field") == field and not error["retryable"]
 
 
 async def test_a_body_above_max_message_bytes_is_refused_declared_or_streamed(world: World) -> None:
@@ -183,7 +184,7 @@ async def test_a_request_without_a_valid_bearer_token_is_refused(world: World, a
     headers = {"Authorization": authorization} if authorization else {}
     async with http_client(headers=headers) as http:
         response = await http.post(world.url, json={"tool": "create_note", "idempotency_key": "k"})
-    assert _error(response, 401) == {"code": "UNAUTHENTICATED", "message": message}
+    assert _error(response, 401) == {"code": "UNAUTHENTICATED", "message": message, "retryable": False}
     assert response.headers["www-authenticate"] == f'Bearer error="invalid_token", error_description="{message}"'
     assert tools.CREATED.value == before
 
@@ -246,3 +247,33 @@ def _accepts(port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+class _Failing:
+    """A gateway whose calls raise ``exc``: the store down, or a bug."""
+
+    def __init__(self, exc: Exception) -> None:
+        self._exc = exc
+
+    async def execute(self, *args: Any, **kwargs: Any) -> ToolResult:
+        raise self._exc
+
+
+@pytest.mark.parametrize(("exc", "status", "code", "message", "retryable"), [
+    (StoreUnavailableError("db down at 10.0.0.7"), 503, "UNAVAILABLE", "service unavailable", True),
+    (RuntimeError("secret detail"), 500, "INTERNAL", "internal error", False),
+])
+async def test_a_failure_outside_the_result_is_its_fault_kind_without_its_details(
+        make_settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture, exc: Exception, status: int,
+        code: str, message: str, retryable: bool) -> None:
+    endpoint = HttpJsonEndpoint.open(make_settings(http_json={"listen": "127.0.0.1:0"}),
+                                     _Failing(exc))  # type: ignore[arg-type]
+    await endpoint.start()
+    try:
+        async with http_client() as http:
+            answer = await http.post(endpoint.url, json={"tool": "echo"})
+    finally:
+        await endpoint.stop()
+    assert _error(answer, status) == {"code": code, "message": message, "retryable": retryable}
+    logged = [r for r in caplog.records if r.name == "sidecar.server.http_json" and r.exc_info]
+    assert len(logged) == (1 if code == "INTERNAL" else 0)  # a bug's traceback goes to the log, never the caller
