@@ -131,4 +131,5 @@ def test_http_json_answers_the_status_of_the_kind_its_name_and_the_public_messag
                                                                                   fault: Fault) -> None:
     response = _refused(exc, Request({"type": "http", "method": "POST", "path": "/v1/call", "headers": []})).response()
     assert response.status_code == HTTP[fault.kind]
-    assert json.loads(bytes(response.body)) == {"error": {"code": fault.kind.value, "message": fault.message}}
+    assert json.loads(bytes(response.body)) == {"error": {"code": fault.kind.value, "message": fault.message,
+                                                          "retryable": fault.retryable}}
