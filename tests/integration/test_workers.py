@@ -2,8 +2,8 @@
 
 The workers load the test tools of ``tests.support.sidecar_process`` through an installed entry point (each
 real execution appends ``PID TEXT`` to a shared file and returns its pid): calls on fresh connections land
-on both workers, keyed writes through both run once, SIGTERM drains both, a killed worker is restarted, a
-worker that cannot start fails the command with its error.
+on both workers (gRPC and HTTP/JSON), keyed writes through both run once, SIGTERM drains both, a killed worker
+is restarted, a worker that cannot start fails the command with its error.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx2
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -115,7 +116,8 @@ def settings(tmp: Path, **server: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Workers]:
-    running = Workers(tmp_path, settings(tmp_path, health_listen="127.0.0.1:0"))
+    running = Workers(tmp_path, {**settings(tmp_path, health_listen="127.0.0.1:0"),
+                                 "http_json": {"listen": "127.0.0.1:0"}})
     try:
         running.wait_serving()
         yield running
@@ -149,6 +151,20 @@ async def test_calls_on_new_connections_spread_over_both_workers(workers: Worker
     served = Counter(pid_of(result) for result in results)
     assert set(served) == set(workers.pids), (served, workers.pids)  # all on one worker: 2**-23
     assert len(appended(workers.executions)) == 24
+
+
+async def test_http_json_is_served_by_every_worker_on_one_port(workers: Workers) -> None:
+    urls = dict(re.findall(r"\[worker (\d)\]: HTTP/JSON calls on (http://127\.0\.0\.1:\d+/v1/call)", workers.output()))
+    assert set(urls) == {"0", "1"} and urls["0"] == urls["1"], urls
+
+    async def one_call(n: int) -> ToolResult:  # a connection of its own: the kernel picks the worker
+        async with httpx2.AsyncClient(timeout=20) as http:
+            answer = await http.post(urls["0"], json={"tool": "append_line", "arguments": {"text": f"json {n}"},
+                                                      "idempotency_key": f"j-{n}"})
+        return ToolResult.model_validate(answer.json())
+
+    served = Counter(pid_of(result) for result in await asyncio.gather(*(one_call(n) for n in range(24))))
+    assert set(served) == set(workers.pids), (served, workers.pids)  # all on one worker: 2**-23
 
 
 async def test_a_keyed_write_sent_through_both_workers_runs_once(workers: Workers) -> None:
