@@ -222,6 +222,7 @@ async def test_a_call_in_flight_finishes_while_the_endpoint_stops(world: World, 
                                                                   make_settings: Callable[..., Settings]) -> None:
     endpoint = HttpJsonEndpoint.open(make_settings(http_json={"listen": "127.0.0.1:0"}), world.pipeline)
     await endpoint.start()
+    tools.HOLD.close()  # whatever an earlier test left
     before = tools.HELD_STARTED.value
     async with http_client() as http:
         call = asyncio.create_task(http.post(endpoint.url, json={"tool": "held_note", "arguments": {"text": "a"},
