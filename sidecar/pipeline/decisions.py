@@ -56,13 +56,16 @@ class Decider:
     async def _asked(self, call: Call, stage: Stage, arguments: CallInput | None) -> Decision | CallRefused:
         """The engine's decision, or the refusal of a call whose decision failed (trail written)."""
         assert call.inputs is not None
+        pin = pin_for(call)
+        pin.deciding = True
         try:
-            with pin_for(call):
-                return await self.policy.decide(stage, call.inputs.build(stage, arguments))
+            return await self.policy.decide(stage, call.inputs.build(stage, arguments))
         except PolicyEvaluationError as exc:
             log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
             call.trail[_NAMES[stage]] = {"error": str(exc)}
             return CallRefused(refusal(exc))
+        finally:
+            pin.deciding = False
 
     @staticmethod
     def _made(call: Call, stage: Stage, decided: Decision | CallRefused) -> Decision:
@@ -74,10 +77,14 @@ class Decider:
     async def masked(self, call: Call, tool: str) -> tuple[str, ...]:
         """The pointers ``data.toolbooth.audit.mask`` lists for ``tool`` in the call's policy set, read once per
         policy revision."""
-        with pin_for(call):
+        pin = pin_for(call)
+        pin.deciding = True
+        try:
             revision = self.policy.revision
             if self._masks[0] != revision:
                 self._masks = (revision, await self._read_masks(call))
+        finally:
+            pin.deciding = False
         return self._masks[1].get(tool, ())
 
     async def _read_masks(self, call: Call) -> dict[str, tuple[str, ...]]:

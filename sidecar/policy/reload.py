@@ -10,7 +10,7 @@ keeps serving, the refusal is logged, and ``status`` reports it until a later
 change loads. Any check of a new set (compiling it, running its tests) belongs to the
 source's ``load``, so nothing is handed to an engine before it passed.
 
-A call sees one revision: within ``with pin_for(call):``, every decision of the call (in its
+A call sees one revision: while ``pin_for(call).deciding``, every decision of the call (in its
 task and the tasks it starts) comes from the set in force at its first decision, even if a
 reload swaps another in meanwhile. The set replaced last stays open for such calls until the
 next swap; a call still deciding after two swaps (seconds apart at least) gets the set in force.
@@ -78,14 +78,6 @@ class Pin:
     loaded: Loaded | None = None
     deciding: bool = False
 
-    def __enter__(self) -> Pin:
-        """Deciding from here (``with pin_for(call):``)."""
-        self.deciding = True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.deciding = False
-
 
 _PIN: ContextVar[Pin | None] = ContextVar("toolbooth_policy_pin", default=None)
 
@@ -150,11 +142,11 @@ class ReloadingEngine(DelegatingEngine):
         """While a call decides: the set it is pinned to (taken now, at its first decision) if that is still open.
         Else the set in force."""
         pin = _PIN.get()
-        if pin is None or not pin.deciding:
+        if pin is None or not pin.deciding or pin.loaded is self._current:
             return self._current
         if pin.loaded is None:
             pin.loaded = self._current
-        return pin.loaded if pin.loaded is self._current or pin.loaded is self._previous else self._current
+        return pin.loaded if pin.loaded is self._previous else self._current
 
     @property
     def revision(self) -> str:

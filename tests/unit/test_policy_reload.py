@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -148,17 +150,28 @@ async def test_the_policy_thread_runs_one_thing_at_a_time() -> None:
     assert len(set(idents)) == 1 and idents[0] != threading.get_ident()
 
 
+@contextlib.contextmanager
+def deciding(call: object) -> Iterator[None]:
+    """As the call's decider does around each of its decisions."""
+    pin = pin_for(call)
+    pin.deciding = True
+    try:
+        yield
+    finally:
+        pin.deciding = False
+
+
 async def test_a_pinned_call_decides_on_one_revision_across_a_reload(policies: Path) -> None:
     engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
     first, call = engine.revision, object()
-    with pin_for(call):
+    with deciding(call):
         assert await allowed(engine)  # the call's first decision takes the set in force
     rewrite(policies / "availability.rego", DENY_ALL)
     await engine.reload_if_changed()
     assert not await allowed(engine) and engine.revision != first  # what is not the call's: the new set
-    with pin_for(call):
+    with deciding(call):
         assert await allowed(engine) and engine.revision == first  # the call's next decisions: still its own
-    with pin_for(object()):
+    with deciding(object()):
         assert not await allowed(engine)  # another call: the set in force at its first decision
     await engine.aclose()
 
@@ -166,11 +179,11 @@ async def test_a_pinned_call_decides_on_one_revision_across_a_reload(policies: P
 async def test_a_call_still_deciding_after_two_reloads_gets_the_set_in_force(policies: Path) -> None:
     engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
     call = object()
-    with pin_for(call):
+    with deciding(call):
         assert await allowed(engine)
     for text in (DENY_ALL, DENY_ALL.replace("closed", "still closed")):
         rewrite(policies / "availability.rego", text)
         await engine.reload_if_changed()
-    with pin_for(call):  # its set is closed by now
+    with deciding(call):  # its set is closed by now
         assert (await engine.decide(Stage.AVAILABILITY, INPUT)).reason == "still closed"
     await engine.aclose()
