@@ -82,9 +82,9 @@ async def bench_write(args: Key, ctx: ToolContext) -> Key:
 
 def run_sidecar(config: str) -> None:
     """This file's ``--sidecar`` mode: the real server with the benchmark's write tool added."""
+    from sidecar.bootstrap import serve
     from sidecar.cli.common import setup_logging
     from sidecar.config import load_settings
-    from sidecar.server import serve
     from sidecar.tools.registry import Registry
 
     settings = load_settings(Path(config))

@@ -1,24 +1,24 @@
 """The composition root: the one place that builds the sidecar's collaborators and wires them together.
 
-``open_serving`` opens everything ``toolbooth serve`` runs: ``open_sidecar``'s reloadable policy engine (watched
-for changes, asked for its status) and the pipeline over it, cached; the HTTP endpoints that are on
-(``sidecar.server.endpoints``) over that pipeline; the writer of the signed audit checkpoint. ``open_pipeline``
-loads plugins and policies, opens the store from ``Settings`` (its audit chain keyed with ``audit.chain_key``) and
-starts the worker processes of the isolated tools (``isolation``); ``assemble`` wires given parts
-(tests and tools pass their own) into the chain of ``sidecar.pipeline.order``. With ``metrics.listen``,
-one ``Metrics`` (its own registry) is made here and given to every part that counts: the calls' stage,
-the engine the pipeline decides with, approvals, hot reload and the store; with metrics off none of them
-is put in place. Each pipeline has its own tracing (``sidecar.telemetry.tracing``): from the ``OTEL_*``
-variables unless one is given (a test's in-memory exporter), closed, its spans flushed, with the pipeline.
-Nothing else constructs the sidecar's collaborators (engine, store, approvals, dispatcher and its worker
-pools, masker).
+``serve`` runs the sidecar (``sidecar.server.app.run``) over what ``open_serving`` opens: ``open_sidecar``'s
+reloadable policy engine (watched for changes, asked for its status) and the pipeline over it, cached; the HTTP
+endpoints that are on (``sidecar.server.endpoints``) over that pipeline; the writer of the signed audit checkpoint.
+``open_pipeline`` loads plugins and policies, opens the store from ``Settings`` (its audit chain keyed with
+``audit.chain_key``) and starts the worker processes of the isolated tools (``isolation``); ``assemble`` wires given
+parts (tests and tools pass their own) into the chain of ``sidecar.pipeline.order``. With ``metrics.listen``, one
+``Metrics`` (its own registry) is made here and given to every part that counts: the calls' stage, the engine the
+pipeline decides with, approvals, hot reload and the store; with metrics off none of them is put in place. Each
+pipeline has its own tracing (``sidecar.telemetry.tracing``): from the ``OTEL_*`` variables unless one is given (a
+test's in-memory exporter), closed, its spans flushed, with the pipeline. Nothing else constructs the sidecar's
+collaborators (engine, store, approvals, dispatcher and its worker pools, masker).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sidecar.config import IsolationSettings, Limits, LogFormat, Settings
 from sidecar.metrics import Metrics
@@ -36,6 +36,7 @@ from sidecar.policy.factory import open_reloading, with_cache
 from sidecar.policy.metered import MeteredEngine
 from sidecar.policy.reload import ReloadingEngine
 from sidecar.server.endpoints import Endpoints, Parts
+from sidecar.server.serving import Serving
 from sidecar.state import Expiry, Store
 from sidecar.state.checkpoint import Checkpointer
 from sidecar.state.factory import open_store
@@ -46,7 +47,10 @@ from sidecar.tools.isolation.pool import ProcessPools
 from sidecar.tools.masking import Masker
 from sidecar.tools.registry import Registry
 
-__all__ = ["Serving", "assemble", "open_pipeline", "open_serving", "open_sidecar"]
+if TYPE_CHECKING:
+    from sidecar.server.app import WorkerRole
+
+__all__ = ["Serving", "assemble", "open_pipeline", "open_serving", "open_sidecar", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -141,22 +145,16 @@ def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: 
                     tracing=tracing, metrics=metrics)
 
 
-@dataclass(frozen=True)
-class Serving:
-    """What ``toolbooth serve`` runs (``sidecar.server.app.serve``): the engine, the pipeline, its endpoints and
-    the checkpoint's writer (``None``: no chain key, or not this worker's job)."""
+async def serve(settings: Settings, *, registry: Registry | None = None, stop: asyncio.Event | None = None,
+                worker: WorkerRole | None = None) -> None:
+    """Run the sidecar until SIGTERM, SIGINT or ``stop``, then shut down gracefully; as ``worker``, one of
+    several processes (``server.workers``)."""
+    from sidecar.server.app import run  # gRPC's server, only to serve
 
-    reloader: ReloadingEngine
-    pipeline: Pipeline
-    endpoints: Endpoints
-    checkpointer: Checkpointer | None
-
-    async def aclose(self) -> None:
-        """Close the pipeline; with a checkpointer, once the last calls are recorded, so the checkpoint covers them."""
-        if self.checkpointer is not None:
-            await self.pipeline.drain()
-            await self.checkpointer.try_write()
-        await self.pipeline.aclose()
+    writes_checkpoint = worker is None or worker.writes_checkpoint
+    serving = await open_serving(settings, registry=registry, writes_checkpoint=writes_checkpoint,
+                                 reuse_port=worker is not None)
+    await run(serving, settings, stop=stop, worker=worker)
 
 
 async def open_serving(settings: Settings, *, registry: Registry | None = None, writes_checkpoint: bool = True,

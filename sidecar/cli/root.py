@@ -1,6 +1,6 @@
 """The ``toolbooth`` command: the parser built from every command group, and ``main``, which dispatches.
 
-A thin shell over ``sidecar.config``, ``sidecar.server.serve``, ``sidecar.client.Client`` and the
+A thin shell over ``sidecar.config``, ``sidecar.bootstrap.serve``, ``sidecar.client.Client`` and the
 policy, bundle and store tools: each group module (``serve``, ``tools``, ``batch``, ``mcp_stdio``, ``config``,
 ``policy``, ``audit``, ``approvals``, ``operations``, ``token``) adds its commands and handlers; ``main``
 parses, runs the chosen handler and turns the outcome into an exit code (``sidecar.cli.common`` lists them);

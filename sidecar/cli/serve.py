@@ -52,7 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_files_named(settings)
         if settings.server.workers > 1:
             return _supervise(settings)
-        from sidecar.server import serve  # the server, pipeline and policy engines load only to serve
+        from sidecar.bootstrap import serve  # the server, pipeline and policy engines load only to serve
 
         asyncio.run(serve(settings))
     except STARTUP_FAILURES as exc:

@@ -4,7 +4,7 @@
 
 A fresh interpreter (spawned, never a fork of a process that has started gRPC). First it asks the kernel
 for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``) and exits if the parent is already gone; then it
-reads its ``WorkerJob`` from stdin and runs ``sidecar.server.serve`` with a ``WorkerRole``. On the status
+reads its ``WorkerJob`` from stdin and runs ``sidecar.bootstrap.serve`` with a ``WorkerRole``. On the status
 socket ``STATUS_FD`` it writes one JSON line: ``{"addresses": [...]}`` once it serves, or ``{"error": ...,
 "exit": N}`` when it cannot start (the exit code ``toolbooth serve`` would have had). Its log lines say
 which worker wrote them (``[worker N]`` in text, a ``worker`` field in JSON).
@@ -38,7 +38,8 @@ def main(argv: list[str]) -> int:
     parent, status_fd = int(argv[0]), int(argv[1])
     _die_with_parent(parent)
     job: WorkerJob = pickle.load(sys.stdin.buffer)
-    from sidecar.server.app import WorkerRole, serve  # after the parent check: nothing heavy for an orphan
+    from sidecar.bootstrap import serve  # after the parent check: nothing heavy for an orphan
+    from sidecar.server.app import WorkerRole
 
     setup_logging(job.settings.log_level, job.settings.logging.format)
     _tag_logs(job.index, job.settings.logging.format)

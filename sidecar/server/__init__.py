@@ -1,4 +1,5 @@
-"""The gRPC transport of the sidecar: ``create_server`` for tests and embedding, ``serve`` for the CLI.
+"""The gRPC transport of the sidecar: ``create_server`` for tests and embedding (``sidecar.bootstrap.serve`` runs
+the whole sidecar).
 
 The server modules load on first use, so ``sidecar.client`` (which needs only
 ``sidecar.api.convert``) does not import the pipeline, JWT or YAML.
@@ -9,9 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sidecar.server.app import Sidecar, create_server, serve
+    from sidecar.server.app import Sidecar, create_server
 
-__all__ = ["Sidecar", "create_server", "serve"]
+__all__ = ["Sidecar", "create_server"]
 
 
 def __getattr__(name: str) -> Any:

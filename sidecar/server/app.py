@@ -1,17 +1,17 @@
 """The gRPC server: listeners (Unix socket, TCP), health, reflection, graceful shutdown.
 
-``create_server`` builds and binds a server without starting it (tests use it with
-port 0 or a temporary socket; binding is ``sidecar.server.listeners``, TLS on TCP ``sidecar.server.tls``,
-the health-only listener of probes ``sidecar.server.probes``); ``serve`` runs the
-sidecar until SIGTERM/SIGINT and logs at start what it serves with: plugins, tools, store,
-policy engine and revision, listeners, trace exporters. What it runs is built by ``sidecar.bootstrap.open_serving``
-(the composition root). With a chain key (``audit.chain_key``) it writes the signed audit checkpoint
-(``sidecar.state.checkpoint``) at an interval and, once the last calls are recorded, at shutdown. The HTTP
-endpoints that are on (``sidecar.server.endpoints``: metrics, MCP, the approval inbox, HTTP/JSON) run on the same
-event loop: metrics started first and stopped last, so a scrape sees the whole shutdown; the others started
-before gRPC and stopped before it, each within ``server.shutdown_grace_seconds``.
-As one of ``server.workers`` processes (a ``WorkerRole``, from ``sidecar.server.supervisor``) it shares its TCP
-ports with the other workers (SO_REUSEPORT), writes the checkpoint only as worker 0, and says when it serves.
+``create_server`` builds and binds a server without starting it (tests use it with port 0 or a temporary socket;
+binding is ``sidecar.server.listeners``, TLS on TCP ``sidecar.server.tls``, the health-only listener of probes
+``sidecar.server.probes``); ``run`` serves the sidecar until SIGTERM/SIGINT and logs at start what it serves with:
+plugins, tools, store, policy engine and revision, listeners, trace exporters. What it runs (a ``Serving``) is built
+by the composition root, ``sidecar.bootstrap``, whose ``serve`` opens it and runs it here; this package never
+imports the root. With a chain key (``audit.chain_key``) it writes the signed audit checkpoint
+(``sidecar.state.checkpoint``) at an interval and, once the last calls are recorded, at shutdown. The HTTP endpoints
+that are on (``sidecar.server.endpoints``: metrics, MCP, the approval inbox, HTTP/JSON) run on the same event loop:
+metrics started first and stopped last, so a scrape sees the whole shutdown; the others started before gRPC and
+stopped before it, each within ``server.shutdown_grace_seconds``. As one of ``server.workers`` processes (a
+``WorkerRole``, from ``sidecar.server.supervisor``) it shares its TCP ports with the other workers (SO_REUSEPORT),
+writes the checkpoint only as worker 0, and says when it serves.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ from sidecar.server.tool_service import SERVICE_NAME, ToolServicer
 
 if TYPE_CHECKING:
     from sidecar.pipeline.gate import Pipeline
-    from sidecar.tools.registry import Registry
+    from sidecar.server.serving import Serving
 
-__all__ = ["SERVICE_NAME", "Sidecar", "WorkerRole", "create_server", "serve"]
+__all__ = ["SERVICE_NAME", "Sidecar", "WorkerRole", "create_server", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -154,16 +154,12 @@ async def create_server(settings: Settings, gateway: ToolGateway, *, policy: Sta
     return server, sidecar
 
 
-async def serve(settings: Settings, *, registry: Registry | None = None, stop: asyncio.Event | None = None,
-                worker: WorkerRole | None = None) -> None:
-    """Run the sidecar until SIGTERM, SIGINT or ``stop``, then shut down gracefully; as ``worker``, one of
-    several processes."""
-    from sidecar.bootstrap import open_serving
+async def run(serving: Serving, settings: Settings, *, stop: asyncio.Event | None = None,
+              worker: WorkerRole | None = None) -> None:
+    """Serve what ``serving`` holds until SIGTERM, SIGINT or ``stop``, then shut down gracefully and close it
+    (``sidecar.bootstrap.serve`` opens it); as ``worker``, one of several processes."""
     from sidecar.policy.factory import reload_interval
 
-    writes_checkpoint = worker is None or worker.writes_checkpoint
-    serving = await open_serving(settings, registry=registry, writes_checkpoint=writes_checkpoint,
-                                 reuse_port=worker is not None)
     reloader, pipeline, endpoints = serving.reloader, serving.pipeline, serving.endpoints
     try:
         async with endpoints.serving(Phase.AROUND_GRPC):

@@ -5,10 +5,10 @@ tuple, not a line's fields.
 Each JSON line written during a call carries ``request_id``, ``tool``, ``principal`` (the caller's id) and,
 when the sidecar traces, the ``trace_id`` and ``span_id`` of the call's span.
 
-The variable holds those values, never the ``Call``: every timer and callback scheduled during the call copies
-the context, and a cancelled timer stays in the event loop's queue for a while, so a context holding the call
-kept each call's whole object graph alive after it ended, for the garbage collector to walk again and again
-(~15 µs of CPU per call at 16 in flight, measured).
+The variable holds those values, never the call (the pipeline's, which this layer does not know): every timer and
+callback scheduled during the call copies the context, and a cancelled timer stays in the event loop's queue for a
+while, so a context holding the call kept each call's whole object graph alive after it ended, for the garbage
+collector to walk again and again (~15 µs of CPU per call at 16 in flight, measured).
 """
 
 from __future__ import annotations
@@ -16,13 +16,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, MutableMapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext
-
-if TYPE_CHECKING:
-    from sidecar.pipeline.call import Call
 
 __all__ = ["call_fields", "in_call"]
 
@@ -31,10 +28,9 @@ _fields: ContextVar[_Fields | None] = ContextVar("toolbooth_log_call", default=N
 
 
 @contextlib.contextmanager
-def in_call(call: Call) -> Iterator[None]:
-    """Lines written inside carry ``call``'s fields (those of its span: the span it has on entry)."""
-    span = None if call.trace is None else call.trace.span.get_span_context()
-    token = _fields.set((call.request_id, call.request.tool, call.principal.id, span))
+def in_call(request_id: str, tool: str, principal: str, span: SpanContext | None) -> Iterator[None]:
+    """Lines written inside carry these fields of a call (``span``: its span's context, if it is traced)."""
+    token = _fields.set((request_id, tool, principal, span))
     try:
         yield
     finally:

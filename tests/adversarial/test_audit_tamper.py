@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
+from sidecar.bootstrap import serve
 from sidecar.cli import main
 from sidecar.client import AsyncClient
 from sidecar.config import Settings
-from sidecar.server import serve
 from sidecar.state.chain import EVENT_COLUMNS, GENESIS_HASH, KEYED_PREFIX, event_hash
 from sidecar.tools.registry import Registry
 from tests.integration.conftest import make_settings, socket_path

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 import sidecar
+from sidecar.bootstrap import serve
 from sidecar.cli import main
 from sidecar.client import AsyncClient
 from sidecar.config import Settings, parse_listen, parse_settings
 from sidecar.errors import ConfigError
-from sidecar.server import serve
 from tests.integration.conftest import StartSidecar
 from tests.integration.test_server import FakeGateway
 from tests.support.waiting import until

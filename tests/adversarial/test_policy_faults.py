@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
+from sidecar.bootstrap import serve
 from sidecar.client import AsyncClient
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, Status
 from sidecar.errors import PolicyLoadError
 from sidecar.policy.opa import MAX_ANSWER_BYTES, MAX_ANSWER_DEPTH
-from sidecar.server import serve
 from sidecar.state import AuditRecord
 from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry

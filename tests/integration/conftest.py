@@ -102,7 +102,7 @@ async def serve_in_background(make_settings: Callable[..., Settings],
                               socket_path: Path) -> AsyncIterator[ServeInBackground]:
     """``await serve_in_background(**sections)``: run ``serve`` (test tools, Unix socket only) as a task;
     returns its ``unix://`` target once listening. Every one is stopped at teardown."""
-    from sidecar.server import serve
+    from sidecar.bootstrap import serve
     from sidecar.tools.registry import Registry
     from tests.support import tools
 

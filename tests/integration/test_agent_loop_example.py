@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from sidecar.bootstrap import serve
 from sidecar.config import Settings
-from sidecar.server import serve
 from sidecar.tools.registry import Registry
 from tests.support.waiting import until
 from toolbooth_calculator import TOOLS as CALCULATOR

@@ -500,7 +500,7 @@ async def test_the_inbox_pages_newest_first(world: World) -> None:
 async def test_serve_runs_the_inbox_in_dev_mode_on_loopback(
     make_settings: Callable[..., Settings], socket_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from sidecar.server import serve
+    from sidecar.bootstrap import serve
 
     caplog.set_level(logging.INFO, logger="sidecar.server.approvals_ui.endpoint")
     settings = make_settings(server={"listen": [f"unix://{socket_path}"]}, approvals_ui={"listen": "127.0.0.1:0"})

@@ -259,7 +259,7 @@ async def test_a_failing_store_skips_a_round_and_the_stream_goes_on(world: World
 async def test_stopping_the_sidecar_ends_every_open_stream_at_once(
     make_settings: Callable[..., Settings], socket_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from sidecar.server import serve
+    from sidecar.bootstrap import serve
 
     caplog.set_level(logging.INFO)
     settings = make_settings(server={"listen": [f"unix://{socket_path}"]}, approvals_ui={"listen": "127.0.0.1:0"})

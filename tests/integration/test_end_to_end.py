@@ -11,13 +11,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar.bootstrap import open_pipeline
+from sidecar.bootstrap import open_pipeline, serve
 from sidecar.client import AsyncClient, ClientError
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, Recovery, Status
 from sidecar.pipeline import Pipeline
 from sidecar.plugin import SideEffect, ToolContext, ToolDefinition, tool
-from sidecar.server import serve
 from sidecar.server.app import SERVICE_NAME
 from sidecar.tools.registry import Registry
 from tests.support import tools

@@ -30,13 +30,12 @@ import grpc
 import psutil
 import pytest
 
-from sidecar.bootstrap import open_pipeline
+from sidecar.bootstrap import open_pipeline, serve
 from sidecar.client import AsyncClient, ClientError
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, OperationState, Recovery, Status, ToolResult
 from sidecar.errors import PluginLoadError
 from sidecar.plugin import Plugin
-from sidecar.server import serve
 from sidecar.tools.isolation.process import Worker
 from sidecar.tools.registry import Registry
 from tests.support import isolated

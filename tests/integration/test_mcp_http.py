@@ -322,7 +322,7 @@ async def _server_gone(kind: type[BaseException] | None, error: BaseException | 
 async def test_serve_runs_the_endpoint_in_the_sidecars_loop_and_stops_within_the_grace(
     make_settings: Callable[..., Settings], socket_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from sidecar.server import serve
+    from sidecar.bootstrap import serve
 
     caplog.set_level(logging.INFO, logger="sidecar.server.mcp_http")
     settings = make_settings(server={"listen": [f"unix://{socket_path}"], "shutdown_grace_seconds": 2},

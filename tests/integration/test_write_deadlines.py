@@ -21,12 +21,11 @@ from typing import Any
 import grpc
 import pytest
 
-from sidecar.bootstrap import open_pipeline
+from sidecar.bootstrap import open_pipeline, serve
 from sidecar.client import AsyncClient, ClientError, call_request
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, OperationState, Recovery, Status, ToolResult
 from sidecar.pipeline import Pipeline
-from sidecar.server import serve
 from sidecar.state import AuditEvent
 from sidecar.tools.registry import Registry
 from tests.support import tools

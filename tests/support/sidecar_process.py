@@ -73,9 +73,9 @@ TOOLS = [append_line, append_line_approved, append_then_wait, *isolated.SYNC]
 
 def main(argv: Sequence[str]) -> None:
     """The child process: serve the settings of file ``argv[0]`` with ``TOOLS`` until SIGTERM."""
+    from sidecar.bootstrap import serve
     from sidecar.cli.common import setup_logging
     from sidecar.config import load_settings
-    from sidecar.server import serve
     from sidecar.state import records
     from sidecar.tools.registry import Registry
 

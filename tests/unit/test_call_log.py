@@ -17,7 +17,7 @@ def _call() -> Call:
 
 def test_lines_written_during_a_call_carry_its_fields_and_others_do_not() -> None:
     call = _call()
-    with in_call(call):
+    with in_call(call.request_id, call.request.tool, call.principal.id, None):
         inside = call_fields(None, "info", {})
     assert inside == {"request_id": call.request_id, "tool": "echo", "principal": "alice"}
     assert call_fields(None, "info", {}) == {}
@@ -27,7 +27,7 @@ def test_a_context_copied_during_a_call_keeps_its_fields_but_not_the_call() -> N
     """Timers and callbacks scheduled during a call copy its context, and may outlive it: they must not keep
     the call's objects alive for the garbage collector to walk."""
     call = _call()
-    with in_call(call):
+    with in_call(call.request_id, call.request.tool, call.principal.id, None):
         copied = contextvars.copy_context()
     request_id, alive = call.request_id, weakref.ref(call.request)
     del call

@@ -103,10 +103,10 @@ def test_public_api_is_curated() -> None:
     import sidecar.client
     import sidecar.plugin
 
-    assert sorted(sidecar.plugin.__all__) == ["ErrorCode", "Partial", "Plugin", "PluginDefinitionError", "Principal",
-                                              "Recovery", "RetryPolicy", "SENSITIVE", "SideEffect", "ToolContext",
-                                              "ToolDefinition", "ToolDefinitionError", "ToolError",
-                                              "read_plugin_settings", "tool"]
+    assert sorted(sidecar.plugin.__all__) == ["ConfigError", "ErrorCode", "Partial", "Plugin", "PluginDefinitionError",
+                                              "Principal", "Recovery", "RetryPolicy", "SENSITIVE", "SideEffect",
+                                              "ToolContext", "ToolDefinition", "ToolDefinitionError", "ToolError",
+                                              "default_state_dir", "read_plugin_settings", "tool"]
     assert sorted(sidecar.client.__all__) == ["AsyncClient", "Client", "ClientError", "ClientTls", "call_request"]
     for module in (sidecar.plugin, sidecar.client):
         assert all(hasattr(module, name) for name in module.__all__)

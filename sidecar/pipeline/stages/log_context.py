@@ -16,5 +16,6 @@ class LogContextStage:
     """Runs each call as the call its log lines are written during."""
 
     async def run(self, call: Call, next: Next) -> ToolResult:
-        with in_call(call):
+        span = None if call.trace is None else call.trace.span.get_span_context()
+        with in_call(call.request_id, call.request.tool, call.principal.id, span):
             return await next(call)
