@@ -13,6 +13,7 @@ from sidecar.bootstrap import assemble
 from sidecar.config import Limits, bundled_policy_dir
 from sidecar.contract import Principal
 from sidecar.pipeline import Pipeline
+from sidecar.pipeline.order import Stages
 from sidecar.policy import PolicyEngine
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.state import Store
@@ -47,13 +48,14 @@ async def make_pipeline(tmp_path: Path) -> AsyncIterator[PipelineFactory]:
 
     async def make(*, policy: PolicyEngine | None = None, limits: Limits | None = None,
                    registry: Registry | None = None, wrap_store: Callable[[Store], Any] | None = None,
-                   **limit_overrides: Any) -> Pipeline:
+                   stages: Stages | None = None, **limit_overrides: Any) -> Pipeline:
         store: Any = await SqliteStore.open(tmp_path / f"store-{len(made)}.db")
         pipeline = assemble(
             registry=registry or Registry.from_tools(tools.ALL),
             policy=policy or EmbeddedEngine.load(bundled_policy_dir()),
             store=store if wrap_store is None else wrap_store(store),
             limits=limits or Limits(**limit_overrides),
+            stages=stages,
         )
         made.append(pipeline)
         return pipeline

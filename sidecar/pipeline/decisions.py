@@ -6,7 +6,8 @@ for the call's ``policy`` span (attribute ``toolbooth.policy.{stage}.allow``, fo
 ``toolbooth.policy.approval.required``; ``toolbooth.policy.{stage}.error`` when the engine failed). An
 engine that cannot answer refuses the call through ``sidecar.errors.refusal``: nothing after the stage
 that asked runs. A call's decisions and its audit masks come from one policy set, the one in force at its
-first decision (``sidecar.policy.reload.pin_for``): a reload meanwhile does not reach them.
+first decision (``sidecar.policy.reload.pin_for``), whose revision the call records: a reload meanwhile does not
+reach them.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class Decider:
         pin = pin_for(call)
         pin.deciding = True
         try:
+            if stage is Stage.AVAILABILITY:  # a call's first decision: its revision is the set it is pinned to
+                call.policy_revision = self.policy.revision
             return await self.policy.decide(stage, call.inputs.build(stage, arguments))
         except PolicyEvaluationError as exc:
             log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)

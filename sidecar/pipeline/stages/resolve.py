@@ -21,6 +21,7 @@ from sidecar.pipeline.chain import Next
 from sidecar.pipeline.decisions import Decider
 from sidecar.policy import Stage
 from sidecar.policy.input import InputBatch, InputParts, now_utc, principal_json, tool_json
+from sidecar.policy.reload import pin_for
 from sidecar.tools.definition import NAME_PATTERN
 from sidecar.tools.registry import Registry
 
@@ -54,14 +55,18 @@ class ResolveStage:
 
     async def listing(self, principal: Principal, *, conversation_id: str | None = None) -> ToolListing:
         """The tools the availability policy shows ``principal``, decided in one pass."""
-        revision = self._decider.policy.revision
         inputs = InputBatch(Stage.AVAILABILITY, principal_json(principal), self._listed, now_utc(), conversation_id,
                             self._listed_key)
+        pin = pin_for(inputs)  # the listing's revision and its decisions come from one policy set
+        pin.deciding = True
         try:
+            revision = self._decider.policy.revision
             decisions = await self._decider.policy.decide_many(Stage.AVAILABILITY, inputs)
         except PolicyEvaluationError as exc:
             log.error("availability policy failed during ListTools: %s", exc)
             raise
+        finally:
+            pin.deciding = False
         shown = tuple(d for d, decision in zip(self._descriptors, decisions, strict=True) if decision.allow)
         return ToolListing(tools=shown, policy_revision=revision)
 
