@@ -17,7 +17,8 @@ from typing import Any
 from sidecar.cli.common import EXIT_OK, CommandError, Subparsers, config_flag, dump_json
 from sidecar.cli.output import json_output, output_flag
 from sidecar.cli.preflight import STARTUP_FAILURES, Checked, failure_exit, preflight
-from sidecar.config import MCP_PATH, Settings, load_settings
+from sidecar.config import Settings, load_settings
+from sidecar.config.endpoints import ENDPOINTS
 
 __all__ = ["add_commands", "cmd_config_validate", "describe_settings", "validation_document"]
 
@@ -55,7 +56,9 @@ def validation_document(settings: Settings, checked: Checked) -> dict[str, Any]:
     return {"ok": True, "listen": list(server.listen),
             "tls": None if server.tls is None else ("mutual" if server.tls.mutual else "server"),
             "health_listen": server.health_listen,
-            "mcp": None if settings.mcp.listen is None else f"http://{settings.mcp.listen}{MCP_PATH}",
+            "mcp": next(row.url(settings) for row in ENDPOINTS if row.section == "mcp"),
+            "endpoints": {row.section: url for row in ENDPOINTS if (url := row.url(settings)) is not None},
+            "workers": server.workers, "audit_chain": "keyed" if _chain_keyed(settings) else "unkeyed",
             "auth": {"mode": settings.auth.effective_mode.value, "jwks_url": jwt.jwks_url if jwt else None},
             "plugins": [asdict(plugin) for plugin in checked.plugins], "tools": list(checked.tools),
             "isolated": checked.isolated, "policy": checked.policy, "store": checked.store}
@@ -70,6 +73,13 @@ def describe_settings(settings: Settings) -> str:
     return "\n".join([
         f"  listen:   {', '.join(server.listen)}{tls}",
         *([f"  health:   {server.health_listen} (health only, plaintext)"] if server.health_listen else []),
-        *([f"  mcp:      http://{settings.mcp.listen}{MCP_PATH}"] if settings.mcp.listen is not None else []),
+        *(f"  {row.section + ':':<9} {url}" for row in ENDPOINTS if (url := row.url(settings)) is not None),
+        *([f"  workers:  {server.workers}"] if server.workers > 1 else []),
         f"  auth:     {settings.auth.effective_mode.value}{keys}",
+        f"  audit:    chain {'keyed' if _chain_keyed(settings) else 'unkeyed (no audit.chain_key)'}",
     ])
+
+
+def _chain_keyed(settings: Settings) -> bool:
+    """Whether the audit chain is keyed (preflight has read the key already)."""
+    return settings.audit.chain_key is not None or settings.audit.chain_key_file is not None

@@ -20,6 +20,9 @@ from enum import Enum
 from typing import Protocol
 
 from sidecar.config.http import HttpConnectionSettings
+from sidecar.config.http_json import CALL_PATH
+from sidecar.config.mcp import MCP_PATH
+from sidecar.config.metrics import METRICS_PATH
 from sidecar.errors import ConfigError
 
 __all__ = ["ENDPOINTS", "EndpointRow", "ListenSection", "Workers", "check_installed"]
@@ -53,6 +56,7 @@ class EndpointRow:
     dev_off_loopback: bool = False
     extra: str | None = None  # None: the base install serves it
     modules: tuple[str, ...] = ()  # what the extra installs, found or not by importlib
+    path: str = "/"  # where a client addresses it, for the summary of config validate
 
     @property
     def key(self) -> str:
@@ -68,6 +72,11 @@ class EndpointRow:
         """Where it listens in ``settings``; ``None``: off."""
         return self.settings(settings).listen
 
+    def url(self, settings: object) -> str | None:
+        """Its address in ``settings`` (``http://HOST:PORT/PATH``); ``None``: off."""
+        listen = self.listen(settings)
+        return None if listen is None else f"http://{listen}{self.path}"
+
     def missing(self) -> list[str]:
         """The modules of its extra that are not installed."""
         return [name for name in self.modules if importlib.util.find_spec(name) is None]
@@ -75,11 +84,11 @@ class EndpointRow:
 
 _WEB = ("starlette", "uvicorn", "h11")  # the web stack of sidecar.server.http_limits
 ENDPOINTS = (  # in the order they start, in their phase (sidecar.server.endpoints: around or within gRPC)
-    EndpointRow("mcp", "MCP", Workers.FIRST, extra="mcp", modules=("mcp", *_WEB)),
+    EndpointRow("mcp", "MCP", Workers.FIRST, extra="mcp", modules=("mcp", *_WEB), path=MCP_PATH),
     EndpointRow("approvals_ui", "the approval inbox", Workers.FIRST, extra="approvals-ui",
                 modules=(*_WEB, "jinja2")),
-    EndpointRow("http_json", "HTTP/JSON", Workers.SHARED, extra="http-json", modules=_WEB),
-    EndpointRow("metrics", "metrics", Workers.PORT_EACH, dev_off_loopback=True),
+    EndpointRow("http_json", "HTTP/JSON", Workers.SHARED, extra="http-json", modules=_WEB, path=CALL_PATH),
+    EndpointRow("metrics", "metrics", Workers.PORT_EACH, dev_off_loopback=True, path=METRICS_PATH),
 )
 
 

@@ -168,6 +168,28 @@ def test_config_validate_shows_the_mcp_endpoint_and_refuses_a_public_one_in_dev_
     assert "mcp.listen: '0.0.0.0:8765' is not a loopback address; auth mode 'dev'" in capsys.readouterr().err
 
 
+def test_config_validate_summarises_every_endpoint_the_workers_and_the_audit_chain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = _config(tmp_path, f"server:\n  listen: ['127.0.0.1:5001']\n  workers: 2\n"
+                               f"store:\n  sqlite_path: {tmp_path}/tb.db\n"
+                               "audit:\n  chain_key: a-chain-key-of-sixteen-bytes\n"
+                               "mcp:\n  listen: 127.0.0.1:8765\napprovals_ui:\n  listen: 127.0.0.1:8766\n"
+                               "http_json:\n  listen: 127.0.0.1:8767\nmetrics:\n  listen: 127.0.0.1:9464\n")
+    assert main(["config", "validate", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    for line in ("  mcp:      http://127.0.0.1:8765/mcp", "  approvals_ui: http://127.0.0.1:8766/",
+                 "  http_json: http://127.0.0.1:8767/v1/call", "  metrics:  http://127.0.0.1:9464/metrics",
+                 "  workers:  2", "  audit:    chain keyed"):
+        assert line + "\n" in out, out
+    assert main(["config", "validate", "--config", str(config), "--output", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["endpoints"] == {"mcp": "http://127.0.0.1:8765/mcp", "approvals_ui": "http://127.0.0.1:8766/",
+                                     "http_json": "http://127.0.0.1:8767/v1/call",
+                                     "metrics": "http://127.0.0.1:9464/metrics"}
+    assert (document["workers"], document["audit_chain"]) == (2, "keyed")
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("limits:\n  max_argument_bytez: 10\n", "toolbooth: error: config error at limits.max_argument_bytez: unknown key"),
     ("limits:\n  max_argument_bytes: 0\n",
