@@ -55,15 +55,15 @@ __all__ = ["Serving", "assemble", "open_pipeline", "open_serving", "open_sidecar
 log = logging.getLogger(__name__)
 
 
-async def open_sidecar(settings: Settings, *, registry: Registry | None = None,
-                       tracing: Tracing | None = None) -> tuple[ReloadingEngine, Pipeline]:
-    """The reloading policy engine and the pipeline deciding with it (through the decision cache); with
-    ``metrics.listen``, both counting into the pipeline's ``metrics``."""
+async def open_sidecar(settings: Settings, *, registry: Registry | None = None, tracing: Tracing | None = None,
+                       stages: Stages | None = None) -> tuple[ReloadingEngine, Pipeline]:
+    """The reloading policy engine and the pipeline deciding with it (through the decision cache), with ``stages``
+    added to its chain; with ``metrics.listen``, both counting into the pipeline's ``metrics``."""
     reloader = await open_reloading(settings.policy)
     reloader.metrics = metrics = Metrics() if settings.metrics.listen is not None else None
     try:
         return reloader, await open_pipeline(settings, registry=registry, policy=with_cache(reloader, settings.policy),
-                                             metrics=metrics, tracing=tracing)
+                                             metrics=metrics, tracing=tracing, stages=stages)
     except BaseException:
         await reloader.aclose()
         raise
@@ -146,22 +146,22 @@ def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: 
 
 
 async def serve(settings: Settings, *, registry: Registry | None = None, stop: asyncio.Event | None = None,
-                worker: WorkerRole | None = None) -> None:
-    """Run the sidecar until SIGTERM, SIGINT or ``stop``, then shut down gracefully; as ``worker``, one of
-    several processes (``server.workers``)."""
+                worker: WorkerRole | None = None, stages: Stages | None = None) -> None:
+    """Run the sidecar, with ``stages`` added to its chain, until SIGTERM, SIGINT or ``stop``, then shut down
+    gracefully; as ``worker``, one of several processes (``server.workers``)."""
     from sidecar.server.app import run  # gRPC's server, only to serve
 
     writes_checkpoint = worker is None or worker.writes_checkpoint
     serving = await open_serving(settings, registry=registry, writes_checkpoint=writes_checkpoint,
-                                 reuse_port=worker is not None)
+                                 reuse_port=worker is not None, stages=stages)
     await run(serving, settings, stop=stop, worker=worker)
 
 
 async def open_serving(settings: Settings, *, registry: Registry | None = None, writes_checkpoint: bool = True,
-                       reuse_port: bool = False) -> Serving:
+                       reuse_port: bool = False, stages: Stages | None = None) -> Serving:
     """``open_sidecar`` and what serves over it: the endpoints (with ``reuse_port``, one of several workers'), and
     the checkpoint's writer when ``writes_checkpoint`` and a chain key is configured."""
-    reloader, pipeline = await open_sidecar(settings, registry=registry)
+    reloader, pipeline = await open_sidecar(settings, registry=registry, stages=stages)
     try:
         checkpointer = _checkpointer(settings, pipeline.store) if writes_checkpoint else None
     except BaseException:

@@ -6,13 +6,16 @@ that refuses. The calls go through a real server on a real socket; no production
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sidecar.bootstrap import open_pipeline
+from sidecar.bootstrap import serve as serve_sidecar
 from sidecar.client import AsyncClient
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, ErrorInfo, Status, ToolResult
@@ -23,6 +26,7 @@ from sidecar.pipeline.order import Stages
 from sidecar.tools.registry import Registry
 from tests.integration.conftest import StartSidecar
 from tests.support import tools
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -178,3 +182,34 @@ async def test_a_write_refused_before_dispatch_ran_nothing_and_its_key_runs_agai
     ran = await served.client.execute("create_note", {"text": "x"}, idempotency_key="k-3")
     assert ran.status is Status.SUCCESS and not ran.meta.idempotency_replayed
     assert tools.CREATED.value == before + 1
+
+
+async def test_the_served_sidecar_takes_its_stages_from_serve(make_settings: Callable[..., Settings],
+                                                              tmp_path: Path) -> None:
+    """``toolbooth serve``'s own entry (``sidecar.bootstrap.serve``) adds the stages too, and closes them."""
+    seen: list[Seen | str] = []
+    closing = Closing()
+    socket = tmp_path / "tb.sock"
+    settings = make_settings(server={"listen": [f"unix://{socket}"]})
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve_sidecar(settings, registry=Registry.from_tools(tools.ALL), stop=stop,
+                                             stages=Stages(before_dispatch=[Noting("before_dispatch", seen), closing])))
+    try:
+        await until(lambda: socket.exists() or task.done(), what="the sidecar to listen")
+        async with AsyncClient(f"unix://{socket}", timeout=5) as client:
+            assert (await client.execute("echo", {"text": "hi"})).status is Status.SUCCESS
+    finally:
+        stop.set()
+        await task
+    assert [entry.slot for entry in seen if isinstance(entry, Seen)] == ["before_dispatch"]
+    assert closing.closed == 1
+
+
+@dataclass
+class Closing(Passing):
+    """A stage with something to close: closed once, when the sidecar stops."""
+
+    closed: int = 0
+
+    async def aclose(self) -> None:
+        self.closed += 1
