@@ -55,7 +55,7 @@ from sidecar.faults import FaultKind, classify
 from sidecar.server.auth import Authenticator
 from sidecar.server.gateway import ToolGateway
 from sidecar.server.http_faults import HTTP_STATUSES
-from sidecar.server.http_limits import bounded_server, listener_limits
+from sidecar.server.http_limits import bounded_server, listener_limits, start_on
 from sidecar.server.listeners import tcp_socket
 from sidecar.server.tool_service import TOOL_REQUIRED
 from sidecar.telemetry.propagation import continuing, trace_headers
@@ -110,14 +110,7 @@ class HttpJsonEndpoint:
 
     async def start(self) -> None:
         """Serve on this loop; returns once it accepts connections."""
-        try:
-            await self._server.startup(sockets=[self._socket])
-        except BaseException:
-            self._socket.close()
-            raise
-        if self._server.should_exit:  # uvicorn logs why and asks to exit instead of raising
-            self._socket.close()
-            raise OSError(f"cannot listen on http_json.listen {self.url}")
+        await start_on(self._server, self._socket, f"http_json.listen {self.url}")
         log.info("HTTP/JSON calls on %s", self.url)
 
     async def stop(self) -> None:

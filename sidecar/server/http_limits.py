@@ -25,6 +25,7 @@ connection, uvicorn's warnings and asyncio's accept errors are rate-limited (``s
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -37,7 +38,8 @@ from sidecar.config import Settings
 from sidecar.config.http import HttpListenerSettings
 from sidecar.server.http_guard import Deadline, expire, limit_flood_records, refused
 
-__all__ = ["HttpLimits", "bounded_server", "listener_limits"]
+__all__ = ["HttpLimits", "bounded_server", "listener_limits", "start_on"]
+
 
 @dataclass(frozen=True)
 class HttpLimits:
@@ -71,6 +73,19 @@ def bounded_server(app: ASGIApp, limits: HttpLimits, *, close_seconds: int) -> u
     server = uvicorn.Server(config)
     server.lifespan = config.lifespan_class(config)
     return server
+
+
+async def start_on(server: uvicorn.Server, bound: socket.socket, where: str) -> None:
+    """Start ``server`` on ``bound``, on this loop; returns once it accepts connections. ``OSError`` ``cannot listen
+    on WHERE`` (``bound`` closed) if it cannot."""
+    try:
+        await server.startup(sockets=[bound])
+    except BaseException:
+        bound.close()
+        raise
+    if server.should_exit:  # uvicorn logs why and asks to exit instead of raising
+        bound.close()
+        raise OSError(f"cannot listen on {where}")
 
 
 class _BoundedH11(H11Protocol):

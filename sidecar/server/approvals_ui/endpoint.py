@@ -18,7 +18,7 @@ from sidecar.server.approvals_ui.sessions import Sessions
 from sidecar.server.approvals_ui.signin import SignIn
 from sidecar.server.approvals_ui.stream_slots import StreamSlots
 from sidecar.server.auth import Authenticator
-from sidecar.server.http_limits import HttpLimits, bounded_server, listener_limits
+from sidecar.server.http_limits import HttpLimits, bounded_server, listener_limits, start_on
 from sidecar.server.listeners import tcp_socket
 from sidecar.server.roles import ApprovalDesk, ApprovalGateway, Approvers, Operators
 
@@ -58,14 +58,7 @@ class ApprovalsInbox:
 
     async def start(self) -> None:
         """Serve on this loop; returns once it accepts connections."""
-        try:
-            await self._server.startup(sockets=[self._socket])
-        except BaseException:
-            self._socket.close()
-            raise
-        if self._server.should_exit:  # uvicorn logs why and asks to exit instead of raising
-            self._socket.close()
-            raise OSError(f"cannot listen on approvals_ui.listen {self.url}")
+        await start_on(self._server, self._socket, f"approvals_ui.listen {self.url}")
         log.info("approval inbox listening on %s", self.url)
 
     async def stop(self) -> None:
