@@ -19,14 +19,14 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.bootstrap import open_sidecar
+from sidecar.bootstrap import open_sidecar, serve
 from sidecar.client import AsyncClient, ClientError
 from sidecar.config import Settings
 from sidecar.contract import ErrorCode, Principal, Status, ToolResult
 from sidecar.metrics import NO_CODE, UNKNOWN_TOOL
 from sidecar.pipeline import Pipeline
 from sidecar.policy.reload import ReloadingEngine
-from sidecar.server import create_server, serve
+from sidecar.server import create_server
 from sidecar.server.mcp_http import McpEndpoint
 from sidecar.server.metrics_http import MetricsEndpoint
 from sidecar.tools.registry import Registry
