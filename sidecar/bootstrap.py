@@ -9,8 +9,9 @@ parts (tests and tools pass their own) into the chain of ``sidecar.pipeline.orde
 ``Metrics`` (its own registry) is made here and given to every part that counts: the calls' stage, the engine the
 pipeline decides with, approvals, hot reload and the store; with metrics off none of them is put in place. Each
 pipeline has its own tracing (``sidecar.telemetry.tracing``): from the ``OTEL_*`` variables unless one is given (a
-test's in-memory exporter), closed, its spans flushed, with the pipeline. Nothing else constructs the sidecar's
-collaborators (engine, store, approvals, dispatcher and its worker pools, masker).
+test's in-memory exporter), closed, its spans flushed, with the pipeline. Nothing else wires a serving sidecar's
+collaborators (engine, store, approvals, dispatcher and its worker pools, masker); the dev tools open an engine or a
+store alone through the same tables (``sidecar.policy.engines``, ``sidecar.state.backends``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ from typing import Protocol
 
 from sidecar.contract import CallBatch, CallRequest, Operation, Principal, Progress, ToolListing, ToolResult
 
-__all__ = ["ToolGateway"]
+__all__ = ["TOOL_REQUIRED", "ToolGateway"]
+
+TOOL_REQUIRED = "tool is required"  # what every transport answers a call that names no tool
 
 
 class ToolGateway(Protocol):

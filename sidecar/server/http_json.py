@@ -53,11 +53,10 @@ from sidecar.config import CALL_PATH, Settings
 from sidecar.contract import CallRequest
 from sidecar.faults import FaultKind, classify
 from sidecar.server.auth import Authenticator
-from sidecar.server.gateway import ToolGateway
+from sidecar.server.gateway import TOOL_REQUIRED, ToolGateway
 from sidecar.server.http_faults import HTTP_STATUSES
 from sidecar.server.http_limits import bounded_server, listener_limits, start_on
 from sidecar.server.listeners import tcp_socket
-from sidecar.server.tool_service import TOOL_REQUIRED
 from sidecar.telemetry.propagation import continuing, trace_headers
 
 __all__ = ["HttpJsonEndpoint", "Refused"]

@@ -20,13 +20,12 @@ from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.contract import Progress
 from sidecar.errors import InvalidRequestError
-from sidecar.server.gateway import ToolGateway
+from sidecar.server.gateway import TOOL_REQUIRED, ToolGateway
 from sidecar.server.interceptors import current_principal
 
 __all__ = ["OPERATION_KEY_REQUIRED", "SERVICE_NAME", "TOOL_REQUIRED", "ToolGateway", "ToolServicer"]
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolService"].full_name
-TOOL_REQUIRED = "tool is required"
 OPERATION_KEY_REQUIRED = "tool and idempotency_key, or request_id, are required"
 
 _Context = grpc.aio.ServicerContext[Any, Any]

@@ -113,8 +113,8 @@ BASE = ("sidecar", "sidecar.contract", "sidecar.errors", "sidecar.faults", "side
         "sidecar.ids")
 # Who may import whom: each package or top-level module lists those it may import besides its own modules; any
 # other import is against the layering (docs/architecture.md: contract and errors at the bottom, then config,
-# tools, policy and state, telemetry, the pipeline, bootstrap, the server, the CLI on top; the client, its
-# adapters and MCP apart, over api and contract).
+# tools, policy and state, telemetry, the pipeline, the server, bootstrap (the composition root), the CLI on top;
+# the client, its adapters and MCP apart, over api and contract).
 LAYERS: dict[str, tuple[str, ...]] = {
     "sidecar": (),  # the version, and the names of the public modules
     "sidecar.contract": (),
