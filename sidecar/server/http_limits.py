@@ -15,7 +15,10 @@ httptools, which bounds no header's size), and WebSocket upgrades are off (neith
   those it holds are served as before;
 - a head may hold ``auth.max_metadata_bytes`` (the largest token, ``auth.max_token_bytes``, and 8 KiB
   besides) before it is complete (h11's ``max_incomplete_event_size``): a token the authenticator accepts
-  is never refused by its size here.
+  is never refused by its size here;
+- a request h11 cannot read (two ``Content-Length`` headers, a negative one, an HTTP/0.9 line, a head past
+  its bound) is answered ``400`` and the connection closed: with a typed error (``INVALID_REQUEST``, as
+  every answer of HTTP/JSON) on a listener serving JSON (``json_errors``), as uvicorn's plain text else.
 
 Whether the HTTP listeners' caps together could take more than half of the process's file descriptors is
 checked before any listener opens (``sidecar.server.http_guard.check_descriptors``). The records of a refused
@@ -25,6 +28,7 @@ connection, uvicorn's warnings and asyncio's accept errors are rate-limited (``s
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from dataclasses import dataclass
 from typing import ClassVar
@@ -57,14 +61,20 @@ def listener_limits(settings: Settings, listener: str) -> HttpLimits:
     return HttpLimits(listener, bounds, settings.auth.max_metadata_bytes)
 
 
-def bounded_server(app: ASGIApp, limits: HttpLimits, *, close_seconds: int) -> uvicorn.Server:
+_INVALID = json.dumps({"error": {"code": "INVALID_REQUEST", "message": "the request is not valid HTTP/1.1",
+                                  "retryable": False}}).encode()
+
+
+def bounded_server(app: ASGIApp, limits: HttpLimits, *, close_seconds: int,
+                   json_errors: bool = False) -> uvicorn.Server:
     """A uvicorn server of ``app`` within ``limits`` (lifespan off, no access log, no ``Server`` header); a
-    graceful shutdown gives open connections ``close_seconds``."""
+    graceful shutdown gives open connections ``close_seconds``; ``json_errors``: a request it cannot read is
+    answered with a typed JSON error."""
     limit_flood_records("uvicorn.error")
     class Bounded(_BoundedH11):
         """``_BoundedH11`` within this listener's limits."""
 
-    Bounded.limits = limits
+    Bounded.limits, Bounded.json_errors = limits, json_errors
     config = uvicorn.Config(app, http=Bounded, ws="none", lifespan="off", log_config=None, access_log=False,
                             server_header=False, timeout_graceful_shutdown=close_seconds,
                             timeout_keep_alive=limits.settings.idle_timeout_seconds,
@@ -92,6 +102,7 @@ class _BoundedH11(H11Protocol):
     """uvicorn's h11 protocol with a deadline on each request's arrival and a cap on the listener's connections."""
 
     limits: ClassVar[HttpLimits]
+    json_errors: ClassVar[bool]
     _refused = False
     _began: float | None = None  # when the request being received began to arrive
     _deadline: Deadline
@@ -118,6 +129,18 @@ class _BoundedH11(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._track()
+
+    def send_400_response(self, msg: str) -> None:
+        """Answer a request h11 cannot read (``msg``: uvicorn's text) and close the connection."""
+        if not self.json_errors:
+            super().send_400_response(msg)
+            return
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(_INVALID)).encode()),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=_INVALID),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event) or b"")
+        self.transport.close()
 
     def _track(self) -> None:
         """Keep the deadline of the request arriving now (its head, or its body); none while none is."""

@@ -19,7 +19,6 @@ then ends the sessions (their open event streams with them) and closes what is l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from typing import Any
@@ -40,6 +39,7 @@ from sidecar.faults import classify
 from sidecar.mcp.server import Context, SendProgress, build_server
 from sidecar.server.auth import Authenticator
 from sidecar.server.gateway import ToolGateway
+from sidecar.server.http_drain import InFlight
 from sidecar.server.http_faults import HTTP_STATUSES
 from sidecar.server.http_limits import HttpLimits, bounded_server, listener_limits
 from sidecar.server.listeners import tcp_socket
@@ -61,10 +61,10 @@ class McpEndpoint:
 
     def __init__(self, app: ASGIApp, manager: StreamableHTTPSessionManager, bound: socket.socket, *,
                  host: str, grace: float, limits: HttpLimits) -> None:
-        self._manager, self._socket, self._grace, self._in_flight = manager, bound, grace, _InFlight(app)
+        self._manager, self._socket, self._grace, self._in_flight = manager, bound, grace, InFlight(app)
         port = bound.getsockname()[1]
         self.url = f"http://{host}:{port}{MCP_PATH}"
-        self._server = bounded_server(self._in_flight, limits, close_seconds=_CLOSE_SECONDS)
+        self._server = bounded_server(self._in_flight, limits, close_seconds=_CLOSE_SECONDS, json_errors=True)
         self._run: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.draining = asyncio.Event()  # set once a stop takes no new connections and waits for the calls in flight
@@ -85,6 +85,7 @@ class McpEndpoint:
                            max_request_body_size=settings.limits.max_message_bytes)
         authenticated = _Authenticated(StreamableHTTPASGIApp(manager), Authenticator(settings.auth))
         app = Starlette(routes=[Route(MCP_PATH, endpoint=authenticated)])
+        app.router.redirect_slashes = False  # /mcp/ is not found, never redirected to where Host says
         bound = tcp_socket(f"mcp.listen {settings.mcp.listen}", host, endpoint.port)
         return cls(app, manager, bound, host=endpoint.host, grace=settings.server.shutdown_grace_seconds,
                    limits=limits)
@@ -112,14 +113,8 @@ class McpEndpoint:
             await self._server.startup(sockets=[self._socket])
             started.set_result(None)
             await self._stop.wait()
-            for server in self._server.servers:
-                server.close()  # no new connections
-            self.draining.set()
-            if not self._in_flight.idle.is_set():
-                log.info("MCP endpoint stopping: waiting up to %g s for the calls in flight", self._grace)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._grace):
-                    await self._in_flight.idle.wait()
+            self.draining.set()  # its waiters run once drain has closed the listening sockets (no await before)
+            await self._in_flight.drain(self._server, self._grace, "MCP endpoint")
         await self._server.shutdown()
 
 
@@ -179,24 +174,3 @@ class _Authenticated:
                                                       subject=principal.id, claims={"iss": principal.tenant}))
         await self._app(scope, receive, send)
 
-
-class _InFlight:
-    """ASGI: counts the requests being answered other than event streams (GET), so a stop can wait for them."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self._app, self._count = app, 0
-        self.idle = asyncio.Event()
-        self.idle.set()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        counted = scope["type"] == "http" and scope.get("method") != "GET"
-        if counted:
-            self._count += 1
-            self.idle.clear()
-        try:
-            await self._app(scope, receive, send)
-        finally:
-            if counted:
-                self._count -= 1
-                if self._count == 0:
-                    self.idle.set()

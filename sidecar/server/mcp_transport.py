@@ -33,6 +33,7 @@ each kind of answer.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, TypeGuard, TypeVar, cast
@@ -47,7 +48,7 @@ from mcp.shared._stream_protocols import ReadStream, WriteStream
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.shared.message import CloseSSEStreamCallback, ServerMessageMetadata, SessionMessage
 from mcp_types import INVALID_REQUEST, JSONRPCError, JSONRPCMessage, JSONRPCRequest
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -55,6 +56,8 @@ from sidecar.mcp import envelope
 from sidecar.mcp.request_ids import DUPLICATE, InFlightIds
 
 __all__ = ["SessionManager", "asks_for_progress", "error_response"]
+
+log = logging.getLogger(__name__)
 
 _ANSWER_AS_JSON: ContextVar[bool] = ContextVar("toolbooth_mcp_answer_as_json", default=False)
 _INITIALIZE_TOO_LARGE = ("Invalid Request: this initialize request is larger than the endpoint accepts "
@@ -88,7 +91,11 @@ class _Transport(StreamableHTTPServerTransport):
     async def _handle_post_request(self, scope: Scope, request: Request, receive: Receive, send: Send) -> None:
         # The size was checked before (the SDK's RequestBodyLimitMiddleware); the request keeps the body for
         # the SDK's own reading.
-        body = await request.body()
+        try:
+            body = await request.body()
+        except ClientDisconnect:  # gone before its body arrived (or cut off by the request deadline): no answer
+            log.debug("MCP: a client left before its request arrived")
+            return
         try:
             message = envelope.read(body)
         except envelope.Refused as refused:

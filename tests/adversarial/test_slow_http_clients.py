@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -356,3 +357,77 @@ def _token_of(size: int, make_token: Callable[..., str], **claims: Any) -> str:
         pad -= 1
         token = make_token(pad="x" * pad, **claims)
     return token
+
+
+_PATHS = {"mcp": "/mcp/", "approvals_ui": "/inbox/", "http_json": "/v1/call/"}
+
+
+@pytest.mark.parametrize("listener", ["mcp", "approvals_ui", "http_json"])
+async def test_a_trailing_slash_is_not_found_never_redirected(
+        listener: str, tmp_path: Path, make_settings: Callable[..., Settings],
+        make_token: Callable[..., str]) -> None:
+    settings = make_settings(**{listener: {"listen": "127.0.0.1:0"}})
+    async with _serving(listener, settings, make_token, tmp_path) as url:
+        parts = urlsplit(url)
+        head = (f"POST {_PATHS[listener]} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+                "Content-Length: 2\r\nConnection: close\r\n\r\n{}").encode()
+        answer = await _raw(parts, head)
+    assert answer.startswith(b"HTTP/1.1 404 "), answer
+    assert b"\r\nlocation:" not in answer.lower()
+
+
+@pytest.mark.parametrize("listener", ["mcp", "approvals_ui", "http_json"])
+@pytest.mark.parametrize("bad", [b"Content-Length: 3\r\nContent-Length: 4\r\n", b"Content-Length: -1\r\n"])
+async def test_a_request_http_cannot_read_is_answered_in_the_listeners_own_form(
+        listener: str, bad: bytes, tmp_path: Path, make_settings: Callable[..., Settings],
+        make_token: Callable[..., str]) -> None:
+    settings = make_settings(**{listener: {"listen": "127.0.0.1:0"}})
+    async with _serving(listener, settings, make_token, tmp_path) as url:
+        parts = urlsplit(url)
+        answer = await _raw(parts, f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode() + bad
+                            + b"\r\n{}")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer
+    if listener == "approvals_ui":  # the inbox serves pages: uvicorn's plain text
+        assert b"content-type: text/plain" in head.lower()
+    else:
+        assert b"content-type: application/json" in head.lower()
+        assert json.loads(body)["error"]["code"] == "INVALID_REQUEST"
+
+
+@pytest.mark.parametrize("listener", ["mcp", "approvals_ui", "http_json"])
+async def test_a_client_that_leaves_mid_body_is_no_error_in_the_log(
+        listener: str, tmp_path: Path, make_settings: Callable[..., Settings], make_token: Callable[..., str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    settings = make_settings(**{listener: {"listen": "127.0.0.1:0", "http": BOUNDS}})
+    path = {"approvals_ui": "/sign-in"}.get(listener)
+    kind = "application/x-www-form-urlencoded" if listener == "approvals_ui" else "application/json"
+    with caplog.at_level(logging.INFO):
+        async with _serving(listener, settings, make_token, tmp_path) as url:
+            parts = urlsplit(url)
+            for cut in (False, True):  # the client closes, or the request deadline cuts it off
+                reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+                writer.write((f"POST {path or parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                              f"Accept: {ACCEPT['Accept']}\r\nContent-Type: {kind}\r\n"
+                              "Content-Length: 1000\r\n\r\n{\"a\": ").encode())
+                await writer.drain()
+                if cut:
+                    async with asyncio.timeout(BOUNDS["request_timeout_seconds"] + SLACK):
+                        await reader.read()
+                else:
+                    await asyncio.sleep(0.2)
+                writer.close()
+            await asyncio.sleep(0.3)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+
+
+async def _raw(parts: Any, request: bytes) -> bytes:
+    """What the server answers ``request`` (read until it closes the connection)."""
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        writer.write(request)
+        async with asyncio.timeout(SLACK):
+            return await reader.read()
+    finally:
+        writer.close()

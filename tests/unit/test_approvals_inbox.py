@@ -14,9 +14,9 @@ from sidecar.errors import ConfigError
 from sidecar.server.approvals_ui.live import version_of
 from sidecar.server.approvals_ui.outcomes import CallRuns
 from sidecar.server.approvals_ui.places import to_end
-from sidecar.server.approvals_ui.security import is_loopback_host
 from sidecar.server.approvals_ui.sessions import Sessions, SessionsFull, SignedIn, csrf_matches
 from sidecar.server.approvals_ui.views import Item, PreviewView, items
+from sidecar.server.http_hosts import is_loopback_host
 from sidecar.state import AuditEvent, AuditRecord
 
 BOB = Principal(id="bob", tenant="acme", roles=("approver",))

@@ -104,6 +104,7 @@ class Inbox:
             Route("/previews/{preview_id}/deny", self._deny, methods=["POST"]),
             Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
         ], exception_handlers={DependencyError: self._unavailable})
+        self.app.router.redirect_slashes = False  # /inbox/ is not found, never redirected to where Host says
 
     # --- signing in and out
 

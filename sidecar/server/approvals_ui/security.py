@@ -4,7 +4,7 @@ Every response gets a Content-Security-Policy that allows only the inbox's own s
 no inline script, no ``eval``), style sheet and connections back to it (the live updates), may not be
 framed (``frame-ancestors 'none'``, ``X-Frame-Options: DENY``), sends no referrer,
 is not sniffed and is not cached. On a loopback listener a request must name a loopback host (a page
-that rebinds its own name to 127.0.0.1 cannot reach the inbox). A form body is read up to
+that rebinds its own name to 127.0.0.1 cannot reach the inbox: ``sidecar.server.http_hosts``). A form body is read up to
 ``MAX_FORM_BYTES``, only as ``application/x-www-form-urlencoded`` and only as UTF-8 (percent-encoded bytes
 that are not UTF-8 refuse the form; they are never replaced).
 """
@@ -14,13 +14,13 @@ from __future__ import annotations
 from urllib.parse import parse_qs
 
 from starlette.datastructures import MutableHeaders
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sidecar.config import is_loopback
+from sidecar.server.http_hosts import MISDIRECTED, misdirected
 
-__all__ = ["HEADERS", "MAX_FORM_BYTES", "FormError", "Guarded", "is_loopback_host", "read_form"]
+__all__ = ["HEADERS", "MAX_FORM_BYTES", "FormError", "Guarded", "read_form"]
 
 MAX_FORM_BYTES = 64 * 1024
 HEADERS = {
@@ -60,8 +60,8 @@ class Guarded:
                     headers[name] = value
             await send(message)
 
-        if self._loopback and not is_loopback_host(Request(scope).headers.get("host", "")):
-            response = PlainTextResponse("this inbox answers only to a loopback host name", status_code=421)
+        if self._loopback and misdirected(Request(scope).headers.get("host")):
+            response = PlainTextResponse(MISDIRECTED, status_code=421)
             await response(scope, receive, send_guarded)
             return
         await self._app(scope, receive, send_guarded)
@@ -73,18 +73,16 @@ async def read_form(request: Request) -> dict[str, str]:
     if kind != "application/x-www-form-urlencoded":
         raise FormError(415, "a form must be sent as application/x-www-form-urlencoded")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            raise FormError(413, f"a form may hold at most {MAX_FORM_BYTES} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                raise FormError(413, f"a form may hold at most {MAX_FORM_BYTES} bytes")
+    except ClientDisconnect:  # gone before its form arrived (or cut off by the request deadline): read by no one
+        raise FormError(400, "the form did not arrive") from None
     try:  # the percent-encoded bytes too: never read as U+FFFD
         fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False, errors="strict")
     except UnicodeDecodeError:
         raise FormError(400, "a form must be UTF-8, its percent-encoded bytes too; nothing changed") from None
     return {name: values[0] for name, values in fields.items()}
 
-
-def is_loopback_host(host: str) -> bool:
-    """Whether a ``Host`` header (``name:port``, ``[v6]:port``) names a loopback host."""
-    name = host.rpartition(":")[0] if not host.endswith("]") and ":" in host else host
-    return bool(name) and is_loopback(name)
