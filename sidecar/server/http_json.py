@@ -22,39 +22,51 @@ status  code                        when
 413     ``PAYLOAD_TOO_LARGE``       a body above ``limits.max_message_bytes``
 400     ``MALFORMED_JSON``          a body that is not one JSON text in UTF-8
 400     ``UNKNOWN_FIELD``           a key the call has no field for (``field`` names it)
-400     ``INVALID_REQUEST``         not an object, no ``tool``, a field of the wrong type
-404     ``NOT_FOUND``               any other path; 405 ``METHOD_NOT_ALLOWED``: any other method
-503     ``UNAVAILABLE``             the store or policy engine cannot answer (retry later)
+400     ``INVALID_REQUEST``         not an object, no ``tool``, a field of the wrong type; a request that
+                                    is not HTTP/1.1 (two ``Content-Length``, a head past its bound)
+421     ``MISDIRECTED_REQUEST``     on a loopback address: a ``Host`` that names no loopback host
+403     ``FORBIDDEN_ORIGIN``        on a loopback address: an ``Origin`` that is not a loopback origin
+404     ``NOT_FOUND``               any other path (``/v1/call/`` too: never redirected); 405
+                                    ``METHOD_NOT_ALLOWED``: any other method
+503     ``UNAVAILABLE``             the store or policy engine cannot answer, or the sidecar stopped (retry)
 500     ``INTERNAL``                a bug; the traceback goes to the log
 ======  ==========================  ===========================================================
 
 The caller authenticates as over gRPC (``sidecar.server.auth``: the bearer JWT of ``Authorization``; dev mode:
-the static principal, on loopback only), before its body is read. Its trace headers (``traceparent``) are the
-trace the call continues. uvicorn serves it on the sidecar's loop within the listener bounds of
-``sidecar.server.http_limits`` (``http_json.http``); ``stop`` takes no new connection and lets the calls in flight
-finish within ``server.shutdown_grace_seconds``.
+the static principal, on loopback only), before its body is read; on a loopback address ``Host`` and ``Origin``
+are checked first (``sidecar.server.http_hosts``: a rebound web page cannot call). Its trace headers
+(``traceparent``) are the trace the call continues. The arguments reach the pipeline as JSON text, an integer
+longer than Python reads (``sys.get_int_max_str_digits``) as it came, so the pipeline refuses it as over gRPC.
+uvicorn serves it on the sidecar's loop within the listener bounds of ``sidecar.server.http_limits``
+(``http_json.http``); ``stop`` takes no new connection and lets the calls in flight finish within
+``server.shutdown_grace_seconds`` (``sidecar.server.http_drain``); one still running then is ended and answered
+``503 UNAVAILABLE``. A client that leaves before its body arrived gets no answer and a debug line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import math
 import socket
 from typing import Any, NoReturn
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sidecar.config import CALL_PATH, Settings
-from sidecar.contract import CallRequest
+from sidecar.contract import CallRequest, Principal, ToolResult
 from sidecar.faults import FaultKind, classify
+from sidecar.pipeline.fields import FieldRule
+from sidecar.pipeline.stages.request import placeholder
 from sidecar.server.auth import Authenticator
 from sidecar.server.gateway import TOOL_REQUIRED, ToolGateway
+from sidecar.server.http_drain import InFlight
 from sidecar.server.http_faults import HTTP_STATUSES
+from sidecar.server.http_hosts import FOREIGN_ORIGIN, MISDIRECTED, foreign_origin, misdirected
 from sidecar.server.http_limits import bounded_server, listener_limits, start_on
 from sidecar.server.listeners import tcp_socket
 from sidecar.telemetry.propagation import continuing, trace_headers
@@ -66,6 +78,9 @@ log = logging.getLogger(__name__)
 _STRING_FIELDS = ("tool", "idempotency_key", "approval_id", "conversation_id", "call_id")
 _FIELDS = frozenset({*_STRING_FIELDS, "arguments"})
 _MEDIA_TYPE = "application/json"
+_KEY = FieldRule(256)  # an unknown key is named as it is within this rule, else as the pipeline records a bad value
+_SETTLE_SECONDS = 0.5  # past the grace, what a call's result stopped at it gets to be answered before a 503
+_CLOSE_SECONDS = 1  # once the calls ended, what is left of the connections gets this long to close
 
 
 class Refused(Exception):
@@ -88,11 +103,13 @@ class Refused(Exception):
 class HttpJsonEndpoint:
     """The HTTP/JSON endpoint of one sidecar: bound by ``open``, then ``start`` and ``stop`` (each once)."""
 
-    def __init__(self, app: Starlette, bound: socket.socket, *, host: str, settings: Settings) -> None:
-        self._socket = bound
+    def __init__(self, app: Starlette, calls: _Calls, bound: socket.socket, *, host: str,
+                 settings: Settings) -> None:
+        self._socket, self._calls, self._in_flight = bound, calls, InFlight(app)
+        self._grace = settings.server.shutdown_grace_seconds
         self.url = f"http://{host}:{bound.getsockname()[1]}{CALL_PATH}"
-        grace = math.ceil(settings.server.shutdown_grace_seconds)
-        self._server = bounded_server(app, listener_limits(settings, "http_json"), close_seconds=grace)
+        self._server = bounded_server(self._in_flight, listener_limits(settings, "http_json"),
+                                      close_seconds=_CLOSE_SECONDS, json_errors=True)
 
     @classmethod
     def open(cls, settings: Settings, gateway: ToolGateway, *, reuse_port: bool = False) -> HttpJsonEndpoint:
@@ -100,12 +117,14 @@ class HttpJsonEndpoint:
         with ``reuse_port``); ``OSError`` ``cannot listen on …`` if it cannot be."""
         endpoint = settings.http_json.endpoint
         assert endpoint is not None, "http_json.listen is not set"
-        calls = _Calls(gateway, Authenticator(settings.auth), settings.limits.max_message_bytes)
+        calls = _Calls(gateway, Authenticator(settings.auth), settings.limits.max_message_bytes,
+                       loopback=endpoint.is_loopback)
         app = Starlette(routes=[Route(CALL_PATH, calls.call, methods=["POST"])],
                         exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]
+        app.router.redirect_slashes = False  # /v1/call/ is not found, never redirected to where Host says
         host = endpoint.host.removeprefix("[").removesuffix("]")
         bound = tcp_socket(f"http_json.listen {settings.http_json.listen}", host, endpoint.port, reuse_port=reuse_port)
-        return cls(app, bound, host=endpoint.host, settings=settings)
+        return cls(app, calls, bound, host=endpoint.host, settings=settings)
 
     async def start(self) -> None:
         """Serve on this loop; returns once it accepts connections."""
@@ -113,7 +132,13 @@ class HttpJsonEndpoint:
         log.info("HTTP/JSON calls on %s", self.url)
 
     async def stop(self) -> None:
-        """Take no new connection; let the calls in flight finish within the grace, then close the connections."""
+        """Take no new connection; let the calls in flight finish within the grace, answer those still running
+        ``503``, then close the connections."""
+        drained = await self._in_flight.drain(self._server, self._grace, "HTTP/JSON endpoint")
+        # a served sidecar's pipeline ends its handlers at the grace too (``stop_by``): their results go first
+        if not drained and not await self._in_flight.settled(_SETTLE_SECONDS):
+            self._calls.cut()
+            await self._in_flight.settled(_CLOSE_SECONDS)
         await self._server.shutdown()
         self._socket.close()
 
@@ -121,21 +146,57 @@ class HttpJsonEndpoint:
 class _Calls:
     """``POST /v1/call``: authenticate, read and check the body, run the call, answer its result."""
 
-    def __init__(self, gateway: ToolGateway, authenticator: Authenticator, max_bytes: int) -> None:
+    def __init__(self, gateway: ToolGateway, authenticator: Authenticator, max_bytes: int, *,
+                 loopback: bool) -> None:
         self._gateway, self._authenticator, self._max_bytes = gateway, authenticator, max_bytes
+        self._loopback = loopback
+        self._running: set[asyncio.Timeout] = set()  # the scopes of the calls running, for ``cut``
+        self._stopped = False
 
     async def call(self, request: Request) -> Response:
         metadata = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.scope["headers"]]
+        scope = asyncio.timeout(None)
         try:
+            self._check_host(request)
             principal = await self._authenticator.authenticate(metadata)
             call = _call_request(await self._body(request))
             with continuing(trace_headers(metadata)):
-                result = await self._gateway.execute(principal, call)
+                result = await self._execute(principal, call, scope)
         except Refused as refused:
             return refused.response()
+        except ClientDisconnect:  # gone before its body arrived (or cut off by the request deadline)
+            log.debug("HTTP/JSON: a client left before its request arrived")
+            return Refused(400, "INVALID_REQUEST", "the request did not arrive").response()  # read by no one
         except Exception as exc:  # noqa: BLE001 - every failure is answered; a bug is logged with its traceback
-            return _refused(exc, request).response()
+            return (_stopped() if scope.expired() else _refused(exc, request)).response()
         return JSONResponse(result.model_dump(mode="json"))
+
+    def cut(self) -> None:
+        """End the calls still running (each is answered ``503``), and any call that would start."""
+        self._stopped = True
+        now = asyncio.get_running_loop().time()
+        for scope in self._running:
+            scope.reschedule(now)
+
+    async def _execute(self, principal: Principal, call: CallRequest, scope: asyncio.Timeout) -> ToolResult:
+        """Run ``call`` within ``scope``, which ``cut`` ends (``TimeoutError``)."""
+        if self._stopped:
+            raise _stopped()
+        async with scope:
+            self._running.add(scope)
+            try:
+                return await self._gateway.execute(principal, call)
+            finally:
+                self._running.discard(scope)
+
+    def _check_host(self, request: Request) -> None:
+        """On loopback, ``Refused`` for a ``Host`` or ``Origin`` that names another host (DNS rebinding)."""
+        if not self._loopback:
+            return
+        if misdirected(request.headers.get("host")):
+            raise Refused(421, "MISDIRECTED_REQUEST", MISDIRECTED)
+        if foreign_origin(request.headers.get("origin")):
+            raise Refused(403, "FORBIDDEN_ORIGIN", FOREIGN_ORIGIN)
 
     async def _body(self, request: Request) -> Any:
         """The body as JSON, if it is JSON and within its bound; else ``Refused``."""
@@ -151,9 +212,9 @@ class _Calls:
             if len(body) > self._max_bytes:
                 _too_large(self._max_bytes)
         try:
-            return json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+            return json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_int=_integer)
         except (UnicodeDecodeError, ValueError, RecursionError):
-            raise Refused(400, "MALFORMED_JSON", "the body is not one JSON text in UTF-8") from None
+            raise _malformed() from None
 
 
 def _call_request(body: Any) -> CallRequest:
@@ -163,17 +224,56 @@ def _call_request(body: Any) -> CallRequest:
         raise Refused(400, "INVALID_REQUEST", "the body must be a JSON object")
     unknown = sorted(set(body) - _FIELDS)
     if unknown:
-        raise Refused(400, "UNKNOWN_FIELD", f"unknown field {unknown[0]!r}: a call has {', '.join(sorted(_FIELDS))}",
-                      field=unknown[0])
+        key = unknown[0] if _KEY.problem(unknown[0]) is None else placeholder(unknown[0])
+        raise Refused(400, "UNKNOWN_FIELD", f"unknown field {key!r}: a call has {', '.join(sorted(_FIELDS))}",
+                      field=key)
     for name in _STRING_FIELDS:
         if not isinstance(body.get(name), str | None):
             raise Refused(400, "INVALID_REQUEST", f"{name} must be a string", field=name)
     if not body.get("tool"):
         raise Refused(400, "INVALID_REQUEST", TOOL_REQUIRED, field="tool")
-    arguments = body.get("arguments")
-    arguments_json = "" if arguments is None else json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
     optional = {name: body.get(name) or None for name in _STRING_FIELDS if name != "tool"}
-    return CallRequest(tool=body["tool"], arguments_json=arguments_json, **optional)
+    return CallRequest(tool=body["tool"], arguments_json=_arguments_json(body.get("arguments")), **optional)
+
+
+class _Digits:
+    """An integer longer than Python reads (``sys.get_int_max_str_digits``), kept as its digits."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: str) -> None:
+        self.digits = digits
+
+
+def _integer(digits: str) -> int | _Digits:
+    try:
+        return int(digits)
+    except ValueError:
+        return _Digits(digits)
+
+
+def _arguments_json(arguments: Any) -> str:
+    """``arguments`` as the JSON text the pipeline reads (``""``: none), long integers as they came."""
+    if arguments is None:
+        return ""
+    try:
+        return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    except TypeError:  # a ``_Digits`` within: written by hand
+        try:
+            return _written(arguments)
+        except RecursionError:
+            raise _malformed() from None
+
+
+def _written(value: Any) -> str:
+    """``value`` (what ``json.loads`` read, with ``_Digits``) as compact JSON text."""
+    if isinstance(value, _Digits):
+        return value.digits
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_written(key)}:{_written(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_written(item) for item in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _refused(exc: Exception, request: Request) -> Refused:
@@ -183,6 +283,14 @@ def _refused(exc: Exception, request: Request) -> Refused:
     if fault.kind is FaultKind.INTERNAL:
         log.error("unexpected error while serving %s %s", request.method, request.url.path, exc_info=exc)
     return Refused(HTTP_STATUSES[fault.kind], fault.kind.value, fault.message, retryable=fault.retryable)
+
+
+def _malformed() -> Refused:
+    return Refused(400, "MALFORMED_JSON", "the body is not one JSON text in UTF-8")
+
+
+def _stopped() -> Refused:
+    return Refused(503, "UNAVAILABLE", "the sidecar stopped before the call ended; send it again", retryable=True)
 
 
 def _too_large(bound: int) -> NoReturn:
