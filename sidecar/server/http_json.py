@@ -35,12 +35,14 @@ status  code                        when
 The caller authenticates as over gRPC (``sidecar.server.auth``: the bearer JWT of ``Authorization``; dev mode:
 the static principal, on loopback only), before its body is read; on a loopback address ``Host`` and ``Origin``
 are checked first (``sidecar.server.http_hosts``: a rebound web page cannot call). Its trace headers
-(``traceparent``) are the trace the call continues. The arguments reach the pipeline as JSON text, an integer
-longer than Python reads (``sys.get_int_max_str_digits``) as it came, so the pipeline refuses it as over gRPC.
+(``traceparent``) are the trace the call continues. The arguments reach the pipeline as JSON text, a number
+Python does not read as written (an integer past ``sys.get_int_max_str_digits``, ``1e400``) as it came, so the
+pipeline refuses it as over gRPC.
 uvicorn serves it on the sidecar's loop within the listener bounds of ``sidecar.server.http_limits``
 (``http_json.http``); ``stop`` takes no new connection and lets the calls in flight finish within
 ``server.shutdown_grace_seconds`` (``sidecar.server.http_drain``); one still running then is ended and answered
-``503 UNAVAILABLE``. A client that leaves before its body arrived gets no answer and a debug line.
+``503 UNAVAILABLE``. A client that leaves before its body arrived gets no answer and a debug line. With
+``logging.access`` each request to ``/v1/call`` gets an access line (``POST /v1/call 401 0.31 ms``), as an RPC does.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import socket
+import time
 from typing import Any, NoReturn
 
 from starlette.applications import Starlette
@@ -68,12 +72,14 @@ from sidecar.server.http_drain import InFlight
 from sidecar.server.http_faults import HTTP_STATUSES
 from sidecar.server.http_hosts import FOREIGN_ORIGIN, MISDIRECTED, foreign_origin, misdirected
 from sidecar.server.http_limits import bounded_server, listener_limits, start_on
+from sidecar.server.interceptors.access import ACCESS_LOGGER, AccessLogInterceptor
 from sidecar.server.listeners import tcp_socket
 from sidecar.telemetry.propagation import continuing, trace_headers
 
 __all__ = ["HttpJsonEndpoint", "Refused"]
 
 log = logging.getLogger(__name__)
+_access_log = logging.getLogger(ACCESS_LOGGER)
 
 _STRING_FIELDS = ("tool", "idempotency_key", "approval_id", "conversation_id", "call_id")
 _FIELDS = frozenset({*_STRING_FIELDS, "arguments"})
@@ -118,7 +124,8 @@ class HttpJsonEndpoint:
         endpoint = settings.http_json.endpoint
         assert endpoint is not None, "http_json.listen is not set"
         calls = _Calls(gateway, Authenticator(settings.auth), settings.limits.max_message_bytes,
-                       loopback=endpoint.is_loopback)
+                       loopback=endpoint.is_loopback,
+                       access=settings.logging.access and AccessLogInterceptor.wanted())
         app = Starlette(routes=[Route(CALL_PATH, calls.call, methods=["POST"])],
                         exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]
         app.router.redirect_slashes = False  # /v1/call/ is not found, never redirected to where Host says
@@ -147,13 +154,23 @@ class _Calls:
     """``POST /v1/call``: authenticate, read and check the body, run the call, answer its result."""
 
     def __init__(self, gateway: ToolGateway, authenticator: Authenticator, max_bytes: int, *,
-                 loopback: bool) -> None:
+                 loopback: bool, access: bool) -> None:
         self._gateway, self._authenticator, self._max_bytes = gateway, authenticator, max_bytes
-        self._loopback = loopback
+        self._loopback, self._access = loopback, access
         self._running: set[asyncio.Timeout] = set()  # the scopes of the calls running, for ``cut``
         self._stopped = False
 
     async def call(self, request: Request) -> Response:
+        started = time.perf_counter()
+        response = await self._answer(request)
+        if self._access:
+            duration_ms = round((time.perf_counter() - started) * 1000, 2)
+            _access_log.info("POST %s %d %s ms", CALL_PATH, response.status_code, duration_ms,
+                             extra={"method": f"POST {CALL_PATH}", "http_status": response.status_code,
+                                    "duration_ms": duration_ms})
+        return response
+
+    async def _answer(self, request: Request) -> Response:
         metadata = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.scope["headers"]]
         scope = asyncio.timeout(None)
         try:
@@ -212,7 +229,8 @@ class _Calls:
             if len(body) > self._max_bytes:
                 _too_large(self._max_bytes)
         try:
-            return json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_int=_integer)
+            return json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_int=_integer,
+                              parse_float=_real)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise _malformed() from None
 
@@ -236,20 +254,26 @@ def _call_request(body: Any) -> CallRequest:
     return CallRequest(tool=body["tool"], arguments_json=_arguments_json(body.get("arguments")), **optional)
 
 
-class _Digits:
-    """An integer longer than Python reads (``sys.get_int_max_str_digits``), kept as its digits."""
+class _Written:
+    """A number Python does not read as it is written, kept as its text: an integer longer than it reads
+    (``sys.get_int_max_str_digits``), a number that overflows to infinity (``1e400``)."""
 
-    __slots__ = ("digits",)
+    __slots__ = ("text",)
 
-    def __init__(self, digits: str) -> None:
-        self.digits = digits
+    def __init__(self, text: str) -> None:
+        self.text = text
 
 
-def _integer(digits: str) -> int | _Digits:
+def _integer(text: str) -> int | _Written:
     try:
-        return int(digits)
+        return int(text)
     except ValueError:
-        return _Digits(digits)
+        return _Written(text)
+
+
+def _real(text: str) -> float | _Written:
+    value = float(text)
+    return value if math.isfinite(value) else _Written(text)
 
 
 def _arguments_json(arguments: Any) -> str:
@@ -258,7 +282,7 @@ def _arguments_json(arguments: Any) -> str:
         return ""
     try:
         return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
-    except TypeError:  # a ``_Digits`` within: written by hand
+    except TypeError:  # a ``_Written`` within: written by hand
         try:
             return _written(arguments)
         except RecursionError:
@@ -266,9 +290,9 @@ def _arguments_json(arguments: Any) -> str:
 
 
 def _written(value: Any) -> str:
-    """``value`` (what ``json.loads`` read, with ``_Digits``) as compact JSON text."""
-    if isinstance(value, _Digits):
-        return value.digits
+    """``value`` (what ``json.loads`` read, with ``_Written``) as compact JSON text."""
+    if isinstance(value, _Written):
+        return value.text
     if isinstance(value, dict):
         return "{" + ",".join(f"{_written(key)}:{_written(item)}" for key, item in value.items()) + "}"
     if isinstance(value, list):

@@ -181,9 +181,9 @@ async def test_bad_strings_in_the_body_are_refused_results_audited_as_over_grpc(
     assert len(await hostile.audit()) == before + 1  # the refused call is audited, its bad value replaced
 
 
-async def test_a_very_long_integer_is_refused_as_grpc_refuses_it(hostile: Hostile) -> None:
-    digits = "9" * 5000
-    arguments = '{"text": ' + digits + "}"
+@pytest.mark.parametrize("number", ["9" * 5000, "-" + "1" * 4301, "1e400", "-1E+999", "[0, 1e400]"])
+async def test_a_number_python_does_not_read_as_written_is_refused_as_over_grpc(hostile: Hostile, number: str) -> None:
+    arguments = '{"text": ' + number + "}"
     async with AsyncClient(hostile.target, token=hostile.token()) as client:
         over_grpc = await client.execute("echo", arguments)
     assert over_grpc.status is Status.ERROR and over_grpc.error is not None
@@ -193,6 +193,7 @@ async def test_a_very_long_integer_is_refused_as_grpc_refuses_it(hostile: Hostil
     assert status == 200, answer[:300]
     over_http = ToolResult.model_validate_json(payload)
     assert over_http.error is not None and over_http.error.code is over_grpc.error.code
+    assert over_http.error.message == over_grpc.error.message
     assert len(await hostile.audit()) == before + 1
 
 
@@ -685,3 +686,22 @@ async def test_stopping_with_calls_in_flight_answers_them_typed_and_exits_within
     assert result.status is Status.ERROR and result.error is not None  # stopped as at its deadline
     assert tools.HELD_STARTED.value == before_started + 1 and tools.HELD_DONE.value == before_done
     assert tools.CREATED.value == before_created + 8
+
+
+async def test_results_and_refusals_get_an_access_line(hostile: Hostile, make_settings: Callable[..., Settings],
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="toolbooth.access")
+    settings = make_settings(http_json={"listen": "127.0.0.1:0"}, logging={"access": True})
+    endpoint = HttpJsonEndpoint.open(settings, hostile.pipeline)
+    await endpoint.start()
+    try:
+        async with http_client() as http:
+            await http.post(endpoint.url, json={"tool": "echo", "arguments": {"text": "a"}})
+            await http.post(endpoint.url, content=b"{}", headers={"Content-Type": "text/plain"})
+            await http.post(endpoint.url, json={"tool": "echo", "x": 1})
+    finally:
+        await endpoint.stop()
+    lines = [r for r in caplog.records if r.name == "toolbooth.access"]
+    expected = [["POST", "/v1/call", status] for status in ("200", "415", "400")]
+    assert [r.getMessage().split()[:3] for r in lines] == expected
+    assert all(getattr(r, "http_status", None) and getattr(r, "duration_ms", None) is not None for r in lines)
