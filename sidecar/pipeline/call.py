@@ -55,6 +55,7 @@ from sidecar.tools.definition import ProgressSink, ToolContext, ToolDefinition
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from sidecar.policy.reload import Pin
     from sidecar.telemetry.spans import CallTrace, DecisionOutcome
 
 __all__ = ["Arguments", "Call", "Dispatched", "KeyClaim"]
@@ -134,6 +135,7 @@ class Call:
     trace_headers: Mapping[str, str] | None = None
     trail: dict[str, Any] = field(default_factory=dict)  # decisions (as documents) and approval ids, by stage
     decision_ids: dict[str, str] = field(default_factory=dict)  # stage -> the UUID of its decision (decision log)
+    pin: Pin | None = field(default=None, repr=False)  # the decisions': the policy set they come from (``Decider``)
     _trace: CallTrace | None = field(default=None, init=False, repr=False)
     _inputs: InputParts | None = field(default=None, init=False, repr=False)
     _tool: ToolDefinition[Any, Any] | None = field(default=None, init=False, repr=False)

@@ -6,7 +6,7 @@ for the call's ``policy`` span (attribute ``toolbooth.policy.{stage}.allow``, fo
 ``toolbooth.policy.approval.required``; ``toolbooth.policy.{stage}.error`` when the engine failed). An
 engine that cannot answer refuses the call through ``sidecar.errors.refusal``: nothing after the stage
 that asked runs. A call's decisions and its audit masks come from one policy set, the one in force at its
-first decision (``sidecar.policy.reload.pin_for``), whose revision the call records: a reload meanwhile does not
+first decision (``sidecar.policy.reload.new_pin``), whose revision the call records: a reload meanwhile does not
 reach them.
 """
 
@@ -19,7 +19,7 @@ from sidecar.ids import random_uuid
 from sidecar.pipeline.call import Call
 from sidecar.policy import Decision, PolicyEngine, Stage
 from sidecar.policy.input import CallInput
-from sidecar.policy.reload import pin_for
+from sidecar.policy.reload import new_pin
 
 __all__ = ["AUDIT_MASKS", "Decider"]
 
@@ -57,7 +57,9 @@ class Decider:
     async def _asked(self, call: Call, stage: Stage, arguments: CallInput | None) -> Decision | CallRefused:
         """The engine's decision, or the refusal of a call whose decision failed (trail written)."""
         assert call.inputs is not None
-        pin = pin_for(call)
+        pin = call.pin
+        if pin is None:  # its first decision: the pin of this call, in this task (and those it starts)
+            pin = call.pin = new_pin()
         pin.deciding = True
         try:
             if stage is Stage.AVAILABILITY:  # a call's first decision: its revision is the set it is pinned to
@@ -80,7 +82,9 @@ class Decider:
     async def masked(self, call: Call, tool: str) -> tuple[str, ...]:
         """The pointers ``data.toolbooth.audit.mask`` lists for ``tool`` in the call's policy set, read once per
         policy revision."""
-        pin = pin_for(call)
+        pin = call.pin
+        if pin is None:  # its first decision: the pin of this call, in this task (and those it starts)
+            pin = call.pin = new_pin()
         pin.deciding = True
         try:
             revision = self.policy.revision

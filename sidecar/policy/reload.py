@@ -10,10 +10,10 @@ keeps serving, the refusal is logged, and ``status`` reports it until a later
 change loads. Any check of a new set (compiling it, running its tests) belongs to the
 source's ``load``, so nothing is handed to an engine before it passed.
 
-A call sees one revision: while ``pin_for(call).deciding``, every decision of the call (in its
-task and the tasks it starts) comes from the set in force at its first decision, even if a
-reload swaps another in meanwhile. The set replaced last stays open for such calls until the
-next swap; a call still deciding after two swaps (seconds apart at least) gets the set in force.
+A call sees one revision: while its pin (``new_pin``, taken at its first decision) is ``deciding``, every decision
+of the call (in its task and the tasks it starts) comes from the set in force at its first decision, even if a
+reload swaps another in meanwhile. The set replaced last stays open for such calls until the next swap; a call still
+deciding after two swaps (seconds apart at least) gets the set in force.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from sidecar.policy.decision import Decision, Stage
 from sidecar.policy.engine import DelegatingEngine, PolicyEngine
 from sidecar.policy.input import PolicyInput
 
-__all__ = ["Loaded", "Pin", "PolicySource", "ReloadingEngine", "pin_for"]
+__all__ = ["Loaded", "Pin", "PolicySource", "ReloadingEngine", "new_pin"]
 
 log = logging.getLogger("toolbooth.policy.reload")
 
@@ -72,9 +72,9 @@ class Loaded:
 @dataclass(slots=True)
 class Pin:
     """The policy set of one call: taken by its first decision, answering every decision made while
-    ``deciding`` (what is asked outside its decisions, e.g. a listing, gets the set in force)."""
+    ``deciding`` (what is asked outside its decisions, e.g. a listing, gets the set in force). It holds nothing of
+    the call: a context copied during the call (a timer's) keeps no call alive."""
 
-    owner: object
     loaded: Loaded | None = None
     deciding: bool = False
 
@@ -82,13 +82,11 @@ class Pin:
 _PIN: ContextVar[Pin | None] = ContextVar("toolbooth_policy_pin", default=None)
 
 
-def pin_for(owner: object) -> Pin:
-    """The pin of ``owner`` (a call) in this context: its task and the tasks it starts. A new one for a new owner
-    (the context's calls come one after another)."""
-    pin = _PIN.get()
-    if pin is None or pin.owner is not owner:
-        pin = Pin(owner)
-        _PIN.set(pin)
+def new_pin() -> Pin:
+    """A new pin, the one of this context from now on: its task and the tasks it starts (a task serves one call at
+    a time; the caller keeps the pin with its call)."""
+    pin = Pin()
+    _PIN.set(pin)
     return pin
 
 
@@ -96,7 +94,7 @@ class ReloadingEngine(DelegatingEngine):
     """A ``PolicyEngine`` whose policy set can be replaced while it serves.
 
     Decisions, the revision and the audit masks come from ``loaded``: the set in force, or the one a call
-    is pinned to (``pin_for``). ``inner`` is the engine in force.
+    is pinned to (``new_pin``). ``inner`` is the engine in force.
     """
 
     def __init__(self, source: PolicySource, engine: PolicyEngine, fingerprint: str) -> None:
@@ -144,14 +142,24 @@ class ReloadingEngine(DelegatingEngine):
         pin = _PIN.get()
         if pin is None or not pin.deciding or pin.loaded is self._current:
             return self._current
+        return self._pinned(pin)
+
+    def _pinned(self, pin: Pin) -> Loaded:
+        """The set ``pin`` holds (the one in force, if it holds none yet) while it is still open, else the set in
+        force."""
         if pin.loaded is None:
             pin.loaded = self._current
         return pin.loaded if pin.loaded is self._previous else self._current
 
+    # The reads of every decision: ``loaded``'s first test written out in each, as they run several times a call.
+
     @property
     def revision(self) -> str:
         """The revision of ``loaded``."""
-        return self.loaded.revision
+        pin = _PIN.get()
+        if pin is None or not pin.deciding or pin.loaded is self._current:
+            return self._current.revision
+        return self._pinned(pin).revision
 
     @property
     def reads_idempotency_key(self) -> bool:
@@ -160,7 +168,10 @@ class ReloadingEngine(DelegatingEngine):
 
     async def decide(self, stage: Stage, input: PolicyInput) -> Decision:
         """The decision of ``loaded``."""
-        return await self.loaded.engine.decide(stage, input)
+        pin = _PIN.get()
+        if pin is None or not pin.deciding or pin.loaded is self._current:
+            return await self._current.engine.decide(stage, input)
+        return await self._pinned(pin).engine.decide(stage, input)
 
     async def decide_many(self, stage: Stage, inputs: Sequence[PolicyInput]) -> list[Decision]:
         """The decisions of ``loaded``, in order."""

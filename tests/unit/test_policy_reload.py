@@ -21,7 +21,7 @@ from sidecar.policy.compiling import compiled
 from sidecar.policy.factory import policy_source
 from sidecar.policy.files import PolicyFiles
 from sidecar.policy.input import PolicyInput
-from sidecar.policy.reload import ReloadingEngine, pin_for
+from sidecar.policy.reload import Pin, ReloadingEngine, new_pin
 from tests.support.reloading import rewrite
 
 DENY_ALL = 'package toolbooth.availability\n\nimport rego.v1\n\ndecision := {"allow": false, "reason": "closed"}\n'
@@ -151,9 +151,8 @@ async def test_the_policy_thread_runs_one_thing_at_a_time() -> None:
 
 
 @contextlib.contextmanager
-def deciding(call: object) -> Iterator[None]:
-    """As the call's decider does around each of its decisions."""
-    pin = pin_for(call)
+def deciding(pin: Pin) -> Iterator[None]:
+    """As a call's decider does around each of its decisions, with the call's pin."""
     pin.deciding = True
     try:
         yield
@@ -163,7 +162,7 @@ def deciding(call: object) -> Iterator[None]:
 
 async def test_a_pinned_call_decides_on_one_revision_across_a_reload(policies: Path) -> None:
     engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
-    first, call = engine.revision, object()
+    first, call = engine.revision, new_pin()
     with deciding(call):
         assert await allowed(engine)  # the call's first decision takes the set in force
     rewrite(policies / "availability.rego", DENY_ALL)
@@ -171,14 +170,14 @@ async def test_a_pinned_call_decides_on_one_revision_across_a_reload(policies: P
     assert not await allowed(engine) and engine.revision != first  # what is not the call's: the new set
     with deciding(call):
         assert await allowed(engine) and engine.revision == first  # the call's next decisions: still its own
-    with deciding(object()):
+    with deciding(new_pin()):
         assert not await allowed(engine)  # another call: the set in force at its first decision
     await engine.aclose()
 
 
 async def test_a_call_still_deciding_after_two_reloads_gets_the_set_in_force(policies: Path) -> None:
     engine = await ReloadingEngine.start(policy_source(PolicySettings(path=policies)))
-    call = object()
+    call = new_pin()
     with deciding(call):
         assert await allowed(engine)
     for text in (DENY_ALL, DENY_ALL.replace("closed", "still closed")):

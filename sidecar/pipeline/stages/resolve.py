@@ -21,7 +21,7 @@ from sidecar.pipeline.chain import Next
 from sidecar.pipeline.decisions import Decider
 from sidecar.policy import Stage
 from sidecar.policy.input import InputBatch, InputParts, now_utc, principal_json, tool_json
-from sidecar.policy.reload import pin_for
+from sidecar.policy.reload import new_pin
 from sidecar.tools.definition import NAME_PATTERN
 from sidecar.tools.registry import Registry
 
@@ -57,7 +57,7 @@ class ResolveStage:
         """The tools the availability policy shows ``principal``, decided in one pass."""
         inputs = InputBatch(Stage.AVAILABILITY, principal_json(principal), self._listed, now_utc(), conversation_id,
                             self._listed_key)
-        pin = pin_for(inputs)  # the listing's revision and its decisions come from one policy set
+        pin = new_pin()  # the listing's revision and its decisions come from one policy set
         pin.deciding = True
         try:
             revision = self._decider.policy.revision
