@@ -83,6 +83,8 @@ class Decider:
         """The pointers ``data.toolbooth.audit.mask`` lists for ``tool`` in the call's policy set, read once per
         policy revision."""
         pin = call.pin
+        if pin is not None and self._masks[0] == call.policy_revision:  # decided on the set whose masks are read
+            return self._masks[1].get(tool, ())
         if pin is None:  # its first decision: the pin of this call, in this task (and those it starts)
             pin = call.pin = new_pin()
         pin.deciding = True
