@@ -21,17 +21,14 @@ from typing import Any
 import httpx2
 import pytest
 
-from sidecar.bootstrap import assemble
 from sidecar.client import AsyncClient
-from sidecar.config import Limits, Settings
+from sidecar.config import Settings
 from sidecar.contract import ErrorCode, Status, ToolResult
 from sidecar.pipeline import Pipeline
-from sidecar.server import Sidecar, create_server
 from sidecar.server.http_json import HttpJsonEndpoint
-from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.support import tools
-from tests.support.approvals import policies
+from tests.support.http_json import serving_http_json
 from tests.support.mcp import http_client
 from tests.support.waiting import until
 
@@ -103,23 +100,8 @@ async def hostile(tmp_path: Path, make_settings: Callable[..., Settings], jwt_au
                              http_json={"listen": "127.0.0.1:0", "http": {
                                  "header_timeout_seconds": HEADER_TIMEOUT, "request_timeout_seconds": REQUEST_TIMEOUT,
                                  "max_connections": MAX_CONNECTIONS}})
-    store = await SqliteStore.open(tmp_path / "store.db")
-    registry = Registry.from_tools([*tools.ALL, tools.held_note])
-    pipeline = assemble(registry=registry, policy=policies(tmp_path / "policies"), store=store, limits=Limits())
-    sidecar: Sidecar | None = None
-    endpoint = HttpJsonEndpoint.open(settings, pipeline)
-    try:
-        _, sidecar = await create_server(settings, pipeline, approvals=pipeline.approvals)
-        await sidecar.start()
-        await endpoint.start()
-        yield Hostile(endpoint, sidecar.addresses[-1], make_token, pipeline)
-    finally:
-        tools.HOLD.open()  # nothing may stay held past the test
-        await endpoint.stop()
-        tools.HOLD.close()
-        if sidecar is not None:
-            await sidecar.stop(None)
-        await pipeline.aclose()
+    async with serving_http_json(settings, tmp_path) as served:
+        yield Hostile(served.endpoint, served.target, make_token, served.pipeline)
 
 
 def _split(answer: bytes) -> tuple[int, dict[str, str], bytes]:

@@ -17,19 +17,15 @@ from typing import Any
 import httpx2
 import pytest
 
-from sidecar.bootstrap import assemble
 from sidecar.client import AsyncClient
-from sidecar.config import Limits, Settings
+from sidecar.config import Settings
 from sidecar.contract import ErrorCode, Status, ToolResult
 from sidecar.errors import StoreUnavailableError
 from sidecar.pipeline import Pipeline
-from sidecar.server import Sidecar, create_server
 from sidecar.server.http_json import HttpJsonEndpoint
-from sidecar.state.sqlite import SqliteStore
-from sidecar.tools.registry import Registry
 from tests.integration.conftest import ServeInBackground
 from tests.support import tools
-from tests.support.approvals import policies
+from tests.support.http_json import serving_http_json
 from tests.support.mcp import http_client
 from tests.support.waiting import until
 
@@ -63,21 +59,8 @@ async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth
                 make_token: Tokens) -> AsyncIterator[World]:
     settings = make_settings(auth=jwt_auth, http_json={"listen": "127.0.0.1:0"},
                              limits={"max_message_bytes": MAX_MESSAGE_BYTES})
-    store = await SqliteStore.open(tmp_path / "store.db")
-    registry = Registry.from_tools([*tools.ALL, tools.held_note])
-    pipeline = assemble(registry=registry, policy=policies(tmp_path / "policies"), store=store, limits=Limits())
-    sidecar: Sidecar | None = None
-    endpoint = HttpJsonEndpoint.open(settings, pipeline)
-    try:
-        _, sidecar = await create_server(settings, pipeline, approvals=pipeline.approvals)
-        await sidecar.start()
-        await endpoint.start()
-        yield World(endpoint.url, sidecar.addresses[-1], make_token, pipeline)
-    finally:
-        await endpoint.stop()
-        if sidecar is not None:
-            await sidecar.stop(None)
-        await pipeline.aclose()
+    async with serving_http_json(settings, tmp_path) as served:
+        yield World(served.endpoint.url, served.target, make_token, served.pipeline)
 
 
 def _result(response: httpx2.Response) -> ToolResult:
