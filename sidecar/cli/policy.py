@@ -46,28 +46,25 @@ from sidecar.cli.common import (
 )
 from sidecar.cli.output import json_output, output_flag
 from sidecar.cli.progress import meter, progress_flag, progress_wanted
-from sidecar.cli.replay import add_replay_command
+from sidecar.cli.replay import add_replay_command, upload_flag
 from sidecar.cli.table import Column, render_table
 from sidecar.config import Settings, load_settings
 from sidecar.contract import Principal
 from sidecar.errors import PluginLoadError, PolicyLoadError
 from sidecar.pipeline.dry_run import VALIDATION, DryRun, Verdict, dry_run
-from sidecar.policy import CALL_STAGES
-from sidecar.policy.devtools.check import CheckReport, check_policies
+from sidecar.policy.devtools.check import check_policies
 from sidecar.policy.devtools.runner import Outcome, RegoTestReport, run_tests
-from sidecar.policy.engines import open_engine
+from sidecar.policy.engines import may_send, open_engine
 from sidecar.policy.input import now_utc
 from sidecar.tools.definition import ToolDefinition
 from sidecar.tools.registry import Registry
 
 __all__ = [
     "add_commands",
-    "check_document",
     "cmd_check",
     "cmd_eval",
     "cmd_status",
     "cmd_test",
-    "format_check",
     "format_coverage",
     "format_dry_run",
     "format_status",
@@ -108,6 +105,7 @@ def _add_check(actions: Subparsers) -> None:
     check = actions.add_parser("check", help="compile the policies and check the decisions of sample calls")
     _dir_argument(check)
     _common_flags(check)
+    upload_flag(check)
     check.set_defaults(handler=cmd_check)
 
 
@@ -122,6 +120,7 @@ def _add_eval(actions: Subparsers) -> None:
     evaluate.add_argument("--time", type=utc_time, metavar="RFC3339",
                           help="input.context.time, e.g. 2026-11-30T15:00:00Z (default: now)")
     _common_flags(evaluate)
+    upload_flag(evaluate)
     evaluate.set_defaults(handler=cmd_eval)
 
 
@@ -238,29 +237,13 @@ _COVERAGE_COLUMNS = (Column("FILE"), Column("LINES", right=True), Column("COVERE
 def cmd_check(args: argparse.Namespace) -> int:
     """``toolbooth policy check``: compile, find the entrypoints, check decisions on sample calls."""
     policy = load_settings(args.config).policy
+    try:
+        may_send(policy, upload=args.upload)
+    except PolicyLoadError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
     report = asyncio.run(check_policies(policy, root := args.dir or policy.path))
-    print(dump_json(check_document(report, root)) if json_output(args) else format_check(report, root))
+    print(dump_json(report.document(root)) if json_output(args) else report.text(root))
     return EXIT_OK if report.ok else EXIT_FAILURE
-
-
-def check_document(report: CheckReport, root: Path) -> dict[str, Any]:
-    """The check's findings as JSON data."""
-    return {"root": str(root), "ok": report.ok, "revision": report.revision, "samples": report.samples,
-            "problems": [{"message": p.message, "samples": p.samples, "example": p.example}
-                         for p in report.problems]}
-
-
-def format_check(report: CheckReport, root: Path) -> str:
-    """``OK`` with the revision, or each problem and the sample inputs it showed on."""
-    if report.ok:
-        return (f"policy check OK: {root}, revision {report.revision}: "
-                f"{len(CALL_STAGES)} entrypoints decided well-typed on {report.samples} sample inputs")
-    lines = []
-    for problem in report.problems:
-        lines.append(f"problem: {problem.message}")
-        if problem.samples:
-            lines.append(f"  on {problem.samples} of {report.samples} sample inputs, e.g. {problem.example}")
-    return "\n".join(lines)
 
 
 # --- eval -------------------------------------------------------------------------------------------------
@@ -287,15 +270,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     defn = installed_tool(settings, args.tool)
     principal = read_principal(args.principal)
     arguments = read_arguments(args.arguments)
-    run = asyncio.run(_dry_run(settings, args.dir, defn, principal, arguments, time=args.time or now_utc()))
+    run = asyncio.run(_dry_run(settings, args.dir, defn, principal, arguments, time=args.time or now_utc(),
+                               upload=args.upload))
     print(dump_json(run.document()) if json_output(args) else format_dry_run(run))
     return _VERDICT_EXIT[run.verdict]
 
 
 async def _dry_run(settings: Settings, root: Path | None, defn: ToolDefinition[Any, Any], principal: Principal,
-                   arguments: str, *, time: str) -> DryRun:
+                   arguments: str, *, time: str, upload: bool) -> DryRun:
     """The dry run on the configured engine, over ``root`` (else what ``serve`` decides on)."""
     try:
+        may_send(settings.policy, upload=upload)
         engine = await open_engine(settings.policy, root)
     except PolicyLoadError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None

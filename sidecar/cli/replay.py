@@ -34,10 +34,10 @@ from sidecar.config import PolicySettings, load_settings
 from sidecar.errors import PolicyLoadError
 from sidecar.pipeline.replay import ReplayReport, replay_log
 from sidecar.policy import PolicyEngine
-from sidecar.policy.engines import open_candidate
+from sidecar.policy.engines import UPLOAD_FLAG, may_send, open_candidate
 from sidecar.state import Store
 
-__all__ = ["EXIT_CHANGED", "add_replay_command", "cmd_replay", "format_report", "load_candidate"]
+__all__ = ["EXIT_CHANGED", "add_replay_command", "cmd_replay", "format_report", "load_candidate", "upload_flag"]
 
 EXIT_CHANGED = EXIT_TOOL_ERROR
 
@@ -53,8 +53,15 @@ def add_replay_command(policy_actions: Subparsers) -> None:
     replay.add_argument("--tool", metavar="NAME", help="only calls of this tool")
     output_flag(replay, json_alias=True)
     progress_flag(replay)
+    upload_flag(replay)
     config_flag(replay)
     replay.set_defaults(handler=cmd_replay)
+
+
+def upload_flag(parser: argparse.ArgumentParser) -> None:
+    """``--upload``: the configured OPA server may be sent the policies tried (no sidecar decides there)."""
+    parser.add_argument(UPLOAD_FLAG, action="store_true",
+                        help="with engine opa: send the policies to policy.opa's server, replacing what it serves")
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -62,7 +69,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     policy, wanted = load_settings(args.config).policy, progress_wanted(args)
 
     async def run(store: Store) -> ReplayReport:
-        engine = await load_candidate(policy, args.policies)
+        engine = await load_candidate(policy, args.policies, upload=args.upload)
         try:
             with meter("replaying the audit log", enabled=wanted) as shown:
                 if shown.drawn:
@@ -77,10 +84,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return EXIT_CHANGED if report.changes else EXIT_OK
 
 
-async def load_candidate(settings: PolicySettings, path: Path) -> PolicyEngine:
-    """The configured engine over the candidate at ``path``, a directory or a bundle file; a usage error saying
-    why it does not load."""
+async def load_candidate(settings: PolicySettings, path: Path, *, upload: bool = False) -> PolicyEngine:
+    """The configured engine over the candidate at ``path``, a directory or a bundle file (a server that serves what
+    it is sent only with ``upload``); a usage error saying why it does not load."""
     try:
+        may_send(settings, upload=upload)
         return await open_candidate(settings, path)
     except PolicyLoadError as exc:
         raise CommandError(f"--policies {path}: {exc}", EXIT_USAGE) from None

@@ -22,7 +22,7 @@ from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.engine import PolicyEngine
 from sidecar.policy.files import PolicyFiles, check_files, checked_files
 
-__all__ = ["ENGINES", "EngineFactory", "engine_for", "open_candidate", "open_engine"]
+__all__ = ["ENGINES", "UPLOAD_FLAG", "EngineFactory", "engine_for", "may_send", "open_candidate", "open_engine"]
 
 
 class EngineFactory(Protocol):
@@ -111,6 +111,19 @@ def _opa(settings: PolicySettings) -> OpaSettings:
 
 ENGINES: dict[PolicyEngineKind, EngineFactory] = {PolicyEngineKind.EMBEDDED: _Embedded(),
                                                   PolicyEngineKind.OPA: _Opa()}
+
+
+UPLOAD_FLAG = "--upload"  # the dev tools' word that the configured server may be sent what they try
+
+
+def may_send(settings: PolicySettings, *, upload: bool) -> None:
+    """``PolicyLoadError`` when a dev tool (check, eval, replay) would send policies to a server that serves what it
+    is sent (OPA uploading) and ``upload`` does not say that server is one to try them on."""
+    factory = engine_for(settings)
+    if factory.contacts_server and factory.managed(settings) is None and not upload:
+        raise PolicyLoadError(f"{factory.label(settings)} would be sent these policies in place of those it serves, "
+                              f"to every sidecar deciding there: pass {UPLOAD_FLAG} if none does (a scratch server), "
+                              "or name the embedded engine")
 
 
 def engine_for(settings: PolicySettings) -> EngineFactory:

@@ -76,7 +76,7 @@ def evaluations(capsys: pytest.CaptureFixture[str], tmp_path: Path, config_file:
 def test_eval_decides_alike_on_both_engines(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                             opa: OpaServer) -> None:
     embedded = evaluations(capsys, tmp_path, config(tmp_path, opa, PolicyEngineKind.EMBEDDED))
-    remote = evaluations(capsys, tmp_path, config(tmp_path, opa, PolicyEngineKind.OPA))
+    remote = evaluations(capsys, tmp_path, config(tmp_path, opa, PolicyEngineKind.OPA), "--upload")
     assert remote == embedded
     assert {result["outcome"] for _, result in embedded} == {
         "would_run", "invalid_arguments", "unavailable", "denied", "approval_required"}
@@ -85,7 +85,7 @@ def test_eval_decides_alike_on_both_engines(capsys: pytest.CaptureFixture[str], 
 
 def test_eval_on_policies_opa_manages_uses_what_it_serves(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                           opa: OpaServer) -> None:
-    uploaded = evaluations(capsys, tmp_path, config(tmp_path, opa, PolicyEngineKind.OPA))
+    uploaded = evaluations(capsys, tmp_path, config(tmp_path, opa, PolicyEngineKind.OPA), "--upload")
     writes = [seen for seen in opa.seen if seen.method in ("PUT", "DELETE")]
     managed = evaluations(capsys, tmp_path, config(tmp_path, opa, PolicyEngineKind.OPA, upload_policies=False))
     assert [seen for seen in opa.seen if seen.method in ("PUT", "DELETE")] == writes  # nothing sent
@@ -113,10 +113,25 @@ def malformed(tmp_path: Path) -> Path:
 def test_check_finds_the_same_on_both_engines(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                               opa: OpaServer) -> None:
     policies = malformed(tmp_path)
-    reports = {kind: [run_json(capsys, "policy", "check", "--config", config(tmp_path, opa, kind), *given)
+    reports = {kind: [run_json(capsys, "policy", "check", "--upload", "--config", config(tmp_path, opa, kind), *given)
                       for given in ((), (policies,))] for kind in PolicyEngineKind}
     assert reports[PolicyEngineKind.OPA] == reports[PolicyEngineKind.EMBEDDED]
     (ok_code, ok), (bad_code, bad) = reports[PolicyEngineKind.OPA]
     assert (ok_code, ok["ok"], ok["samples"]) == (0, True, 32)
     assert bad_code == 1 and [p["samples"] for p in bad["problems"]] == [8]
     assert any(seen.method == "PUT" and seen.path == "/v1/policies/toolbooth/approval.rego" for seen in opa.seen)
+
+
+def test_nothing_is_sent_to_a_serving_opa_without_upload(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                         opa: OpaServer) -> None:
+    """A dev tool pointed at the config of a serving sidecar must not replace what its OPA server serves."""
+    given = config(tmp_path, opa, PolicyEngineKind.OPA)
+    principal = tmp_path / "principal.json"
+    principal.write_text(PRINCIPALS[0])
+    for argv in (("policy", "check", "--config", given),
+                 ("policy", "eval", "--tool", "echo", "--principal", principal, "--config", given)):
+        code, err = run_json(capsys, *argv)
+        assert code == 2, argv
+        assert f"opa {opa.url} would be sent these policies in place of those it serves" in err
+        assert "pass --upload if none does" in err
+    assert not [seen for seen in opa.seen if seen.method in ("PUT", "DELETE")]

@@ -280,6 +280,10 @@ async def test_the_opa_engine_replays_as_the_embedded_one(log: Log, opa: OpaServ
     bundle.write_bytes(build_bundle(candidate, revision="candidate-7"))
     for policies, changed in ((log.policies, 0), (candidate, 3), (bundle, 3)):
         embedded = await asyncio.to_thread(replay, capsys, log, "--policies", str(policies), "--json")
-        remote = await asyncio.to_thread(replay, capsys, on_opa(log, opa), "--policies", str(policies), "--json")
+        remote = await asyncio.to_thread(replay, capsys, on_opa(log, opa), "--policies", str(policies), "--json",
+                                         "--upload")
         assert remote == embedded and remote[0] == changed, policies
     assert any(seen.method == "POST" and seen.path.startswith("/v1/data/toolbooth/authz/decision") for seen in opa.seen)
+    sent = len(opa.seen)
+    code, _ = await asyncio.to_thread(replay, capsys, on_opa(log, opa), "--policies", str(candidate))
+    assert code == 2 and len([seen for seen in opa.seen[sent:] if seen.method == "PUT"]) == 0  # not without --upload

@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -49,6 +50,24 @@ class CheckReport:
     def ok(self) -> bool:
         """No problem found."""
         return not self.problems
+
+    def document(self, root: Path) -> dict[str, Any]:
+        """The findings on ``root`` as JSON data (``--output json``)."""
+        return {"root": str(root), "ok": self.ok, "revision": self.revision, "samples": self.samples,
+                "problems": [{"message": p.message, "samples": p.samples, "example": p.example}
+                             for p in self.problems]}
+
+    def text(self, root: Path) -> str:
+        """``OK`` with the revision, or each problem and the sample inputs it showed on."""
+        if self.ok:
+            return (f"policy check OK: {root}, revision {self.revision}: "
+                    f"{len(CALL_STAGES)} entrypoints decided well-typed on {self.samples} sample inputs")
+        lines = []
+        for problem in self.problems:
+            lines.append(f"problem: {problem.message}")
+            if problem.samples:
+                lines.append(f"  on {problem.samples} of {self.samples} sample inputs, e.g. {problem.example}")
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True, slots=True)
