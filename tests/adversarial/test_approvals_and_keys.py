@@ -42,7 +42,7 @@ from tests.contract.conftest import postgres, postgres_dsn
 from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_key, socket_path
 from tests.support import tools
 from tests.support.approvals import NOTE, policies
-from tests.support.stores import LateClaims, open_store
+from tests.support.stores import BACKENDS, LateClaims, open_store
 from tests.support.tools import Count, Note
 
 __all__ = ["jwt_auth", "make_settings", "make_token", "postgres", "postgres_dsn", "rsa_key", "socket_path"]
@@ -112,7 +112,7 @@ class World:
         return PreviewState(record.state)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=BACKENDS, ids=str)
 async def world(request: pytest.FixtureRequest, tmp_path: Path, make_settings: Callable[..., Settings],
                 jwt_auth: dict[str, Any], make_token: Callable[..., str]) -> AsyncIterator[World]:
     """A sidecar whose policies hold ``file_note`` and ``held_note`` for approval, on either backend."""

@@ -45,7 +45,7 @@ from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_
 from tests.support import tools
 from tests.support.approvals import NOTE, policies
 from tests.support.inbox import Browser
-from tests.support.stores import open_store
+from tests.support.stores import BACKENDS, open_store
 
 __all__ = ["jwt_auth", "make_settings", "make_token", "postgres", "postgres_dsn", "rsa_key", "socket_path"]
 
@@ -95,7 +95,7 @@ class World:
         return [r.preview_id for r in records]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=BACKENDS, ids=str)
 async def world(request: pytest.FixtureRequest, tmp_path: Path, make_settings: Callable[..., Settings],
                 jwt_auth: dict[str, Any], make_token: Callable[..., str]) -> AsyncIterator[World]:
     store = await open_store(request, tmp_path)

@@ -37,7 +37,7 @@ from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.contract.conftest import postgres, postgres_dsn
 from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_key, socket_path
-from tests.support.stores import LateClaims, open_store
+from tests.support.stores import BACKENDS, LateClaims, open_store
 from tests.support.tools import Count, Text
 from tests.support.waiting import until
 
@@ -127,7 +127,7 @@ async def open_world(store: Store, tmp_path: Path, settings: Settings, token: st
         await pipeline.aclose()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=BACKENDS, ids=str)
 async def world(request: pytest.FixtureRequest, tmp_path: Path, make_settings: Callable[..., Settings],
                 jwt_auth: dict[str, Any], make_token: Callable[..., str]) -> AsyncIterator[World]:
     store = await open_store(request, tmp_path)

@@ -12,6 +12,7 @@ import pytest
 from psycopg import AsyncConnection
 
 from sidecar.canonical import sha256_hex
+from sidecar.config.store import StoreKind
 from sidecar.contract import OperationState
 from sidecar.errors import StoreUnavailableError
 from sidecar.state.chain import EVENT_COLUMNS, GENESIS_HASH, LATER_COLUMNS, verify_store
@@ -43,11 +44,11 @@ async def driver_of(stores: Stores) -> AsyncIterator[Driver]:
             yield PostgresDriver(conn, "test")
 
 
-def test_both_backends_ship_the_same_versions() -> None:
-    for backend in ("sqlite", "postgres"):
-        known = migrations(backend)
+def test_every_backend_ships_the_same_versions() -> None:
+    for kind in StoreKind:
+        known = migrations(kind)
         assert [m.version for m in known] == list(range(1, len(known) + 1))
-    assert [m.name for m in migrations("sqlite")] == [m.name for m in migrations("postgres")]
+        assert [m.name for m in known] == [m.name for m in migrations(StoreKind.SQLITE)]
 
 
 async def test_opening_records_every_version_once(stores: Stores) -> None:

@@ -10,7 +10,7 @@ import asyncio
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from sidecar.config.store import StoreKind
 from sidecar.contract import OperationState
 from sidecar.errors import StoreUnavailableError
 from sidecar.state import DEADLINE_GRACE_SECONDS, AuditEvent, Claim, KeyScope
@@ -127,13 +128,17 @@ class Stores:
             await self.close(store)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+# Every store kind's backend for these tests: a new kind in sidecar.state.backends runs the contract once it has
+# a row here (the fixture is parametrized over every kind, so a kind without one fails rather than being skipped).
+BACKENDS: dict[StoreKind, Callable[[pytest.FixtureRequest, Path], Backend]] = {
+    StoreKind.SQLITE: lambda request, tmp_path: SqliteBackend(tmp_path / "store.db"),
+    StoreKind.POSTGRES: lambda request, tmp_path: PostgresBackend(request.getfixturevalue("postgres_dsn")),
+}
+
+
+@pytest.fixture(params=list(StoreKind), ids=str)
 async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
-    if request.param == "sqlite":
-        backend: Backend = SqliteBackend(tmp_path / "store.db")
-    else:
-        backend = PostgresBackend(request.getfixturevalue("postgres_dsn"))
-    stores = Stores(backend)
+    stores = Stores(BACKENDS[request.param](request, tmp_path))
     yield stores
     await stores.close_all()
 

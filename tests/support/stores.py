@@ -4,25 +4,32 @@ busy database added."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sidecar.config.store import StoreKind
 from sidecar.state import KeyScope, Store
 from sidecar.state.postgres import PostgresStore
 from sidecar.state.sqlite import SqliteStore
 from tests.support.waiting import past
 
-__all__ = ["LateClaims", "open_store"]
+__all__ = ["BACKENDS", "LateClaims", "open_store"]
+
+
+BACKENDS = list(StoreKind)  # what a fixture over every backend is parametrized with (ids=str: "sqlite", ...)
+_OPEN: dict[StoreKind, Callable[[pytest.FixtureRequest, Path], Awaitable[Store]]] = {
+    StoreKind.SQLITE: lambda request, tmp_path: SqliteStore.open(tmp_path / "store.db"),
+    StoreKind.POSTGRES: lambda request, tmp_path: PostgresStore.open(request.getfixturevalue("postgres_dsn")),
+}
 
 
 async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    """The store of a fixture parametrized ``["sqlite", "postgres"]``: a fresh SQLite file in ``tmp_path``, or the
-    test's PostgreSQL database (``postgres_dsn``)."""
-    if request.param == "postgres":
-        return await PostgresStore.open(request.getfixturevalue("postgres_dsn"))
-    return await SqliteStore.open(tmp_path / "store.db")
+    """The store of a fixture parametrized with ``BACKENDS``: a fresh SQLite file in ``tmp_path``, the test's
+    PostgreSQL database (``postgres_dsn``), ... (a kind without a row here fails)."""
+    return await _OPEN[request.param](request, tmp_path)
 
 
 class LateClaims:
