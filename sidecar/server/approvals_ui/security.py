@@ -11,6 +11,7 @@ that are not UTF-8 refuse the form; they are never replaced).
 
 from __future__ import annotations
 
+import logging
 from urllib.parse import parse_qs
 
 from starlette.datastructures import MutableHeaders
@@ -21,6 +22,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sidecar.server.http_hosts import MISDIRECTED, misdirected
 
 __all__ = ["HEADERS", "MAX_FORM_BYTES", "FormError", "Guarded", "read_form"]
+
+log = logging.getLogger(__name__)
 
 MAX_FORM_BYTES = 64 * 1024
 HEADERS = {
@@ -79,6 +82,7 @@ async def read_form(request: Request) -> dict[str, str]:
             if len(body) > MAX_FORM_BYTES:
                 raise FormError(413, f"a form may hold at most {MAX_FORM_BYTES} bytes")
     except ClientDisconnect:  # gone before its form arrived (or cut off by the request deadline): read by no one
+        log.debug("approval inbox: a client left before its form arrived")
         raise FormError(400, "the form did not arrive") from None
     try:  # the percent-encoded bytes too: never read as U+FFFD
         fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False, errors="strict")
