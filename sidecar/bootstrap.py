@@ -135,7 +135,9 @@ def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: 
     pools = ProcessPools(isolation_plan(registry, isolation), isolation)
     dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads, pools=pools)
     deciding = DecidingStages.build(registry, decider, limits, approvals, masker)
-    idempotency = IdempotencyStage(store, auditor, Expiry(store, retention_hours * 3600))
+    expiry = Expiry(lambda before: store.expire_operations(before), retention_hours * 3600,  # asked when it runs
+                    what="idempotency record", aged="completed")
+    idempotency = IdempotencyStage(store, auditor, expiry)
     added = stages or Stages()
     if metrics is not None:
         added = added.observed_first_by(MetricsStage(metrics))

@@ -1,4 +1,5 @@
-"""Durable state: idempotency records (operations), previews and the audit log behind one ``Store`` protocol.
+"""Durable state: idempotency records (operations), previews, the audit log and the history of calls that policies
+read (``history``) behind one ``Store`` protocol.
 
 ``SqlStore`` (``sql_store``) implements it once over a small SQL ``Driver`` (``driver``); a backend is a
 driver plus its versioned migrations (``migrate``): SQLite (``sidecar.state.sqlite``, the default, needs
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from sidecar.state.chain import ChainReport, verify_store
 from sidecar.state.expiry import Expiry
+from sidecar.state.history import EventKind, HistoryEvent, HistoryLog, MeterCount, history_scope
 from sidecar.state.records import (
     DEADLINE_GRACE_SECONDS,
     AuditEvent,
@@ -31,12 +33,17 @@ __all__ = [
     "AuditRecord",
     "ChainReport",
     "Claim",
+    "EventKind",
     "Expiry",
+    "HistoryEvent",
+    "HistoryLog",
     "KeyScope",
+    "MeterCount",
     "OperationRecord",
     "PreviewCursor",
     "PreviewQuery",
     "PreviewRecord",
     "Store",
+    "history_scope",
     "verify_store",
 ]

@@ -1,13 +1,14 @@
-"""Expiry of finished idempotency records: kept ``store.idempotency_retention_hours``, then deleted."""
+"""Expiry of what the store keeps for a while: finished idempotency records, kept
+``store.idempotency_retention_hours``, and history events (``sidecar.state.history``), then deleted."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from sidecar.errors import StoreUnavailableError
-from sidecar.state.store import Store
 
 __all__ = ["EXPIRY_INTERVAL_SECONDS", "Expiry"]
 
@@ -16,11 +17,14 @@ log = logging.getLogger("toolbooth.store")
 
 
 class Expiry:
-    """Deletes records completed more than ``retention_seconds`` ago, in the background, at most once
-    per ``EXPIRY_INTERVAL_SECONDS``; a failure is logged and tried again at the next interval."""
+    """Deletes what is older than ``retention_seconds`` with ``delete`` (given the epoch seconds before which to
+    delete, it says how many it deleted), in the background, at most once per ``EXPIRY_INTERVAL_SECONDS``; a
+    failure is logged and tried again at the next interval. ``what`` (singular) and ``aged`` name them in the
+    log: ``deleted 3 idempotency record(s) completed over 24 hours ago``."""
 
-    def __init__(self, store: Store, retention_seconds: float) -> None:
-        self._store, self._retention = store, retention_seconds
+    def __init__(self, delete: Callable[[float], Awaitable[int]], retention_seconds: float, *, what: str,
+                 aged: str) -> None:
+        self._delete, self._retention, self._what, self._aged = delete, retention_seconds, what, aged
         self._next = 0.0  # ``time.monotonic()`` of the next allowed run
         self._running: set[asyncio.Task[None]] = set()
 
@@ -40,9 +44,9 @@ class Expiry:
 
     async def _expire(self) -> None:
         try:
-            count = await self._store.expire_operations(time.time() - self._retention)
+            count = await self._delete(time.time() - self._retention)
         except StoreUnavailableError as exc:
-            log.error("expired idempotency records could not be deleted: %s", exc)
+            log.error("expired %ss could not be deleted: %s", self._what, exc)
             return
         if count:
-            log.info("deleted %d idempotency record(s) completed over %g hours ago", count, self._retention / 3600)
+            log.info("deleted %d %s(s) %s over %g hours ago", count, self._what, self._aged, self._retention / 3600)

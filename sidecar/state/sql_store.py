@@ -33,6 +33,7 @@ from sidecar.metrics import Metrics
 from sidecar.state.audit import AuditBatcher
 from sidecar.state.driver import Driver, Row
 from sidecar.state.group import GroupCommit
+from sidecar.state.history import HistoryLog
 from sidecar.state.journal import AuditRows, Completion, Journal, Release, Write
 from sidecar.state.lasting import Lasting, retried
 from sidecar.state.metered import CountingDriver
@@ -74,6 +75,7 @@ class SqlStore:
         self.group = GroupCommit(lambda: self.driver.transaction(lock=None))
         self._tail = ChainTail(SHARED_CHAIN, None, shared=True) if driver.dialect.single_writer else None
         self._starting = asyncio.Lock()
+        self.history = HistoryLog(lambda: self.driver)
 
     @property
     def kept_writes(self) -> int:

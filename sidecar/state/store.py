@@ -7,7 +7,8 @@ preview moves pending -> approved | denied and approved -> used once each, whoev
 approved only when the call that used it gives it back, having had no effect); the audit
 log is a set of linear hash chains (``sidecar.state.chain``), one per store instance that appends; an
 outcome or audit event the store cannot take is kept in a local journal (``sidecar.state.journal``) and
-applied when it is back.
+applied when it is back; the metered calls of one history scope are counted one reserver after the other,
+in every process (``sidecar.state.history``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from sidecar.contract import PreviewState
+from sidecar.state.history import HistoryLog
 from sidecar.state.records import (
     AuditEvent,
     AuditRecord,
@@ -149,6 +151,11 @@ class Store(Protocol):
 
     async def audit_chains(self) -> list[ChainStart]:
         """Every registered audit chain (one per store instance that appended; on SQLite only chain 1), by id."""
+        ...
+
+    @property
+    def history(self) -> HistoryLog:
+        """The history of calls, labels and failures that policies read (``sidecar.state.history``)."""
         ...
 
     async def aclose(self) -> None:

@@ -1,5 +1,5 @@
 """The migrator on every backend (fixtures of ``test_store_contract``): versions recorded in the database,
-applied once, an older schema upgraded keeping its rows, a newer one refused."""
+applied once, an older schema upgraded keeping its rows, a newer one refused; what later versions add."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from sidecar.canonical import sha256_hex
 from sidecar.config.store import StoreKind
 from sidecar.contract import OperationState
 from sidecar.errors import StoreUnavailableError
+from sidecar.state import MeterCount
 from sidecar.state.chain import EVENT_COLUMNS, GENESIS_HASH, LATER_COLUMNS, verify_store
 from sidecar.state.driver import Driver
 from sidecar.state.migrate import migrate, migrations
@@ -138,3 +139,22 @@ async def test_events_chained_before_the_decision_log_still_verify_after_it(stor
     stores.backend.execute("UPDATE audit SET decision_input = NULL WHERE request_id = 'req-3'")
     broken = (await verify_store(store)).broken
     assert broken is not None and "do not match its hash" in broken.problem
+
+
+async def test_version_10_adds_the_history_indexed_by_scope_and_time(stores: Stores) -> None:
+    async with driver_of(stores) as driver:
+        assert await migrate(driver, target=9) == 9
+    store = await stores.open()
+    assert await store.history.reserve("0" * 32, now=2.0, since=0.0, amount=1.5, tool="t", request_id="r1") == (
+        MeterCount(0, 0.0, None))
+    assert await store.history.expire(3.0) == 1
+    if backend_name(stores) == "sqlite":
+        indexes = stores.backend.execute("SELECT il.name, group_concat(ii.name) FROM sqlite_master il, "
+                                         "pragma_index_info(il.name) ii WHERE il.type = 'index' "
+                                         "AND il.tbl_name = 'toolbooth_history' GROUP BY il.name")
+    else:
+        indexes = stores.backend.execute("SELECT indexname, regexp_replace(indexdef, '.*\\((.*)\\)', '\\1') "
+                                         "FROM pg_indexes WHERE tablename = 'toolbooth_history' "
+                                         "AND schemaname = current_schema() AND indexname <> 'toolbooth_history_pkey'")
+    assert {name: columns.replace(" ", "") for name, columns in indexes} == {
+        "toolbooth_history_scope": "scope,at", "toolbooth_history_at": "at"}
