@@ -32,6 +32,7 @@ from sidecar.pipeline.stages.consume_approval import ConsumeApprovalStage
 from sidecar.pipeline.stages.dispatch import DispatchStage
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
 from sidecar.pipeline.stages.metrics import MetricsStage
+from sidecar.pipeline.stored_history import StoreHistory
 from sidecar.policy import PolicyEngine
 from sidecar.policy.factory import open_reloading, with_cache
 from sidecar.policy.metered import MeteredEngine
@@ -98,6 +99,7 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
         store.use_chain_key(settings.audit.read_chain_key())  # HMAC-keyed links; unkeyed SHA-256 without one
         pipeline = assemble(registry=registry, policy=engine, store=store, limits=settings.limits,
                             mask_key=mask_key, retention_hours=settings.store.idempotency_retention_hours,
+                            history_retention_hours=settings.store.history_retention_hours,
                             isolation=settings.isolation, metrics=metrics, tracing=tracing,
                             log_context=settings.logging.format is LogFormat.JSON, stages=stages)
     except BaseException:
@@ -114,13 +116,14 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
 
 
 def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits,
-             mask_key: bytes | None = None, retention_hours: float = 24.0,
+             mask_key: bytes | None = None, retention_hours: float = 24.0, history_retention_hours: float = 168.0,
              isolation: IsolationSettings | None = None, metrics: Metrics | None = None,
              tracing: Tracing | None = None, log_context: bool = False, stages: Stages | None = None) -> Pipeline:
     """The pipeline over these parts. ``mask_key`` masks sensitive values in the audit log and previews
     (default: a random key of this pipeline); finished idempotency records older than ``retention_hours``
-    are deleted; the tools ``isolation`` names run in worker processes (``ConfigError`` if it names a tool
-    that cannot), started by ``open_pipeline`` or else at their first call. With ``metrics``, its calls,
+    are deleted, and the call history (``sidecar.pipeline.stored_history``) older than
+    ``history_retention_hours``; the tools ``isolation`` names run in worker processes (``ConfigError`` if it
+    names a tool that cannot), started by ``open_pipeline`` or else at their first call. With ``metrics``, its calls,
     decisions and approvals are counted there. Calls are traced with ``tracing`` (default: not at all); with
     ``log_context`` their log lines carry their fields (JSON logs). ``stages`` are added to the chain in their
     slots (``sidecar.pipeline.order.Stages``; what each slot may rely on: ``sidecar.pipeline.chain.CallStage``),
@@ -134,7 +137,8 @@ def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: 
     isolation = isolation or IsolationSettings()
     pools = ProcessPools(isolation_plan(registry, isolation), isolation)
     dispatcher = Dispatcher(sync_threads=limits.sync_handler_threads, pools=pools)
-    deciding = DecidingStages.build(registry, decider, limits, approvals, masker)
+    history = StoreHistory(store, retention_seconds=history_retention_hours * 3600)
+    deciding = DecidingStages.build(registry, decider, limits, approvals, masker, history, metrics)
     expiry = Expiry(lambda before: store.expire_operations(before), retention_hours * 3600,  # asked when it runs
                     what="idempotency record", aged="completed")
     idempotency = IdempotencyStage(store, auditor, expiry)

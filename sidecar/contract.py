@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
 __all__ = [
     "MAX_PROGRESS_MESSAGE_CHARS",
+    "RETRY_AFTER_SECONDS",
     "ApprovalResult",
     "CallBatch",
     "CallRequest",
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 MAX_PROGRESS_MESSAGE_CHARS = 1000
+RETRY_AFTER_SECONDS = "retry_after_seconds"  # in a ``RATE_LIMITED`` error's details: when to try again
 
 
 class SideEffect(StrEnum):
@@ -171,6 +173,12 @@ class ErrorInfo(_Frozen):
         """Build an error with the standard guidance for ``code``."""
         retryable, recovery = guidance(code, side_effect)
         return cls(code=code, message=message, retryable=retryable, recovery=recovery, field=field, details=details)
+
+    @property
+    def retry_after_seconds(self) -> int | None:
+        """When a ``RATE_LIMITED`` error says to try again (``details.retry_after_seconds``), if it does."""
+        value = None if self.details is None else self.details.get(RETRY_AFTER_SECONDS)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 class ResultMeta(_Frozen):

@@ -173,8 +173,12 @@ class Metrics:
         self._approvals = _Family("toolbooth_approvals", "Approvers' decisions on previews (approved, denied, or "
                                   "refused: not allowed, expired, wrong hash, ...).", ("decision",))
         self._store_errors = _Family("toolbooth_store_errors", "Store statements that failed, by statement.", ("op",))
+        self._history = _Family("toolbooth_history_calls", "Calls whose policies read their history and stopped them, "
+                                "by tool and outcome (rate_limited; label_held: held for approval, or label_refused: "
+                                "refused, while their conversation carries labels).", ("tool", "outcome"))
         self._families = (self._grpc_started, self._grpc_handled, self._grpc_seconds, self._calls, self._call_seconds,
-                          self._decisions, self._decision_seconds, self._reloads, self._approvals, self._store_errors)
+                          self._decisions, self._decision_seconds, self._reloads, self._approvals, self._store_errors,
+                          self._history)
         self.audit_queue: Callable[[], int] | None = None  # read at each scrape (the store sets it)
         self._rpcs: dict[str, RpcMeter] = {}
         self._tools: dict[str, ToolMeter] = {}
@@ -224,6 +228,11 @@ class Metrics:
     def approval(self, decision: str) -> None:
         """An approver's decision: ``approved``, ``denied`` or ``refused``."""
         self._approvals.count(decision).inc()
+
+    def history(self, tool: str, outcome: str) -> None:
+        """A call of the registered ``tool`` its history stopped: ``rate_limited``, ``label_held`` or
+        ``label_refused``."""
+        self._history.count(tool, outcome).inc()
 
     def store_error(self, op: str) -> None:
         """A store statement ``op`` (a ``StoreStatements`` name, or the kind of step) failed."""

@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-
-from pydantic import ValidationError
 
 from sidecar.cli.bundle import add_bundle_commands
 from sidecar.cli.common import (
@@ -45,6 +42,7 @@ from sidecar.cli.common import (
     with_client,
 )
 from sidecar.cli.output import json_output, output_flag
+from sidecar.cli.policy_inputs import read_history, read_principal, utc_time
 from sidecar.cli.progress import meter, progress_flag, progress_wanted
 from sidecar.cli.replay import add_replay_command, upload_flag
 from sidecar.cli.table import Column, render_table
@@ -71,14 +69,11 @@ __all__ = [
     "format_tests",
     "installed_tool",
     "policy_dir",
-    "read_principal",
     "tests_document",
-    "utc_time",
 ]
 
 Result = TypeVar("Result")
 _RULE = "-" * 80
-_TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 def add_commands(commands: Subparsers) -> None:
@@ -117,6 +112,9 @@ def _add_eval(actions: Subparsers) -> None:
     evaluate.add_argument("--args", dest="arguments", default="{}", metavar="JSON",
                           help="arguments as a JSON object, @FILE to read a file, - to read stdin (default: {})")
     evaluate.add_argument("--dir", type=Path, metavar="DIR", help="policy directory (default: policy.path)")
+    evaluate.add_argument("--history", type=Path, metavar="FILE", help="JSON: the history the call's decisions read "
+                          '({"history": {"meters", "failures"}, "conversation": {"labels"}}; default: none)')
+    evaluate.add_argument("--conversation-id", metavar="ID", help="the call's conversation")
     evaluate.add_argument("--time", type=utc_time, metavar="RFC3339",
                           help="input.context.time, e.g. 2026-11-30T15:00:00Z (default: now)")
     _common_flags(evaluate)
@@ -261,7 +259,8 @@ _OUTCOMES = {
     Verdict.POLICY_ERROR: "a policy failed, so the sidecar would deny the call",
 }
 _DETAILS = (("internal_reason", "internal reason"), ("approver_roles", "approver roles"),
-            ("preview_ttl_seconds", "preview lives (s)"), ("cacheable", "cacheable"))
+            ("preview_ttl_seconds", "preview lives (s)"), ("retry_after_seconds", "retry after (s)"),
+            ("cacheable", "cacheable"))
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -270,14 +269,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     defn = installed_tool(settings, args.tool)
     principal = read_principal(args.principal)
     arguments = read_arguments(args.arguments)
+    history = None if args.history is None else read_history(args.history)
     run = asyncio.run(_dry_run(settings, args.dir, defn, principal, arguments, time=args.time or now_utc(),
-                               upload=args.upload))
+                               upload=args.upload, history=history, conversation_id=args.conversation_id))
     print(dump_json(run.document()) if json_output(args) else format_dry_run(run))
     return _VERDICT_EXIT[run.verdict]
 
 
 async def _dry_run(settings: Settings, root: Path | None, defn: ToolDefinition[Any, Any], principal: Principal,
-                   arguments: str, *, time: str, upload: bool) -> DryRun:
+                   arguments: str, *, time: str, upload: bool, history: dict[str, Any] | None,
+                   conversation_id: str | None) -> DryRun:
     """The dry run on the configured engine, over ``root`` (else what ``serve`` decides on)."""
     try:
         may_send(settings.policy, upload=upload)
@@ -285,7 +286,8 @@ async def _dry_run(settings: Settings, root: Path | None, defn: ToolDefinition[A
     except PolicyLoadError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
     try:
-        return await dry_run(engine, defn, principal, arguments, limits=settings.limits, time=time)
+        return await dry_run(engine, defn, principal, arguments, limits=settings.limits, time=time, history=history,
+                             conversation_id=conversation_id)
     finally:
         await engine.aclose()
 
@@ -301,6 +303,8 @@ def format_dry_run(run: DryRun) -> str:
              f"revision:   {result['revision']}",
              f"time:       {result['time']}",
              ""]
+    if "history" in result:
+        lines += [f"history:    {json.dumps(result['history'], ensure_ascii=False)}", ""]
     for step, document in result["steps"].items():
         lines += _format_step(step, document)
     if result["not_reached"]:
@@ -355,26 +359,6 @@ def installed_tool(settings: Settings, name: str) -> ToolDefinition[Any, Any]:
         installed = ", ".join(sorted(d.name for d in registry)) or "none"
         raise CommandError(f"no installed plugin provides a tool named {name!r} (installed: {installed})", EXIT_USAGE)
     return defn
-
-
-def read_principal(path: Path) -> Principal:
-    """The principal in JSON file ``path``."""
-    try:
-        return Principal.model_validate_json(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CommandError(f"cannot read --principal file {path}: {exc.strerror}", EXIT_USAGE) from None
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors())
-        raise CommandError(f"--principal file {path} is not a principal: {problems}", EXIT_USAGE) from None
-
-
-def utc_time(value: str) -> str:
-    """An ``--time`` value: RFC 3339 in UTC, to the second, as the sidecar writes ``input.context.time``."""
-    try:
-        dt.datetime.strptime(value, _TIME_FORMAT)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a UTC time like 2026-11-30T15:00:00Z, got {value!r}") from None
-    return value
 
 
 def _loading(load: Callable[[Path], Result], root: Path) -> Result:

@@ -42,6 +42,8 @@ class StoreSettings(Section):
     # PostgreSQL: while the database cannot be reached, a call waits this long for a connection, then fails
     down_wait_seconds: float = Field(default=0.2, gt=0)
     idempotency_retention_hours: float = Field(default=24.0, gt=0)  # finished records are deleted after this
+    # the call history policies read (meters, conversations' labels, failures) is kept this long, then deleted
+    history_retention_hours: float = Field(default=168.0, gt=0, le=366 * 24)
     # queued audit events (outcomes) gather this long to share one commit; a crash loses at most these
     audit_linger_ms: float = Field(default=10.0, ge=0, le=1000)
     # outcomes and audit events the store cannot take are kept here until it is back (a local file, not the store)

@@ -1,4 +1,4 @@
-"""One call through every stage, with no transport code (stages 0-9 of ``sidecar.pipeline.order``;
+"""One call through every stage, with no transport code (stages 0-10 of ``sidecar.pipeline.order``;
 ``docs/architecture.md``).
 
 ``Pipeline`` (``gate``) is what transports call; a call is a ``Call`` (``call``) run through a

@@ -1,4 +1,4 @@
-"""Approvals bound to the exact call (stage 6 of a call, ``sidecar.pipeline.order``; ``docs/approvals.md``).
+"""Approvals bound to the exact call (stage 7 of a call, ``sidecar.pipeline.order``; ``docs/approvals.md``).
 
 A call the approval policy holds gets a preview: the canonical call (tool, version, validated
 arguments, requesting principal, conversation, policy revision), its hash, a random id and an

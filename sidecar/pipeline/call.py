@@ -16,9 +16,10 @@ record          set by           what it holds
 ``inputs``      resolve (3)      the policy input's shared parts, before the availability decision
 ``tool``        resolve (3)      the tool, once it is available to the caller
 ``arguments``   validate (4)     the validated arguments (``Arguments``)
-``approved``    approval (6)     the checked approval (``Approved``: the rendering its approver approved)
-``claim``       idempotency (7)  a write's key and its handler's deadline (``KeyClaim``): the call is detached
-``dispatched``  dispatch (9)     the handler's attempts, and for an unknown outcome its late result (``Dispatched``)
+``history``     history (5)      the history facts its decisions read (``Seen``), when its policies read history
+``approved``    approval (7)     the checked approval (``Approved``: the rendering its approver approved)
+``claim``       idempotency (8)  a write's key and its handler's deadline (``KeyClaim``): the call is detached
+``dispatched``  dispatch (10)    the handler's attempts, for an unknown outcome its late result, its result's labels
 ==============  ===============  ==========================================================================
 
 ``trail`` gathers every decision made for the call, by stage (the audit log records it); ``decision_ids`` names
@@ -48,7 +49,7 @@ from sidecar.canonical import canonical_bytes, legacy_sha256_hex, sha256_hex
 from sidecar.contract import CallRequest, Principal, ToolResult
 from sidecar.ids import random_uuid_hex
 from sidecar.pipeline.approval_calls import Approved
-from sidecar.policy.input import CallInput, InputParts, now_utc
+from sidecar.policy.input import CallInput, InputParts, dumps, now_utc
 from sidecar.state import KeyScope
 from sidecar.tools.definition import ProgressSink, ToolContext, ToolDefinition
 
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from sidecar.policy.reload import Pin
     from sidecar.telemetry.spans import CallTrace, DecisionOutcome
 
-__all__ = ["Arguments", "Call", "Dispatched", "KeyClaim"]
+__all__ = ["Arguments", "Call", "Dispatched", "KeyClaim", "Reservation", "Seen"]
 
 _NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()  # also: no decision outcome to note
 T = TypeVar("T")
@@ -113,11 +114,44 @@ class KeyClaim:
 @dataclass(frozen=True, slots=True)
 class Dispatched:
     """What dispatching the handler did: its ``attempts`` (0: it never started), whether its outcome is
-    ``unknown`` (its effect may have happened), and, for a handler that runs on, its own result when it ends."""
+    ``unknown`` (its effect may have happened), for a handler that runs on, its own result when it ends, and the
+    ``labels`` its result carries (none without a result)."""
 
     attempts: int
     unknown: bool = False
     late: asyncio.Future[ToolResult] | None = None
+    labels: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A call's place on one meter (``scope``), taken at ``at`` (epoch seconds): released if the call does not run."""
+
+    scope: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """One call's history facts: ``document`` (``{"history": {"meters", "failures"}, "conversation": {"id",
+    "labels"}}``), its JSON text (what the policy input holds), and the meter places the call reserved."""
+
+    document: dict[str, Any]
+    json: str
+    reservations: tuple[Reservation, ...] = ()
+
+    @classmethod
+    def of(cls, meters: Mapping[str, Any], failures: list[dict[str, Any]], conversation: str | None,
+           labels: list[dict[str, Any]], reservations: tuple[Reservation, ...] = ()) -> Seen:
+        """The facts from their parts."""
+        document = {"history": {"meters": dict(meters), "failures": failures},
+                    "conversation": {"id": conversation, "labels": labels}}
+        return cls(document, dumps(document)[1:-1], reservations)
+
+    @property
+    def labels(self) -> list[dict[str, Any]]:
+        """``input.conversation.labels``."""
+        return self.document["conversation"]["labels"]  # type: ignore[no-any-return]
 
 
 @dataclass(slots=True)
@@ -140,6 +174,7 @@ class Call:
     _inputs: InputParts | None = field(default=None, init=False, repr=False)
     _tool: ToolDefinition[Any, Any] | None = field(default=None, init=False, repr=False)
     _arguments: Arguments | None = field(default=None, init=False, repr=False)
+    _history: Seen | None = field(default=None, init=False, repr=False)
     _approved: Approved | None = field(default=None, init=False, repr=False)
     _claim: KeyClaim | None = field(default=None, init=False, repr=False)
     _dispatched: Dispatched | None = field(default=None, init=False, repr=False)
@@ -149,6 +184,7 @@ class Call:
     inputs = Once[InputParts]("_inputs", "resolve")
     tool = Once[ToolDefinition[Any, Any]]("_tool", "resolve")
     arguments = Once[Arguments]("_arguments", "validate")
+    history = Once[Seen]("_history", "history")
     approved = Once[Approved]("_approved", "approval")
     claim = Once[KeyClaim]("_claim", "idempotency")
     dispatched = Once[Dispatched]("_dispatched", "dispatch")
@@ -225,7 +261,8 @@ class Call:
                            idempotency_key=self.request.idempotency_key, attempt=1, logger=logger,
                            progress_sink=self.progress,
                            approved_preview=None if self._approved is None else self._approved.rendering,
-                           conversation_id=self.request.conversation_id or None, settings=self.defn.settings)
+                           conversation_id=self.request.conversation_id or None, settings=self.defn.settings,
+                           declared_labels=self.defn.labels)
 
     def handler_deadline(self) -> float:
         """When the handler must end (``time.monotonic()``): for a detached call (a write) its claim's, the tool's

@@ -27,7 +27,7 @@ Next = Callable[[Call], Awaitable[ToolResult]]
 
 
 class CallStage(Protocol):
-    """One stage of a call (``sidecar.pipeline.order`` numbers them 0-9 and names the slots of added ones).
+    """One stage of a call (``sidecar.pipeline.order`` numbers them 0-10 and names the slots of added ones).
 
     **Ending a call.** A stage ends the call by returning a ``ToolResult`` (``sidecar.pipeline.results`` builds
     every one) or by raising ``CallRefused`` with typed errors: the chain turns a refusal into a result right
@@ -45,11 +45,11 @@ class CallStage(Protocol):
       should not refuse, since audit (stage 1) would not see it.
     - ``before_decisions`` (after stage 2): every call whose string fields are well-formed; it is audited
       whatever it returns. No tool is resolved (``call.tool`` is ``None``) and no policy has decided.
-    - ``after_decisions`` (after stage 6): only calls of a tool available to the caller (``call.defn``), with
+    - ``after_decisions`` (after stage 7): only calls of a tool available to the caller (``call.defn``), with
       valid arguments (``call.validated``), that the authz policy allows, and either need no approval or carry
       one that was checked, not yet spent (``call.approved``). A write's key is not claimed yet
       (``call.claim`` is ``None``): a refusal here leaves it free.
-    - ``before_dispatch`` (after stage 8): only calls about to run. A write (a tool that requires an
+    - ``before_dispatch`` (after stage 9): only calls about to run. A write (a tool that requires an
       idempotency key) gets here only once it owns its key (``call.claim``), never for a replayed,
       in-progress or reused one, and after its dispatch was audited and its approval spent; a refusal here
       releases the key and gives the approval back (nothing ran: a retry with the key runs).
@@ -57,8 +57,8 @@ class CallStage(Protocol):
     A stage reads the records of ``Call`` that the stages before it set (``sidecar.pipeline.call``) and never
     sets another stage's: each is set once, by the stage that owns it.
 
-    **Cancellation.** Up to stage 7 a call runs in its caller's task: a caller that goes away cancels it
-    (``CancelledError`` through ``next``). From stage 7 on, a write runs detached from its caller's
+    **Cancellation.** Up to stage 8 a call runs in its caller's task: a caller that goes away cancels it
+    (``CancelledError`` through ``next``). From stage 8 on, a write runs detached from its caller's
     cancellation (``call.detached``): a started write runs to its end, and its outcome is stored and audited,
     even if the caller leaves or its deadline passes; its caller only stops waiting. A read is never detached.
 

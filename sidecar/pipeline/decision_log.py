@@ -20,6 +20,7 @@ from typing import Any
 from sidecar import __version__
 from sidecar.contract import CallRequest
 from sidecar.pipeline.dry_run import Step
+from sidecar.pipeline.history import recorded
 from sidecar.policy import CALL_STAGES, RULES, Stage
 from sidecar.policy.input import CallInput, InputParts
 from sidecar.state import AuditRecord
@@ -54,14 +55,17 @@ def decision_entries(record: AuditRecord) -> Iterator[dict[str, Any]]:
     parts = InputParts.from_recorded(event.decision_input, event.conversation_id)
     call = None if event.arguments_json is None else CallInput.of(json.loads(event.arguments_json), CallRequest(
         tool=event.tool, idempotency_key=event.idempotency_key, conversation_id=event.conversation_id))
+    history = recorded(trail)
     for stage in CALL_STAGES:
         if stage.value not in ids or stage.value not in trail:
             continue
+        before = stage is Stage.AVAILABILITY
         document = trail[stage.value]
         entry: dict[str, Any] = {
             "decision_id": ids[stage.value],
             "path": RULES[stage].removeprefix("data.").replace(".", "/"),
-            "input": parts.build(stage, None if stage is Stage.AVAILABILITY else call).document(),
+            "input": parts.build(stage, None if before else call, None if before or history is None
+                                 else history.json).document(),
             "timestamp": parts.time,
             "bundles": {BUNDLE_NAME: {"revision": event.policy_revision}},
             "labels": LABELS,

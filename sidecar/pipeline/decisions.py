@@ -13,27 +13,34 @@ reach them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from sidecar.errors import CallRefused, PolicyEvaluationError, refusal
 from sidecar.ids import random_uuid
 from sidecar.pipeline.call import Call
 from sidecar.policy import Decision, PolicyEngine, Stage
+from sidecar.policy.history import NO_HISTORY, HistoryNeeds
 from sidecar.policy.input import CallInput
 from sidecar.policy.reload import new_pin
 
-__all__ = ["AUDIT_MASKS", "Decider"]
+__all__ = ["AUDIT_MASKS", "HISTORY_NEEDS", "Decider"]
 
 AUDIT_MASKS = "audit_masks"  # the trail entry of a failure to read ``data.toolbooth.audit.mask``
+HISTORY_NEEDS = "history_needs"  # the trail entry of a failure to read what of its history a call's policies read
+T = TypeVar("T")
 
 log = logging.getLogger("toolbooth.pipeline")
 _NAMES = {stage: stage.value for stage in Stage}  # faster than ``Stage.value``, read three times per call
 
 class Decider:
-    """Makes a call's policy decisions and reads the policy's audit masks (once per revision)."""
+    """Makes a call's policy decisions, and reads the policy's audit masks and history needs (once per revision)."""
 
     def __init__(self, policy: PolicyEngine) -> None:
         self.policy = policy
-        self._masks: tuple[str, dict[str, tuple[str, ...]]] = ("", {})  # (revision, tool -> pointers)
+        self._masks: _Kept[dict[str, tuple[str, ...]]] = _Kept("", {})  # tool -> pointers
+        self._needs: _Kept[HistoryNeeds] = _Kept("", NO_HISTORY)
 
     async def decide(self, call: Call, stage: Stage) -> Decision:
         """``stage``'s decision for ``call`` (``input.call`` once its arguments are valid)."""
@@ -64,7 +71,9 @@ class Decider:
         try:
             if stage is Stage.AVAILABILITY:  # a call's first decision: its revision is the set it is pinned to
                 call.policy_revision = self.policy.revision
-            return await self.policy.decide(stage, call.inputs.build(stage, arguments))
+            history = call.history
+            return await self.policy.decide(stage, call.inputs.build(stage, arguments,
+                                                                      None if history is None else history.json))
         except PolicyEvaluationError as exc:
             log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
             call.trail[_NAMES[stage]] = {"error": str(exc)}
@@ -82,25 +91,49 @@ class Decider:
     async def masked(self, call: Call, tool: str) -> tuple[str, ...]:
         """The pointers ``data.toolbooth.audit.mask`` lists for ``tool`` in the call's policy set, read once per
         policy revision."""
+        masks = await self._per_revision(call, self._masks, self._read_masks)
+        return masks.get(tool, ())
+
+    async def history_needs(self, call: Call) -> HistoryNeeds:
+        """What of a call's history the call's policy set reads, read once per policy revision."""
+        return await self._per_revision(call, self._needs, self._read_needs)
+
+    async def _per_revision(self, call: Call, kept: _Kept[T], read: Callable[[Call], Awaitable[T]]) -> T:
+        """``kept``'s value for the call's policy set, read by ``read`` when the revision changed."""
         pin = call.pin
-        if pin is not None and self._masks[0] == call.policy_revision:  # decided on the set whose masks are read
-            return self._masks[1].get(tool, ())
+        if pin is not None and kept.revision == call.policy_revision:  # decided on the set whose value is kept
+            return kept.value
         if pin is None:  # its first decision: the pin of this call, in this task (and those it starts)
             pin = call.pin = new_pin()
         pin.deciding = True
         try:
             revision = self.policy.revision
-            if self._masks[0] != revision:
-                self._masks = (revision, await self._read_masks(call))
+            if kept.revision != revision:
+                kept.value, kept.revision = await read(call), revision
         finally:
             pin.deciding = False
-        return self._masks[1].get(tool, ())
+        return kept.value
 
     async def _read_masks(self, call: Call) -> dict[str, tuple[str, ...]]:
+        return await self._read(call, AUDIT_MASKS, "audit masks", self.policy.audit_masks)
+
+    async def _read_needs(self, call: Call) -> HistoryNeeds:
+        return await self._read(call, HISTORY_NEEDS, "the history the policies read", self.policy.history_needs)
+
+    @staticmethod
+    async def _read(call: Call, entry: str, what: str, read: Callable[[], Awaitable[T]]) -> T:
         try:
-            return await self.policy.audit_masks()
+            return await read()
         except PolicyEvaluationError as exc:
-            log.error("audit masks could not be read for request %s: %s", call.request_id, exc)
-            call.trail[AUDIT_MASKS] = {"error": str(exc)}
+            log.error("%s could not be read for request %s: %s", what, call.request_id, exc)
+            call.trail[entry] = {"error": str(exc)}
             failure = refusal(exc)
         raise CallRefused(failure)
+
+
+@dataclass(slots=True)
+class _Kept(Generic[T]):
+    """A value read from the policy set of ``revision``."""
+
+    revision: str
+    value: T

@@ -11,6 +11,7 @@ would. Where the call would run, a last stage ends it instead; no preview is ope
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -21,6 +22,7 @@ from sidecar.pipeline import results
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Chain, Next
 from sidecar.pipeline.decisions import AUDIT_MASKS, Decider
+from sidecar.pipeline.history import GivenHistory, recorded
 from sidecar.pipeline.order import DecidingStages
 from sidecar.policy import PolicyEngine, Stage
 from sidecar.policy.input import tool_json
@@ -90,6 +92,7 @@ class DryRun:
     time: str
     steps: tuple[Step, ...]
     verdict: Verdict
+    history: dict[str, Any] | None = None  # the history its decisions read, when its policies read some
 
     @property
     def not_reached(self) -> list[str]:
@@ -98,9 +101,12 @@ class DryRun:
 
     def document(self) -> dict[str, Any]:
         """The dry run as JSON data."""
-        return {"tool": self.tool, "principal": self.principal.model_dump(mode="json"), "revision": self.revision,
-                "time": self.time, "steps": {step.name: step.document() for step in self.steps},
-                "not_reached": self.not_reached, "outcome": self.verdict.value}
+        document = {"tool": self.tool, "principal": self.principal.model_dump(mode="json"), "revision": self.revision,
+                    "time": self.time, "steps": {step.name: step.document() for step in self.steps},
+                    "not_reached": self.not_reached, "outcome": self.verdict.value}
+        if self.history is not None:
+            document["history"] = self.history
+        return document
 
 
 class _WouldRun:
@@ -111,24 +117,31 @@ class _WouldRun:
 
 
 async def dry_run(engine: PolicyEngine, defn: ToolDefinition[Any, Any], principal: Principal, arguments_json: str,
-                  *, limits: Limits, time: str) -> DryRun:
-    """Availability, validation, authz, approval of one call, by the sidecar's own stages; nothing executes."""
-    request = CallRequest(tool=defn.name, arguments_json=arguments_json)
-    run = await decide(engine, Registry.from_tools([defn]), principal, request, limits=limits, time=time)
-    return DryRun(json.loads(tool_json(defn)), principal, run.revision, time, run.steps, run.verdict)
+                  *, limits: Limits, time: str, history: Mapping[str, Any] | None = None,
+                  conversation_id: str | None = None) -> DryRun:
+    """Availability, validation, authz, approval of one call, by the sidecar's own stages, with the ``history``
+    given (``{"history": {"meters", "failures"}, "conversation": {"labels"}}``, parts missing: none) in
+    conversation ``conversation_id``; nothing executes."""
+    request = CallRequest(tool=defn.name, arguments_json=arguments_json, conversation_id=conversation_id)
+    run = await decide(engine, Registry.from_tools([defn]), principal, request, limits=limits, time=time,
+                       history=history)
+    return DryRun(json.loads(tool_json(defn)), principal, run.revision, time, run.steps, run.verdict, run.history)
 
 
 async def decide(engine: PolicyEngine, registry: Registry, principal: Principal, request: CallRequest, *,
-                 limits: Limits, time: str) -> DryRun:
-    """The decisions of ``request`` by the deciding stages over ``registry`` at ``time``; nothing executes."""
-    chain = Chain([*DecidingStages.build(registry, Decider(engine), limits), _WouldRun()])
+                 limits: Limits, time: str, history: Mapping[str, Any] | None = None) -> DryRun:
+    """The decisions of ``request`` by the deciding stages over ``registry`` at ``time``, with the ``history``
+    given (``GivenHistory``); nothing executes."""
+    deciding = DecidingStages.build(registry, Decider(engine), limits, history=GivenHistory(history))
+    chain = Chain([*deciding, _WouldRun()])
     call = Call(principal, request, engine.revision, time=time)
     result = await chain(call)
     arguments = None if call.arguments is None else call.arguments.data
     steps = steps_of(call.trail, resolved=call.tool is not None, arguments=arguments, errors=result.errors)
     verdict = Verdict.WOULD_RUN if result.status is Status.SUCCESS else _verdict(steps[-1])
     tool = json.loads(call.inputs.tool) if call.inputs is not None else {"name": request.tool}
-    return DryRun(tool, principal, engine.revision, time, steps, verdict)
+    seen = recorded(call.trail)
+    return DryRun(tool, principal, engine.revision, time, steps, verdict, None if seen is None else seen.document)
 
 
 def steps_of(trail: dict[str, Any], *, resolved: bool, arguments: dict[str, Any] | None,

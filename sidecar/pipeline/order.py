@@ -10,19 +10,21 @@ A real call (``call_chain``) meets, outermost first:
    then ``Stages.before_decisions``;
 3. resolve + availability (``ResolveStage``);
 4. validate (``ValidateStage``);
-5. authorize (``AuthorizeStage``);
-6. approval (``ApprovalStage``): checks an approval, or opens a preview;
+5. history (``HistoryStage``): what of its history the call's policies read, and what the call adds to it;
+6. authorize (``AuthorizeStage``);
+7. approval (``ApprovalStage``): checks an approval, or opens a preview;
    then ``Stages.after_decisions``;
-7. idempotency (``IdempotencyStage``): claims a write's key; the stages after it run detached;
-8. consume approval (``ConsumeApprovalStage``): spends the checked approval, once the call owns its key (a call
+8. idempotency (``IdempotencyStage``): claims a write's key; the stages after it run detached;
+9. consume approval (``ConsumeApprovalStage``): spends the checked approval, once the call owns its key (a call
    whose key is in progress, reused for another request or replayed must not spend it, ``docs/approvals.md``);
    then ``Stages.before_dispatch``;
-9. dispatch (``DispatchStage``): runs the handler and ends the call with its result.
+10. dispatch (``DispatchStage``): runs the handler and ends the call with its result.
 
-``DecidingStages`` are stages 3-6, those that decide whether a call may run; ``toolbooth policy eval``
-(``sidecar.pipeline.dry_run``) runs them alone, with no approvals service, so that no preview is opened and
-nothing is stored or executed. ``Stages`` are what the caller of ``sidecar.bootstrap.assemble`` adds, by slot;
-``CallStage`` (``sidecar.pipeline.chain``) says what a stage in each slot may rely on.
+``DecidingStages`` are stages 3-7, those that decide whether a call may run; ``toolbooth policy eval``
+(``sidecar.pipeline.dry_run``) runs them alone, with no approvals service and a given history (``GivenHistory``),
+so that no preview is opened and nothing is stored or executed. ``Stages`` are what the caller of
+``sidecar.bootstrap.assemble`` adds, by slot; ``CallStage`` (``sidecar.pipeline.chain``) says what a stage in
+each slot may rely on.
 """
 
 from __future__ import annotations
@@ -33,14 +35,17 @@ from dataclasses import dataclass, replace
 from opentelemetry.trace import Tracer
 
 from sidecar.config import Limits
+from sidecar.metrics import Metrics
 from sidecar.pipeline.approvals import Approvals
 from sidecar.pipeline.chain import CallStage, Chain
 from sidecar.pipeline.decisions import Decider
+from sidecar.pipeline.history import GivenHistory, HistorySource
 from sidecar.pipeline.stages.approval import ApprovalStage
 from sidecar.pipeline.stages.audit import Auditor, AuditStage
 from sidecar.pipeline.stages.authorize import AuthorizeStage
 from sidecar.pipeline.stages.consume_approval import ConsumeApprovalStage
 from sidecar.pipeline.stages.dispatch import DispatchStage
+from sidecar.pipeline.stages.history import HistoryStage
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
 from sidecar.pipeline.stages.log_context import LogContextStage
 from sidecar.pipeline.stages.request import RequestStage
@@ -55,22 +60,27 @@ __all__ = ["DecidingStages", "Stages", "call_chain"]
 
 @dataclass(frozen=True, slots=True)
 class DecidingStages:
-    """Stages 3-6, in order when iterated."""
+    """Stages 3-7, in order when iterated."""
 
     resolve: ResolveStage
     validate: ValidateStage
+    history: HistoryStage
     authorize: AuthorizeStage
     approval: ApprovalStage
 
     @classmethod
     def build(cls, registry: Registry, decider: Decider, limits: Limits, approvals: Approvals | None = None,
-              masker: Masker | None = None) -> DecidingStages:
-        """The deciding stages over ``registry``; without ``approvals`` no preview is ever opened."""
-        return cls(ResolveStage(registry, decider), ValidateStage(limits, decider), AuthorizeStage(decider),
+              masker: Masker | None = None, history: HistorySource | None = None,
+              metrics: Metrics | None = None) -> DecidingStages:
+        """The deciding stages over ``registry``; without ``approvals`` no preview is ever opened; without a
+        ``history`` source, calls have none (``GivenHistory()``); with ``metrics``, calls their history stopped
+        are counted."""
+        return cls(ResolveStage(registry, decider), ValidateStage(limits, decider),
+                   HistoryStage(decider, history or GivenHistory(), metrics), AuthorizeStage(decider),
                    ApprovalStage(decider, approvals, masker))
 
     def __iter__(self) -> Iterator[CallStage]:
-        return iter((self.resolve, self.validate, self.authorize, self.approval))
+        return iter((self.resolve, self.validate, self.history, self.authorize, self.approval))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +88,8 @@ class Stages:
     """Stages added to a real call's chain, by slot, each slot's in the order given (``CallStage`` says which
     calls reach each slot): ``observers`` see every call and its result (stage 0, around audit);
     ``before_decisions`` every call with well-formed fields (after stage 2); ``after_decisions`` only the calls
-    the policies let run, approved where they must be (after stage 6); ``before_dispatch`` only the calls
-    about to run, a write's once it owns its key and spent its approval (after stage 8)."""
+    the policies let run, approved where they must be (after stage 7); ``before_dispatch`` only the calls
+    about to run, a write's once it owns its key and spent its approval (after stage 9)."""
 
     observers: Sequence[CallStage] = ()
     before_decisions: Sequence[CallStage] = ()
@@ -94,7 +104,7 @@ class Stages:
 def call_chain(auditor: Auditor, deciding: DecidingStages, idempotency: IdempotencyStage,
                consume: ConsumeApprovalStage, dispatch: DispatchStage, *, added: Stages = Stages(),
                tracer: Tracer | None = None, log_context: bool = False) -> Chain:
-    """The chain of a real call, stages 0-9: its span (with a ``tracer``), its log context (``log_context``),
+    """The chain of a real call, stages 0-10: its span (with a ``tracer``), its log context (``log_context``),
     the ``added`` observers (metrics first, when the sidecar counts), audit, the request's fields, the deciding
     stages, idempotency, consuming the approval, dispatch; the ``added`` stages in their slots."""
     observing: list[CallStage] = [TraceStage(tracer)] if tracer is not None else []

@@ -5,7 +5,8 @@ An audit event keeps what its call's policy inputs were made of: the principal, 
 masked (``arguments_json``). ``Recorded.of`` reads that back as the call it was; ``replay`` takes it
 through the deciding stages (``sidecar.pipeline.dry_run.decide``, the stages ``toolbooth policy eval``
 runs), over a registry of the tool as the call saw it, so every policy gets the input it got then —
-masked values masked: a rule that reads one now reads the mask. The steps reached then and now are
+masked values masked: a rule that reads one now reads the mask — and the history its decisions read then
+(meters, labels, failures: ``call.trail["history"]``), not the history as it is now. The steps reached then and now are
 compared stage by stage.
 
 What cannot be replayed is said, not guessed: events from before the decision log (no
@@ -29,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from sidecar.config import Limits
 from sidecar.contract import CallRequest, Principal, SideEffect
 from sidecar.pipeline.dry_run import STEPS, VALIDATION, Step, decide, steps_of, verdict_of
+from sidecar.pipeline.history import recorded as recorded_history
 from sidecar.policy import PolicyEngine, Stage
 from sidecar.policy.input import InputParts
 from sidecar.state import AuditRecord
@@ -64,6 +66,7 @@ class Recorded:
     tool: dict[str, Any]  # ``input.tool``
     request: CallRequest
     steps: tuple[Step, ...]
+    history: dict[str, Any] | None = None  # the history its authz and approval decisions read, when they read some
 
     @classmethod
     def of(cls, record: AuditRecord) -> Recorded | Skip:
@@ -78,7 +81,8 @@ class Recorded:
         if not tool["version"]:  # decided on a stand-in, and unavailable whatever the answer
             return Skip.UNKNOWN_TOOL
         arguments = None if event.arguments_json is None else json.loads(event.arguments_json)
-        steps = steps_of(json.loads(event.decisions_json), resolved=bool(event.tool_version), arguments=arguments)
+        trail = json.loads(event.decisions_json)
+        steps = steps_of(trail, resolved=bool(event.tool_version), arguments=arguments)
         if not steps:
             return Skip.NO_DECISION
         if steps[-1].passed and len(steps) < len(STEPS):
@@ -86,7 +90,9 @@ class Recorded:
         request = CallRequest(tool=event.tool, arguments_json=event.arguments_json or "{}",
                               idempotency_key=event.idempotency_key, conversation_id=event.conversation_id,
                               call_id=event.call_id)
-        return cls(record, Principal.model_validate_json(parts.principal), parts.time, tool, request, steps)
+        seen = recorded_history(trail)
+        return cls(record, Principal.model_validate_json(parts.principal), parts.time, tool, request, steps,
+                   None if seen is None else seen.document)
 
     @property
     def has_arguments(self) -> bool:
@@ -176,7 +182,7 @@ async def replay_log(engine: PolicyEngine, records: AsyncIterable[AuditRecord], 
 async def replay(engine: PolicyEngine, recorded: Recorded) -> Change | None:
     """``recorded`` decided again by ``engine`` through the deciding stages; what changed, or ``None``."""
     run = await decide(engine, recorded.registry(), recorded.principal, recorded.request, limits=_REPLAY_LIMITS,
-                       time=recorded.time)
+                       time=recorded.time, history=recorded.history)
     then, now = _by_name(recorded.steps), _by_name(run.steps)
     stages = []
     for name in STEPS:

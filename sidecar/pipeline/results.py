@@ -1,4 +1,4 @@
-"""The result of a call: every ``ToolResult`` is built here, by the stage that ends the call (dispatch, stage 9,
+"""The result of a call: every ``ToolResult`` is built here, by the stage that ends the call (dispatch, stage 10,
 or any stage's refusal).
 
 Its ``meta`` says how it was produced (request id, tool and version, duration, attempts,

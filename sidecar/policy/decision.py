@@ -4,8 +4,9 @@ Three questions, three Rego packages, each answering with a decision document
 (not a bare boolean) at the rule ``decision`` (``docs/policies.md``):
 
 * ``data.toolbooth.availability.decision`` -> ``{"allow": bool, "reason"?, "internal_reason"?}``
-* ``data.toolbooth.authz.decision`` -> ``{"allow": bool, "code"?, "reason"?, "internal_reason"?}``
-  (``code``: ``PERMISSION_DENIED`` or ``RESOURCE_NOT_FOUND``, only on a deny)
+* ``data.toolbooth.authz.decision`` -> ``{"allow": bool, "code"?, "reason"?, "internal_reason"?,
+  "retry_after_seconds"?: int}`` (``code``, only on a deny: ``PERMISSION_DENIED``, ``RESOURCE_NOT_FOUND``,
+  ``POLICY_VIOLATION``, or ``RATE_LIMITED``, which alone may say when to try again: ``retry_after_seconds``)
 * ``data.toolbooth.approval.decision`` -> ``{"required": bool, "reason"?, "internal_reason"?,
   "approver_roles"?: [str], "preview_ttl_seconds"?: int}``
 
@@ -49,7 +50,9 @@ RULES = {**{stage: f"data.toolbooth.{stage.value}.decision" for stage in CALL_ST
          Stage.APPROVER: "data.toolbooth.approval.approver"}
 MAX_PREVIEW_TTL_SECONDS = 7 * 24 * 3600
 _FLAGS = {Stage.AVAILABILITY: "allow", Stage.AUTHZ: "allow", Stage.APPROVAL: "required", Stage.APPROVER: "allow"}
-_CODES = (ErrorCode.PERMISSION_DENIED.value, ErrorCode.RESOURCE_NOT_FOUND.value)
+_CODES = (ErrorCode.PERMISSION_DENIED.value, ErrorCode.RESOURCE_NOT_FOUND.value, ErrorCode.POLICY_VIOLATION.value,
+          ErrorCode.RATE_LIMITED.value)
+MAX_RETRY_AFTER_SECONDS = 366 * 24 * 3600
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +69,15 @@ class Decision:
     internal_reason: str = ""
     approver_roles: tuple[str, ...] = ()
     preview_ttl_seconds: int | None = None
+    retry_after_seconds: int | None = None
     cacheable: bool = True
 
     def document(self) -> dict[str, Any]:
         """The decision as JSON data for the audit log (defaults left out)."""
         fields = {"allow": self.allow, "required": self.required, "code": self.code, "reason": self.reason,
                   "internal_reason": self.internal_reason, "approver_roles": list(self.approver_roles),
-                  "preview_ttl_seconds": self.preview_ttl_seconds, "cacheable": not self.cacheable}
+                  "preview_ttl_seconds": self.preview_ttl_seconds, "retry_after_seconds": self.retry_after_seconds,
+                  "cacheable": not self.cacheable}
         document = {name: value for name, value in fields.items() if value}
         if not self.cacheable:
             document["cacheable"] = False
@@ -98,11 +103,16 @@ def parse_decision(stage: Stage, value: Any) -> Decision:
     ttl = _expect(rule, value, "preview_ttl_seconds", int, "a whole number of seconds")
     if ttl is not None and not 0 < ttl <= MAX_PREVIEW_TTL_SECONDS:
         raise MalformedDecisionError(f"{rule}.preview_ttl_seconds must be 1-{MAX_PREVIEW_TTL_SECONDS}, got {ttl}")
+    retry = _expect(rule, value, "retry_after_seconds", int, "a whole number of seconds")
+    if retry is not None and (code != ErrorCode.RATE_LIMITED.value or not 0 < retry <= MAX_RETRY_AFTER_SECONDS):
+        raise MalformedDecisionError(f"{rule}.retry_after_seconds must be 1-{MAX_RETRY_AFTER_SECONDS} and come with "
+                                     f"code RATE_LIMITED, got {retry} with code {code!r}")
     cacheable = _expect(rule, value, "cacheable", bool, "a boolean")
     return Decision(**{flag: value[flag]}, code=None if code is None else ErrorCode(code),
                     reason=_expect(rule, value, "reason", str, "a string") or "",
                     internal_reason=_expect(rule, value, "internal_reason", str, "a string") or "",
-                    approver_roles=tuple(roles), preview_ttl_seconds=ttl, cacheable=cacheable is not False)
+                    approver_roles=tuple(roles), preview_ttl_seconds=ttl, retry_after_seconds=retry,
+                    cacheable=cacheable is not False)
 
 
 def _expect(rule: str, document: dict[str, Any], key: str, kind: type, described: str, *,

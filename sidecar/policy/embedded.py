@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Any
 from sidecar.errors import PolicyEvaluationError
 from sidecar.policy._regorus import regorus
 from sidecar.policy.decision import RULES, Decision, Stage, parse_decision
-from sidecar.policy.files import PolicyFiles, check_files, checked_files, clean_regorus_error, read_audit_masks
+from sidecar.policy.files import (
+    PolicyFiles,
+    check_files,
+    checked_files,
+    clean_regorus_error,
+    read_audit_masks,
+    read_history_needs,
+)
+from sidecar.policy.history import HistoryNeeds
 from sidecar.policy.input import IDEMPOTENCY_KEY, PolicyInput
 
 if TYPE_CHECKING:
@@ -91,6 +99,10 @@ class EmbeddedEngine:
     async def audit_masks(self) -> dict[str, tuple[str, ...]]:
         """``data.toolbooth.audit.mask``, checked (a data key or a rule that does not read the input)."""
         return read_audit_masks(self._bound_engine())
+
+    async def history_needs(self) -> HistoryNeeds:
+        """``data.toolbooth.history``, checked, and whether the policies or their data mention labels or failures."""
+        return read_history_needs(self._bound_engine(), self._sources)
 
     async def aclose(self) -> None:
         """Drop the compiled engine here, on its thread: left to the garbage collector, it

@@ -2,8 +2,9 @@
 
 An engine names the policy revision in force (``revision``), says whether its policies may read
 ``input.call.idempotency_key`` (``reads_idempotency_key``, part of the decision cache's key), answers
-decisions (``decide``, ``decide_many``), reads ``data.toolbooth.audit.mask`` (``audit_masks``) and
-releases what it holds (``aclose``). Every engine implements all six, so callers call them directly.
+decisions (``decide``, ``decide_many``), reads ``data.toolbooth.audit.mask`` (``audit_masks``), says what of a
+call's history its policies read (``history_needs``: ``sidecar.policy.history``) and releases what it holds
+(``aclose``). Every engine implements all seven, so callers call them directly.
 The first two are facts of the policy set: they change only when another set is loaded
 (``sidecar.policy.reload``), so a caller may read them once per call.
 
@@ -23,6 +24,7 @@ from operator import attrgetter
 from typing import Protocol
 
 from sidecar.policy.decision import Decision, Stage
+from sidecar.policy.history import HistoryNeeds
 from sidecar.policy.input import PolicyInput
 
 __all__ = ["DelegatingEngine", "PolicyEngine"]
@@ -31,8 +33,8 @@ __all__ = ["DelegatingEngine", "PolicyEngine"]
 class PolicyEngine(Protocol):
     """Evaluates the decisions of one policy set. Implementations must fail closed by raising.
 
-    Its members, all six: ``revision``, ``reads_idempotency_key``, ``decide``, ``decide_many``,
-    ``audit_masks``, ``aclose``.
+    Its members, all seven: ``revision``, ``reads_idempotency_key``, ``decide``, ``decide_many``,
+    ``audit_masks``, ``history_needs``, ``aclose``.
     """
 
     @property
@@ -57,6 +59,11 @@ class PolicyEngine(Protocol):
     async def audit_masks(self) -> dict[str, tuple[str, ...]]:
         """The JSON pointers the policy masks in each tool's audited arguments
         (``data.toolbooth.audit.mask``, checked); raises like a decision."""
+        ...
+
+    async def history_needs(self) -> HistoryNeeds:
+        """What of a call's history the policies read: the meters ``data.toolbooth.history`` declares (checked),
+        and whether they read the conversation's labels or the call's failures; raises like a decision."""
         ...
 
     async def aclose(self) -> None:
@@ -90,6 +97,10 @@ class DelegatingEngine:
     async def audit_masks(self) -> dict[str, tuple[str, ...]]:
         """The wrapped engine's audit masks."""
         return await self.inner.audit_masks()
+
+    async def history_needs(self) -> HistoryNeeds:
+        """The wrapped engine's history needs."""
+        return await self.inner.history_needs()
 
     async def aclose(self) -> None:
         """Release the wrapped engine."""

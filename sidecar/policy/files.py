@@ -7,7 +7,7 @@ skipped (``policy_paths``): among them the versions a Kubernetes ConfigMap volum
 (``..data``, ``..<timestamp>``), whose current one the visible files link to.
 ``checked_files`` reads one and checks it with a throwaway regorus engine: every
 module compiles, no rule hides one of OPA's built-ins (``sidecar.policy.shadowing``),
-the three entry packages exist and ``data.toolbooth.audit.mask`` is well formed.
+the three entry packages exist, and ``data.toolbooth.audit.mask`` and ``data.toolbooth.history`` are well formed.
 Every engine serves a ``PolicyFiles`` and reports its ``revision``, a content hash
 (or the bundle's revision), so the embedded and the OPA engine name the same set alike.
 
@@ -27,10 +27,11 @@ from pathlib import Path
 from sidecar.errors import PolicyEvaluationError, PolicyLoadError
 from sidecar.policy._regorus import regorus
 from sidecar.policy.decision import AUDIT_MASK_RULE, CALL_STAGES, RULES, parse_audit_masks
+from sidecar.policy.history import HISTORY_RULE, HistoryNeeds, parse_history_needs
 from sidecar.policy.shadowing import shadowing
 
 __all__ = ["DATA_FILE", "TEST_SUFFIX", "PolicyFiles", "check_files", "checked_files", "clean_regorus_error",
-           "content_revision", "policy_paths", "read_audit_masks"]
+           "content_revision", "policy_paths", "read_audit_masks", "read_history_needs"]
 
 DATA_FILE = "data.json"
 TEST_SUFFIX = "_test.rego"  # policy tests: never loaded to serve, only by the test runner
@@ -118,17 +119,17 @@ def checked_files(path: Path) -> PolicyFiles:
 
 
 def check_files(files: PolicyFiles) -> PolicyFiles:
-    """Compile ``files`` once; check no rule hides a built-in, the three entrypoints' packages exist and
-    ``data.toolbooth.audit.mask``."""
+    """Compile ``files`` once; check no rule hides a built-in, the three entrypoints' packages exist,
+    ``data.toolbooth.audit.mask`` and ``data.toolbooth.history``."""
     engine = files.build()
     hiding = shadowing(json.loads(engine.get_ast_as_json()))
-    packages, mask_problem = set(engine.get_packages()), _mask_problem(engine)
+    packages, data_problem = set(engine.get_packages()), _data_problem(engine, files)
     del engine  # gone before any raise
     if hiding:
         raise PolicyLoadError(hiding)
     _check_packages(packages, files.root)
-    if mask_problem is not None:
-        raise PolicyLoadError(f"policy directory {files.root}: {mask_problem}")
+    if data_problem is not None:
+        raise PolicyLoadError(f"policy directory {files.root}: {data_problem}")
     return files
 
 
@@ -151,16 +152,27 @@ def content_revision(files: Iterable[tuple[str, bytes]]) -> str:
 
 def read_audit_masks(engine: regorus.Engine) -> dict[str, tuple[str, ...]]:
     """``data.toolbooth.audit.mask`` of a compiled engine, checked; ``PolicyEvaluationError`` when it fails."""
+    return parse_audit_masks(_value(engine, AUDIT_MASK_RULE))
+
+
+def read_history_needs(engine: regorus.Engine, files: PolicyFiles) -> HistoryNeeds:
+    """What of a call's history the compiled ``files`` read (``data.toolbooth.history``, checked, and the words
+    their modules and data mention); ``PolicyEvaluationError`` when it fails."""
+    return parse_history_needs(_value(engine, HISTORY_RULE), files.mentions)
+
+
+def _value(engine: regorus.Engine, rule: str) -> object:
+    """The value of a rule that does not read the input (``None``: undefined)."""
     answer, problem = None, None
     try:
-        answer = engine.eval_query(AUDIT_MASK_RULE)
+        answer = engine.eval_query(rule)
     except Exception as exc:  # noqa: BLE001 - regorus raises plain RuntimeError
         problem = clean_regorus_error(exc)
     del engine  # no traceback from here on may keep it alive: a regorus engine must be dropped by its thread
     if problem is not None or not isinstance(answer, dict):
-        raise PolicyEvaluationError(f"{AUDIT_MASK_RULE}: {problem or 'no answer'}")
+        raise PolicyEvaluationError(f"{rule}: {problem or 'no answer'}")
     results = answer.get("result") or []
-    return parse_audit_masks(results[0]["expressions"][0]["value"] if results else None)
+    return results[0]["expressions"][0]["value"] if results else None
 
 
 def _is_test(file: Path) -> bool:
@@ -183,9 +195,10 @@ def _load_step(where: Path, step: Callable[..., object], *args: str) -> str | No
     return None
 
 
-def _mask_problem(engine: regorus.Engine) -> str | None:
+def _data_problem(engine: regorus.Engine, files: PolicyFiles) -> str | None:
     try:
         read_audit_masks(engine)
+        read_history_needs(engine, files)
     except PolicyEvaluationError as exc:
         return str(exc)
     return None

@@ -22,7 +22,7 @@ from sidecar.canonical import sorted_json
 from sidecar.contract import CallRequest, Principal, SideEffect
 from sidecar.policy.decision import Stage
 
-__all__ = ["IDEMPOTENCY_KEY", "CallInput", "InputBatch", "InputParts", "PolicyInput", "ToolFacts", "now_utc",
+__all__ = ["IDEMPOTENCY_KEY", "CallInput", "InputBatch", "InputParts", "PolicyInput", "ToolFacts", "dumps", "now_utc",
            "principal_json", "tool_json"]
 
 IDEMPOTENCY_KEY = "idempotency_key"  # ``input.call``'s field the decision cache leaves out where no policy reads it
@@ -63,7 +63,7 @@ class PolicyInput:
     @classmethod
     def of(cls, document: Mapping[str, Any]) -> PolicyInput:
         """Serialize a document (tests and tools build inputs this way)."""
-        return cls(_dumps(document))
+        return cls(dumps(document))
 
     @property
     def json(self) -> str:
@@ -106,26 +106,32 @@ class InputParts:
     time: str
     conversation_id: str | None
 
-    def build(self, stage: Stage, call: CallInput | None = None) -> PolicyInput:
-        """The input for ``stage``; ``call`` once arguments are validated."""
-        key = (self.principal, self.tool, self.conversation_id or "", "" if call is None else call.arguments)
-        return PolicyInput(functools.partial(self._compose, stage, call), key,
+    def build(self, stage: Stage, call: CallInput | None = None, history: str | None = None) -> PolicyInput:
+        """The input for ``stage``; ``call`` once arguments are validated; ``history``: the members ``history`` and
+        ``conversation`` as JSON text (``sidecar.pipeline.history.Seen.json``), where the policies read them."""
+        key: tuple[str, ...] = (self.principal, self.tool, self.conversation_id or "",
+                                "" if call is None else call.arguments)
+        if history is not None:
+            key = (*key, history)
+        return PolicyInput(functools.partial(self._compose, stage, call, history), key,
                            None if call is None else call.idempotency_key)
 
-    def _compose(self, stage: Stage, call: CallInput | None) -> str:
+    def _compose(self, stage: Stage, call: CallInput | None, history: str | None) -> str:
         context = f'{{"stage":"{stage.value}","time":"{self.time}","conversation_id":{_text(self.conversation_id)}}}'
         tail = "" if call is None else f',"call":{call.json()}'
+        if history is not None:
+            tail = f"{tail},{history}"
         return f'{{"principal":{self.principal},"tool":{self.tool},"context":{context}{tail}}}'
 
     def recorded(self) -> str:
         """The parts but the conversation id, as one JSON object: what the audit log keeps of them."""
-        return f'{{"principal":{self.principal},"tool":{self.tool},"time":{_dumps(self.time)}}}'
+        return f'{{"principal":{self.principal},"tool":{self.tool},"time":{dumps(self.time)}}}'
 
     @classmethod
     def from_recorded(cls, recorded: str, conversation_id: str | None) -> InputParts:
         """The parts again, from ``recorded()`` and the call's conversation id."""
         document = json.loads(recorded)
-        return cls(_dumps(document["principal"]), _dumps(document["tool"]), document["time"], conversation_id)
+        return cls(dumps(document["principal"]), dumps(document["tool"]), document["time"], conversation_id)
 
 
 class InputBatch(Sequence[PolicyInput]):
@@ -158,12 +164,12 @@ class InputBatch(Sequence[PolicyInput]):
 @functools.lru_cache(maxsize=1024)
 def principal_json(principal: Principal) -> str:
     """``input.principal`` (principals are frozen: the text of recent ones is kept)."""
-    return _dumps(principal.model_dump(mode="json"))
+    return dumps(principal.model_dump(mode="json"))
 
 
 def tool_json(defn: ToolFacts) -> str:
     """``input.tool``."""
-    return _dumps({
+    return dumps({
         "name": defn.name,
         "version": defn.version,
         "side_effect": defn.side_effect.value,
@@ -186,8 +192,9 @@ def now_utc() -> str:
 
 def _text(value: str | None) -> str:
     """An optional string as JSON (most are absent)."""
-    return "null" if value is None else _dumps(value)
+    return "null" if value is None else dumps(value)
 
 
-def _dumps(value: Any) -> str:
+def dumps(value: Any) -> str:
+    """``value`` as compact JSON text, as every input document is written."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

@@ -31,7 +31,7 @@ import asyncio
 import json
 import logging
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,6 +45,7 @@ from sidecar.config import OpaSettings, OpaTlsSettings
 from sidecar.errors import PolicyEvaluationError, PolicyLoadError
 from sidecar.policy.decision import AUDIT_MASK_RULE, RULES, Decision, Stage, parse_audit_masks, parse_decision
 from sidecar.policy.files import DATA_FILE, PolicyFiles
+from sidecar.policy.history import HISTORY_RULE, HistoryNeeds, parse_history_needs
 from sidecar.policy.input import IDEMPOTENCY_KEY, PolicyInput
 
 __all__ = ["MAX_ANSWER_BYTES", "MAX_ANSWER_DEPTH", "POLICY_ID_PREFIX", "START_TIMEOUT_SECONDS", "OpaEngine",
@@ -85,9 +86,10 @@ class OpaEngine:
     """``PolicyEngine`` asking an OPA server for ``data.toolbooth.<stage>.decision``."""
 
     def __init__(self, transport: OpaTransport, *, url: str, timeout_seconds: float, revision: str,
-                 reads_idempotency_key: bool = True) -> None:
+                 reads_idempotency_key: bool = True, mentions: Callable[[str], bool] | None = None) -> None:
         self._transport, self._url, self._timeout, self._revision = transport, url, timeout_seconds, revision
         self._reads_key = reads_idempotency_key
+        self._mentions = mentions or _mentioned
 
     @classmethod
     async def open(cls, settings: OpaSettings, files: PolicyFiles | None) -> OpaEngine:
@@ -100,7 +102,8 @@ class OpaEngine:
             await client.close_connection()
             raise
         return cls(client, url=settings.url, timeout_seconds=settings.timeout_seconds, revision=revision,
-                   reads_idempotency_key=files is None or files.mentions(IDEMPOTENCY_KEY))
+                   reads_idempotency_key=files is None or files.mentions(IDEMPOTENCY_KEY),
+                   mentions=None if files is None else files.mentions)
 
     @property
     def revision(self) -> str:
@@ -120,6 +123,11 @@ class OpaEngine:
     async def audit_masks(self) -> dict[str, tuple[str, ...]]:
         """``data.toolbooth.audit.mask`` as OPA serves it, checked."""
         return parse_audit_masks(await self._ask(AUDIT_MASK_RULE, "{}"))
+
+    async def history_needs(self) -> HistoryNeeds:
+        """``data.toolbooth.history`` as OPA serves it, checked; labels and failures are read where the uploaded
+        policies mention them, and always for policies OPA manages itself (what they read is not known here)."""
+        return parse_history_needs(await self._ask(HISTORY_RULE, "{}"), self._mentions)
 
     async def _ask(self, rule: str, input_json: str) -> Any:
         """The value of ``rule`` for ``input_json``, within the timeout."""
@@ -144,6 +152,11 @@ class OpaEngine:
     async def aclose(self) -> None:
         """Close the HTTP session."""
         await self._transport.close_connection()
+
+
+def _mentioned(word: str) -> bool:
+    """What policies OPA manages itself may mention: anything."""
+    return True
 
 
 def _result(where: str, status: int, body: bytes) -> Any:

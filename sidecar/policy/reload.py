@@ -31,6 +31,7 @@ from sidecar.errors import PolicyLoadError
 from sidecar.metrics import Metrics
 from sidecar.policy.decision import Decision, Stage
 from sidecar.policy.engine import DelegatingEngine, PolicyEngine
+from sidecar.policy.history import HistoryNeeds
 from sidecar.policy.input import PolicyInput
 
 __all__ = ["Loaded", "Pin", "PolicySource", "ReloadingEngine", "new_pin"]
@@ -180,6 +181,10 @@ class ReloadingEngine(DelegatingEngine):
     async def audit_masks(self) -> dict[str, tuple[str, ...]]:
         """The audit masks of ``loaded``."""
         return await self.loaded.engine.audit_masks()
+
+    async def history_needs(self) -> HistoryNeeds:
+        """The history needs of ``loaded``."""
+        return await self.loaded.engine.history_needs()
 
     async def aclose(self) -> None:
         """Release the set in force and the one kept open before it."""

@@ -11,7 +11,8 @@ field is checked there, by the same rules (``sidecar.pipeline.fields``), and a r
 
 Two channels, as over gRPC: a call that ran, was denied, held for approval or refused for its arguments or fields
 is ``200`` with the ``ToolResult`` as JSON (what ``toolbooth call --output json`` prints; ``status`` and ``error.code``
-say what happened). A request the endpoint cannot take is a typed error,
+say what happened; a ``RATE_LIMITED`` one that says when to try again also carries a ``Retry-After`` header). A
+request the endpoint cannot take is a typed error,
 ``{"error": {"code", "message", "retryable"[, "field"]}}`` (``retryable``: whether sending it again may help):
 
 ======  ==========================  ===========================================================
@@ -186,7 +187,9 @@ class _Calls:
             return Refused(400, "INVALID_REQUEST", "the request did not arrive").response()  # read by no one
         except Exception as exc:  # noqa: BLE001 - every failure is answered; a bug is logged with its traceback
             return (_stopped() if scope.expired() else _refused(exc, request)).response()
-        return JSONResponse(result.model_dump(mode="json"))
+        retry = None if result.error is None else result.error.retry_after_seconds
+        headers = None if retry is None else {"Retry-After": str(retry)}
+        return JSONResponse(result.model_dump(mode="json"), headers=headers)
 
     def cut(self) -> None:
         """End the calls still running (each is answered ``503``), and any call that would start."""

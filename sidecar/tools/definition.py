@@ -122,6 +122,19 @@ class ToolContext:
     approved_preview: dict[str, Any] | None = None  # the rendering an approver approved; None without approval
     conversation_id: str | None = None  # the call's conversation (``ExecuteRequest.conversation_id``), if any
     settings: BaseModel | None = None  # the plugin's validated settings (``Plugin(settings=...)``); None without
+    declared_labels: frozenset[str] = frozenset()  # the labels the tool declares (``tool(labels=...)``)
+    labels: set[str] = field(default_factory=set, repr=False, compare=False)  # those this result carries
+
+    def add_label(self, label: str) -> None:
+        """Mark this call's result with ``label`` (one the tool declares): the sidecar records it in the
+        conversation's history, where policies read it (``input.conversation.labels``), e.g. ``restricted`` for a
+        restricted document, ``untrusted`` for content fetched from outside. ``ValueError`` for an undeclared one:
+        a misspelt label would silently escape the policies that look for it."""
+        if label not in self.declared_labels:
+            declared = ", ".join(sorted(self.declared_labels)) or "none"
+            raise ValueError(f"label {label!r} is not one the tool declares (tool(labels=...); this context holds "
+                             f"{declared}: a ToolContext built by hand takes them as declared_labels=...)")
+        self.labels.add(label)
 
     def plugin_settings(self, model: type[S]) -> S:
         """``settings``, typed as the model the plugin declared; ``TypeError`` if they are not one (a test
@@ -173,6 +186,7 @@ class ToolDefinition(Generic[In, Out]):
     title: str = ""
     preview: Renderer | None = None  # renders the call for its approver (``sidecar.tools.preview``)
     settings: BaseModel | None = None  # its plugin's validated settings, bound at load (``sidecar.tools.plugins``)
+    labels: frozenset[str] = frozenset()  # the labels its results may carry (``ToolContext.add_label``)
 
     @property
     def requires_idempotency_key(self) -> bool:
@@ -196,11 +210,13 @@ def tool(
     retry: RetryPolicy | None = None,
     title: str = "",
     preview: Renderer | None = None,
+    labels: Collection[str] = (),
 ) -> Callable[[Handler], ToolDefinition[Any, Any]]:
     """Turn a typed handler into a validated ``ToolDefinition``; ``title`` is a display name for people
     (e.g. in an MCP client), at most 128 characters on one line; without it clients show ``name``;
     ``preview``: the renderer of its calls for their approvers, ``(args, ctx) -> dict | BaseModel``, sync
-    or async."""
+    or async; ``labels``: those its results may carry, each added per result by its handler
+    (``ctx.add_label``), names as tools have."""
 
     def decorate(handler: Handler) -> ToolDefinition[Any, Any]:
         plugin = getattr(handler, "__module__", "?")
@@ -215,6 +231,9 @@ def tool(
                    f"must be a string of at most {_MAX_TITLE} printable characters on one line")
         check.that(isinstance(permissions, tuple | list) and all(isinstance(p, str) and p for p in permissions),
                    "permissions", "must be a tuple of non-empty strings")
+        check.that(not isinstance(labels, str) and all(isinstance(label, str) and bool(NAME_PATTERN.match(label))
+                                                       for label in labels),
+                   "labels", "must be a collection of 1-64 chars of lowercase letters, digits and inner '_' or '-'")
         policy = retry or RetryPolicy()
         check.retry(policy, effect, timeout)
         input_model, output_model = check.signature(handler)
@@ -228,6 +247,7 @@ def tool(
             input_model=input_model, output_model=output_model, side_effect=effect,
             permissions=tuple(permissions), timeout=float(timeout), retry=policy, plugin=plugin,
             is_async=inspect.iscoroutinefunction(handler), title=title.strip(), preview=preview,
+            labels=frozenset(labels),
         )
 
     return decorate

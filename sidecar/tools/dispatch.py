@@ -1,4 +1,4 @@
-"""Stage 9 (dispatch, ``sidecar.pipeline.order``): run a handler within its deadline, retrying only where that is safe.
+"""Stage 10 (dispatch, ``sidecar.pipeline.order``): run a handler within its deadline, retrying only where that is safe.
 
 Async handlers are awaited and cancelled at the deadline. Sync handlers run in a
 bounded thread pool; at the deadline the caller gets ``TIMEOUT`` at once, but the

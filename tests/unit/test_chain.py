@@ -21,6 +21,7 @@ from sidecar.pipeline.stages.audit import AuditStage
 from sidecar.pipeline.stages.authorize import AuthorizeStage
 from sidecar.pipeline.stages.consume_approval import ConsumeApprovalStage
 from sidecar.pipeline.stages.dispatch import DispatchStage
+from sidecar.pipeline.stages.history import HistoryStage
 from sidecar.pipeline.stages.idempotency import IdempotencyStage
 from sidecar.pipeline.stages.request import RequestStage
 from sidecar.pipeline.stages.resolve import ResolveStage
@@ -107,9 +108,10 @@ async def test_a_real_call_meets_the_stages_in_the_designed_order(tmp_path: Path
     pipeline = assemble(registry=Registry.from_tools(tools.ALL), policy=engine, store=store, limits=Limits())
     try:
         assert [type(stage) for stage in pipeline.chain.stages] == [
-            AuditStage, RequestStage, ResolveStage, ValidateStage, AuthorizeStage, ApprovalStage, IdempotencyStage,
-            ConsumeApprovalStage, DispatchStage]
+            AuditStage, RequestStage, ResolveStage, ValidateStage, HistoryStage, AuthorizeStage, ApprovalStage,
+            IdempotencyStage, ConsumeApprovalStage, DispatchStage]
         deciding = DecidingStages.build(Registry.from_tools(tools.ALL), Decider(engine), Limits())
-        assert [type(stage) for stage in deciding] == [ResolveStage, ValidateStage, AuthorizeStage, ApprovalStage]
+        assert [type(stage) for stage in deciding] == [ResolveStage, ValidateStage, HistoryStage, AuthorizeStage,
+                                                       ApprovalStage]
     finally:
         await pipeline.aclose()

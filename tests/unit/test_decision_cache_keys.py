@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from sidecar.policy.cache import CachingEngine
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
 from tests.conftest import DEVELOPER, PipelineFactory
+from tests.support.history import with_meters
 
 KEY_READING_AUTHZ = """package toolbooth.authz
 
@@ -48,7 +48,7 @@ async def note(pipeline: Pipeline, key: str) -> ToolResult:
 
 
 def key_reading_policies(tmp_path: Path) -> Path:
-    root = Path(shutil.copytree(bundled_policy_dir(), tmp_path / "policies"))
+    root = with_meters(tmp_path / "policies")  # unmetered: a metered write's counts change with every call
     (root / "authz.rego").write_text(KEY_READING_AUTHZ)
     (root / "authz_test.rego").unlink()  # tests of the bundled rules: not loaded, and no longer true
     return root
@@ -59,8 +59,9 @@ def test_the_bundled_policies_do_not_read_the_key(tmp_path: Path) -> None:
     assert EmbeddedEngine.load(key_reading_policies(tmp_path)).reads_idempotency_key
 
 
-async def test_calls_differing_only_in_their_key_share_cached_decisions(make_pipeline: PipelineFactory) -> None:
-    recording = RecordingEngine(EmbeddedEngine.load(bundled_policy_dir()))
+async def test_calls_differing_only_in_their_key_share_cached_decisions(make_pipeline: PipelineFactory,
+                                                                        tmp_path: Path) -> None:
+    recording = RecordingEngine(EmbeddedEngine.load(with_meters(tmp_path / "unmetered")))
     pipeline = await make_pipeline(policy=cached(recording))
     for key in ("k-1", "k-2", "k-3"):
         assert (await note(pipeline, key)).status is Status.SUCCESS

@@ -27,6 +27,7 @@ from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools
+from tests.support.history import with_meters
 from tests.support.waiting import until
 
 
@@ -219,8 +220,9 @@ async def test_replay_and_reuse(make_pipeline: PipelineFactory) -> None:
     assert someone_else.status is Status.SUCCESS and not someone_else.meta.idempotency_replayed
 
 
-async def test_concurrent_duplicates_execute_once(make_pipeline: PipelineFactory) -> None:
-    pipeline = await make_pipeline()
+async def test_concurrent_duplicates_execute_once(make_pipeline: PipelineFactory, tmp_path: Path) -> None:
+    # without the default limit of writes per minute, which 32 requests at once would pass
+    pipeline = await make_pipeline(policy=EmbeddedEngine.load(with_meters(tmp_path / "unmetered")))
     before = tools.CREATED.value
     results = await asyncio.gather(*(call(pipeline, "create_note", {"text": "dup"}, idempotency_key="same")
                                      for _ in range(32)))
@@ -338,7 +340,7 @@ async def test_every_call_is_audited_with_decisions(make_pipeline: PipelineFacto
     event = events[ok.meta.request_id]
     assert (event.principal_id, event.tool, event.status, event.call_id) == ("dev-1", "echo", "success", "m-1")
     assert "secret words" not in event.input_hash and event.input_hash.startswith("sha256:")
-    assert set(json.loads(event.decisions_json)) == {"availability", "authz", "approval"}
+    assert set(json.loads(event.decisions_json)) == {"availability", "history", "authz", "approval"}
     assert event.policy_revision == pipeline.policy.revision
     assert events[denied.meta.request_id].error_code == "PERMISSION_DENIED"
 

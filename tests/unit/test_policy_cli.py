@@ -249,9 +249,12 @@ def test_eval_text_shows_each_step_and_the_outcome(capsys: pytest.CaptureFixture
     assert lines[0] == ("tool:       delete_records 1.0.0 (tests.support.tools), side effect none, "
                         "requires records:delete")
     assert lines[1] == "principal:  u1, tenant acme, roles developer, permissions -"
-    assert [line.split()[0] for line in lines[5:8]] == ["availability", "validation", "arguments:"]
-    assert lines[8].split() == ["authz", "DENY", "PERMISSION_DENIED", "missing", "permission(s):", "records:delete"]
-    assert lines[9:] == ["not reached: approval", "outcome: denied by the authz policy (dry run: nothing was executed)"]
+    assert lines[5] == ('history:    {"history": {"meters": {}, "failures": []}, '
+                        '"conversation": {"id": null, "labels": []}}')  # the default policies read the history
+    assert [line.split()[0] for line in lines[7:10]] == ["availability", "validation", "arguments:"]
+    assert lines[10].split() == ["authz", "DENY", "PERMISSION_DENIED", "missing", "permission(s):", "records:delete"]
+    assert lines[11:] == ["not reached: approval",
+                          "outcome: denied by the authz policy (dry run: nothing was executed)"]
 
 
 def test_eval_stops_at_availability(capsys: pytest.CaptureFixture[str], developer: Path) -> None:

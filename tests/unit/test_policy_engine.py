@@ -13,7 +13,8 @@ from sidecar.policy.input import PolicyInput
 from sidecar.policy.opa import OpaEngine
 from sidecar.policy.reload import ReloadingEngine
 
-MEMBERS = {"revision", "reads_idempotency_key", "decide", "decide_many", "audit_masks", "aclose"}
+MEMBERS = {"revision", "reads_idempotency_key", "decide", "decide_many", "audit_masks", "history_needs",
+           "aclose"}
 
 
 class Inner:

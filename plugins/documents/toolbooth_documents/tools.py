@@ -1,12 +1,13 @@
 """The two tools, over any ``Index``: ``build_tools(index)`` defines them (the plugin's over the one its settings
 name).
 
-Access: a caller sees only documents of its own tenant (``ctx.principal.tenant``). Another tenant's
-document, a deleted one and one that never existed are the same ``RESOURCE_NOT_FOUND``, so an id
-reveals nothing. A restricted document is found by its title only, without a snippet; reading it
-needs the permission ``documents:read_restricted`` held by the caller itself (``principal.permissions``),
-else ``PERMISSION_DENIED``. A transient failure of the index is ``SERVICE_UNAVAILABLE``, which the sidecar
-tries once more (``RETRY``).
+Access: a caller sees only documents of its own tenant (``ctx.principal.tenant``). Another tenant's document, a
+deleted one and one that never existed are the same ``RESOURCE_NOT_FOUND``, so an id reveals nothing. A restricted
+document is found by its title only, without a snippet; reading it needs the permission
+``documents:read_restricted`` held by the caller itself (``principal.permissions``), else ``PERMISSION_DENIED``;
+what it reads is labelled ``restricted`` (``RESTRICTED``), which the sidecar records in the conversation's history,
+where policies see it (the default ones keep it from being emailed outside). A transient failure of the index is
+``SERVICE_UNAVAILABLE``, which the sidecar tries once more (``RETRY``).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from toolbooth_documents.models import (
 from toolbooth_documents.records import After, IndexUnavailable, Passage, UnknownProject, rfc3339
 from toolbooth_documents.terms import query_words
 
-__all__ = ["READ_RESTRICTED", "RETRY", "build_tools", "read", "search"]
+__all__ = ["READ_RESTRICTED", "RESTRICTED", "RETRY", "build_tools", "read", "search"]
 
 READ_RESTRICTED = "documents:read_restricted"
+RESTRICTED = "restricted"  # the label of a restricted document's content
 RETRY = RetryPolicy(max_attempts=2, initial_backoff=0.05, max_backoff=0.2)
 """Once more after a transient failure (``SERVICE_UNAVAILABLE``), while the deadline allows."""
 
@@ -54,7 +56,7 @@ def build_tools(index: Callable[[ToolContext], Index]) -> list[ToolDefinition[An
         return await search(index(ctx), args, ctx)
 
     @tool(name="read_document", version="1.0.0", side_effect=SideEffect.NONE, permissions=("documents:read",),
-          timeout=2.0, retry=RETRY, description=READ_DESCRIPTION)
+          timeout=2.0, retry=RETRY, description=READ_DESCRIPTION, labels=(RESTRICTED,))
     async def read_document(args: ReadDocumentInput, ctx: ToolContext) -> ReadDocumentOutput:
         return await read(index(ctx), args, ctx)
 
@@ -97,6 +99,8 @@ async def read(index: Index, args: ReadDocumentInput, ctx: ToolContext) -> ReadD
         if args.cursor is not None and version != passage.version:
             raise CursorError(f"document {args.document_id} has changed since this cursor was returned: "
                               "read it again from the start, without a cursor")
+        if passage.restricted:
+            ctx.add_label(RESTRICTED)
     content = _content(passage)
     end = offset + len(content)
     truncated = end < passage.length

@@ -1,4 +1,4 @@
-"""Stage 6, approval: run only approved calls (``docs/approvals.md``).
+"""Stage 7, approval: run only approved calls (``docs/approvals.md``).
 
 The approval policy decides whether the call needs a person's approval. With ``approval_id`` the
 approval is checked (``Approvals.check``: the exact approved call, in its conversation, approved and
@@ -13,7 +13,7 @@ with its error and stores nothing. An approved call carries the approved renderi
 (``call.approved``, ``ctx.approved_preview``).
 
 The approval is consumed later, by the consume-approval stage (8, ``sidecar.pipeline.stages.consume_approval``),
-which runs after the idempotency stage (7) has claimed the call's key: a call whose key is in progress, reused
+which runs after the idempotency stage (8) has claimed the call's key: a call whose key is in progress, reused
 or replayed spends no approval. A call that certainly had no effect gives its approval back.
 
 Built without ``Approvals`` (``toolbooth policy eval``), the stage opens no preview: a call that

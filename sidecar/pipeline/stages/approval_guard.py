@@ -1,4 +1,4 @@
-"""What the approval stage (6) and the consume-approval stage (8) share: the key that guards an approved call
+"""What the approval stage (7) and the consume-approval stage (9) share: the key that guards an approved call
 and the refusal of an approval that may not be used."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Stage 8, consume approval: the approval stage (6) only checked the call's approval (``call.approved``); it is
+"""Stage 9, consume approval: the approval stage (7) only checked the call's approval (``call.approved``); it is
 spent here.
 
-It runs right before dispatch, after the idempotency stage (7) claimed the call's key: a call whose key is in
+It runs right before dispatch, after the idempotency stage (8) claimed the call's key: a call whose key is in
 progress, reused for another request or replayed never gets here, so it spends no approval. The approval is
 used once, atomically (of concurrent calls with other keys one runs: ``Approvals.consume``), and given back if
 the call certainly had no effect (``had_no_effect``: its handler never started, or said nothing happened).

@@ -1,4 +1,4 @@
-"""Stage 7, idempotency: a call of a tool with side effects runs at most once per key.
+"""Stage 8, idempotency: a call of a tool with side effects runs at most once per key.
 
 Such a call must carry an ``idempotency_key``. Claiming it finds one of: nothing (this call owns
 the key and runs), the same request finished (its stored result is replayed), still running

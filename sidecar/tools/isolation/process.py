@@ -119,7 +119,7 @@ class Worker:
         ``WorkerLost``."""
         request = Request(tool, args, ctx.principal, ctx.request_id, ctx.time_remaining(), ctx.idempotency_key,
                           ctx.attempt, ctx.logger.logger.name, dict(ctx.logger.extra or {}), ctx.approved_preview,
-                          ctx.conversation_id, ctx.settings)
+                          ctx.conversation_id, ctx.settings, ctx.declared_labels)
         frame = encode(request)  # one that does not pickle fails here, before the worker sees anything
         try:
             reply = await self._ask(frame)
@@ -127,6 +127,7 @@ class Worker:
             self.spoiled = True  # the handler may still run: never ask this worker again
             raise
         if isinstance(reply, Returned):
+            ctx.labels.update(reply.labels)
             return reply.value
         if isinstance(reply, Refused):
             raise ToolError(reply.code, reply.message, field=reply.field, retryable=reply.retryable,

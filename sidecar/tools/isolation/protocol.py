@@ -69,11 +69,13 @@ class Request:
     approved_preview: Mapping[str, Any] | None = None
     conversation_id: str | None = None
     settings: BaseModel | None = None  # the plugin's settings, as the handler's context holds them
+    declared_labels: frozenset[str] = frozenset()  # the labels the tool declares
 
 
 @dataclass(frozen=True)
 class Returned:
     value: Any
+    labels: frozenset[str] = frozenset()  # those the handler added to its result (``ToolContext.add_label``)
 
 
 @dataclass(frozen=True)

@@ -75,9 +75,11 @@ def _run(handler: Handler, request: Request) -> Returned | Refused | Raised:
                       deadline=time.monotonic() + request.remaining, idempotency_key=request.idempotency_key,
                       attempt=request.attempt, logger=logger,
                       approved_preview=None if request.approved_preview is None else dict(request.approved_preview),
-                      conversation_id=request.conversation_id, settings=request.settings)
+                      conversation_id=request.conversation_id, settings=request.settings,
+                      declared_labels=request.declared_labels)
     try:
-        return Returned(handler(request.args, ctx))
+        value = handler(request.args, ctx)
+        return Returned(value, frozenset(ctx.labels))
     except ToolError as exc:
         return Refused(exc.code.value, exc.message, exc.field, exc.retryable, exc.safe_details)
     except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: the worker serves on

@@ -1,0 +1,166 @@
+"""``StoreHistory``: a call's history counted in the store (``sidecar.state.HistoryLog``), shared by every sidecar
+that shares it.
+
+**Meters.** For each meter that applies to the call, its place is reserved in the same transaction that counts the
+meter (under a lock of the meter's key: ``HistoryLog.reserve``), so calls being decided are counted, not only
+finished ones: of any number of concurrent callers, in any number of sidecars sharing the database, each sees the
+ones before it, and a limit of N lets N through. A call that does not run (refused, held for approval, replayed,
+or whose handler never started) gives its places back once it ended, so it does not consume the limit; one whose
+caller went away before it ran gives them back soon after. A place whose call ended with its sidecar stays
+counted until it leaves its window (never more calls than the limit, sometimes fewer).
+
+**The conversation** (its labels, the call's earlier failures) is read in one query, over
+``store.history_retention_hours``, after which events are deleted (in the background, ``Expiry``). Once a call ran,
+the labels its result carries that the conversation did not already have, and its failure (same tool, same
+arguments), are written before its caller gets the result; a read whose labels cannot be written is answered
+``SERVICE_UNAVAILABLE`` instead (what the policies would not know of is not given), a write's result is given and
+the failure logged. Only what the policy set reads is recorded.
+
+A store that cannot answer refuses the call (``SERVICE_UNAVAILABLE``, nothing executed), as a policy that cannot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from sidecar.contract import ErrorCode, ErrorInfo, SideEffect, Status, ToolResult
+from sidecar.errors import CallRefused, StoreUnavailableError, refusal
+from sidecar.pipeline import results
+from sidecar.pipeline.call import Call
+from sidecar.pipeline.history import Reservation, Seen, amount_of, label_entries, meter_entry
+from sidecar.policy.history import HistoryNeeds, Meter, MeterKey
+from sidecar.state import EventKind, Expiry, HistoryEvent, HistoryLog, Store, history_scope
+
+__all__ = ["MAX_CONVERSATION_EVENTS", "StoreHistory"]
+
+MAX_CONVERSATION_EVENTS = 1000  # a conversation's newest labels and failures its decisions see, at most
+
+log = logging.getLogger("toolbooth.pipeline")
+
+
+class StoreHistory:
+    """The ``HistorySource`` of a sidecar: its store's history log."""
+
+    def __init__(self, store: Store, *, retention_seconds: float, clock: Callable[[], float] = time.time) -> None:
+        self._store, self._retention, self._clock = store, retention_seconds, clock
+        self._expiry = Expiry(lambda before: store.history.expire(before), retention_seconds, what="history event",
+                              aged="recorded")
+        self._releasing: set[asyncio.Task[None]] = set()
+
+    @property
+    def _log(self) -> HistoryLog:
+        return self._store.history
+
+    async def seen(self, call: Call, needs: HistoryNeeds) -> Seen:
+        """Count the meters that apply to ``call`` (reserving its places) and read its conversation."""
+        now = self._clock()
+        self._expiry.poke()
+        reserved: list[Reservation] = []
+        meters: dict[str, object] = {}
+        try:
+            for meter in needs.meters:
+                if meter.applies(call.defn.name, call.defn.side_effect):
+                    meters[meter.name] = await self._reserve(call, meter, now, reserved)
+            events = [] if not needs.conversation else await self._log.conversation(
+                _conversation(call), since=now - self._retention, call_hash=call.request_hash,
+                limit=MAX_CONVERSATION_EVENTS)
+        except StoreUnavailableError as exc:
+            self._release_soon(call, reserved)
+            log.error("call history unavailable for request %s: %s", call.request_id, exc)
+            raise CallRefused(refusal(exc, consequence="nothing was executed", part="the call history")) from None
+        except BaseException:
+            self._release_soon(call, reserved)
+            raise
+        labels = label_entries((event.name, event.tool, _time(event.at)) for event in events
+                               if event.kind is EventKind.LABEL) if needs.labels else []
+        failures = [{"code": event.detail, "time": _time(event.at)} for event in events
+                    if event.kind is EventKind.FAILURE] if needs.failures else []
+        return Seen.of(meters, failures, call.request.conversation_id, labels, tuple(reserved))
+
+    async def _reserve(self, call: Call, meter: Meter, now: float, reserved: list[Reservation]) -> dict[str, object]:
+        if meter.window_seconds > self._retention:
+            raise CallRefused(ErrorInfo.of(ErrorCode.INTERNAL_ERROR, f"meter {meter.name!r} of the policy looks back "
+                                           f"{meter.window_seconds} s, longer than the call history is kept "
+                                           f"({self._retention:g} s: store.history_retention_hours)"))
+        amount = amount_of(meter, call)
+        scope = history_scope("meter", meter.name, *_keys(meter, call))
+        counted = await self._log.reserve(scope, now=now, since=now - meter.window_seconds, amount=amount,
+                                          tool=call.defn.name, request_id=call.request_id)
+        reserved.append(Reservation(scope, now))
+        return meter_entry(meter, counted, amount, now)
+
+    async def settle(self, call: Call, needs: HistoryNeeds, seen: Seen, result: ToolResult) -> ToolResult:
+        """Give the places of a call that did not run back; record what one that ran adds to its conversation."""
+        if call.attempts == 0:
+            await self._release(call, seen.reservations)
+            return result
+        events = self._events(call, needs, seen, result)
+        if not events:
+            return result
+        try:
+            await self._log.record(_conversation(call), events, request_id=call.request_id)
+        except StoreUnavailableError as exc:
+            labelled = any(event.kind is EventKind.LABEL for event in events)
+            log.error("the history of request %s could not be recorded: %s", call.request_id, exc)
+            if labelled and call.defn.side_effect is SideEffect.NONE:
+                return results.error(call, ErrorInfo.of(ErrorCode.SERVICE_UNAVAILABLE, "the call history is "
+                                                        "unavailable; the result is not given, as its labels could "
+                                                        "not be recorded"))
+        return result
+
+    def _events(self, call: Call, needs: HistoryNeeds, seen: Seen, result: ToolResult) -> list[HistoryEvent]:
+        now, tool = self._clock(), call.defn.name
+        events: list[HistoryEvent] = []
+        if needs.labels and call.dispatched is not None:
+            known = {(entry["label"], entry["tool"]) for entry in seen.labels}
+            events.extend(HistoryEvent(EventKind.LABEL, label, tool, "", now)
+                          for label in sorted(call.dispatched.labels) if (label, tool) not in known)
+        if needs.failures and result.status is Status.ERROR and result.error is not None:
+            events.append(HistoryEvent(EventKind.FAILURE, call.request_hash, tool, result.error.code.value, now))
+        return events
+
+    def abandon(self, call: Call, seen: Seen) -> None:
+        """The caller went away: give the places of a call that has not run back, in the background."""
+        if call.attempts == 0 and not call.detached:
+            self._release_soon(call, list(seen.reservations))
+
+    async def aclose(self) -> None:
+        """Wait for the places being given back and a running expiry."""
+        await asyncio.gather(*self._releasing, return_exceptions=True)
+        await self._expiry.aclose()
+
+    def _release_soon(self, call: Call, reserved: Sequence[Reservation]) -> None:
+        if reserved:
+            task = asyncio.get_running_loop().create_task(self._release(call, tuple(reserved)))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+
+    async def _release(self, call: Call, reserved: Sequence[Reservation]) -> None:
+        try:
+            for place in reserved:
+                await self._log.release(place.scope, at=place.at, request_id=call.request_id)
+        except StoreUnavailableError as exc:  # it stays counted until it leaves its window: never over a limit
+            log.error("meter places of request %s could not be given back: %s", call.request_id, exc)
+
+
+def _keys(meter: Meter, call: Call) -> list[str]:
+    """What ``meter`` counts ``call`` under, as the parts of its scope."""
+    principal = call.principal
+    values = {MeterKey.PRINCIPAL: (principal.tenant, principal.id), MeterKey.TENANT: (principal.tenant,),
+              MeterKey.TOOL: (call.defn.name,), MeterKey.CONVERSATION: (call.request.conversation_id or "",)}
+    return [part for key in meter.by for part in (key.value, *values[key])]
+
+
+def _conversation(call: Call) -> str:
+    """The scope of the call's conversation: its principal's, by id (calls without one share one)."""
+    principal = call.principal
+    return history_scope("conversation", principal.tenant, principal.id, call.request.conversation_id or "")
+
+
+def _time(at: float) -> str:
+    """Epoch seconds as ``input.context.time`` writes times (RFC 3339, UTC, seconds)."""
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,143 @@
+"""What of a call's history a policy set reads: the meters its data declares, and whether it reads labels or failures.
+
+A policy set declares its meters in ``data.toolbooth.history.meters`` (``docs/policies.md``), one object each::
+
+    "writes_per_principal": {"by": ["principal"], "window_seconds": 60,
+                             "side_effects": ["internal_reversible", "external_reversible"], "limit": 30}
+
+``by`` (any of ``principal``, ``tenant``, ``tool``, ``conversation``, at least one) says whose calls a meter counts
+together, ``window_seconds`` how far back; ``tools`` and ``side_effects`` (optional) which calls it counts;
+``sum`` (optional, a JSON pointer into the arguments) what each call adds to its sum (a number, or a list's length).
+Other keys (``limit``) are the policies' own. The sidecar computes only what the set reads (``HistoryNeeds``):
+the meters it declares, and the conversation's labels or the call's failures only where its modules or data
+mention ``labels`` or ``failures``, as the decision cache learns whether ``idempotency_key`` is read. A set that
+reads none of it (``NO_HISTORY``) pays nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sidecar.contract import SideEffect
+from sidecar.errors import MalformedDecisionError
+
+__all__ = ["HISTORY_RULE", "MAX_WINDOW_SECONDS", "NO_HISTORY", "HistoryNeeds", "Meter", "MeterKey",
+           "parse_history_needs"]
+
+HISTORY_RULE = "data.toolbooth.history"
+MAX_WINDOW_SECONDS = 366 * 24 * 3600
+LABELS, FAILURES = "labels", "failures"  # the words whose mention makes the sidecar compute them
+
+
+class MeterKey(StrEnum):
+    """What a meter counts a call under (``by``)."""
+
+    PRINCIPAL = "principal"
+    TENANT = "tenant"
+    TOOL = "tool"
+    CONVERSATION = "conversation"
+
+
+@dataclass(frozen=True, slots=True)
+class Meter:
+    """One declared meter (``data.toolbooth.history.meters[name]``), checked."""
+
+    name: str
+    by: tuple[MeterKey, ...]
+    window_seconds: int
+    tools: frozenset[str] | None = None
+    side_effects: frozenset[SideEffect] | None = None
+    sum: str | None = None  # a JSON pointer into the arguments
+
+    def applies(self, tool: str, side_effect: SideEffect) -> bool:
+        """Whether a call of ``tool`` counts on this meter."""
+        return ((self.tools is None or tool in self.tools)
+                and (self.side_effects is None or side_effect in self.side_effects))
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryNeeds:
+    """What of a call's history one policy set reads."""
+
+    meters: tuple[Meter, ...] = ()
+    labels: bool = False
+    failures: bool = False
+
+    @property
+    def any(self) -> bool:
+        """Whether the set reads any history at all."""
+        return bool(self.meters) or self.labels or self.failures
+
+    @property
+    def conversation(self) -> bool:
+        """Whether the conversation's events (labels, failures) are read."""
+        return self.labels or self.failures
+
+
+NO_HISTORY = HistoryNeeds()
+
+
+def parse_history_needs(value: Any, mentions: Callable[[str], bool]) -> HistoryNeeds:
+    """The needs of a set whose ``data.toolbooth.history`` is ``value`` (``None``: undefined) and whose modules or data
+    mention a word when ``mentions`` says so; a malformed declaration raises ``MalformedDecisionError``."""
+    if value is not None and not isinstance(value, dict):
+        raise MalformedDecisionError(f"{HISTORY_RULE} must be an object, got {_shown(value)}")
+    meters = (value or {}).get("meters")
+    if meters is not None and not isinstance(meters, dict):
+        raise MalformedDecisionError(f"{HISTORY_RULE}.meters must be an object of meters by name, got {_shown(meters)}")
+    declared = tuple(_meter(name, spec) for name, spec in sorted((meters or {}).items()))
+    return HistoryNeeds(declared, mentions(LABELS), mentions(FAILURES))
+
+
+def _meter(name: str, spec: Any) -> Meter:
+    where = f"{HISTORY_RULE}.meters.{name}"
+    if not isinstance(spec, Mapping):
+        raise MalformedDecisionError(f"{where} must be an object, got {_shown(spec)}")
+    by = spec.get("by")
+    keys = {key.value for key in MeterKey}
+    if not isinstance(by, list) or not by or not all(isinstance(key, str) and key in keys for key in by) \
+            or len(set(by)) != len(by):
+        raise MalformedDecisionError(f"{where}.by must list one or more of {', '.join(keys)}, each once, "
+                                     f"got {_shown(by)}")
+    window = spec.get("window_seconds")
+    if not isinstance(window, int) or isinstance(window, bool) or not 0 < window <= MAX_WINDOW_SECONDS:
+        raise MalformedDecisionError(f"{where}.window_seconds must be a whole number of seconds, "
+                                     f"1-{MAX_WINDOW_SECONDS}, got {_shown(window)}")
+    return Meter(name, tuple(MeterKey(key) for key in by), window, _names(where, spec, "tools"),
+                 _side_effects(where, spec), _pointer(where, spec))
+
+
+def _names(where: str, spec: Mapping[str, Any], key: str) -> frozenset[str] | None:
+    names = spec.get(key)
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(name, str) and name for name in names):
+        raise MalformedDecisionError(f"{where}.{key} must be a list of names, got {_shown(names)}")
+    return frozenset(names)
+
+
+def _side_effects(where: str, spec: Mapping[str, Any]) -> frozenset[SideEffect] | None:
+    names = _names(where, spec, "side_effects")
+    if names is None:
+        return None
+    known = {effect.value for effect in SideEffect}
+    if unknown := sorted(names - known):
+        raise MalformedDecisionError(f"{where}.side_effects: unknown side effect(s) {', '.join(unknown)}; "
+                                     f"known: {', '.join(sorted(known))}")
+    return frozenset(SideEffect(name) for name in names)
+
+
+def _pointer(where: str, spec: Mapping[str, Any]) -> str | None:
+    pointer = spec.get("sum")
+    if pointer is not None and (not isinstance(pointer, str) or not pointer.startswith("/")):
+        raise MalformedDecisionError(f"{where}.sum must be a JSON pointer into the arguments (\"/amount\"), "
+                                     f"got {_shown(pointer)}")
+    return pointer
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
