@@ -94,6 +94,11 @@ class Decider:
         masks = await self._per_revision(call, self._masks, self._read_masks)
         return masks.get(tool, ())
 
+    def kept_history_needs(self, call: Call) -> HistoryNeeds | None:
+        """``history_needs`` when they are already read for the call's policy set (most calls: nothing to await)."""
+        kept = self._needs
+        return kept.value if call.pin is not None and kept.revision == call.policy_revision else None
+
     async def history_needs(self, call: Call) -> HistoryNeeds:
         """What of a call's history the call's policy set reads, read once per policy revision."""
         return await self._per_revision(call, self._needs, self._read_needs)

@@ -36,7 +36,9 @@ class HistoryStage:
         self._decider, self._source, self._metrics = decider, source, metrics
 
     async def run(self, call: Call, next: Next) -> ToolResult:
-        needs = await self._decider.history_needs(call)
+        needs = self._decider.kept_history_needs(call)
+        if needs is None:
+            needs = await self._decider.history_needs(call)
         if not needs.any:
             return await next(call)
         try:
