@@ -6,13 +6,37 @@
 # "", [] and {} give none). A required decision carries who may approve and how
 # long its preview lives: approver_roles and preview_ttl_seconds of
 # data.toolbooth.approval, when set there.
+#
+# Labels: a call with side effects (side_effect other than "none") in a
+# conversation carrying a label listed in data.toolbooth.approval.labels
+# (input.conversation.labels: what earlier results brought in, each with the tool
+# that brought it) needs approval, one reason per label and tool. A required
+# decision's reason ends with every label the conversation carries, so the approver
+# sees them: "...; conversation labels: restricted (read_document), untrusted
+# (fetch_page)". Without input.conversation (a policy set that reads no history),
+# the conversation carries no labels.
 package toolbooth.approval
 
 import rego.v1
 
 default decision := {"required": false, "reason": "no approval needed"}
 
-decision := object.union({"required": true, "reason": concat("; ", sort(reasons))}, parameters) if count(reasons) > 0
+decision := object.union(
+	{"required": true, "reason": concat("; ", array.concat(sort(reasons), labels_shown))},
+	parameters,
+) if count(reasons) > 0
+
+# The conversation's labels, as the end of a required decision's reason: none, or one part naming them all.
+labels_shown := [sprintf("conversation labels: %s", [concat(", ", sort(carried))])] if {
+	is_array(input.conversation.labels)
+	carried := {sprintf("%s (%s)", [shown(label.label), shown(label.tool)]) | some label in input.conversation.labels}
+	count(carried) > 0
+} else := []
+
+# A label or tool as a reason shows it: a string as it is, any other value by its type.
+shown(value) := value if {
+	is_string(value)
+} else := sprintf("<%s>", [type_name(value)])
 
 # Who may approve and how long a preview lives, when the data sets them. The data
 # shares its path with this package: refer to its keys, never to the whole object.
@@ -27,6 +51,13 @@ reasons contains "the tool's effects are external and irreversible" if {
 
 reasons contains "approval is configured for this tool" if {
 	input.tool.name in data.toolbooth.approval.tools
+}
+
+reasons contains sprintf("the conversation carries %q (from %s)", [carried.label, shown(carried.tool)]) if {
+	input.tool.side_effect != "none"
+	is_array(input.conversation.labels)
+	some carried in input.conversation.labels
+	carried.label in data.toolbooth.approval.labels
 }
 
 reasons contains sprintf("approval is configured for argument %q", [name]) if {

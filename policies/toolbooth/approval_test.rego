@@ -144,3 +144,83 @@ test_create_task_needs_approval_by_default if {
 	d.required
 	d.reason == "approval is configured for this tool"
 }
+
+# --- the conversation's labels --------------------------------------------------------------------
+
+restricted_document := {"label": "restricted", "tool": "read_document", "time": "2026-12-06T10:00:00Z"}
+
+untrusted_page := {"label": "untrusted", "tool": "fetch_page", "time": "2026-12-06T10:01:00Z"}
+
+carrying(call, labels) := object.union(call, {"conversation": {"id": "c1", "labels": labels}})
+
+labelled(tool, side_effect, labels) := carrying(call_of(tool, side_effect), labels)
+
+test_an_untrusted_conversation_needs_approval_for_a_write if {
+	d := approval.decision with input as labelled("create_ticket", "external_reversible", [untrusted_page])
+		with data.toolbooth.approval.labels as ["untrusted"]
+	d == {
+		"required": true,
+		"reason": `the conversation carries "untrusted" (from fetch_page); conversation labels: untrusted (fetch_page)`,
+		"approver_roles": ["approver"],
+		"preview_ttl_seconds": 900,
+	}
+}
+
+test_an_untrusted_conversation_needs_no_approval_for_a_read if {
+	d := approval.decision with input as labelled("search_documents", "none", [untrusted_page, restricted_document])
+		with data.toolbooth.approval.labels as ["untrusted"]
+	d == {"required": false, "reason": "no approval needed"}
+}
+
+test_each_tool_that_brought_a_listed_label_is_a_reason if {
+	d := approval.decision with input as labelled("write_file", "internal_reversible", [
+		untrusted_page,
+		{"label": "untrusted", "tool": "search_web", "time": "2026-12-06T10:02:00Z"},
+		restricted_document,
+	])
+		with data.toolbooth.approval.labels as ["untrusted"]
+	d.reason == concat("; ", [
+		`the conversation carries "untrusted" (from fetch_page)`,
+		`the conversation carries "untrusted" (from search_web)`,
+		"conversation labels: restricted (read_document), untrusted (fetch_page), untrusted (search_web)",
+	])
+}
+
+test_an_unlisted_label_needs_no_approval if {
+	d := approval.decision with input as labelled("create_ticket", "external_reversible", [restricted_document])
+		with data.toolbooth.approval.labels as ["untrusted"]
+	d == {"required": false, "reason": "no approval needed"}
+	not approval.decision.required with input as labelled("create_ticket", "external_reversible", [untrusted_page])
+		with data.toolbooth.approval.labels as []
+}
+
+test_a_required_reason_ends_with_the_conversations_labels if {
+	d := approval.decision with input as labelled("send_email", "external_irreversible", [
+		untrusted_page,
+		restricted_document,
+		{"label": "restricted", "tool": "read_document", "time": "2026-12-06T10:05:00Z"},
+	])
+		with data.toolbooth.approval.labels as []
+	d.reason == concat("", [
+		"the tool's effects are external and irreversible; ",
+		"conversation labels: restricted (read_document), untrusted (fetch_page)",
+	])
+}
+
+test_a_required_reason_without_labels_is_unchanged if {
+	every labels in [[], null] {
+		d := approval.decision with input as object.union(call_of("send_email", "external_irreversible"),
+			{"conversation": {"id": "c1", "labels": labels}})
+		d.reason == "the tool's effects are external and irreversible"
+	}
+	d := approval.decision with input as object.union(call_of("send_email", "external_irreversible"),
+		{"conversation": {"id": null}})
+	d.reason == "the tool's effects are external and irreversible"
+}
+
+test_default_data_untrusted_conversations_need_approval_for_writes if {
+	data.toolbooth.approval.labels == ["untrusted"]
+	approval.decision.required with input as labelled("write_file", "internal_reversible", [untrusted_page])
+	not approval.decision.required with input as labelled("read_document", "none", [untrusted_page])
+	not approval.decision.required with input as labelled("write_file", "internal_reversible", [restricted_document])
+}
