@@ -114,7 +114,8 @@ def _add_eval(actions: Subparsers) -> None:
     evaluate.add_argument("--dir", type=Path, metavar="DIR", help="policy directory (default: policy.path)")
     evaluate.add_argument("--history", type=Path, metavar="FILE", help="JSON: the history the call's decisions read "
                           '({"history": {"meters", "failures"}, "conversation": {"labels"}}; default: none)')
-    evaluate.add_argument("--conversation-id", metavar="ID", help="the call's conversation")
+    evaluate.add_argument("--conversation-id", metavar="ID",
+                          help="the call's conversation (default: the --history file's conversation.id)")
     evaluate.add_argument("--time", type=utc_time, metavar="RFC3339",
                           help="input.context.time, e.g. 2026-11-30T15:00:00Z (default: now)")
     _common_flags(evaluate)
@@ -270,8 +271,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     principal = read_principal(args.principal)
     arguments = read_arguments(args.arguments)
     history = None if args.history is None else read_history(args.history)
+    conversation = args.conversation_id or (history or {}).get("conversation", {}).get("id")
     run = asyncio.run(_dry_run(settings, args.dir, defn, principal, arguments, time=args.time or now_utc(),
-                               upload=args.upload, history=history, conversation_id=args.conversation_id))
+                               upload=args.upload, history=history, conversation_id=conversation))
     print(dump_json(run.document()) if json_output(args) else format_dry_run(run))
     return _VERDICT_EXIT[run.verdict]
 

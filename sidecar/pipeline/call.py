@@ -115,7 +115,8 @@ class KeyClaim:
 class Dispatched:
     """What dispatching the handler did: its ``attempts`` (0: it never started), whether its outcome is
     ``unknown`` (its effect may have happened), for a handler that runs on, its own result when it ends, and the
-    ``labels`` its result carries (none without a result)."""
+    ``labels`` its handler added to its output (none without one; a result that does not give the output, one too
+    large, carries none)."""
 
     attempts: int
     unknown: bool = False

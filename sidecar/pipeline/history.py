@@ -150,7 +150,8 @@ def meter_entry(meter: Meter, counted: MeterCount, amount: float, now: float) ->
 
 
 def amount_of(meter: Meter, call: Call) -> float:
-    """What ``call`` adds to ``meter``'s sum: the number at its ``sum`` pointer, a list's length, 0 when absent; a
+    """What ``call`` adds to ``meter``'s sum: the number at its ``sum`` pointer (0 for a negative one), a list's
+    length, 0 when absent; a
     meter without ``sum`` sums nothing. Any other value refuses the call (``INTERNAL_ERROR``: the policy's meter
     does not fit the tool; a sum it cannot count is not skipped)."""
     if meter.sum is None:
@@ -160,7 +161,7 @@ def amount_of(meter: Meter, call: Call) -> float:
         key = token.replace("~1", "/").replace("~0", "~")
         if isinstance(value, dict):
             value = value.get(key)
-        elif isinstance(value, list) and key.isdigit() and int(key) < len(value):
+        elif isinstance(value, list) and key.isascii() and key.isdigit() and int(key) < len(value):
             value = value[int(key)]
         else:
             value = None
@@ -169,7 +170,7 @@ def amount_of(meter: Meter, call: Call) -> float:
     if isinstance(value, list):
         return float(len(value))
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
+        return max(0.0, float(value))  # a negative amount (a refund) never lowers what a meter counted
     raise CallRefused(ErrorInfo.of(ErrorCode.INTERNAL_ERROR, f"meter {meter.name!r} of the policy sums {meter.sum}, "
                                    f"which must be a number or a list, not {type(value).__name__}"))
 

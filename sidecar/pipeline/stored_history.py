@@ -4,7 +4,8 @@ that shares it.
 **Meters.** For each meter that applies to the call, its place is reserved in the same transaction that counts the
 meter (under a lock of the meter's key: ``HistoryLog.reserve``), so calls being decided are counted, not only
 finished ones: of any number of concurrent callers, in any number of sidecars sharing the database, each sees the
-ones before it, and a limit of N lets N through. A call that does not run (refused, held for approval, replayed,
+ones before it, and a limit of N lets N through. Calls of one idempotency key (a write and its retries, which run
+at most once) hold one place together. A call that does not run (refused, held for approval, replayed,
 or whose handler never started) gives its places back once it ended, so it does not consume the limit; one whose
 caller went away before it ran gives them back soon after. A place whose call ended with its sidecar stays
 counted until it leaves its window (never more calls than the limit, sometimes fewer).
@@ -37,6 +38,7 @@ from sidecar.state import EventKind, Expiry, HistoryEvent, HistoryLog, Store, hi
 
 __all__ = ["MAX_CONVERSATION_EVENTS", "StoreHistory"]
 
+_DELIVERED = frozenset({Status.SUCCESS, Status.PARTIAL_SUCCESS})  # results that give their output: their labels
 MAX_CONVERSATION_EVENTS = 1000  # a conversation's newest labels and failures its decisions see, at most
 
 log = logging.getLogger("toolbooth.pipeline")
@@ -89,8 +91,9 @@ class StoreHistory:
         amount = amount_of(meter, call)
         scope = history_scope("meter", meter.name, *_keys(meter, call))
         counted = await self._log.reserve(scope, now=now, since=now - meter.window_seconds, amount=amount,
-                                          tool=call.defn.name, request_id=call.request_id)
-        reserved.append(Reservation(scope, now))
+                                          tool=call.defn.name, request_id=call.request_id, key=_key(call))
+        if counted.placed:
+            reserved.append(Reservation(scope, now))
         return meter_entry(meter, counted, amount, now)
 
     async def settle(self, call: Call, needs: HistoryNeeds, seen: Seen, result: ToolResult) -> ToolResult:
@@ -115,7 +118,7 @@ class StoreHistory:
     def _events(self, call: Call, needs: HistoryNeeds, seen: Seen, result: ToolResult) -> list[HistoryEvent]:
         now, tool = self._clock(), call.defn.name
         events: list[HistoryEvent] = []
-        if needs.labels and call.dispatched is not None:
+        if needs.labels and call.dispatched is not None and result.status in _DELIVERED:
             known = {(entry["label"], entry["tool"]) for entry in seen.labels}
             events.extend(HistoryEvent(EventKind.LABEL, label, tool, "", now)
                           for label in sorted(call.dispatched.labels) if (label, tool) not in known)
@@ -148,11 +151,22 @@ class StoreHistory:
 
 
 def _keys(meter: Meter, call: Call) -> list[str]:
-    """What ``meter`` counts ``call`` under, as the parts of its scope."""
+    """What ``meter`` counts ``call`` under, as the parts of its scope: a conversation is its principal's (another
+    principal's conversation of the same id is another one; calls without one share one per principal)."""
     principal = call.principal
+    conversation = (principal.tenant, principal.id, call.request.conversation_id or "")  # a principal's, as labels
     values = {MeterKey.PRINCIPAL: (principal.tenant, principal.id), MeterKey.TENANT: (principal.tenant,),
-              MeterKey.TOOL: (call.defn.name,), MeterKey.CONVERSATION: (call.request.conversation_id or "",)}
+              MeterKey.TOOL: (call.defn.name,), MeterKey.CONVERSATION: conversation}
     return [part for key in meter.by for part in (key.value, *values[key])]
+
+
+def _key(call: Call) -> str:
+    """The call's idempotency key, as its meters know it (``""``: none): retries of one keyed write are one call."""
+    key = call.request.idempotency_key
+    if not key:
+        return ""
+    principal = call.principal
+    return history_scope("key", principal.tenant, principal.id, call.defn.name, key)
 
 
 def _conversation(call: Call) -> str:

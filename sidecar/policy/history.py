@@ -97,7 +97,7 @@ def _meter(name: str, spec: Any) -> Meter:
     if not isinstance(spec, Mapping):
         raise MalformedDecisionError(f"{where} must be an object, got {_shown(spec)}")
     by = spec.get("by")
-    keys = {key.value for key in MeterKey}
+    keys = [key.value for key in MeterKey]
     if not isinstance(by, list) or not by or not all(isinstance(key, str) and key in keys for key in by) \
             or len(set(by)) != len(by):
         raise MalformedDecisionError(f"{where}.by must list one or more of {', '.join(keys)}, each once, "

@@ -41,6 +41,7 @@ class MeterCount:
     count: int
     total: float  # the sum of their amounts
     oldest: float | None  # ``at`` of the oldest of them (epoch seconds); ``None`` when there are none
+    placed: bool = True  # whether the call's own event was added (not: a call of the same key holds its place)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,8 @@ def scope_lock(scope: str) -> int:
 class _Statements:
     """The history's SQL in one dialect."""
 
-    count: str  # the CALL events of a scope after a time: how many, the sum of their amounts, the oldest ``at``
+    count: str  # a scope's CALL events after a time but a key's: how many, the sum of their amounts, the oldest ``at``
+    held: str  # whether a key holds a place in a scope after a time
     insert: str
     release: str  # the CALL event of a scope at a time for a request
     conversation: str  # a scope's labels and one call's failures after a time, newest first, at most a limit
@@ -83,7 +85,8 @@ def _statements(d: Dialect) -> _Statements:
     call, label, failure = f"'{EventKind.CALL}'", f"'{EventKind.LABEL}'", f"'{EventKind.FAILURE}'"
     return _Statements(
         count=d.sql("SELECT count(*), coalesce(sum(amount), 0), min(at) FROM toolbooth_history "
-                    f"WHERE scope = ? AND kind = {call} AND at > ?"),
+                    f"WHERE scope = ? AND kind = {call} AND at > ? AND (name = '' OR name <> ?)"),
+        held=d.sql(f"SELECT count(*) FROM toolbooth_history WHERE scope = ? AND kind = {call} AND at > ? AND name = ?"),
         insert=d.sql(f"INSERT INTO toolbooth_history ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
         release=d.sql(f"DELETE FROM toolbooth_history WHERE scope = ? AND kind = {call} AND at = ? "
                       "AND request_id = ?"),
@@ -101,16 +104,20 @@ class HistoryLog:
         self._driver = driver  # called at each use: ``SqlStore.observe`` replaces the store's driver
 
     async def reserve(self, scope: str, *, now: float, since: float, amount: float, tool: str,
-                      request_id: str) -> MeterCount:
+                      request_id: str, key: str = "") -> MeterCount:
         """Count the ``CALL`` events of ``scope`` after ``since`` and add this call's (at ``now``, adding
         ``amount``), in one transaction holding ``scope_lock(scope)``: of any number of concurrent reservers, in
-        any process sharing the database, each sees a distinct count (the first 0, the next 1, ...)."""
+        any process sharing the database, each sees a distinct count (the first 0, the next 1, ...). Calls of one
+        ``key`` (a write's idempotency key, as ``history_scope`` names it; ``""``: none) are one call: they hold
+        one place, which each of them counts as its own (``placed`` false for those that found it held)."""
         driver = self._driver()
         sql = _statements(driver.dialect)
         async with driver.transaction(lock=scope_lock(scope)) as tx:
-            [(count, total, oldest)] = await tx.fetch(sql.count, (scope, since))
-            await tx.later(sql.insert, (scope, now, EventKind.CALL.value, "", tool, "", amount, request_id))
-        return MeterCount(int(count), float(total), None if oldest is None else float(oldest))
+            [(count, total, oldest)] = await tx.fetch(sql.count, (scope, since, key))
+            placed = not key or (await tx.fetch(sql.held, (scope, since, key)))[0][0] == 0
+            if placed:
+                await tx.later(sql.insert, (scope, now, EventKind.CALL.value, key, tool, "", amount, request_id))
+        return MeterCount(int(count), float(total), None if oldest is None else float(oldest), placed)
 
     async def release(self, scope: str, *, at: float, request_id: str) -> None:
         """Delete the ``CALL`` event ``reserve`` added for ``request_id`` at ``at``: a call that did not run does

@@ -32,7 +32,7 @@ import re
 import time
 import types
 import typing
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -55,7 +55,7 @@ __all__ = [
     "tool",
 ]
 
-NAME_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
+NAME_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?\Z")
 _MAX_TITLE = 128
 _RETRYABLE_BY_DEFAULT = frozenset({ErrorCode.SERVICE_UNAVAILABLE, ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT})
 # Output fields mirrored into ``ResultMeta``, with the types they must have there.
@@ -231,9 +231,7 @@ def tool(
                    f"must be a string of at most {_MAX_TITLE} printable characters on one line")
         check.that(isinstance(permissions, tuple | list) and all(isinstance(p, str) and p for p in permissions),
                    "permissions", "must be a tuple of non-empty strings")
-        check.that(not isinstance(labels, str) and all(isinstance(label, str) and bool(NAME_PATTERN.match(label))
-                                                       for label in labels),
-                   "labels", "must be a collection of 1-64 chars of lowercase letters, digits and inner '_' or '-'")
+        declared = check.labels(labels)
         policy = retry or RetryPolicy()
         check.retry(policy, effect, timeout)
         input_model, output_model = check.signature(handler)
@@ -247,7 +245,7 @@ def tool(
             input_model=input_model, output_model=output_model, side_effect=effect,
             permissions=tuple(permissions), timeout=float(timeout), retry=policy, plugin=plugin,
             is_async=inspect.iscoroutinefunction(handler), title=title.strip(), preview=preview,
-            labels=frozenset(labels),
+            labels=declared,
         )
 
     return decorate
@@ -269,6 +267,14 @@ class _Checker:
             allowed = ", ".join(e.value for e in SideEffect)
             raise ToolDefinitionError(self.plugin, self.tool, "side_effect",
                                       f"unknown side effect {value!r}; expected one of {allowed}") from None
+
+    def labels(self, labels: object) -> frozenset[str]:
+        names = tuple(labels) if isinstance(labels, Iterable) and not isinstance(labels, str | bytes) else None
+        self.that(names is not None and all(isinstance(label, str) and bool(NAME_PATTERN.match(label))
+                                            for label in names),
+                  "labels", "must be a collection of names of 1-64 chars of lowercase letters, digits and inner '_' "
+                  f"or '-', got {labels!r}")
+        return frozenset(names or ())
 
     def retry(self, policy: RetryPolicy, effect: SideEffect, timeout: float) -> None:
         self.that(policy.max_attempts >= 1, "retry", "max_attempts must be at least 1")

@@ -66,7 +66,8 @@ class Outcome:
     process of an isolated write ended while it ran (``INTERNAL_ERROR``, recovery ``check_operation_status``);
     ``late``: that handler, a sync one of a tool with side effects in the thread pool, still runs, and this
     future gives its own outcome when it ends (an isolated one was killed, or died: no ``late``, its effect
-    stays unknown). ``failed``: with an output, the parts that failed (the handler returned a ``Partial``)."""
+    stays unknown). ``failed``: with an output, the parts that failed (the handler returned a ``Partial``);
+    ``labels``: with an output, the labels its attempt's handler added to it."""
 
     output: BaseModel | None
     error: ErrorInfo | None
@@ -74,6 +75,7 @@ class Outcome:
     unknown: bool = False
     late: asyncio.Future[Outcome] | None = None
     failed: tuple[ErrorInfo, ...] = ()
+    labels: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +85,8 @@ class _Produced:
     output: BaseModel
     failed: tuple[ErrorInfo, ...] = ()
 
-    def outcome(self, attempts: int) -> Outcome:
-        return Outcome(self.output, None, attempts, failed=self.failed)
+    def outcome(self, attempts: int, labels: frozenset[str] = frozenset()) -> Outcome:
+        return Outcome(self.output, None, attempts, failed=self.failed, labels=labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +120,7 @@ class Dispatcher:
         ``start_by`` (``time.monotonic()``) either."""
         attempt = 1
         while True:
-            ctx = replace(ctx, attempt=attempt)
+            ctx = replace(ctx, attempt=attempt, labels=set())  # an attempt's labels are its result's alone
             latest = self._end_of(ctx) if start_by is None else min(self._end_of(ctx), start_by)
             if latest <= time.monotonic():  # this attempt never starts
                 return _not_run(attempt - 1)
@@ -128,7 +130,7 @@ class Dispatcher:
                     continue
                 return _not_run(attempt - 1)
             if isinstance(attempted, _Produced):
-                return attempted.outcome(attempt)
+                return attempted.outcome(attempt, frozenset(ctx.labels))
             unsettled, error = (attempted, attempted.error) if isinstance(attempted, _Unsettled) else (None, attempted)
             delay = defn.retry.backoff(attempt)
             if not _should_retry(defn, error, attempt, delay, ctx):

@@ -192,3 +192,17 @@ async def test_a_store_whose_history_is_gone_is_unavailable(stores: Stores) -> N
         await log.record(CONVERSATION, [label("pii", 100.0)], request_id="r")
     with pytest.raises(StoreUnavailableError):
         await log.expire(100.0)
+
+
+async def test_calls_of_one_key_hold_one_place_which_each_counts_as_its_own(store: AnyStore) -> None:
+    log, key = store.history, history_scope("key", "acme", "dev-1", "send_email", "k-1")
+    first = await log.reserve(METER, now=100.0, since=0.0, amount=1.0, tool="send_email", request_id="a", key=key)
+    again = await log.reserve(METER, now=101.0, since=0.0, amount=1.0, tool="send_email", request_id="b", key=key)
+    other = await log.reserve(METER, now=102.0, since=0.0, amount=1.0, tool="send_email", request_id="c", key="")
+    assert (first, again) == (MeterCount(0, 0.0, None), MeterCount(0, 0.0, None, placed=False))
+    assert other == MeterCount(1, 1.0, 100.0)  # the key's one place, and no more
+    await log.release(METER, at=101.0, request_id="b")  # the retry held none: the first's place stays
+    assert (await reserve(log, 103.0, request_id="d")).count == 2
+    await log.release(METER, at=100.0, request_id="a")  # the first did not run: its key's place is free again
+    assert await log.reserve(METER, now=104.0, since=0.0, amount=1.0, tool="send_email", request_id="e",
+                             key=key) == MeterCount(2, 2.0, 102.0)

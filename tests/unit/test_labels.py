@@ -144,8 +144,8 @@ def test_a_malformed_label_declaration_names_the_field(labels: Any) -> None:
         define(labels)
     assert refused.value.field == "labels" and refused.value.tool == "labelled"
     assert str(refused.value).endswith(
-        "tool 'labelled', field 'labels': must be a collection of 1-64 chars of lowercase letters, digits and "
-        "inner '_' or '-'")
+        "tool 'labelled', field 'labels': must be a collection of names of 1-64 chars of lowercase letters, digits "
+        f"and inner '_' or '-', got {labels!r}")
 
 
 @pytest.mark.parametrize("labels", [None, 3, 1.5], ids=["None", "int", "float"])

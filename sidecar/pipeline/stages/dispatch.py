@@ -7,7 +7,8 @@ processes of isolated ones are ``sidecar.tools.dispatch.Dispatcher``'s. When the
 runs in a span ``handler {tool}`` (attribute ``toolbooth.attempts``).
 It sets ``call.dispatched`` (``Dispatched``): the handler's attempts; whether its outcome is not known (it outlived
 the deadline, or its worker process died); for one that runs on (a sync write's thread), its own result once it
-ends, for the idempotency stage to store; the labels the handler added to a result (``ToolContext.add_label``).
+ends, for the idempotency stage to store; the labels the handler added to its output (``ToolContext.add_label``),
+which a result that does not give it (too large) does not carry.
 ``aclose`` releases the handler pool and stops the worker processes.
 """
 
@@ -32,14 +33,13 @@ class DispatchStage:
         self._dispatcher, self._limits = dispatcher, limits
 
     async def run(self, call: Call, next: Next) -> ToolResult:
-        ctx = call.context(call.handler_deadline())
         with call.span("handler", call.defn.name) as span:
-            outcome = await self._dispatcher.run(call.defn, call.validated.model, ctx, start_by=call.caller_deadline)
+            outcome = await self._dispatcher.run(call.defn, call.validated.model,
+                                                 call.context(call.handler_deadline()), start_by=call.caller_deadline)
             if span is not None:
                 span.set_attribute("toolbooth.attempts", outcome.attempts)
         late = None if outcome.late is None else asyncio.ensure_future(self._late(call, outcome.late))
-        labels = frozenset(ctx.labels) if outcome.output is not None else frozenset()
-        call.dispatched = Dispatched(outcome.attempts, outcome.unknown, late, labels)
+        call.dispatched = Dispatched(outcome.attempts, outcome.unknown, late, outcome.labels)
         return self._result(call, outcome)
 
     async def aclose(self) -> None:

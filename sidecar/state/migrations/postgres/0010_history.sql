@@ -1,8 +1,9 @@
--- The history of calls that policies read (sidecar.state.history), one row per event, times in epoch seconds.
--- scope is a hashed key: a meter's (whose calls it counts together) or a conversation's. kind 'call' is a call
--- counted by a meter (amount: what it adds to the meter's sum), reserved before it is decided and deleted if it
--- does not run; 'label' a label a conversation's result carried (name); 'failure' an earlier failure of a call
--- (name: the call's hash, detail: its error code). Events are read by scope after a time, and expired by time.
+-- The history of calls that policies read (sidecar.state.history), one row per event, times in epoch seconds. scope
+-- is a hashed key: a meter's (whose calls it counts together) or a conversation's. kind 'call' is a call counted by
+-- a meter (amount: what it adds to the meter's sum; name: its idempotency key, hashed, or ''), reserved before it
+-- is decided and deleted if it does not run; 'label' a label a conversation's result carried (name); 'failure' an
+-- earlier failure of a call (name: the call's hash, detail: its error code). Events are read by scope after a time,
+-- and expired by time.
 
 CREATE TABLE toolbooth_history (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
