@@ -10,7 +10,8 @@ masked values masked: a rule that reads one now reads the mask — and the histo
 compared stage by stage.
 
 What cannot be replayed is said, not guessed: events from before the decision log (no
-``decision_input``) and those of calls refused before any decision are skipped; a call whose arguments
+``decision_input``), those of calls refused before any decision, and those refused because their history could not be
+read (what their decisions would have read is not known) are skipped; a call whose arguments
 were never validated (the tool was hidden, or they were invalid) has none recorded, so a candidate
 that now lets it further ends there with ``arguments not recorded``. A write audited as
 ``dispatching`` and again with its outcome is one call, replayed once.
@@ -30,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from sidecar.config import Limits
 from sidecar.contract import CallRequest, Principal, SideEffect
 from sidecar.pipeline.dry_run import STEPS, VALIDATION, Step, decide, steps_of, verdict_of
+from sidecar.pipeline.history import TRAIL_KEY
 from sidecar.pipeline.history import recorded as recorded_history
 from sidecar.policy import PolicyEngine, Stage
 from sidecar.policy.input import InputParts
@@ -52,6 +54,7 @@ class Skip(StrEnum):
     BEFORE_DECISION_LOG = "recorded before decision inputs were kept"
     NO_DECISION = "refused before any decision"
     INCOMPLETE = "cancelled before its decisions were made"
+    NO_HISTORY = "refused when its history could not be read"
     UNKNOWN_TOOL = "a tool no plugin had"
     SAME_CALL = "the same call's later event"
 
@@ -86,7 +89,7 @@ class Recorded:
         if not steps:
             return Skip.NO_DECISION
         if steps[-1].passed and len(steps) < len(STEPS):
-            return Skip.INCOMPLETE
+            return Skip.NO_HISTORY if "error" in trail.get(TRAIL_KEY, {}) else Skip.INCOMPLETE
         request = CallRequest(tool=event.tool, arguments_json=event.arguments_json or "{}",
                               idempotency_key=event.idempotency_key, conversation_id=event.conversation_id,
                               call_id=event.call_id)

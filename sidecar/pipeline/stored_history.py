@@ -4,11 +4,11 @@ that shares it.
 **Meters.** For each meter that applies to the call, its place is reserved in the same transaction that counts the
 meter (under a lock of the meter's key: ``HistoryLog.reserve``), so calls being decided are counted, not only
 finished ones: of any number of concurrent callers, in any number of sidecars sharing the database, each sees the
-ones before it, and a limit of N lets N through. Calls of one idempotency key (a write and its retries, which run
-at most once) hold one place together. A call that does not run (refused, held for approval, replayed,
-or whose handler never started) gives its places back once it ended, so it does not consume the limit; one whose
-caller went away before it ran gives them back soon after. A place whose call ended with its sidecar stays
-counted until it leaves its window (never more calls than the limit, sometimes fewer).
+ones before it, and a limit of N lets N through. Calls of one idempotency key (a write and its retries, which run at
+most once) count as one call, as long as any of them holds its place. A call that does not run (refused, held for
+approval, replayed, or whose handler never started) gives its places back once it ended, so it does not consume the
+limit; one whose caller went away before it ran gives them back soon after. A place whose call ended with its
+sidecar stays counted until it leaves its window (never more calls than the limit, sometimes fewer).
 
 **The conversation** (its labels, the call's earlier failures) is read in one query, over
 ``store.history_retention_hours``, after which events are deleted (in the background, ``Expiry``). Once a call ran,
@@ -92,8 +92,7 @@ class StoreHistory:
         scope = history_scope("meter", meter.name, *_keys(meter, call))
         counted = await self._log.reserve(scope, now=now, since=now - meter.window_seconds, amount=amount,
                                           tool=call.defn.name, request_id=call.request_id, key=_key(call))
-        if counted.placed:
-            reserved.append(Reservation(scope, now))
+        reserved.append(Reservation(scope, now))
         return meter_entry(meter, counted, amount, now)
 
     async def settle(self, call: Call, needs: HistoryNeeds, seen: Seen, result: ToolResult) -> ToolResult:

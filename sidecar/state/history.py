@@ -41,7 +41,6 @@ class MeterCount:
     count: int
     total: float  # the sum of their amounts
     oldest: float | None  # ``at`` of the oldest of them (epoch seconds); ``None`` when there are none
-    placed: bool = True  # whether the call's own event was added (not: a call of the same key holds its place)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +70,7 @@ def scope_lock(scope: str) -> int:
 class _Statements:
     """The history's SQL in one dialect."""
 
-    count: str  # a scope's CALL events after a time but a key's: how many, the sum of their amounts, the oldest ``at``
-    held: str  # whether a key holds a place in a scope after a time
+    count: str  # a scope's calls after a time but one key's (a key's events one call): how many, their sum, oldest
     insert: str
     release: str  # the CALL event of a scope at a time for a request
     conversation: str  # a scope's labels and one call's failures after a time, newest first, at most a limit
@@ -84,9 +82,11 @@ def _statements(d: Dialect) -> _Statements:
     """The statements spelled for ``d``."""
     call, label, failure = f"'{EventKind.CALL}'", f"'{EventKind.LABEL}'", f"'{EventKind.FAILURE}'"
     return _Statements(
-        count=d.sql("SELECT count(*), coalesce(sum(amount), 0), min(at) FROM toolbooth_history "
-                    f"WHERE scope = ? AND kind = {call} AND at > ? AND (name = '' OR name <> ?)"),
-        held=d.sql(f"SELECT count(*) FROM toolbooth_history WHERE scope = ? AND kind = {call} AND at > ? AND name = ?"),
+        count=d.sql("SELECT count(*), coalesce(sum(amount), 0), min(at) FROM ("
+                    f"SELECT amount, at FROM toolbooth_history WHERE scope = ? AND kind = {call} AND at > ? "
+                    "AND name = '' UNION ALL SELECT max(amount), min(at) FROM toolbooth_history "
+                    f"WHERE scope = ? AND kind = {call} AND at > ? AND name <> '' AND name <> ? GROUP BY name"
+                    ") AS counted"),
         insert=d.sql(f"INSERT INTO toolbooth_history ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
         release=d.sql(f"DELETE FROM toolbooth_history WHERE scope = ? AND kind = {call} AND at = ? "
                       "AND request_id = ?"),
@@ -107,17 +107,16 @@ class HistoryLog:
                       request_id: str, key: str = "") -> MeterCount:
         """Count the ``CALL`` events of ``scope`` after ``since`` and add this call's (at ``now``, adding
         ``amount``), in one transaction holding ``scope_lock(scope)``: of any number of concurrent reservers, in
-        any process sharing the database, each sees a distinct count (the first 0, the next 1, ...). Calls of one
-        ``key`` (a write's idempotency key, as ``history_scope`` names it; ``""``: none) are one call: they hold
-        one place, which each of them counts as its own (``placed`` false for those that found it held)."""
+        any process sharing the database, each sees a distinct count (the first 0, the next 1, ...). The events of
+        one ``key`` (a write's idempotency key, as ``history_scope`` names it; ``""``: none) count as one call (its
+        largest amount, from its first event), and a call of that key does not count it: a write and its retries,
+        which run at most once, are one call, counted while any of them holds its event."""
         driver = self._driver()
         sql = _statements(driver.dialect)
         async with driver.transaction(lock=scope_lock(scope)) as tx:
-            [(count, total, oldest)] = await tx.fetch(sql.count, (scope, since, key))
-            placed = not key or (await tx.fetch(sql.held, (scope, since, key)))[0][0] == 0
-            if placed:
-                await tx.later(sql.insert, (scope, now, EventKind.CALL.value, key, tool, "", amount, request_id))
-        return MeterCount(int(count), float(total), None if oldest is None else float(oldest), placed)
+            [(count, total, oldest)] = await tx.fetch(sql.count, (scope, since, scope, since, key))
+            await tx.later(sql.insert, (scope, now, EventKind.CALL.value, key, tool, "", amount, request_id))
+        return MeterCount(int(count), float(total), None if oldest is None else float(oldest))
 
     async def release(self, scope: str, *, at: float, request_id: str) -> None:
         """Delete the ``CALL`` event ``reserve`` added for ``request_id`` at ``at``: a call that did not run does

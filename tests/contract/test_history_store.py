@@ -194,15 +194,17 @@ async def test_a_store_whose_history_is_gone_is_unavailable(stores: Stores) -> N
         await log.expire(100.0)
 
 
-async def test_calls_of_one_key_hold_one_place_which_each_counts_as_its_own(store: AnyStore) -> None:
+async def test_calls_of_one_key_count_as_one_while_any_of_them_holds_its_place(store: AnyStore) -> None:
     log, key = store.history, history_scope("key", "acme", "dev-1", "send_email", "k-1")
-    first = await log.reserve(METER, now=100.0, since=0.0, amount=1.0, tool="send_email", request_id="a", key=key)
-    again = await log.reserve(METER, now=101.0, since=0.0, amount=1.0, tool="send_email", request_id="b", key=key)
-    other = await log.reserve(METER, now=102.0, since=0.0, amount=1.0, tool="send_email", request_id="c", key="")
-    assert (first, again) == (MeterCount(0, 0.0, None), MeterCount(0, 0.0, None, placed=False))
-    assert other == MeterCount(1, 1.0, 100.0)  # the key's one place, and no more
-    await log.release(METER, at=101.0, request_id="b")  # the retry held none: the first's place stays
+
+    async def keyed(at: float, request_id: str, amount: float = 1.0) -> MeterCount:
+        return await log.reserve(METER, now=at, since=0.0, amount=amount, tool="send_email", request_id=request_id,
+                                 key=key)
+
+    assert await keyed(100.0, "a") == MeterCount(0, 0.0, None)
+    assert await keyed(101.0, "b", 3.0) == MeterCount(0, 0.0, None)  # its own key's calls are not others
+    assert await reserve(log, 102.0, request_id="c") == MeterCount(1, 3.0, 100.0)  # the key once, its largest
+    await log.release(METER, at=100.0, request_id="a")  # the first did not run: the retry still holds the key
     assert (await reserve(log, 103.0, request_id="d")).count == 2
-    await log.release(METER, at=100.0, request_id="a")  # the first did not run: its key's place is free again
-    assert await log.reserve(METER, now=104.0, since=0.0, amount=1.0, tool="send_email", request_id="e",
-                             key=key) == MeterCount(2, 2.0, 102.0)
+    await log.release(METER, at=101.0, request_id="b")  # neither ran: the key is no longer counted
+    assert (await reserve(log, 104.0, request_id="e")) == MeterCount(2, 2.0, 102.0)
