@@ -483,6 +483,9 @@ def install_plugin(site: Path) -> None:
 def configure(tmp: Path, args: argparse.Namespace, database: str | None) -> tuple[Path, Path]:
     policies = tmp / "policies"
     shutil.copytree(bundled_policy_dir(), policies)
+    data = json.loads((policies / "data.json").read_text())
+    data["toolbooth"]["history"]["meters"] = {}  # the soak's load, not the default limit of writes per principal
+    (policies / "data.json").write_text(json.dumps(data))
     config: dict[str, Any] = {
         "server": {"listen": [f"unix://{tmp / 'sidecar.sock'}"]},
         "auth": {"mode": "dev"},

@@ -44,6 +44,7 @@ from sidecar.state.sql_store import SqlStore
 from sidecar.tools.registry import Registry
 from tests.contract.conftest import postgres, postgres_dsn
 from tests.integration.conftest import make_settings, socket_path
+from tests.support.history import with_meters
 from tests.support.postgres import PostgresServer
 from tests.support.tcp_proxy import StallingProxy
 from tests.support.tools import Count, Counter, Gate, Text
@@ -226,15 +227,16 @@ def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
 async def world(request: pytest.FixtureRequest, tmp_path: Path,
                 make_settings: Callable[..., Settings]) -> AsyncIterator[World]:
     journal = str(tmp_path / "kept.journal")
+    policy = {"path": str(with_meters(tmp_path / "policies"))}  # faults, not the default limit of writes, refuse
     if request.param == "sqlite":
-        settings = make_settings(store={"journal_file": journal})
+        settings = make_settings(store={"journal_file": journal}, policy=policy)
         async with opened(settings, lambda: SqliteFaults(settings.store.sqlite_path)) as made:
             yield made
         return
     server: PostgresServer = request.getfixturevalue("postgres")
     async with postgres_role(server, request.getfixturevalue("postgres_dsn")) as (owner, as_role, role):
         settings = make_settings(store={"journal_file": journal, "postgres_dsn": as_role, "busy_timeout_ms": 500,
-                                        "statement_timeout_seconds": 5})
+                                        "statement_timeout_seconds": 5}, policy=policy)
         async with opened(settings, lambda: PostgresFaults(server, owner, role)) as made:
             yield made
 

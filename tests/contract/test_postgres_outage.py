@@ -21,6 +21,7 @@ from sidecar.errors import StoreUnavailableError
 from sidecar.state import KeyScope
 from sidecar.state.postgres import PostgresStore
 from tests.contract.test_postgres_partition import through, upstream
+from tests.support.history import with_meters
 from tests.support.postgres import PostgresServer
 from tests.support.sidecar_process import SidecarProcess, appended
 from tests.support.tcp_proxy import StallingProxy
@@ -65,7 +66,7 @@ async def test_a_restarting_database_gets_fast_typed_refusals_and_loses_nothing(
     async with StallingProxy.running(upstream(postgres_dsn)) as proxy:
         config.write_text(json.dumps({
             "server": {"listen": [f"unix://{tmp_path / 's.sock'}"], "shutdown_grace_seconds": 1},
-            "policy": {"reload_interval_seconds": 0},
+            "policy": {"path": str(with_meters(tmp_path / "policies")), "reload_interval_seconds": 0},  # no limit
             "store": {"postgres_dsn": through(proxy, postgres_dsn), "sqlite_path": str(tmp_path / "unused.db"),
                       "journal_file": str(tmp_path / "store.journal"), "busy_timeout_ms": 200,
                       "statement_timeout_seconds": STATEMENT_TIMEOUT, "connect_timeout_seconds": CONNECT_TIMEOUT,

@@ -21,6 +21,7 @@ import pytest
 from sidecar.cli import main
 from sidecar.client import AsyncClient
 from sidecar.contract import ErrorCode, Status, ToolResult
+from tests.support.history import with_meters
 from tests.support.sidecar_process import SidecarProcess, appended
 from tests.support.waiting import until
 
@@ -34,10 +35,12 @@ ANSWERED_BEFORE_KILL = 48  # the kill comes once this many calls were answered: 
 async def start(tmp_path: Path) -> AsyncIterator[Callable[[str], SidecarProcess]]:
     """``start(name)``: a sidecar process in dev mode on the test's one SQLite store, stopped at teardown."""
     started: list[SidecarProcess] = []
+    unmetered = with_meters(tmp_path / "policies")
 
     def begin(name: str) -> SidecarProcess:
         config = tmp_path / f"{name}.json"
         config.write_text(json.dumps({"server": {"listen": [f"unix://{tmp_path / f'{name}.sock'}"]},
+                                      "policy": {"path": str(unmetered)},  # a burst, not a limit's refusals
                                       "store": {"sqlite_path": str(tmp_path / "store.db")}}))
         sidecar = SidecarProcess(config, tmp_path / f"{name}.sock", tmp_path / f"{name}.err",
                                  tmp_path / "executions.log", deadline_grace=0.5)
