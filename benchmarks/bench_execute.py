@@ -182,6 +182,18 @@ class Children:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def unmetered_policies(root: Path) -> Path:
+    """The bundled policies copied to ``root`` without their meters: a benchmark's load of writes by one principal,
+    not the default limit of writes per principal, is what it measures."""
+    from sidecar.config import bundled_policy_dir
+
+    shutil.copytree(bundled_policy_dir(), root)
+    data = json.loads((root / "data.json").read_text())
+    data["toolbooth"]["history"]["meters"] = {}
+    (root / "data.json").write_text(json.dumps(data))
+    return root
+
+
 def write_sidecar_config(tmp: Path, socket_path: Path, *, decision_cache: bool) -> Path:
     """Embedded defaults except: listen on ``socket_path``, a fresh SQLite file, WARNING logs,
     and (with ``decision_cache`` False) no decision cache: every call is decided anew."""

@@ -13,8 +13,8 @@ Every repetition runs each mode on a fresh store:
   each call makes the store writes of a keyed call (claim, dispatching event, result, queued outcome event),
   so the store's own cost shows apart from the rest of the sidecar's.
 
-A sidecar is the real one (``toolbooth serve`` in a child process: dev auth, the bundled policies, WARNING
-logs) with one extra tool, ``bench_write`` (this file's ``--sidecar`` mode): a write (side effect
+A sidecar is the real one (``toolbooth serve`` in a child process: dev auth, the bundled policies without their
+limit of writes per principal, WARNING logs) with one extra tool, ``bench_write`` (this file's ``--sidecar`` mode): a write (side effect
 ``internal_reversible``, so a key is required and claimed, and its dispatch audited before it runs) whose
 only effect is one line, its key, appended to a file shared by the sidecars. ``--concurrency`` workers each
 loop over calls with distinct keys; after a warm-up, ``--calls`` calls are timed (bounded in time too).
@@ -97,6 +97,8 @@ def sidecar_config(tmp: Path, name: str, store: dict[str, Any]) -> Path:
     path.write_text(json.dumps({
         "server": {"listen": [f"unix://{tmp / f'{name}.sock'}"]},
         "auth": {"mode": "dev"},
+        "policy": {"path": str(policies if (policies := tmp / "policies").exists() else
+                               base.unmetered_policies(policies))},
         "store": {**store, "journal_file": str(tmp / f"{name}.journal")},
         "log_level": "WARNING",
     }))

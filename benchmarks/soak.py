@@ -44,7 +44,6 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -64,7 +63,6 @@ import soak_tools  # noqa: E402
 
 from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb  # noqa: E402
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc  # noqa: E402
-from sidecar.config import bundled_policy_dir  # noqa: E402
 
 POSTGRES_DSN = os.environ.get("TOOLBOOTH_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 RECOVERY_GRACE_S = 10.0  # after the database is back, SERVICE_UNAVAILABLE is still expected this long
@@ -481,11 +479,7 @@ def install_plugin(site: Path) -> None:
 
 
 def configure(tmp: Path, args: argparse.Namespace, database: str | None) -> tuple[Path, Path]:
-    policies = tmp / "policies"
-    shutil.copytree(bundled_policy_dir(), policies)
-    data = json.loads((policies / "data.json").read_text())
-    data["toolbooth"]["history"]["meters"] = {}  # the soak's load, not the default limit of writes per principal
-    (policies / "data.json").write_text(json.dumps(data))
+    policies = be.unmetered_policies(tmp / "policies")
     config: dict[str, Any] = {
         "server": {"listen": [f"unix://{tmp / 'sidecar.sock'}"]},
         "auth": {"mode": "dev"},
