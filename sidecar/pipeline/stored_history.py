@@ -13,7 +13,8 @@ sidecar stays counted until it leaves its window (never more calls than the limi
 **The conversation** (its labels, the call's earlier failures) is read in one query, over
 ``store.history_retention_hours``, after which events are deleted (in the background, ``Expiry``). Once a call ran,
 the labels its result carries that the conversation did not already have, and its failure (same tool, same
-arguments), are written before its caller gets the result; a read whose labels cannot be written is answered
+arguments), are written before its caller gets the result (a write's stored result, replayed, brings every label its
+tool declares: it may have run in another conversation); a read whose labels cannot be written is answered
 ``SERVICE_UNAVAILABLE`` instead (what the policies would not know of is not given), a write's result is given and
 the failure logged. Only what the policy set reads is recorded.
 
@@ -99,7 +100,8 @@ class StoreHistory:
         """Give the places of a call that did not run back; record what one that ran adds to its conversation."""
         if call.attempts == 0:
             await self._release(call, seen.reservations)
-            return result
+            if not result.meta.idempotency_replayed:
+                return result
         events = self._events(call, needs, seen, result)
         if not events:
             return result
@@ -117,10 +119,10 @@ class StoreHistory:
     def _events(self, call: Call, needs: HistoryNeeds, seen: Seen, result: ToolResult) -> list[HistoryEvent]:
         now, tool = self._clock(), call.defn.name
         events: list[HistoryEvent] = []
-        if needs.labels and call.dispatched is not None and result.status in _DELIVERED:
+        if needs.labels and result.status in _DELIVERED:
             known = {(entry["label"], entry["tool"]) for entry in seen.labels}
             events.extend(HistoryEvent(EventKind.LABEL, label, tool, "", now)
-                          for label in sorted(call.dispatched.labels) if (label, tool) not in known)
+                          for label in sorted(_labels(call, result)) if (label, tool) not in known)
         if needs.failures and result.status is Status.ERROR and result.error is not None:
             events.append(HistoryEvent(EventKind.FAILURE, call.request_hash, tool, result.error.code.value, now))
         return events
@@ -157,6 +159,14 @@ def _keys(meter: Meter, call: Call) -> list[str]:
     values = {MeterKey.PRINCIPAL: (principal.tenant, principal.id), MeterKey.TENANT: (principal.tenant,),
               MeterKey.TOOL: (call.defn.name,), MeterKey.CONVERSATION: conversation}
     return [part for key in meter.by for part in (key.value, *values[key])]
+
+
+def _labels(call: Call, result: ToolResult) -> frozenset[str]:
+    """The labels ``result`` brings into the conversation: its handler's; for a write's stored result replayed (which
+    may have run in another conversation), every label its tool declares, as what it carried is not kept."""
+    if result.meta.idempotency_replayed:
+        return call.defn.labels
+    return frozenset() if call.dispatched is None else call.dispatched.labels
 
 
 def _key(call: Call) -> str:

@@ -8,7 +8,8 @@ A policy set declares its meters in ``data.toolbooth.history.meters`` (``docs/po
 ``by`` (any of ``principal``, ``tenant``, ``tool``, ``conversation``, at least one) says whose calls a meter counts
 together, ``window_seconds`` how far back; ``tools`` and ``side_effects`` (optional) which calls it counts;
 ``sum`` (optional, a JSON pointer into the arguments) what each call adds to its sum (a number, or a list's length).
-Other keys (``limit``) are the policies' own. The sidecar computes only what the set reads (``HistoryNeeds``):
+Other keys are the policies' own, but ``limit``, which they compare counts and sums with, must be a number of 0
+or more (a string there would switch a limit off). The sidecar computes only what the set reads (``HistoryNeeds``):
 the meters it declares, and the conversation's labels or the call's failures only where its modules or data
 mention ``labels`` or ``failures``, as the decision cache learns whether ``idempotency_key`` is read. A set that
 reads none of it (``NO_HISTORY``) pays nothing.
@@ -106,6 +107,10 @@ def _meter(name: str, spec: Any) -> Meter:
     if not isinstance(window, int) or isinstance(window, bool) or not 0 < window <= MAX_WINDOW_SECONDS:
         raise MalformedDecisionError(f"{where}.window_seconds must be a whole number of seconds, "
                                      f"1-{MAX_WINDOW_SECONDS}, got {_shown(window)}")
+    limit = spec.get("limit")
+    if limit is not None and (not isinstance(limit, int | float) or isinstance(limit, bool) or limit < 0):
+        raise MalformedDecisionError(f"{where}.limit, which the policies compare counts and sums with, must be a "
+                                     f"number of 0 or more, got {_shown(limit)}")
     return Meter(name, tuple(MeterKey(key) for key in by), window, _names(where, spec, "tools"),
                  _side_effects(where, spec), _pointer(where, spec))
 

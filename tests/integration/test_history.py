@@ -838,3 +838,25 @@ async def test_replay_does_not_call_a_call_refused_for_want_of_its_history_cance
     # it was not "cancelled before its decisions were made": nobody cancelled it, its history could not be read.
     assert sum(report["skipped"].values()) == 1, report
     assert "incomplete" not in report["skipped"], report
+
+
+@tool(name="fetch_secret", version="1.0.0", side_effect=SideEffect.INTERNAL_REVERSIBLE, timeout=5,
+      labels=("restricted",))
+async def fetch_secret(args: Text, ctx: ToolContext) -> Text:
+    """A write whose result is restricted data."""
+    ctx.add_label("restricted")
+    return Text(text="SECRET 12345")
+
+
+async def test_a_labelled_result_replayed_in_another_conversation_labels_that_conversation(
+        serve: Serve, tmp_path: Path) -> None:
+    docs = await documents(tmp_path / "plugins")
+    running = await serve(Registry.from_tools([*docs.registry, fetch_secret]))
+    agent = running.client("alice", permissions=EXTERNAL_READER)
+    first = await agent.execute("fetch_secret", {"text": "x"}, idempotency_key="k1", conversation_id="A")
+    again = await agent.execute("fetch_secret", {"text": "x"}, idempotency_key="k1", conversation_id="B")
+    assert code(first) == code(again) == "success" and again.meta.idempotency_replayed and again.data is not None
+    leak = await agent.execute("send_email_preview", {**OUTSIDE, "body_text": again.data["text"]},
+                               conversation_id="B")
+    assert leak.error is not None and leak.error.code is ErrorCode.POLICY_VIOLATION, leak
+    assert '"restricted" (from fetch_secret)' in leak.error.message

@@ -392,3 +392,13 @@ async def test_unmetered_bundled_policies_still_read_labels_and_failures(tmp_pat
     finally:
         await engine.aclose()
     assert needs.meters == () and needs.labels and needs.failures
+
+
+@pytest.mark.parametrize("limit", ["3", True, -1, [3]], ids=["string", "bool", "negative", "list"])
+def test_a_limit_the_policies_could_not_compare_is_refused(limit: object) -> None:
+    """A limit of the wrong type would make the default rule skip its meter: the limit silently off."""
+    declaration = {"meters": {"writes": {"by": ["principal"], "window_seconds": 60, "limit": limit}}}
+    with pytest.raises(MalformedDecisionError) as refused:
+        parse_history_needs(declaration, lambda word: False)
+    assert str(refused.value) == ("data.toolbooth.history.meters.writes.limit, which the policies compare counts and "
+                                  f"sums with, must be a number of 0 or more, got {limit!r}")
