@@ -14,10 +14,11 @@ Every repetition runs each mode on a fresh store:
   so the store's own cost shows apart from the rest of the sidecar's.
 
 A sidecar is the real one (``toolbooth serve`` in a child process: dev auth, the bundled policies without their
-limit of writes per principal, WARNING logs) with one extra tool, ``bench_write`` (this file's ``--sidecar`` mode): a write (side effect
-``internal_reversible``, so a key is required and claimed, and its dispatch audited before it runs) whose
-only effect is one line, its key, appended to a file shared by the sidecars. ``--concurrency`` workers each
-loop over calls with distinct keys; after a warm-up, ``--calls`` calls are timed (bounded in time too).
+limit of writes per principal, WARNING logs) with one extra tool, ``bench_write`` (this file's ``--sidecar``
+mode): a write (side effect ``internal_reversible``, so a key is required and claimed, and its dispatch audited
+before it runs) whose only effect is one line, its key, appended to a file shared by the sidecars.
+``--concurrency`` workers each loop over calls with distinct keys; after a warm-up, ``--calls`` calls are timed
+(bounded in time too).
 
 After each run the benchmark checks what the guarantees promise, and fails (exit code 1) otherwise:
 every call succeeded; every key was executed exactly once (the lines of the effects file); the audit log
