@@ -125,3 +125,18 @@ def test_the_instruction_count_benchmark_without_valgrind_says_what_to_install(t
                           env={**os.environ, "PATH": str(tmp_path)})  # no valgrind on it
     assert done.returncode == 2
     assert "valgrind is not installed (Debian: apt-get install valgrind)" in done.stderr
+
+
+def test_the_history_benchmark_counts_a_set_reading_no_history_and_one_reading_a_meter_and_labels() -> None:
+    """A few calls under callgrind for each config: the meter counted every call made to its sidecar, none else."""
+    command = ["benchmarks/bench_history.py", "--calls", "20", "--warmup", "5", "--concurrency", "2", "--json"]
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    configs = {config["name"]: config for config in json.loads(done.stdout)["configs"]}
+    assert set(configs) == {"none", "meter+labels"}
+    for config in configs.values():
+        assert 100_000 < config["instructions_per_call"] < 50_000_000, config
+    assert configs["none"]["ratio"] == 1.0
+    [none], [metered] = configs["none"]["runs"], configs["meter+labels"]["runs"]
+    assert none["history"]["calls"] == 0 and metered["history"]["calls"] == 1 + 2 * 5 + 20
