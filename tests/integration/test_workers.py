@@ -244,6 +244,16 @@ def _listening(port: int = 0) -> Iterator[socket.socket]:
         yield sock
 
 
+def _free_pair() -> int:
+    """A port that is free together with the one above it (worker i listens for metrics on port + i)."""
+    for _ in range(100):
+        with _listening() as probe:
+            port = probe.getsockname()[1]
+            with contextlib.suppress(OSError), _listening(port + 1):
+                return port
+    raise AssertionError("no two adjacent free ports in 100 tries")
+
+
 def _is_zombie(pid: int) -> bool:
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
@@ -283,8 +293,7 @@ async def test_each_worker_reloads_a_changed_policy(tmp_path: Path) -> None:
 
 
 def test_a_worker_that_keeps_dying_stops_the_sidecar_instead_of_restarting_forever(tmp_path: Path) -> None:
-    with _listening() as probe:  # a free port for worker 0's metrics, and (hopefully) the next one for worker 1's
-        port = probe.getsockname()[1]
+    port = _free_pair()  # worker 0's metrics port and, one above it, worker 1's
     running = Workers(tmp_path, {**settings(tmp_path), "metrics": {"listen": f"127.0.0.1:{port}"}})
     try:
         running.wait_serving()
