@@ -2,10 +2,11 @@
 that shares it.
 
 **Meters.** For each meter that applies to the call, its place is reserved in the same transaction that counts the
-meter (under a lock of the meter's key: ``HistoryLog.reserve``), so calls being decided are counted, not only
-finished ones: of any number of concurrent callers, in any number of sidecars sharing the database, each sees the
-ones before it, and a limit of N lets N through. Calls of one idempotency key (a write and its retries, which run at
-most once) count as one call, as long as any of them holds its place. A call that does not run (refused, held for
+meter (under a lock of the meter's key; one transaction for all of them and the conversation's read:
+``HistoryLog.reserve``), so calls being decided are counted, not only finished ones: of any number of concurrent
+callers, in any number of sidecars sharing the database, each sees the ones before it, and a limit of N lets N
+through. Calls of one idempotency key (a write and its retries, which run at most once) count as one call, as long
+as any of them holds its place. A call that does not run (refused, held for
 approval, replayed, or whose handler never started) gives its places back once it ended, so it does not consume the
 limit; one whose caller went away before it ran gives them back soon after. A place whose call ended with its
 sidecar stays counted until it leaves its window (never more calls than the limit, sometimes fewer).
@@ -35,7 +36,7 @@ from sidecar.pipeline import results
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.history import Reservation, Seen, amount_of, label_entries, meter_entry
 from sidecar.policy.history import HistoryNeeds, Meter, MeterKey
-from sidecar.state import EventKind, Expiry, HistoryEvent, HistoryLog, Store, history_scope
+from sidecar.state import Conversation, EventKind, Expiry, HistoryEvent, HistoryLog, Place, Store, history_scope
 
 __all__ = ["MAX_CONVERSATION_EVENTS", "StoreHistory"]
 
@@ -59,42 +60,40 @@ class StoreHistory:
         return self._store.history
 
     async def seen(self, call: Call, needs: HistoryNeeds) -> Seen:
-        """Count the meters that apply to ``call`` (reserving its places) and read its conversation."""
+        """Count the meters that apply to ``call`` (reserving its places) and read its conversation, in one
+        transaction."""
         now = self._clock()
         self._expiry.poke()
-        reserved: list[Reservation] = []
-        meters: dict[str, object] = {}
+        applying = [meter for meter in needs.meters if meter.applies(call.defn.name, call.defn.side_effect)]
+        places = [self._place(call, meter, now) for meter in applying]
+        reserved = tuple(Reservation(place.scope, now) for place in places)
+        read = Conversation(_conversation(call), now - self._retention, call.request_hash,
+                            MAX_CONVERSATION_EVENTS) if needs.conversation else None
         try:
-            for meter in needs.meters:
-                if meter.applies(call.defn.name, call.defn.side_effect):
-                    meters[meter.name] = await self._reserve(call, meter, now, reserved)
-            events = [] if not needs.conversation else await self._log.conversation(
-                _conversation(call), since=now - self._retention, call_hash=call.request_hash,
-                limit=MAX_CONVERSATION_EVENTS)
+            answer = await self._log.reserve(places, now=now, tool=call.defn.name, request_id=call.request_id,
+                                             conversation=read)
         except StoreUnavailableError as exc:
-            self._release_soon(call, reserved)
+            self._release_soon(call, reserved)  # its transaction may have committed before the answer was lost
             log.error("call history unavailable for request %s: %s", call.request_id, exc)
             raise CallRefused(refusal(exc, consequence="nothing was executed", part="the call history")) from None
         except BaseException:
             self._release_soon(call, reserved)
             raise
-        labels = label_entries((event.name, event.tool, _time(event.at)) for event in events
+        meters = {meter.name: meter_entry(meter, counted, place.amount, now)
+                  for meter, place, counted in zip(applying, places, answer.counts, strict=True)}
+        labels = label_entries((event.name, event.tool, _time(event.at)) for event in answer.events
                                if event.kind is EventKind.LABEL) if needs.labels else []
-        failures = [{"code": event.detail, "time": _time(event.at)} for event in events
+        failures = [{"code": event.detail, "time": _time(event.at)} for event in answer.events
                     if event.kind is EventKind.FAILURE] if needs.failures else []
-        return Seen.of(meters, failures, call.request.conversation_id, labels, tuple(reserved))
+        return Seen.of(meters, failures, call.request.conversation_id, labels, reserved)
 
-    async def _reserve(self, call: Call, meter: Meter, now: float, reserved: list[Reservation]) -> dict[str, object]:
+    def _place(self, call: Call, meter: Meter, now: float) -> Place:
         if meter.window_seconds > self._retention:
             raise CallRefused(ErrorInfo.of(ErrorCode.INTERNAL_ERROR, f"meter {meter.name!r} of the policy looks back "
                                            f"{meter.window_seconds} s, longer than the call history is kept "
                                            f"({self._retention:g} s: store.history_retention_hours)"))
-        amount = amount_of(meter, call)
-        scope = history_scope("meter", meter.name, *_keys(meter, call))
-        counted = await self._log.reserve(scope, now=now, since=now - meter.window_seconds, amount=amount,
-                                          tool=call.defn.name, request_id=call.request_id, key=_key(call))
-        reserved.append(Reservation(scope, now))
-        return meter_entry(meter, counted, amount, now)
+        return Place(history_scope("meter", meter.name, *_keys(meter, call)), now - meter.window_seconds,
+                     amount_of(meter, call), _key(call))
 
     async def settle(self, call: Call, needs: HistoryNeeds, seen: Seen, result: ToolResult) -> ToolResult:
         """Give the places of a call that did not run back; record what one that ran adds to its conversation."""
@@ -144,9 +143,11 @@ class StoreHistory:
             task.add_done_callback(self._releasing.discard)
 
     async def _release(self, call: Call, reserved: Sequence[Reservation]) -> None:
+        if not reserved:
+            return
         try:
-            for place in reserved:
-                await self._log.release(place.scope, at=place.at, request_id=call.request_id)
+            await self._log.release([place.scope for place in reserved], at=reserved[0].at,
+                                    request_id=call.request_id)
         except StoreUnavailableError as exc:  # it stays counted until it leaves its window: never over a limit
             log.error("meter places of request %s could not be given back: %s", call.request_id, exc)
 

@@ -14,11 +14,12 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Deferred", "Dialect", "Driver", "Params", "Row", "StatementRunner", "Transaction", "failed_statement",
-           "naming"]
+__all__ = ["Deferred", "Dialect", "Driver", "Locks", "Params", "Row", "StatementRunner", "Transaction",
+           "failed_statement", "naming"]
 
 Row = tuple[Any, ...]
 Params = Sequence[Any]
+Locks = int | Sequence[int] | None  # the named locks of a transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,10 +108,11 @@ class Driver(StatementRunner, Protocol):
         ``BEGIN IMMEDIATE`` transaction: nothing comes between them."""
         ...
 
-    def transaction(self, *, lock: int | None) -> AbstractAsyncContextManager[Transaction]:
-        """A transaction holding the lock named ``lock`` (a signed 64-bit key; ``None``: no named lock) until it
-        commits, or rolls back on an exception: whoever else takes that lock, in any process, waits. A backend
-        may lock more (SQLite takes its one write lock), never less."""
+    def transaction(self, *, lock: Locks) -> AbstractAsyncContextManager[Transaction]:
+        """A transaction holding the lock named ``lock`` (a signed 64-bit key; several, taken in the order given,
+        which every holder of more than one must keep ascending; ``None``: no named lock) until it commits, or rolls
+        back on an exception: whoever else takes one of those locks, in any process, waits. A backend may lock more
+        (SQLite takes its one write lock), never less."""
         ...
 
     async def aclose(self) -> None:

@@ -15,7 +15,17 @@ from dataclasses import fields
 from typing import Any
 
 from sidecar.errors import StoreUnavailableError
-from sidecar.state.driver import Deferred, Dialect, Driver, Params, Row, StatementRunner, Transaction, failed_statement
+from sidecar.state.driver import (
+    Deferred,
+    Dialect,
+    Driver,
+    Locks,
+    Params,
+    Row,
+    StatementRunner,
+    Transaction,
+    failed_statement,
+)
 from sidecar.state.statements import StoreStatements
 
 __all__ = ["CountingDriver"]
@@ -99,7 +109,7 @@ class CountingDriver(_Counting):
             raise
 
     @contextlib.asynccontextmanager
-    async def transaction(self, *, lock: int | None) -> AsyncIterator[Transaction]:
+    async def transaction(self, *, lock: Locks) -> AsyncIterator[Transaction]:
         runner: _CountingTransaction | None = None
         try:
             async with self.inner.transaction(lock=lock) as inner:

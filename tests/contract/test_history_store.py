@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from sidecar.errors import StoreUnavailableError
-from sidecar.state import EventKind, Expiry, HistoryEvent, HistoryLog, MeterCount, history_scope
+from sidecar.state import Conversation, EventKind, Expiry, HistoryEvent, HistoryLog, MeterCount, Place, history_scope
 from sidecar.state.history import scope_lock
 from tests.contract import test_store_contract as contract
 from tests.contract.test_store_contract import AnyStore, PostgresBackend, Stores
@@ -27,7 +27,18 @@ CALL_HASH, OTHER_HASH = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 
 async def reserve(log: HistoryLog, at: float, *, scope: str = METER, since: float = 0.0, amount: float = 1.0,
                   request_id: str = "r") -> MeterCount:
-    return await log.reserve(scope, now=at, since=since, amount=amount, tool="send_email", request_id=request_id)
+    [counted] = (await log.reserve([Place(scope, since, amount)], now=at, tool="send_email",
+                                   request_id=request_id)).counts
+    return counted
+
+
+async def release(log: HistoryLog, scope: str, *, at: float, request_id: str) -> None:
+    await log.release([scope], at=at, request_id=request_id)
+
+
+def conversation(scope: str = CONVERSATION, *, since: float = 0.0, call_hash: str = CALL_HASH,
+                 limit: int = 10) -> Conversation:
+    return Conversation(scope, since, call_hash, limit)
 
 
 def label(name: str, at: float) -> HistoryEvent:
@@ -79,13 +90,13 @@ async def test_release_gives_back_only_that_requests_reservation(store: AnyStore
     await reserve(log, 100.0, request_id="r1")
     await reserve(log, 110.0, request_id="r2")
     await log.record(METER, [label("pii", 100.0)], request_id="r1")
-    await log.release(METER, at=110.0, request_id="r1")  # r1 reserved at 100, not 110
-    await log.release(METER, at=100.0, request_id="unknown")
-    await log.release(history_scope("other"), at=100.0, request_id="r1")
+    await release(log, METER, at=110.0, request_id="r1")  # r1 reserved at 100, not 110
+    await release(log, METER, at=100.0, request_id="unknown")
+    await release(log, history_scope("other"), at=100.0, request_id="r1")
     assert await reserve(log, 120.0, request_id="r3") == MeterCount(2, 2.0, 100.0)
-    await log.release(METER, at=100.0, request_id="r1")
+    await release(log, METER, at=100.0, request_id="r1")
     assert await reserve(log, 130.0, request_id="r4") == MeterCount(2, 2.0, 110.0)  # r2 and r3
-    assert await log.conversation(METER, since=0.0, call_hash=CALL_HASH, limit=10) == [label("pii", 100.0)]
+    assert await log.conversation(conversation(METER)) == [label("pii", 100.0)]
 
 
 async def test_a_conversation_is_its_labels_and_one_calls_failures_oldest_first(store: AnyStore) -> None:
@@ -98,7 +109,7 @@ async def test_a_conversation_is_its_labels_and_one_calls_failures_oldest_first(
     await reserve(log, 50.0, scope=CONVERSATION)  # a call, not a label
 
     async def read(since: float, limit: int = 10) -> list[HistoryEvent]:
-        return await log.conversation(CONVERSATION, since=since, call_hash=CALL_HASH, limit=limit)
+        return await log.conversation(conversation(since=since, limit=limit))
 
     newest = [label("secret", 20.0), failure(CALL_HASH, 30.0), label("pii", 40.0),
               failure(CALL_HASH, 40.0, "UNAVAILABLE")]
@@ -107,7 +118,7 @@ async def test_a_conversation_is_its_labels_and_one_calls_failures_oldest_first(
     assert await read(20.0) == newest[1:]  # at == since: not after
     assert await read(0.0, limit=3) == newest[1:]
     assert await read(0.0, limit=1) == newest[-1:]
-    assert await log.conversation(CONVERSATION, since=0.0, call_hash=OTHER_HASH, limit=10) == [
+    assert await log.conversation(conversation(call_hash=OTHER_HASH)) == [
         label("pii", 10.0), label("secret", 20.0), failure(OTHER_HASH, 35.0), label("pii", 40.0)]
 
 
@@ -119,10 +130,10 @@ async def test_recorded_events_read_back_whole_and_outlast_a_restart(stores: Sto
     await first.history.record(CONVERSATION, [], request_id="r0")  # nothing
     await first.history.record(CONVERSATION, events, request_id="r1")
     await reserve(first.history, now, amount=2.25, request_id="r2")
-    assert await first.history.conversation(CONVERSATION, since=0.0, call_hash=CALL_HASH, limit=10) == events
+    assert await first.history.conversation(conversation()) == events
     await stores.close(first)
     second = await stores.open()
-    assert await second.history.conversation(CONVERSATION, since=0.0, call_hash=CALL_HASH, limit=10) == events
+    assert await second.history.conversation(conversation()) == events
     assert await reserve(second.history, now + 1, request_id="r3") == MeterCount(1, 2.25, now)
 
 
@@ -139,7 +150,7 @@ async def test_expire_deletes_only_older_events(store: AnyStore) -> None:
     assert await log.expire(20.0) == 2  # the call and the label at 10
     assert await log.expire(20.0) == 0
     assert await reserve(log, 40.0) == MeterCount(2, 2.0, 20.0)
-    assert await log.conversation(CONVERSATION, since=0.0, call_hash=CALL_HASH, limit=10) == [
+    assert await log.conversation(conversation()) == [
         label("l-20.0", 20.0), label("l-30.0", 30.0)]
 
 
@@ -185,9 +196,9 @@ async def test_a_store_whose_history_is_gone_is_unavailable(stores: Stores) -> N
     with pytest.raises(StoreUnavailableError):
         await reserve(log, 100.0)
     with pytest.raises(StoreUnavailableError):
-        await log.release(METER, at=100.0, request_id="r")
+        await release(log, METER, at=100.0, request_id="r")
     with pytest.raises(StoreUnavailableError):
-        await log.conversation(CONVERSATION, since=0.0, call_hash=CALL_HASH, limit=10)
+        await log.conversation(conversation())
     with pytest.raises(StoreUnavailableError):
         await log.record(CONVERSATION, [label("pii", 100.0)], request_id="r")
     with pytest.raises(StoreUnavailableError):
@@ -198,13 +209,39 @@ async def test_calls_of_one_key_count_as_one_while_any_of_them_holds_its_place(s
     log, key = store.history, history_scope("key", "acme", "dev-1", "send_email", "k-1")
 
     async def keyed(at: float, request_id: str, amount: float = 1.0) -> MeterCount:
-        return await log.reserve(METER, now=at, since=0.0, amount=amount, tool="send_email", request_id=request_id,
-                                 key=key)
+        [counted] = (await log.reserve([Place(METER, 0.0, amount, key)], now=at, tool="send_email",
+                                       request_id=request_id)).counts
+        return counted
 
     assert await keyed(100.0, "a") == MeterCount(0, 0.0, None)
     assert await keyed(101.0, "b", 3.0) == MeterCount(0, 0.0, None)  # its own key's calls are not others
-    assert await reserve(log, 102.0, request_id="c") == MeterCount(1, 3.0, 100.0)  # the key once, its largest
-    await log.release(METER, at=100.0, request_id="a")  # the first did not run: the retry still holds the key
-    assert (await reserve(log, 103.0, request_id="d")).count == 2
-    await log.release(METER, at=101.0, request_id="b")  # neither ran: the key is no longer counted
-    assert (await reserve(log, 104.0, request_id="e")) == MeterCount(2, 2.0, 102.0)
+    assert await reserve(log, 102.0, request_id="c") == MeterCount(1, 1.0, 100.0)  # the key once, at its first
+    await release(log, METER, at=100.0, request_id="a")  # the first did not run: the retry takes the key's place
+    assert await reserve(log, 103.0, request_id="d") == MeterCount(2, 4.0, 101.0)
+    await release(log, METER, at=101.0, request_id="b")  # neither ran: the key is no longer counted
+    assert await reserve(log, 104.0, request_id="e") == MeterCount(2, 2.0, 102.0)
+    assert await keyed(105.0, "f") == MeterCount(3, 3.0, 102.0)  # the key again: counted anew
+    await release(log, METER, at=103.0, request_id="d")  # not keyed: no retry takes its place
+    assert await reserve(log, 106.0, request_id="g") == MeterCount(3, 3.0, 102.0)
+
+
+async def test_a_key_whose_counted_call_left_the_window_is_counted_again(store: AnyStore) -> None:
+    log, key = store.history, history_scope("key", "acme", "dev-1", "send_email", "k-1")
+    for at, request_id in ((100.0, "a"), (150.0, "b")):
+        await log.reserve([Place(METER, at - 30.0, 1.0, key)], now=at, tool="send_email", request_id=request_id)
+    assert await reserve(log, 160.0, since=130.0, request_id="c") == MeterCount(1, 1.0, 150.0)
+
+
+async def test_one_reservation_counts_every_meter_and_reads_the_conversation(store: AnyStore) -> None:
+    log, other = store.history, history_scope("writes", "acme")
+    await log.record(CONVERSATION, [label("pii", 90.0), failure(CALL_HASH, 95.0)], request_id="r0")
+    await reserve(log, 95.0, scope=other, amount=5.0, request_id="r0")
+    reserved = await log.reserve([Place(METER, 0.0, 1.0), Place(other, 0.0, 2.0)], now=100.0, tool="send_email",
+                                 request_id="r1", conversation=conversation())
+    assert reserved.counts == [MeterCount(0, 0.0, None), MeterCount(1, 5.0, 95.0)]
+    assert reserved.events == [label("pii", 90.0), failure(CALL_HASH, 95.0)]
+    assert (await log.reserve([], now=101.0, tool="t", request_id="r2", conversation=conversation())).events == (
+        reserved.events)  # no meter: the conversation alone
+    await log.release([METER, other], at=100.0, request_id="r1")
+    assert await reserve(log, 110.0, scope=other, request_id="r3") == MeterCount(1, 5.0, 95.0)
+    assert await reserve(log, 110.0, request_id="r3") == MeterCount(0, 0.0, None)

@@ -15,7 +15,7 @@ from sidecar.canonical import sha256_hex
 from sidecar.config.store import StoreKind
 from sidecar.contract import OperationState
 from sidecar.errors import StoreUnavailableError
-from sidecar.state import MeterCount
+from sidecar.state import MeterCount, Place
 from sidecar.state.chain import EVENT_COLUMNS, GENESIS_HASH, LATER_COLUMNS, verify_store
 from sidecar.state.driver import Driver
 from sidecar.state.migrate import migrate, migrations
@@ -141,20 +141,27 @@ async def test_events_chained_before_the_decision_log_still_verify_after_it(stor
     assert broken is not None and "do not match its hash" in broken.problem
 
 
-async def test_version_10_adds_the_history_indexed_by_scope_and_time(stores: Stores) -> None:
+async def test_version_10_adds_the_history_and_11_counts_each_key_once_from_covering_indexes(stores: Stores) -> None:
     async with driver_of(stores) as driver:
-        assert await migrate(driver, target=9) == 9
-    store = await stores.open()
-    assert await store.history.reserve("0" * 32, now=2.0, since=0.0, amount=1.5, tool="t", request_id="r1") == (
-        MeterCount(0, 0.0, None))
-    assert await store.history.expire(3.0) == 1
+        assert await migrate(driver, target=10) == 10
+    for at, name in ((1.0, "k"), (2.0, ""), (3.0, "k"), (4.0, "k2"), (5.0, "k")):
+        stores.backend.execute("INSERT INTO toolbooth_history (scope, at, kind, name, tool, detail, amount, "
+                               "request_id) VALUES (%s, %s, 'call', %s, 't', '', 1.0, 'r')", ("0" * 32, at, name))
+    store = await stores.open()  # migrates to the latest
+    kinds = stores.backend.execute("SELECT at, kind FROM toolbooth_history ORDER BY at")
+    assert [(float(at), kind) for at, kind in kinds] == [
+        (1.0, "call"), (2.0, "call"), (3.0, "retry"), (4.0, "call"), (5.0, "retry")]  # a key counted at its first
+    [counted] = (await store.history.reserve([Place("0" * 32, 0.0, 1.0)], now=6.0, tool="t", request_id="r")).counts
+    assert counted == MeterCount(3, 3.0, 1.0)
+    assert await store.history.expire(7.0) == 6
     if backend_name(stores) == "sqlite":
         indexes = stores.backend.execute("SELECT il.name, group_concat(ii.name) FROM sqlite_master il, "
                                          "pragma_index_info(il.name) ii WHERE il.type = 'index' "
                                          "AND il.tbl_name = 'toolbooth_history' GROUP BY il.name")
     else:
-        indexes = stores.backend.execute("SELECT indexname, regexp_replace(indexdef, '.*\\((.*)\\)', '\\1') "
-                                         "FROM pg_indexes WHERE tablename = 'toolbooth_history' "
+        indexes = stores.backend.execute("SELECT indexname, regexp_replace(indexdef, '[^(]*\\(([^)]*)\\).*', "
+                                         "'\\1') FROM pg_indexes WHERE tablename = 'toolbooth_history' "
                                          "AND schemaname = current_schema() AND indexname <> 'toolbooth_history_pkey'")
     assert {name: columns.replace(" ", "") for name, columns in indexes} == {
-        "toolbooth_history_scope": "scope,at", "toolbooth_history_at": "at"}
+        "toolbooth_history_scope": "scope,kind,at,amount,name", "toolbooth_history_at": "at",
+        "toolbooth_history_key": "name,scope,kind,at"}

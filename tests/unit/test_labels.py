@@ -26,7 +26,7 @@ from sidecar.pipeline import Pipeline
 from sidecar.policy import Decision, DelegatingEngine, PolicyEngine, Stage
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.input import PolicyInput
-from sidecar.state import EventKind, HistoryEvent, history_scope
+from sidecar.state import Conversation, EventKind, HistoryEvent, history_scope
 from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.definition import RetryPolicy, ToolContext, ToolDefinition, ToolDefinitionError, tool
 from sidecar.tools.isolation.paths import handler_path
@@ -260,8 +260,7 @@ def conversation_scope(who: Principal, conversation: str | None) -> str:
 
 async def events(pipeline: Pipeline, who: Principal, conversation: str | None) -> list[HistoryEvent]:
     """The conversation's labels (and no call's failures) as the store holds them."""
-    return await pipeline.store.history.conversation(conversation_scope(who, conversation), since=0.0,
-                                                     call_hash="", limit=100)
+    return await pipeline.store.history.conversation(Conversation(conversation_scope(who, conversation), 0.0, "", 100))
 
 
 def history_rows(tmp_path: Path) -> int:

@@ -35,7 +35,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from sidecar.errors import StoreRefusedError, StoreUnavailableError
-from sidecar.state.driver import Deferred, Dialect, Params, Row, StatementRunner, Transaction
+from sidecar.state.driver import Deferred, Dialect, Locks, Params, Row, StatementRunner, Transaction
 
 __all__ = ["POSTGRES", "PostgresDriver", "reason"]
 
@@ -137,13 +137,13 @@ class PostgresDriver:
         return self._session()
 
     @asynccontextmanager
-    async def transaction(self, *, lock: int | None) -> AsyncIterator[Transaction]:
-        """A transaction holding the advisory lock ``lock`` (if any) until it ends."""
+    async def transaction(self, *, lock: Locks) -> AsyncIterator[Transaction]:
+        """A transaction holding the advisory lock ``lock`` (or each of several, in order; if any) until it ends."""
         async with self._session() as session:  # BEGIN and COMMIT are statements too: each answered in time
             await session.execute("BEGIN")
             try:
-                if lock is not None:
-                    await session.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+                for key in () if lock is None else (lock,) if isinstance(lock, int) else lock:
+                    await session.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
                 yield session
             except BaseException:
                 with contextlib.suppress(psycopg.Error):  # a connection that failed is discarded anyway

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sidecar.errors import StoreRefusedError, StoreUnavailableError
-from sidecar.state.driver import Deferred, Dialect, Params, Row, StatementRunner, Transaction, naming
+from sidecar.state.driver import Deferred, Dialect, Locks, Params, Row, StatementRunner, Transaction, naming
 
 __all__ = ["SQLITE", "SqliteDriver", "connect", "insert_many", "script_statements"]
 
@@ -248,7 +248,7 @@ class SqliteDriver:
         return self.transaction(lock=0)
 
     @asynccontextmanager
-    async def transaction(self, *, lock: int | None) -> AsyncIterator[Transaction]:
+    async def transaction(self, *, lock: Locks) -> AsyncIterator[Transaction]:
         """A ``BEGIN IMMEDIATE`` transaction: the write lock covers every ``lock``."""
         async with self._lock:
             transaction = _Transaction(self._worker)
