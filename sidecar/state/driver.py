@@ -102,6 +102,11 @@ class Driver(StatementRunner, Protocol):
         """How this backend spells what differs."""
         ...
 
+    async def read(self, sql: str, params: Params = ()) -> list[Row]:
+        """The rows of a short query that writes nothing, answered where it costs least: as ``fetch``, or (SQLite)
+        from the calling thread when the database answers at once."""
+        ...
+
     def session(self) -> AbstractAsyncContextManager[StatementRunner]:
         """Statements on one connection, no other statement of this driver between them. On PostgreSQL they
         are autocommit statements: other sidecars' writes may come between them. On SQLite the session is a

@@ -192,7 +192,7 @@ class HistoryLog:
         ``read.call_hash``, oldest first (by ``at``, then as written), at most ``read.limit``: the newest, when there
         are more."""
         driver = self._driver()
-        return _events(await driver.fetch(_statements(driver.dialect).conversation, _read(read)))
+        return _events(await driver.read(_statements(driver.dialect).conversation, _read(read)))
 
     async def record(self, scope: str, events: Sequence[HistoryEvent], *, request_id: str) -> None:
         """Add ``events`` (labels and failures) to ``scope`` in one transaction, durable on return."""

@@ -96,6 +96,13 @@ class CountingDriver(_Counting):
     def dialect(self) -> Dialect:
         return self.inner.dialect
 
+    async def read(self, sql: str, params: Params = ()) -> list[Row]:
+        try:
+            return await self.inner.read(sql, params)
+        except StoreUnavailableError:
+            self._failed(sql)
+            raise
+
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[StatementRunner]:
         runner: _Counting | None = None

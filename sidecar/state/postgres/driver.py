@@ -127,6 +127,10 @@ class PostgresDriver:
         async with self._session() as session:
             return await session.fetch(sql, params)
 
+    async def read(self, sql: str, params: Params = ()) -> list[Row]:
+        """As ``fetch``: a query is a round trip on the event loop already."""
+        return await self.fetch(sql, params)
+
     async def execute(self, sql: str, params: Params = ()) -> int:
         """Run ``sql`` on its own (committed on return); the number of rows it changed."""
         async with self._session() as session:

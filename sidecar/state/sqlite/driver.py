@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -162,6 +163,52 @@ class _Worker:
         self._executor.shutdown(wait=True)
 
 
+class _Reader:
+    """A read-only connection to the file, used on the thread that opened it (the event loop's), that never waits:
+    in WAL mode a reader waits for no writer, and a read the database cannot answer at once (it is busy, or a
+    statement fails) is left to the worker. Short indexed reads cost less here than a trip to the worker thread."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path, self._thread = path, 0
+        self._db: sqlite3.Connection | None = None
+        self._closed = path is None
+
+    def rows(self, sql: str, params: Params) -> list[Row] | None:
+        """The rows of ``sql``, or ``None`` when this thread cannot read them at once."""
+        db = self._open()
+        if db is None:
+            return None
+        try:
+            return db.execute(sql, params).fetchall()
+        except sqlite3.Error:
+            return None
+
+    def close(self) -> None:
+        self._closed = True
+        if self._db is not None and self._thread == threading.get_ident():
+            self._db.close()
+        self._db = None
+
+    def _open(self) -> sqlite3.Connection | None:
+        if self._db is not None:
+            return self._db if self._thread == threading.get_ident() else None
+        if self._closed or self._path is None:
+            return None
+        try:
+            db = sqlite3.connect(f"{self._path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+        except sqlite3.Error:
+            self._closed = True  # not readable from here: every read goes to the worker
+            return None
+        try:
+            db.execute("PRAGMA busy_timeout = 0")
+            db.execute("PRAGMA query_only = 1")
+        except sqlite3.Error:
+            db.close()
+            return None
+        self._db, self._thread = db, threading.get_ident()
+        return db
+
+
 class _Transaction:
     """One ``BEGIN IMMEDIATE`` transaction, sent to the worker thread in as few trips as its results allow.
 
@@ -218,9 +265,10 @@ class SqliteDriver:
 
     dialect = SQLITE
 
-    def __init__(self, worker: _Worker) -> None:
+    def __init__(self, worker: _Worker, path: Path | None = None) -> None:
         self._worker = worker
         self._lock = asyncio.Lock()  # held by a transaction, and by each statement outside one
+        self._reader = _Reader(path)
 
     @classmethod
     async def open(cls, path: Path, *, busy_timeout_ms: int = 5000) -> SqliteDriver:
@@ -231,7 +279,7 @@ class SqliteDriver:
         except (sqlite3.Error, OSError) as exc:
             executor.shutdown(wait=False)
             raise StoreUnavailableError(f"cannot open SQLite store at {path}: {exc}") from exc
-        return cls(_Worker(db, executor))
+        return cls(_Worker(db, executor), path)
 
     async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
         """The rows of ``sql``, run on its own."""
@@ -242,6 +290,13 @@ class SqliteDriver:
         """Run ``sql`` on its own (committed on return); the number of rows it changed."""
         async with self._lock:
             return await self._worker.execute(sql, params)
+
+    async def read(self, sql: str, params: Params = ()) -> list[Row]:
+        """The rows of ``sql``, which writes nothing, from a read-only connection of the calling thread (no trip to
+        the worker thread) when the database answers at once; else, or when it fails, as ``fetch`` (which waits
+        within the busy timeout, and reports a failure)."""
+        rows = self._reader.rows(sql, params)
+        return await self.fetch(sql, params) if rows is None else rows
 
     def session(self) -> AbstractAsyncContextManager[StatementRunner]:
         """A ``BEGIN IMMEDIATE`` transaction: no writer, in any process, comes between its statements."""
@@ -260,7 +315,8 @@ class SqliteDriver:
                 raise
 
     async def aclose(self) -> None:
-        """Close the connection and stop the thread."""
+        """Close the connections and stop the thread."""
+        self._reader.close()
         async with self._lock:
             await self._worker.run(self._worker.db.close)
         self._worker.shutdown()
