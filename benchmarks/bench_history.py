@@ -70,7 +70,7 @@ from bench_execute import (
     run_with_children,
     wait_ready,
 )
-from bench_instructions import START_TIMEOUT_S, callgrind, dumped_instructions
+from bench_instructions import START_TIMEOUT_S, callgrind, dumped_instructions, require_valgrind
 from bench_observability import Variant, start_sidecar, stop_child
 
 import sidecar
@@ -291,9 +291,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--configs: name one or more configs, each once")
     if args.keep_callgrind is not None:
         args.keep_callgrind.mkdir(parents=True, exist_ok=True)
-    for tool in ("valgrind", "callgrind_control"):
-        if shutil.which(tool) is None:
-            parser.error(f"{tool} is not installed (Debian: apt-get install valgrind)")
+    require_valgrind(parser)
     return args
 
 

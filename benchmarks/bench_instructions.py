@@ -62,6 +62,13 @@ from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 START_TIMEOUT_S = 300.0  # a sidecar under valgrind starts slowly
 
 
+def require_valgrind(parser: argparse.ArgumentParser) -> None:
+    """Stop with a usage error unless valgrind's callgrind and its control tool are installed."""
+    for tool in ("valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            parser.error(f"{tool} is not installed (Debian: apt-get install valgrind)")
+
+
 def callgrind(pid: int, *options: str) -> None:
     """``callgrind_control OPTIONS PID``: switch instrumentation, zero or dump the counters of a running sidecar."""
     done = subprocess.run(["callgrind_control", *options, str(pid)], capture_output=True, text=True, timeout=120)
@@ -151,9 +158,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.concurrency < 1 or args.calls < 1 or args.warmup < 0:
         parser.error("--concurrency and --calls must be at least 1, --warmup at least 0")
     args.variants = variants_of(args)
-    for tool in ("valgrind", "callgrind_control"):
-        if shutil.which(tool) is None:
-            parser.error(f"{tool} is not installed (Debian: apt-get install valgrind)")
+    require_valgrind(parser)
     return args
 
 
