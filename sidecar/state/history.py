@@ -1,5 +1,6 @@
 """The history of calls that policies read: metered calls, the labels a conversation's results carried, and
-earlier failures of a call (table ``toolbooth_history``, migrations 0010 and 0011).
+earlier failures of a call (tables ``toolbooth_history`` and ``toolbooth_history_meters``, migrations 0010-0012;
+the SQL is in ``sidecar.state.history_sql``).
 
 Events are grouped by scope, a hashed key (``history_scope``): a meter's, whose calls it counts together, or a
 conversation's. A metered call is reserved before it is decided (``HistoryLog.reserve``): its meters are counted
@@ -9,8 +10,9 @@ one after the other; a call that does not run gives its places back (``release``
 recorded after a call (``record``) and read by the conversation's next calls (``conversation``). Old events are
 deleted by time (``expire``, run by ``sidecar.state.expiry.Expiry``).
 
-A meter counts the ``CALL`` events of its scope in its window: one covering index range (scope, kind, time), so a
-count costs one index entry per counted call, none for anything else. The calls of one idempotency key (a write
+A meter counts the ``CALL`` events of its scope in its window from a tally of the scope, moved along with the
+window: a count reads the events that left the window since the scope's last call (about one per call), not the
+window. The calls of one idempotency key (a write
 and its retries, which run at most once) count as one: a call whose key already holds a counted place in the
 window is added as a ``RETRY`` event, which no meter counts; when the counted one is given back, the oldest
 ``RETRY`` of its key takes its place.
@@ -18,7 +20,6 @@ window is added as a ``RETRY`` event, which no meter counts; when the counted on
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -26,19 +27,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sidecar.state.driver import Dialect, Driver
+from sidecar.state.driver import Deferred, Driver, Transaction
+from sidecar.state.history_sql import CALL, RETRY, HistoryStatements, statements
 
 __all__ = ["Conversation", "EventKind", "HistoryEvent", "HistoryLog", "MeterCount", "Place", "Reserved",
            "history_scope", "scope_lock"]
 
-_COLUMNS = "scope, at, kind, name, tool, detail, amount, request_id"
-
-
 class EventKind(StrEnum):
     """What a history event is."""
 
-    CALL = "call"  # a metered call, counted by a meter (possibly still being decided)
-    RETRY = "retry"  # a metered call of a key that already holds a counted place: counted as that one
+    CALL = CALL  # a metered call, counted by a meter (possibly still being decided)
+    RETRY = RETRY  # a metered call of a key that already holds a counted place: counted as that one
     LABEL = "label"  # a label a conversation's result carried
     FAILURE = "failure"  # an earlier failure of a call
 
@@ -98,45 +97,6 @@ def scope_lock(scope: str) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class _Statements:
-    """The history's SQL in one dialect."""
-
-    count: str  # a scope's counted calls after a time but one key's: how many, their sum, the oldest
-    insert: str
-    place: str  # insert a keyed call's event: a RETRY when its key holds a counted place after a time, else a CALL
-    promote: str  # the oldest RETRY of the key of a scope's CALL (at a time, for a request) becomes a CALL
-    release: str  # the event of a scope's call at a time for a request
-    conversation: str  # a scope's labels and one call's failures after a time, newest first, at most a limit
-    expire: str
-
-
-@functools.cache
-def _statements(d: Dialect) -> _Statements:
-    """The statements spelled for ``d``."""
-    call, retry, label, failure = (f"'{kind}'" for kind in (EventKind.CALL, EventKind.RETRY, EventKind.LABEL,
-                                                            EventKind.FAILURE))
-    keyed = f"name <> '' AND kind IN ({call}, {retry})"  # the terms of the partial index toolbooth_history_key
-    return _Statements(
-        count=d.sql("SELECT count(*), coalesce(sum(amount), 0), min(at) FROM toolbooth_history "
-                    f"WHERE scope = ? AND kind = {call} AND at > ? AND (name = '' OR name <> ?)"),
-        insert=d.sql(f"INSERT INTO toolbooth_history ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
-        place=d.sql(f"INSERT INTO toolbooth_history ({_COLUMNS}) SELECT ?, ?, CASE WHEN EXISTS (SELECT 1 FROM "
-                    f"toolbooth_history WHERE name = ? AND scope = ? AND {keyed} AND kind = {call} AND at > ?) "
-                    f"THEN {retry} ELSE {call} END, ?, ?, '', ?, ?"),
-        promote=d.sql(f"UPDATE toolbooth_history SET kind = {call} WHERE id = (SELECT id FROM toolbooth_history "
-                      f"WHERE name = (SELECT name FROM toolbooth_history WHERE scope = ? AND kind = {call} "
-                      "AND at = ? AND request_id = ? AND name <> '') "
-                      f"AND scope = ? AND {keyed} AND kind = {retry} ORDER BY at, id LIMIT 1)"),
-        release=d.sql(f"DELETE FROM toolbooth_history WHERE scope = ? AND kind IN ({call}, {retry}) AND at = ? "
-                      "AND request_id = ?"),
-        conversation=d.sql("SELECT kind, name, tool, detail, at FROM toolbooth_history WHERE scope = ? AND at > ? "
-                           f"AND (kind = {label} OR (kind = {failure} AND name = ?)) "
-                           "ORDER BY at DESC, id DESC LIMIT ?"),
-        expire=d.sql("DELETE FROM toolbooth_history WHERE at < ?"),
-    )
-
-
-@dataclass(frozen=True, slots=True)
 class Reserved:
     """What ``HistoryLog.reserve`` read: each place's meter count, in order, and the conversation's events."""
 
@@ -160,19 +120,29 @@ class HistoryLog:
         if not places:
             return Reserved([], [] if conversation is None else await self.conversation(conversation))
         driver = self._driver()
-        sql = _statements(driver.dialect)
+        sql = statements(driver.dialect)
         async with driver.transaction(lock=sorted({scope_lock(place.scope) for place in places})) as tx:
-            counted = []
-            for place in places:
-                counted.append(await tx.later(sql.count, (place.scope, place.since, place.key)))
-                if place.key:
-                    await tx.later(sql.place, (place.scope, now, place.key, place.scope, place.since, place.key,
-                                               tool, place.amount, request_id))
-                else:
-                    await tx.later(sql.insert, (place.scope, now, EventKind.CALL.value, "", tool, "", place.amount,
-                                                request_id))
+            tallies = [await self._place(tx, sql, place, now, tool, request_id) for place in places]
             read = None if conversation is None else await tx.later(sql.conversation, _read(conversation))
-        return Reserved([_count(deferred.rows) for deferred in counted], [] if read is None else _events(read.rows))
+        return Reserved([_count(deferred.rows) for deferred in tallies], [] if read is None else _events(read.rows))
+
+    @staticmethod
+    async def _place(tx: Transaction, sql: HistoryStatements, place: Place, now: float, tool: str,
+                     request_id: str) -> Deferred:
+        """Bring the scope's tally to the place's window, read it, and add the call's event (counted in the tally
+        unless its key holds a counted place)."""
+        scope, since, key = place.scope, place.since, place.key
+        await tx.later(sql.start, (scope, since, scope, since, scope, since, scope))
+        await tx.later(sql.leave, (since, since, since, scope, since))
+        await tx.later(sql.come_back, (since, since, since, scope, since))
+        tallied = await tx.later(sql.tallied, (scope, scope, since, scope, scope, since, scope, since, key,
+                                               key, scope, since, key, scope, since))
+        await tx.later(sql.add, (place.amount, scope, now, key, scope, since))
+        if key:
+            await tx.later(sql.place, (scope, now, key, scope, since, key, tool, place.amount, request_id))
+        else:
+            await tx.later(sql.insert, (scope, now, CALL, "", tool, "", place.amount, request_id))
+        return tallied
 
     async def release(self, scopes: Sequence[str], *, at: float, request_id: str) -> None:
         """Delete the events ``reserve`` added at ``at`` for ``request_id`` on ``scopes``, in one transaction holding
@@ -181,18 +151,21 @@ class HistoryLog:
         if not scopes:
             return
         driver = self._driver()
-        sql = _statements(driver.dialect)
+        sql = statements(driver.dialect)
         async with driver.transaction(lock=sorted({scope_lock(scope) for scope in scopes})) as tx:
             for scope in scopes:
-                await tx.later(sql.promote, (scope, at, request_id, scope))
-                await tx.later(sql.release, (scope, at, request_id))
+                released, taker = (scope, at, request_id), (scope, at, request_id, scope)
+                await tx.later(sql.drop, (*released, scope, at, *released))
+                await tx.later(sql.promoted, (*taker, scope, *taker))
+                await tx.later(sql.promote, taker)
+                await tx.later(sql.release, released)
 
     async def conversation(self, read: Conversation) -> list[HistoryEvent]:
         """The ``LABEL`` events of a conversation after ``read.since`` and its ``FAILURE`` events of the call
         ``read.call_hash``, oldest first (by ``at``, then as written), at most ``read.limit``: the newest, when there
         are more."""
         driver = self._driver()
-        return _events(await driver.read(_statements(driver.dialect).conversation, _read(read)))
+        return _events(await driver.read(statements(driver.dialect).conversation, _read(read)))
 
     async def record(self, scope: str, events: Sequence[HistoryEvent], *, request_id: str) -> None:
         """Add ``events`` (labels and failures) to ``scope`` in one transaction, durable on return."""
@@ -203,12 +176,17 @@ class HistoryLog:
         driver = self._driver()
         rows = [(scope, e.at, e.kind.value, e.name, e.tool, e.detail, 0.0, request_id) for e in events]
         async with driver.transaction(lock=None) as tx:
-            await tx.execute_many(_statements(driver.dialect).insert, rows)
+            await tx.execute_many(statements(driver.dialect).insert, rows)
 
     async def expire(self, before: float) -> int:
-        """Delete every event before ``before`` (epoch seconds); how many."""
+        """Delete every event before ``before`` (epoch seconds), and the meter tallies starting before it, in one
+        transaction (a tally kept counts no event deleted); how many events."""
         driver = self._driver()
-        return await driver.execute(_statements(driver.dialect).expire, (before,))
+        sql = statements(driver.dialect)
+        async with driver.transaction(lock=None) as tx:
+            await tx.later(sql.expire_tallies, (before,))
+            deleted = await tx.later(sql.expire, (before,))
+        return deleted.changed
 
 
 def _read(conversation: Conversation) -> tuple[str, float, str, int]:
@@ -216,8 +194,10 @@ def _read(conversation: Conversation) -> tuple[str, float, str, int]:
 
 
 def _count(rows: Sequence[Sequence[Any]]) -> MeterCount:
-    [(count, total, oldest)] = rows
-    return MeterCount(int(count), float(total), None if oldest is None else float(oldest))
+    """A tally as ``tallied`` reads it, the calls of the reserving call's own key taken off."""
+    [(calls, total, oldest, key_calls, key_total)] = rows
+    return MeterCount(int(calls) - int(key_calls), float(total) - float(key_total),
+                      None if oldest is None else float(oldest))
 
 
 def _events(rows: Sequence[Sequence[Any]]) -> list[HistoryEvent]:

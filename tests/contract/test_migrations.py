@@ -141,7 +141,7 @@ async def test_events_chained_before_the_decision_log_still_verify_after_it(stor
     assert broken is not None and "do not match its hash" in broken.problem
 
 
-async def test_version_10_adds_the_history_and_11_counts_each_key_once_from_covering_indexes(stores: Stores) -> None:
+async def test_versions_10_to_12_add_the_history_count_each_key_once_and_tally_meters(stores: Stores) -> None:
     async with driver_of(stores) as driver:
         assert await migrate(driver, target=10) == 10
     for at, name in ((1.0, "k"), (2.0, ""), (3.0, "k"), (4.0, "k2"), (5.0, "k")):
@@ -153,6 +153,8 @@ async def test_version_10_adds_the_history_and_11_counts_each_key_once_from_cove
         (1.0, "call"), (2.0, "call"), (3.0, "retry"), (4.0, "call"), (5.0, "retry")]  # a key counted at its first
     [counted] = (await store.history.reserve([Place("0" * 32, 0.0, 1.0)], now=6.0, tool="t", request_id="r")).counts
     assert counted == MeterCount(3, 3.0, 1.0)
+    assert [tuple(map(float, row)) for row in stores.backend.execute(  # version 12: the meter's tally, counted once
+        "SELECT since, calls, total FROM toolbooth_history_meters")] == [(0.0, 4.0, 4.0)]
     assert await store.history.expire(7.0) == 6
     if backend_name(stores) == "sqlite":
         indexes = stores.backend.execute("SELECT il.name, group_concat(ii.name) FROM sqlite_master il, "
@@ -164,4 +166,4 @@ async def test_version_10_adds_the_history_and_11_counts_each_key_once_from_cove
                                          "AND schemaname = current_schema() AND indexname <> 'toolbooth_history_pkey'")
     assert {name: columns.replace(" ", "") for name, columns in indexes} == {
         "toolbooth_history_scope": "scope,kind,at,amount,name", "toolbooth_history_at": "at",
-        "toolbooth_history_key": "name,scope,kind,at"}
+        "toolbooth_history_key": "name,scope,kind,at,amount"}
