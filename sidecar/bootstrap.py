@@ -61,7 +61,7 @@ async def open_sidecar(settings: Settings, *, registry: Registry | None = None, 
                        stages: Stages | None = None) -> tuple[ReloadingEngine, Pipeline]:
     """The reloading policy engine and the pipeline deciding with it (through the decision cache), with ``stages``
     added to its chain; with ``metrics.listen``, both counting into the pipeline's ``metrics``."""
-    reloader = await open_reloading(settings.policy)
+    reloader = await _open_policies(settings)
     reloader.metrics = metrics = Metrics() if settings.metrics.listen is not None else None
     try:
         return reloader, await open_pipeline(settings, registry=registry, policy=with_cache(reloader, settings.policy),
@@ -84,7 +84,7 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
         registry = Registry.for_settings(settings)
     tracing = Tracing.from_env() if tracing is None else tracing
     try:
-        engine = policy or with_cache(await open_reloading(settings.policy), settings.policy)
+        engine = policy or with_cache(await _open_policies(settings), settings.policy)
     except BaseException:
         await tracing.aclose()
         raise
@@ -113,6 +113,12 @@ async def open_pipeline(settings: Settings, *, registry: Registry | None = None,
         await pipeline.aclose()
         raise
     return pipeline
+
+
+async def _open_policies(settings: Settings) -> ReloadingEngine:
+    """The reloading policy engine; a set with a meter looking back further than the history is kept is refused."""
+    return await open_reloading(settings.policy,
+                                history_retention_seconds=settings.store.history_retention_hours * 3600)
 
 
 def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits,

@@ -10,7 +10,8 @@ listeners' caps fit the files this process may open (``sidecar.server.http_guard
 each with its ``plugins.config`` section validated against its settings model, ``isolation`` names
 loaded sync tools whose handlers import by path (no worker process is started), the
 policies load and compile as ``serve`` loads them (a bundle URL is fetched once; an OPA server is not
-contacted: the files it would be sent are compiled here), and the store is reachable (SQLite: the file
+contacted: the files it would be sent are compiled here) with no meter looking back further than
+``store.history_retention_hours``, and the store is reachable (SQLite: the file
 opens read-only or its directory is writable; PostgreSQL: one connection and ``SELECT 1``; neither
 creates nor migrates anything), and so is its local journal (a SQLite file too, holding no writes of
 another store).
@@ -117,18 +118,24 @@ async def _check_policy(settings: Settings) -> str:
     """Load the policies as ``serve`` does, but never contact an engine's server (nor upload to it): what it
     would be sent is compiled here."""
     from sidecar.policy.compiling import compiled
+    from sidecar.policy.embedded import EmbeddedEngine
     from sidecar.policy.engines import engine_for
-    from sidecar.policy.factory import open_reloading
+    from sidecar.policy.factory import meter_window_check, open_reloading
     from sidecar.policy.files import checked_files
 
-    policy = settings.policy
+    policy, retention = settings.policy, settings.store.history_retention_hours * 3600
     factory = engine_for(policy)
     if (managed := factory.managed(policy)) is not None:
         return f"{managed} (not contacted)"
     if factory.contacts_server:
         files = await compiled(checked_files, policy.path)
+        engine = EmbeddedEngine(files)  # the files the server would be sent, their meters read here
+        try:
+            await meter_window_check(retention)(engine)
+        finally:
+            await engine.aclose()
         return f"{factory.label(policy)} (not contacted): directory {policy.path}, revision {files.revision()}"
-    reloader = await open_reloading(policy)
+    reloader = await open_reloading(policy, history_retention_seconds=retention)
     try:
         return f"{factory.label(policy)}: {reloader.status.source}, revision {reloader.revision}"
     finally:

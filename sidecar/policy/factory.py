@@ -2,16 +2,19 @@
 
 Which engine decides, and how it opens, is the row of ``policy.engine`` in ``sidecar.policy.engines``;
 here it is put behind hot reload (a directory, a bundle, or nothing to watch when its server manages the
-policies) and the decision cache. Closing one is ``await engine.aclose()``, whatever it wraps.
+policies) and the decision cache. Closing one is ``await engine.aclose()``, whatever it wraps. Given how long the
+store keeps the call history, every set loaded (the first one, each reload) is refused if one of its meters looks
+back further (``meter_window_check``).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 
 from sidecar.config import PolicySettings
-from sidecar.errors import PolicyLoadError
+from sidecar.errors import PolicyEvaluationError, PolicyLoadError
 from sidecar.policy.bundle.fetch import BundleFetcher
 from sidecar.policy.bundle.signing import VerificationConfig
 from sidecar.policy.cache import CachingEngine
@@ -20,10 +23,13 @@ from sidecar.policy.devtools.runner import Outcome, run_tests
 from sidecar.policy.engine import PolicyEngine
 from sidecar.policy.engines import engine_for
 from sidecar.policy.files import checked_files
-from sidecar.policy.reload import PolicySource, ReloadingEngine
+from sidecar.policy.history import check_meter_windows
+from sidecar.policy.reload import PolicyCheck, PolicySource, ReloadingEngine
 from sidecar.policy.sources import BundleSource, DirectorySource, FixedSource
 
-__all__ = ["open_reloading", "policy_source", "reload_interval", "with_cache"]
+__all__ = ["meter_window_check", "open_reloading", "policy_source", "reload_interval", "with_cache"]
+
+log = logging.getLogger("toolbooth.policy.reload")
 
 
 def policy_source(settings: PolicySettings) -> PolicySource:
@@ -58,13 +64,35 @@ def reload_interval(settings: PolicySettings) -> float:
     return settings.reload_interval_seconds
 
 
-async def open_reloading(settings: PolicySettings) -> ReloadingEngine:
+async def open_reloading(settings: PolicySettings, *,
+                         history_retention_seconds: float | None = None) -> ReloadingEngine:
     """The first policy set from ``policy_source``, ready to be watched.
 
     With ``policy.reload_requires_tests`` every set — the first one too — must pass
-    the ``*_test.rego`` tests of ``policy.path`` before it serves.
+    the ``*_test.rego`` tests of ``policy.path`` before it serves. With ``history_retention_seconds``
+    (``store.history_retention_hours`` in seconds) every set is refused whose meter looks back further.
     """
-    return await ReloadingEngine.start(policy_source(settings))
+    check = None if history_retention_seconds is None else meter_window_check(history_retention_seconds)
+    return await ReloadingEngine.start(policy_source(settings), check)
+
+
+def meter_window_check(retention_seconds: float) -> PolicyCheck:
+    """A check refusing (``PolicyLoadError``) an engine with a meter looking back further than ``retention_seconds``.
+
+    An engine that cannot say what it meters (an OPA server not answering) is not refused: it is logged, and each
+    call checks its meters again (``sidecar.pipeline.stored_history``), failing closed.
+    """
+
+    async def check(engine: PolicyEngine) -> None:
+        try:
+            needs = await engine.history_needs()
+        except PolicyEvaluationError as exc:
+            log.warning("cannot read the meters of policy revision %s to check their windows (each call will): %s",
+                        engine.revision, exc)
+            return
+        check_meter_windows(needs, retention_seconds)
+
+    return check
 
 
 async def _require_passing_tests(root: Path) -> None:

@@ -12,7 +12,8 @@ Other keys are the policies' own, but ``limit``, which they compare counts and s
 or more (a string there would switch a limit off). The sidecar computes only what the set reads (``HistoryNeeds``):
 the meters it declares, and the conversation's labels or the call's failures only where its modules or data
 mention ``labels`` or ``failures``, as the decision cache learns whether ``idempotency_key`` is read. A set that
-reads none of it (``NO_HISTORY``) pays nothing.
+reads none of it (``NO_HISTORY``) pays nothing. A meter may not look back further than the store keeps the history
+(``check_meter_windows``, run where a set loads: ``sidecar.policy.factory``).
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ from enum import StrEnum
 from typing import Any
 
 from sidecar.contract import SideEffect
-from sidecar.errors import MalformedDecisionError
+from sidecar.errors import MalformedDecisionError, PolicyLoadError
 
-__all__ = ["HISTORY_RULE", "MAX_WINDOW_SECONDS", "NO_HISTORY", "HistoryNeeds", "Meter", "MeterKey",
-           "parse_history_needs"]
+__all__ = ["HISTORY_RULE", "MAX_WINDOW_SECONDS", "NO_HISTORY", "RETENTION_KEY", "HistoryNeeds", "Meter", "MeterKey",
+           "check_meter_windows", "parse_history_needs"]
 
 HISTORY_RULE = "data.toolbooth.history"
 MAX_WINDOW_SECONDS = 366 * 24 * 3600
 LABELS, FAILURES = "labels", "failures"  # the words whose mention makes the sidecar compute them
+RETENTION_KEY = "store.history_retention_hours"  # how long the store keeps the history a meter counts
 
 
 class MeterKey(StrEnum):
@@ -91,6 +93,16 @@ def parse_history_needs(value: Any, mentions: Callable[[str], bool]) -> HistoryN
         raise MalformedDecisionError(f"{HISTORY_RULE}.meters must be an object of meters by name, got {_shown(meters)}")
     declared = tuple(_meter(name, spec) for name, spec in sorted((meters or {}).items()))
     return HistoryNeeds(declared, mentions(LABELS), mentions(FAILURES))
+
+
+def check_meter_windows(needs: HistoryNeeds, retention_seconds: float) -> None:
+    """``PolicyLoadError`` naming the first meter of ``needs`` that looks back further than the call history is kept
+    (``retention_seconds``): its count would miss the calls already deleted."""
+    for meter in needs.meters:
+        if meter.window_seconds > retention_seconds:
+            raise PolicyLoadError(f"meter {meter.name!r} of the policy looks back {meter.window_seconds} s, longer "
+                                  f"than the call history is kept ({retention_seconds:.15g} s: {RETENTION_KEY}); "
+                                  f"shorten its window_seconds or raise {RETENTION_KEY}")
 
 
 def _meter(name: str, spec: Any) -> Meter:

@@ -7,8 +7,10 @@ read the idempotency key: the facts that change only on a reload, read once then
 loaded — compiled and, if required, tested — and only then swapped in, one assignment
 on the event-loop thread. A set that fails to load is refused: the old revision
 keeps serving, the refusal is logged, and ``status`` reports it until a later
-change loads. Any check of a new set (compiling it, running its tests) belongs to the
-source's ``load``, so nothing is handed to an engine before it passed.
+change loads. The checks of a set's files (compiling them, running its tests) belong to the
+source's ``load``, so nothing is handed to an engine before it passed; a ``PolicyCheck`` then checks the
+engine loaded (its meters against how long the history is kept: ``sidecar.policy.factory``), at start and at
+each reload, before the swap. An engine refused by either is closed, never served.
 
 A call sees one revision: while its pin (``new_pin``, taken at its first decision) is ``deciding``, every decision
 of the call (in its task and the tasks it starts) comes from the set in force at its first decision, even if a
@@ -34,7 +36,7 @@ from sidecar.policy.engine import DelegatingEngine, PolicyEngine
 from sidecar.policy.history import HistoryNeeds
 from sidecar.policy.input import PolicyInput
 
-__all__ = ["Loaded", "Pin", "PolicySource", "ReloadingEngine", "new_pin"]
+__all__ = ["Loaded", "Pin", "PolicyCheck", "PolicySource", "ReloadingEngine", "new_pin"]
 
 log = logging.getLogger("toolbooth.policy.reload")
 
@@ -54,6 +56,10 @@ class PolicySource(Protocol):
     async def load(self) -> PolicyEngine:
         """Compile the current content; ``PolicyLoadError`` naming the file when it cannot."""
         ...
+
+
+# Checks an engine just loaded, before it serves: ``PolicyLoadError`` refuses it.
+PolicyCheck = Callable[[PolicyEngine], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,20 +104,21 @@ class ReloadingEngine(DelegatingEngine):
     is pinned to (``new_pin``). ``inner`` is the engine in force.
     """
 
-    def __init__(self, source: PolicySource, engine: PolicyEngine, fingerprint: str) -> None:
+    def __init__(self, source: PolicySource, engine: PolicyEngine, fingerprint: str,
+                 check: PolicyCheck | None = None) -> None:
         super().__init__(engine)
         self._current = Loaded.of(engine)  # the set in force
         self._previous: Loaded | None = None  # the one before it, open for the calls pinned to it
-        self._source, self._seen = source, fingerprint
+        self._source, self._seen, self._check = source, fingerprint, check
         self.status = ReloadStatus(source.description, engine.revision, _now())
         self.on_status: Callable[[ReloadStatus], Awaitable[None]] | None = None
         self.metrics: Metrics | None = None  # counts each changed set: loaded, refused, or error (unreadable)
 
     @classmethod
-    async def start(cls, source: PolicySource) -> ReloadingEngine:
-        """Load the first policy set; failing here stops start-up."""
+    async def start(cls, source: PolicySource, check: PolicyCheck | None = None) -> ReloadingEngine:
+        """Load the first policy set, checked by ``check`` as every later one is; failing here stops start-up."""
         fingerprint = await source.fingerprint()
-        return cls(source, await source.load(), fingerprint)
+        return cls(source, await _load(source, check), fingerprint, check)
 
     async def reload_if_changed(self) -> ReloadStatus:
         """Look at the source once; load and swap in a changed policy set."""
@@ -120,7 +127,7 @@ class ReloadingEngine(DelegatingEngine):
             return self.status
         self._seen = fingerprint  # a refused set is not retried until it changes again
         try:
-            engine = await self._source.load()
+            engine = await _load(self._source, self._check)
         except PolicyLoadError as exc:
             log.error("policy reload refused, revision %s keeps serving: %s", self.revision, exc)
             self._count("refused")
@@ -212,6 +219,18 @@ class ReloadingEngine(DelegatingEngine):
         self.status = status
         if self.on_status is not None:
             await self.on_status(status)
+
+
+async def _load(source: PolicySource, check: PolicyCheck | None) -> PolicyEngine:
+    """``source``'s set, loaded and passed by ``check``; one it refuses is closed."""
+    engine = await source.load()
+    if check is not None:
+        try:
+            await check(engine)
+        except BaseException:
+            await engine.aclose()
+            raise
+    return engine
 
 
 def _now() -> str:

@@ -239,6 +239,23 @@ def test_serve_with_a_bad_config_exits_2(home: Path, env: dict[str, str]) -> Non
     assert not (home / "tb.sock").exists()
 
 
+def test_serve_refuses_a_meter_looking_back_further_than_the_history_is_kept(home: Path, env: dict[str, str]) -> None:
+    policy = home / "policy"
+    shutil.copytree(bundled_policy_dir(), policy)
+    data = json.loads((policy / "data.json").read_text())
+    data["toolbooth"]["history"]["meters"]["writes_per_principal"]["window_seconds"] = 90000
+    (policy / "data.json").write_text(json.dumps(data))
+    config = write_config(home, policy=policy)
+    config.write_text(config.read_text().replace("\npolicy:", "\n  history_retention_hours: 24\npolicy:"))
+    done = toolbooth("serve", "--config", str(config), env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.endswith(
+        "toolbooth: error: meter 'writes_per_principal' of the policy looks back 90000 s, longer than the call "
+        "history is kept (86400 s: store.history_retention_hours); shorten its window_seconds or raise "
+        "store.history_retention_hours\n")
+    assert "Traceback" not in done.stderr and not (home / "tb.sock").exists()
+
+
 @pytest.mark.parametrize(("plugins", "variables", "error"), [
     ("  config:\n    email:\n      smtp: {port: 70000}\n", {},
      "config error at plugins.config.email.smtp.port: Input should be less than or equal to 65535"),

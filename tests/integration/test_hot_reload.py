@@ -79,3 +79,20 @@ async def test_policy_status_command(serving: Any, policies: Path, capsys: pytes
     assert await asyncio.to_thread(main, ["policy", "status", "--target", target, "--output", "json"]) == 1
     document = json.loads(capsys.readouterr().out)
     assert document["revision"] in healthy and "authz.rego" in document["last_error"]
+
+
+async def test_a_meter_looking_back_further_than_the_history_is_kept_is_refused(serve_in_background: Any,
+                                                                                policies: Path) -> None:
+    target = await serve_in_background(policy={"path": str(policies), "reload_interval_seconds": 0.05},
+                                       store={"history_retention_hours": 1})
+    async with AsyncClient(target, timeout=5) as client:
+        first = await client.policy_status()
+        data = json.loads((policies / "data.json").read_text())
+        data["toolbooth"]["history"]["meters"]["writes_per_principal"]["window_seconds"] = 7200
+        rewrite(policies / "data.json", json.dumps(data))
+        refused = await until_status(client, lambda status: not status.healthy)
+        assert refused.revision == first.revision
+        assert refused.last_error == ("meter 'writes_per_principal' of the policy looks back 7200 s, longer than the "
+                                      "call history is kept (3600 s: store.history_retention_hours); shorten its "
+                                      "window_seconds or raise store.history_retention_hours")
+        assert (await client.execute("echo", {"text": "x"})).meta.policy_revision == first.revision
