@@ -25,11 +25,12 @@ from sidecar.policy.history import HistoryNeeds, Meter
 from sidecar.policy.input import dumps
 from sidecar.state import MeterCount
 
-__all__ = ["EMPTY", "TRAIL_KEY", "GivenHistory", "HistorySource", "Reservation", "Seen", "amount_of", "label_entries",
-           "meter_entry", "recorded"]
+__all__ = ["EMPTY", "MAX_AMOUNT", "TRAIL_KEY", "GivenHistory", "HistorySource", "Reservation", "Seen", "amount_of",
+           "label_entries", "meter_entry", "recorded"]
 
 
 EMPTY = Seen.of({}, [], None, [])
+MAX_AMOUNT = 2.0 ** 53  # what one call may add to a meter's sum, at most: an integer a double holds exactly
 TRAIL_KEY = "history"  # the call's trail entry of the facts its decisions saw (or of the failure to get them)
 
 
@@ -144,16 +145,18 @@ def _applying(call: Call, needs: HistoryNeeds) -> list[Meter]:
 
 def meter_entry(meter: Meter, counted: MeterCount, amount: float, now: float) -> dict[str, Any]:
     """``input.history.meters[name]`` of a call that adds ``amount``, from what the meter counted before it."""
-    retry = 0 if counted.oldest is None else max(1, math.ceil(counted.oldest + meter.window_seconds - now))
+    # A call counted ahead of this one asked later when it waited less for the meter's lock: never past the window.
+    retry = 0 if counted.oldest is None else min(meter.window_seconds,
+                                                 max(1, math.ceil(counted.oldest + meter.window_seconds - now)))
     return {"count": counted.count, "sum": _number(counted.total), "amount": _number(amount),
             "window_seconds": meter.window_seconds, "retry_after_seconds": retry}
 
 
 def amount_of(meter: Meter, call: Call) -> float:
     """What ``call`` adds to ``meter``'s sum: the number at its ``sum`` pointer (0 for a negative one), a list's
-    length, 0 when absent; a
-    meter without ``sum`` sums nothing. Any other value refuses the call (``INTERNAL_ERROR``: the policy's meter
-    does not fit the tool; a sum it cannot count is not skipped)."""
+    length, 0 when absent; a meter without ``sum`` sums nothing. A number over ``MAX_AMOUNT`` refuses the call
+    (``INVALID_ARGUMENT``: a sum of such amounts would not stay finite); any other value too (``INTERNAL_ERROR``: the
+    policy's meter does not fit the tool; a sum it cannot count is not skipped)."""
     if meter.sum is None:
         return 0.0
     value: Any = call.validated.data
@@ -170,6 +173,9 @@ def amount_of(meter: Meter, call: Call) -> float:
     if isinstance(value, list):
         return float(len(value))
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        if value > MAX_AMOUNT:  # so that sums stay finite in every store
+            raise CallRefused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, f"{meter.sum} is {value:g}, more than the "
+                                           f"policy's meter {meter.name!r} can count (at most {MAX_AMOUNT:g})"))
         return max(0.0, float(value))  # a negative amount (a refund) never lowers what a meter counted
     raise CallRefused(ErrorInfo.of(ErrorCode.INTERNAL_ERROR, f"meter {meter.name!r} of the policy sums {meter.sum}, "
                                    f"which must be a number or a list, not {type(value).__name__}"))

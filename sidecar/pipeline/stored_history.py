@@ -8,7 +8,8 @@ callers, in any number of sidecars sharing the database, each sees the ones befo
 through. Calls of one idempotency key (a write and its retries, which run at most once) count as one call, as long
 as any of them holds its place. A call that does not run (refused, held for
 approval, replayed, or whose handler never started) gives its places back once it ended, so it does not consume the
-limit; one whose caller went away before it ran gives them back soon after. A place whose call ended with its
+limit; one whose caller went away before it ran gives them back soon after; one the store could not take back is
+tried again in the background (at growing intervals, up to 30 s) until it can. A place whose call ended with its
 sidecar stays counted until it leaves its window (never more calls than the limit, sometimes fewer).
 
 **The conversation** (its labels, the call's earlier failures) is read in one query, over
@@ -25,6 +26,7 @@ A store that cannot answer refuses the call (``SERVICE_UNAVAILABLE``, nothing ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -42,6 +44,7 @@ __all__ = ["MAX_CONVERSATION_EVENTS", "StoreHistory"]
 
 _DELIVERED = frozenset({Status.SUCCESS, Status.PARTIAL_SUCCESS})  # results that give their output: their labels
 MAX_CONVERSATION_EVENTS = 1000  # a conversation's newest labels and failures its decisions see, at most
+_MAX_RETRY_DELAY = 30.0  # seconds between tries to give a place back, at most
 
 log = logging.getLogger("toolbooth.pipeline")
 
@@ -49,8 +52,10 @@ log = logging.getLogger("toolbooth.pipeline")
 class StoreHistory:
     """The ``HistorySource`` of a sidecar: its store's history log."""
 
-    def __init__(self, store: Store, *, retention_seconds: float, clock: Callable[[], float] = time.time) -> None:
-        self._store, self._retention, self._clock = store, retention_seconds, clock
+    def __init__(self, store: Store, *, retention_seconds: float, clock: Callable[[], float] = time.time,
+                 retry_delay: float = 0.5) -> None:
+        self._store, self._retention, self._clock, self._retry_delay = store, retention_seconds, clock, retry_delay
+        self._closing = asyncio.Event()
         self._expiry = Expiry(lambda before: store.history.expire(before), retention_seconds, what="history event",
                               aged="recorded")
         self._releasing: set[asyncio.Task[None]] = set()
@@ -72,6 +77,13 @@ class StoreHistory:
         try:
             answer = await self._log.reserve(places, now=now, tool=call.defn.name, request_id=call.request_id,
                                              conversation=read)
+            meters = {meter.name: meter_entry(meter, counted, place.amount, now)
+                      for meter, place, counted in zip(applying, places, answer.counts, strict=True)}
+            labels = label_entries((event.name, event.tool, _time(event.at)) for event in answer.events
+                                   if event.kind is EventKind.LABEL) if needs.labels else []
+            failures = [{"code": event.detail, "time": _time(event.at)} for event in answer.events
+                        if event.kind is EventKind.FAILURE] if needs.failures else []
+            return Seen.of(meters, failures, call.request.conversation_id, labels, reserved)
         except StoreUnavailableError as exc:
             self._release_soon(call, reserved)  # its transaction may have committed before the answer was lost
             log.error("call history unavailable for request %s: %s", call.request_id, exc)
@@ -79,13 +91,6 @@ class StoreHistory:
         except BaseException:
             self._release_soon(call, reserved)
             raise
-        meters = {meter.name: meter_entry(meter, counted, place.amount, now)
-                  for meter, place, counted in zip(applying, places, answer.counts, strict=True)}
-        labels = label_entries((event.name, event.tool, _time(event.at)) for event in answer.events
-                               if event.kind is EventKind.LABEL) if needs.labels else []
-        failures = [{"code": event.detail, "time": _time(event.at)} for event in answer.events
-                    if event.kind is EventKind.FAILURE] if needs.failures else []
-        return Seen.of(meters, failures, call.request.conversation_id, labels, reserved)
 
     def _place(self, call: Call, meter: Meter, now: float) -> Place:
         if meter.window_seconds > self._retention:
@@ -132,24 +137,44 @@ class StoreHistory:
             self._release_soon(call, list(seen.reservations))
 
     async def aclose(self) -> None:
-        """Wait for the places being given back and a running expiry."""
+        """Give back the places still being given back (one last try each, now) and wait for a running expiry."""
+        self._closing.set()
         await asyncio.gather(*self._releasing, return_exceptions=True)
         await self._expiry.aclose()
 
-    def _release_soon(self, call: Call, reserved: Sequence[Reservation]) -> None:
+    def _release_soon(self, call: Call, reserved: Sequence[Reservation], *, tried: bool = False) -> None:
         if reserved:
-            task = asyncio.get_running_loop().create_task(self._release(call, tuple(reserved)))
+            task = asyncio.get_running_loop().create_task(self._release_until_done(call, tuple(reserved), tried))
             self._releasing.add(task)
             task.add_done_callback(self._releasing.discard)
 
     async def _release(self, call: Call, reserved: Sequence[Reservation]) -> None:
-        if not reserved:
-            return
+        """Give the places back now, or keep trying in the background: a place the store could not take back
+        would hold its meter's limit for the rest of its window."""
+        if reserved and not await self._released(call, reserved):
+            self._release_soon(call, reserved, tried=True)
+
+    async def _release_until_done(self, call: Call, reserved: Sequence[Reservation], tried: bool) -> None:
+        """Try to give the places back until the store takes them (first, unless ``tried`` just now), at growing
+        intervals (up to 30 s), while they may still count (their history is kept) and the sidecar runs (then a
+        last try)."""
+        delay = self._retry_delay
+        while tried or not await self._released(call, reserved):
+            if self._closing.is_set() or self._clock() - reserved[0].at > self._retention:
+                log.error("meter places of request %s stay counted until they leave their window", call.request_id)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), delay)
+            delay, tried = min(delay * 2, _MAX_RETRY_DELAY), False
+
+    async def _released(self, call: Call, reserved: Sequence[Reservation]) -> bool:
         try:
             await self._log.release([place.scope for place in reserved], at=reserved[0].at,
                                     request_id=call.request_id)
-        except StoreUnavailableError as exc:  # it stays counted until it leaves its window: never over a limit
-            log.error("meter places of request %s could not be given back: %s", call.request_id, exc)
+        except StoreUnavailableError as exc:
+            log.warning("meter places of request %s could not be given back yet: %s", call.request_id, exc)
+            return False
+        return True
 
 
 def _keys(meter: Meter, call: Call) -> list[str]:

@@ -377,7 +377,7 @@ async def test_values_a_summing_meter_cannot_count_and_oversized_conversation_id
         assert refused.error is not None and "meter 'amounts' of the policy sums /payload/n" in refused.error.message
     # A negative amount adds nothing, a list its length, an absent or null one nothing; past the limit: refused.
     for value, expected in ((-1e300, "success"), ([1] * 6, "success"), (None, "success"), (4, "success"),
-                            (1, "RATE_LIMITED"), (1e308, "RATE_LIMITED")):
+                            (1, "RATE_LIMITED"), (1e308, "INVALID_ARGUMENT")):
         answer = await agent.execute("nested", {"payload": {"n": value}})
         assert code(answer) == expected, (value, answer)
     # A conversation id over 256 bytes is refused before anything is read or counted.
@@ -385,3 +385,21 @@ async def test_values_a_summing_meter_cannot_count_and_oversized_conversation_id
     assert code(long) == "INVALID_ARGUMENT" and long.error is not None and long.error.field == "conversation_id"
     assert await running.pipeline.store.driver.fetch(  # type: ignore[attr-defined]
         "SELECT count(*), sum(amount) FROM toolbooth_history WHERE kind = 'call'") == [(4, 10.0)]
+
+
+async def test_amounts_no_sum_could_hold_are_refused_and_poison_no_meter_without_a_limit(
+        serve: Serve, store_section: dict[str, Any], tmp_path: Path) -> None:
+    """Found from outside: three calls adding 1e308 each made a meter without a limit sum to infinity (SQLite: every
+    later call an untyped gRPC INTERNAL error, its place never given back; PostgreSQL: an overflow, every later call
+    SERVICE_UNAVAILABLE) for the rest of the window, for everyone the meter counts together."""
+    amounts = {"amounts": {"by": ["tenant"], "window_seconds": 60, "tools": ["nested"], "sum": "/payload/n"}}
+    running = await serve(basic_registry(), policies=with_meters(tmp_path / "policies", amounts), store=store_section)
+    for _ in range(3):
+        refused = await running.client("mo").execute("nested", {"payload": {"n": 1e308}})
+        assert code(refused) == "INVALID_ARGUMENT" and refused.error is not None, refused
+        assert refused.error.message == ("/payload/n is 1e+308, more than the policy's meter 'amounts' can count "
+                                         "(at most 9.0072e+15)")
+    for who in ("mo", "ned"):  # the same tenant's meter
+        assert code(await running.client(who).execute("nested", {"payload": {"n": 1e15}})) == "success"
+    assert await running.pipeline.store.driver.fetch(  # type: ignore[attr-defined]
+        "SELECT count(*), sum(amount) FROM toolbooth_history WHERE kind = 'call'") == [(2, 2e15)]

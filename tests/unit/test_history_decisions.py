@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from sidecar.contract import RETRY_AFTER_SECONDS, CallRequest, ErrorCode, ErrorInfo, Principal, SideEffect
 from sidecar.errors import CallRefused, MalformedDecisionError
 from sidecar.pipeline.call import Arguments, Call
-from sidecar.pipeline.history import EMPTY, GivenHistory, amount_of, label_entries, meter_entry, recorded
+from sidecar.pipeline.history import EMPTY, MAX_AMOUNT, GivenHistory, amount_of, label_entries, meter_entry, recorded
 from sidecar.policy import Decision, Stage, parse_decision
 from sidecar.policy.decision import MAX_RETRY_AFTER_SECONDS
 from sidecar.policy.history import HistoryNeeds, Meter, MeterKey
@@ -170,6 +170,17 @@ def test_a_value_that_cannot_be_summed_refuses_the_call(pointer: str, kind: str)
                              f"not {kind}")
 
 
+@pytest.mark.parametrize("amount", [MAX_AMOUNT + 2, 1e308, 2 ** 70])
+def test_an_amount_a_sum_could_not_hold_refuses_the_call_as_an_invalid_argument(amount: float) -> None:
+    with pytest.raises(CallRefused) as refused:
+        amount_of(summing("/amount"), called({"amount": amount}))
+    [error] = refused.value.errors
+    assert error.code is ErrorCode.INVALID_ARGUMENT
+    assert error.message == (f"/amount is {amount:g}, more than the policy's meter 'spend' can count "
+                             "(at most 9.0072e+15)")
+    assert amount_of(summing("/amount"), called({"amount": MAX_AMOUNT})) == MAX_AMOUNT
+
+
 def test_an_index_that_is_not_ascii_digits_is_no_index() -> None:
     """``"²"`` is a digit to ``str.isdigit`` but no array index (RFC 6901: ASCII digits): the value is absent, or
     else the call is refused, never a ``ValueError`` out of the history stage."""
@@ -196,13 +207,14 @@ def test_a_meter_that_counted_nothing_says_retry_after_0() -> None:
     (1000.0, 1059.5, 1),
     (1000.0, 1060.0, 1),  # at least 1
     (1000.0, 2000.0, 1),
-    (1000.25, 1000.0, 61),
+    (1000.25, 1000.0, 60),  # counted ahead of this call, which asked earlier: never past the window
+    (1500.0, 1000.0, 60),
 ])
 def test_retry_after_is_when_the_oldest_counted_call_leaves_the_window(oldest: float, now: float,
                                                                        retry: int) -> None:
     entry = meter_entry(summing(None), MeterCount(3, 0.0, oldest), 0.0, now)
     assert entry["retry_after_seconds"] == retry and type(entry["retry_after_seconds"]) is int
-    assert entry["retry_after_seconds"] == max(1, math.ceil(oldest + 60 - now))
+    assert entry["retry_after_seconds"] == min(60, max(1, math.ceil(oldest + 60 - now)))
     assert entry["count"] == 3
 
 
