@@ -317,15 +317,18 @@ def grpc_call(stub: pb_grpc.ToolServiceStub, request: pb.ExecuteToolRequest, exp
     return call
 
 
-def distinct_grpc_call(stub: pb_grpc.ToolServiceStub, *, check_result: bool) -> Call:
-    """``ExecuteTool`` of ``calculate`` add [2, n] with a new ``n`` on every call, so no two calls share their
-    arguments (nor their authz and approval decisions); the result must be ``2 + n`` when ``check_result``
-    (the echo answers every call alike: its replies are parsed as well, so the client does the same work)."""
-    numbers = itertools.count(1)
+def distinct_grpc_call(stub: pb_grpc.ToolServiceStub, *, check_result: bool, conversation_id: str | None = None,
+                       first: int = 1) -> Call:
+    """``ExecuteTool`` of ``calculate`` add [2, n] with a new ``n`` on every call (from ``first``), so no two calls
+    share their arguments (nor their authz and approval decisions); the result must be ``2 + n`` when
+    ``check_result`` (the echo answers every call alike: its replies are parsed as well, so the client does the same
+    work). Each call in ``conversation_id``, if given."""
+    numbers = itertools.count(first)
 
     async def call() -> str | None:
         n = next(numbers)
-        request = pb.ExecuteToolRequest(tool=TOOL, arguments_json=f'{{"operation":"add","operands":[2,{n}]}}')
+        request = pb.ExecuteToolRequest(tool=TOOL, arguments_json=f'{{"operation":"add","operands":[2,{n}]}}',
+                                        conversation_id=conversation_id)
         try:
             reply = await stub.ExecuteTool(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:

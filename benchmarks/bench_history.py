@@ -58,10 +58,12 @@ from typing import Any
 
 import grpc
 from bench_execute import (
+    ARGUMENT_MODES,
     ARGUMENTS,
     CALL_TIMEOUT_S,
     TOOL,
     Children,
+    distinct_grpc_call,
     finish,
     grpc_call,
     health_serving,
@@ -177,7 +179,8 @@ async def counted(args: argparse.Namespace, children: Children, config: Config, 
         reply = await stub.ExecuteTool(request, timeout=CALL_TIMEOUT_S)
         if reply.status != pb.STATUS_SUCCESS:
             raise RuntimeError(f"{name}: the first reply is not a success: {reply}")
-        call = grpc_call(stub, request, reply.data_json)
+        call = (grpc_call(stub, request, reply.data_json) if args.arguments == "repeated"
+                else distinct_grpc_call(stub, check_result=True, conversation_id=CONVERSATION, first=10))
 
         async def calls(count: int) -> int:
             made = await measure(name, call, concurrency=args.concurrency, calls=count, max_seconds=args.max_seconds,
@@ -245,7 +248,7 @@ async def bench(args: argparse.Namespace, children: Children) -> dict[str, Any]:
                         "platform": platform.platform(), "sidecar": str(Path(sidecar.__file__).parent),
                         "revision": _revision(Path(sidecar.__file__).parent)},
         "settings": {"calls": args.calls, "warmup": args.warmup, "concurrency": args.concurrency,
-                     "repeat": args.repeat, "conversation_id": CONVERSATION},
+                     "repeat": args.repeat, "conversation_id": CONVERSATION, "arguments": args.arguments},
         "configs": results,
         "failures": sum(config["failures"] for config in results),
     }
@@ -278,6 +281,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a run stops after this long even if calls remain (default: 900)")
     parser.add_argument("--keep-callgrind", type=Path, metavar="DIR",
                         help="copy each run's callgrind files to DIR (for callgrind_annotate)")
+    parser.add_argument("--arguments", choices=ARGUMENT_MODES, default="repeated",
+                        help="repeated (add [2, 3] every call: decisions that read no history come from the cache) "
+                             "or distinct (add [2, n], a new n every call: every decision is made anew) "
+                             "(default: repeated)")
     parser.add_argument("--json", action="store_true", help="print a JSON document on stdout (the table: stderr)")
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.calls < 1 or args.repeat < 1 or args.warmup < 0:
