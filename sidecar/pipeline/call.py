@@ -140,6 +140,7 @@ class Seen:
     document: dict[str, Any]
     json: str
     reservations: tuple[Reservation, ...] = ()
+    _parts: dict[frozenset[str], str | None] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, meters: Mapping[str, Any], failures: list[dict[str, Any]], conversation: str | None,
@@ -148,6 +149,16 @@ class Seen:
         document = {"history": {"meters": dict(meters), "failures": failures},
                     "conversation": {"id": conversation, "labels": labels}}
         return cls(document, dumps(document)[1:-1], reservations)
+
+    def json_of(self, members: frozenset[str]) -> str | None:
+        """The JSON text of ``members`` of the document (``history``, ``conversation``): what a decision reading
+        them gets in its input (``None``: none)."""
+        if members.issuperset(self.document):
+            return self.json
+        if (text := self._parts.get(members)) is None and members not in self._parts:
+            part = {name: value for name, value in self.document.items() if name in members}
+            text = self._parts[members] = dumps(part)[1:-1] if part else None
+        return text
 
     @property
     def labels(self) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from typing import Any
 from sidecar import __version__
 from sidecar.contract import CallRequest
 from sidecar.pipeline.dry_run import Step
-from sidecar.pipeline.history import recorded
+from sidecar.pipeline.history import members_read, recorded
 from sidecar.policy import CALL_STAGES, RULES, Stage
 from sidecar.policy.input import CallInput, InputParts
 from sidecar.state import AuditRecord
@@ -65,7 +65,7 @@ def decision_entries(record: AuditRecord) -> Iterator[dict[str, Any]]:
             "decision_id": ids[stage.value],
             "path": RULES[stage].removeprefix("data.").replace(".", "/"),
             "input": parts.build(stage, None if before else call, None if before or history is None
-                                 else history.json).document(),
+                                 else history.json_of(members_read(trail, stage))).document(),
             "timestamp": parts.time,
             "bundles": {BUNDLE_NAME: {"revision": event.policy_revision}},
             "labels": LABELS,

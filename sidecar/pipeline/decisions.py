@@ -23,6 +23,7 @@ from sidecar.pipeline.call import Call
 from sidecar.policy import Decision, PolicyEngine, Stage
 from sidecar.policy.history import NO_HISTORY, HistoryNeeds
 from sidecar.policy.input import CallInput
+from sidecar.policy.reads import ALL_MEMBERS
 from sidecar.policy.reload import new_pin
 
 __all__ = ["AUDIT_MASKS", "HISTORY_NEEDS", "Decider"]
@@ -72,8 +73,8 @@ class Decider:
             if stage is Stage.AVAILABILITY:  # a call's first decision: its revision is the set it is pinned to
                 call.policy_revision = self.policy.revision
             history = call.history
-            return await self.policy.decide(stage, call.inputs.build(stage, arguments,
-                                                                      None if history is None else history.json))
+            return await self.policy.decide(stage, call.inputs.build(
+                stage, arguments, None if history is None else history.json_of(self._members(call, stage))))
         except PolicyEvaluationError as exc:
             log.error("policy %s failed for request %s: %s", stage, call.request_id, exc)
             call.trail[_NAMES[stage]] = {"error": str(exc)}
@@ -87,6 +88,11 @@ class Decider:
             raise decided  # raised here, not in the engine's handler: it keeps no engine's traceback alive
         call.trail[_NAMES[stage]] = decided.document()
         return decided
+
+    def _members(self, call: Call, stage: Stage) -> frozenset[str]:
+        """What of the call's history ``stage``'s decision gets: what its policies may read (all, if not known)."""
+        needs = self.kept_history_needs(call)
+        return ALL_MEMBERS if needs is None else needs.members(stage)
 
     async def masked(self, call: Call, tool: str) -> tuple[str, ...]:
         """The pointers ``data.toolbooth.audit.mask`` lists for ``tool`` in the call's policy set, read once per

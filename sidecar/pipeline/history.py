@@ -21,17 +21,32 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sidecar.contract import ErrorCode, ErrorInfo, ToolResult
 from sidecar.errors import CallRefused
 from sidecar.pipeline.call import Call, Reservation, Seen
+from sidecar.policy.decision import Stage
 from sidecar.policy.history import HistoryNeeds, Meter
 from sidecar.policy.input import dumps
+from sidecar.policy.reads import ALL_MEMBERS
 from sidecar.state import MeterCount
 
-__all__ = ["EMPTY", "MAX_AMOUNT", "TRAIL_KEY", "GivenHistory", "HistorySource", "Reservation", "Seen", "amount_of",
-           "label_entries", "meter_entry", "recorded"]
+__all__ = ["EMPTY", "MAX_AMOUNT", "READ_KEY", "TRAIL_KEY", "GivenHistory", "HistorySource", "Reservation", "Seen",
+           "amount_of", "label_entries", "members_read", "meter_entry", "read_by", "recorded"]
 
 
 EMPTY = Seen.of({}, [], None, [])
 MAX_AMOUNT = 2.0 ** 53  # what one call may add to a meter's sum, at most: an integer a double holds exactly
 TRAIL_KEY = "history"  # the call's trail entry of the facts its decisions saw (or of the failure to get them)
+READ_KEY = "history_read"  # the call's trail entry of the members each decision got, where one got fewer than all
+
+
+def read_by(needs: HistoryNeeds) -> dict[str, list[str]]:
+    """``call.trail[READ_KEY]``: the members of the history each decision got, for those that got fewer than all."""
+    return {stage.value: sorted(members) for stage, members in needs.reads or () if members != ALL_MEMBERS}
+
+
+def members_read(trail: Mapping[str, Any], stage: Stage) -> frozenset[str]:
+    """The members of the history ``stage``'s decision got, as the call's trail records it."""
+    read = trail.get(READ_KEY)
+    members = read.get(stage.value) if isinstance(read, dict) else None
+    return ALL_MEMBERS if members is None else frozenset(members)
 
 
 def recorded(trail: Mapping[str, Any]) -> Seen | None:

@@ -28,6 +28,7 @@ from sidecar.errors import PolicyEvaluationError, PolicyLoadError
 from sidecar.policy._regorus import regorus
 from sidecar.policy.decision import AUDIT_MASK_RULE, CALL_STAGES, RULES, parse_audit_masks
 from sidecar.policy.history import HISTORY_RULE, HistoryNeeds, parse_history_needs
+from sidecar.policy.reads import decision_reads
 from sidecar.policy.shadowing import shadowing
 
 __all__ = ["DATA_FILE", "TEST_SUFFIX", "PolicyFiles", "check_files", "checked_files", "clean_regorus_error",
@@ -156,9 +157,10 @@ def read_audit_masks(engine: regorus.Engine) -> dict[str, tuple[str, ...]]:
 
 
 def read_history_needs(engine: regorus.Engine, files: PolicyFiles) -> HistoryNeeds:
-    """What of a call's history the compiled ``files`` read (``data.toolbooth.history``, checked, and the words
-    their modules and data mention); ``PolicyEvaluationError`` when it fails."""
-    return parse_history_needs(_value(engine, HISTORY_RULE), files.mentions)
+    """What of a call's history the compiled ``files`` read (``data.toolbooth.history``, checked, the words their
+    modules and data mention, and what each decision's modules name: ``decision_reads``); ``PolicyEvaluationError``
+    when it fails."""
+    return parse_history_needs(_value(engine, HISTORY_RULE), files.mentions, decision_reads(files.modules))
 
 
 def _value(engine: regorus.Engine, rule: str) -> object:

@@ -25,6 +25,8 @@ from typing import Any
 
 from sidecar.contract import SideEffect
 from sidecar.errors import MalformedDecisionError, PolicyLoadError
+from sidecar.policy.decision import Stage
+from sidecar.policy.reads import ALL_MEMBERS
 
 __all__ = ["HISTORY_RULE", "MAX_WINDOW_SECONDS", "NO_HISTORY", "RETENTION_KEY", "HistoryNeeds", "Meter", "MeterKey",
            "check_meter_windows", "parse_history_needs"]
@@ -68,6 +70,15 @@ class HistoryNeeds:
     meters: tuple[Meter, ...] = ()
     labels: bool = False
     failures: bool = False
+    reads: tuple[tuple[Stage, frozenset[str]], ...] | None = None  # per decision (``decision_reads``); None: all
+
+    def members(self, stage: Stage) -> frozenset[str]:
+        """The members of the call's history (``history``, ``conversation``) ``stage``'s decision gets."""
+        if self.reads is not None:
+            for decided, members in self.reads:
+                if decided is stage:
+                    return members
+        return ALL_MEMBERS
 
     @property
     def any(self) -> bool:
@@ -83,16 +94,19 @@ class HistoryNeeds:
 NO_HISTORY = HistoryNeeds()
 
 
-def parse_history_needs(value: Any, mentions: Callable[[str], bool]) -> HistoryNeeds:
-    """The needs of a set whose ``data.toolbooth.history`` is ``value`` (``None``: undefined) and whose modules or data
-    mention a word when ``mentions`` says so; a malformed declaration raises ``MalformedDecisionError``."""
+def parse_history_needs(value: Any, mentions: Callable[[str], bool],
+                        reads: Mapping[Stage, frozenset[str]] | None = None) -> HistoryNeeds:
+    """The needs of a set whose ``data.toolbooth.history`` is ``value`` (``None``: undefined), whose modules or data
+    mention a word when ``mentions`` says so, and whose decisions read what ``reads`` says (``decision_reads``;
+    ``None``: not known, each reads all); a malformed declaration raises ``MalformedDecisionError``."""
     if value is not None and not isinstance(value, dict):
         raise MalformedDecisionError(f"{HISTORY_RULE} must be an object, got {_shown(value)}")
     meters = (value or {}).get("meters")
     if meters is not None and not isinstance(meters, dict):
         raise MalformedDecisionError(f"{HISTORY_RULE}.meters must be an object of meters by name, got {_shown(meters)}")
     declared = tuple(_meter(name, spec) for name, spec in sorted((meters or {}).items()))
-    return HistoryNeeds(declared, mentions(LABELS), mentions(FAILURES))
+    return HistoryNeeds(declared, mentions(LABELS), mentions(FAILURES),
+                        None if reads is None else tuple(sorted(reads.items())))
 
 
 def check_meter_windows(needs: HistoryNeeds, retention_seconds: float) -> None:

@@ -31,7 +31,7 @@ import asyncio
 import json
 import logging
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,6 +47,7 @@ from sidecar.policy.decision import AUDIT_MASK_RULE, RULES, Decision, Stage, par
 from sidecar.policy.files import DATA_FILE, PolicyFiles
 from sidecar.policy.history import HISTORY_RULE, HistoryNeeds, parse_history_needs
 from sidecar.policy.input import IDEMPOTENCY_KEY, PolicyInput
+from sidecar.policy.reads import decision_reads
 
 __all__ = ["MAX_ANSWER_BYTES", "MAX_ANSWER_DEPTH", "POLICY_ID_PREFIX", "START_TIMEOUT_SECONDS", "OpaEngine",
            "OpaTransport"]
@@ -86,10 +87,11 @@ class OpaEngine:
     """``PolicyEngine`` asking an OPA server for ``data.toolbooth.<stage>.decision``."""
 
     def __init__(self, transport: OpaTransport, *, url: str, timeout_seconds: float, revision: str,
-                 reads_idempotency_key: bool = True, mentions: Callable[[str], bool] | None = None) -> None:
+                 reads_idempotency_key: bool = True, mentions: Callable[[str], bool] | None = None,
+                 reads: Mapping[Stage, frozenset[str]] | None = None) -> None:
         self._transport, self._url, self._timeout, self._revision = transport, url, timeout_seconds, revision
         self._reads_key = reads_idempotency_key
-        self._mentions = mentions or _mentioned
+        self._mentions, self._reads = mentions or _mentioned, reads
 
     @classmethod
     async def open(cls, settings: OpaSettings, files: PolicyFiles | None) -> OpaEngine:
@@ -103,7 +105,8 @@ class OpaEngine:
             raise
         return cls(client, url=settings.url, timeout_seconds=settings.timeout_seconds, revision=revision,
                    reads_idempotency_key=files is None or files.mentions(IDEMPOTENCY_KEY),
-                   mentions=None if files is None else files.mentions)
+                   mentions=None if files is None else files.mentions,
+                   reads=None if files is None else decision_reads(files.modules))
 
     @property
     def revision(self) -> str:
@@ -126,8 +129,9 @@ class OpaEngine:
 
     async def history_needs(self) -> HistoryNeeds:
         """``data.toolbooth.history`` as OPA serves it, checked; labels and failures are read where the uploaded
-        policies mention them, and always for policies OPA manages itself (what they read is not known here)."""
-        return parse_history_needs(await self._ask(HISTORY_RULE, "{}"), self._mentions)
+        policies mention them, and always for policies OPA manages itself (what they read is not known here: each
+        decision gets all of it)."""
+        return parse_history_needs(await self._ask(HISTORY_RULE, "{}"), self._mentions, self._reads)
 
     async def _ask(self, rule: str, input_json: str) -> Any:
         """The value of ``rule`` for ``input_json``, within the timeout."""

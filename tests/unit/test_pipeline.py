@@ -340,7 +340,8 @@ async def test_every_call_is_audited_with_decisions(make_pipeline: PipelineFacto
     event = events[ok.meta.request_id]
     assert (event.principal_id, event.tool, event.status, event.call_id) == ("dev-1", "echo", "success", "m-1")
     assert "secret words" not in event.input_hash and event.input_hash.startswith("sha256:")
-    assert set(json.loads(event.decisions_json)) == {"availability", "history", "authz", "approval"}
+    assert set(json.loads(event.decisions_json)) == {"availability", "history", "history_read", "authz", "approval"}
+    assert json.loads(event.decisions_json)["history_read"] == {"approval": ["conversation"]}  # no meter, no failure
     assert event.policy_revision == pipeline.policy.revision
     assert events[denied.meta.request_id].error_code == "PERMISSION_DENIED"
 

@@ -3,7 +3,9 @@
 The policy set in force says what it reads (``Decider.history_needs``: its declared meters, whether it reads the
 conversation's labels or the call's failures); a set that reads none of it costs nothing here. Otherwise the
 ``HistorySource`` gives the call its facts (``call.history``), which its authz and approval decisions get as
-``input.history`` and ``input.conversation`` and the audit log records (``call.trail["history"]``); once the call
+``input.history`` and ``input.conversation`` (each decision the members its policies may read:
+``sidecar.policy.reads``) and the audit log records (``call.trail["history"]``, and which decision got fewer than
+all in ``call.trail["history_read"]``); once the call
 ended, the source records what it adds to the history (``HistorySource.settle``). Availability, which also
 answers listings where there is no call, reads no history.
 
@@ -23,7 +25,7 @@ from sidecar.pipeline import results
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.chain import Next
 from sidecar.pipeline.decisions import Decider
-from sidecar.pipeline.history import TRAIL_KEY, HistorySource
+from sidecar.pipeline.history import READ_KEY, TRAIL_KEY, HistorySource, read_by
 from sidecar.policy import Stage
 
 __all__ = ["HistoryStage"]
@@ -48,6 +50,8 @@ class HistoryStage:
             return results.refused(call, refused)
         call.history = seen
         call.trail[TRAIL_KEY] = seen.document
+        if read := read_by(needs):
+            call.trail[READ_KEY] = read
         try:
             result = await next(call)
         except asyncio.CancelledError:
