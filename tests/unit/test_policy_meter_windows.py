@@ -18,19 +18,14 @@ from sidecar.metrics import Metrics
 from sidecar.policy import DelegatingEngine, PolicyEngine, Stage
 from sidecar.policy.factory import meter_window_check, open_reloading, policy_source
 from sidecar.policy.history import HistoryNeeds, Meter, MeterKey, check_meter_windows
-from sidecar.policy.input import PolicyInput
 from sidecar.policy.reload import PolicySource, ReloadingEngine
 from tests.support.reloading import rewrite
+from tests.unit.test_policy_reload import INPUT
 
 WEEK = 168 * 3600  # store.history_retention_hours' default, in seconds
 REFUSED = (f"meter 'writes_per_principal' of the policy looks back 900000 s, longer than the call history is kept "
            f"({WEEK} s: store.history_retention_hours); shorten its window_seconds or raise "
            f"store.history_retention_hours")
-INPUT = PolicyInput.of({
-    "principal": {"id": "u", "tenant": "t", "roles": ["developer"], "permissions": []},
-    "tool": {"name": "calculate", "version": "1", "side_effect": "none", "permissions": [], "plugin": "p"},
-    "context": {"stage": "availability", "time": "2026-11-30T15:00:00Z", "conversation_id": None},
-})
 
 
 @pytest.fixture
