@@ -121,7 +121,7 @@ async def test_a_read_meets_every_slot_in_order_each_seeing_what_the_stages_befo
     served = await serve()
     result = await served.client.execute("echo", {"text": "hi"})
     assert result.status is Status.SUCCESS and result.data["text"] == "hi"
-    decisions = ("approval", "authz", "availability", "history")  # and the history they read
+    decisions = ("approval", "authz", "availability", "history", "history_read")  # and the history they read
     assert served.seen == [
         Seen("observers", "echo", False, False, (), None),
         Seen("before_decisions", "echo", False, False, (), None),
@@ -134,9 +134,10 @@ async def test_a_write_reaches_the_slot_before_dispatch_detached_and_only_while_
     served = await serve()
     first = await served.client.execute("create_note", {"text": "x"}, idempotency_key="k-1")
     assert first.status is Status.SUCCESS and not first.meta.idempotency_replayed
+    decided = ("approval", "authz", "availability", "history", "history_read")
     assert [entry for entry in served.seen if isinstance(entry, Seen)][-2:] == [
-        Seen("after_decisions", "create_note", True, True, ("approval", "authz", "availability", "history"), None),
-        Seen("before_dispatch", "create_note", True, True, ("approval", "authz", "availability", "history"), "k-1")]
+        Seen("after_decisions", "create_note", True, True, decided, None),
+        Seen("before_dispatch", "create_note", True, True, decided, "k-1")]
     served.seen.clear()
     replayed = await served.client.execute("create_note", {"text": "x"}, idempotency_key="k-1")
     assert replayed.meta.idempotency_replayed
