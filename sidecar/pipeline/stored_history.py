@@ -37,7 +37,7 @@ from sidecar.errors import CallRefused, StoreUnavailableError, refusal
 from sidecar.pipeline import results
 from sidecar.pipeline.call import Call
 from sidecar.pipeline.history import Reservation, Seen, amount_of, label_entries, meter_entry
-from sidecar.policy.history import HistoryNeeds, Meter, MeterKey
+from sidecar.policy.history import HistoryNeeds, Meter, MeterKey, window_problem
 from sidecar.state import Conversation, EventKind, Expiry, HistoryEvent, HistoryLog, Place, Store, history_scope
 
 __all__ = ["MAX_CONVERSATION_EVENTS", "StoreHistory"]
@@ -93,10 +93,8 @@ class StoreHistory:
             raise
 
     def _place(self, call: Call, meter: Meter, now: float) -> Place:
-        if meter.window_seconds > self._retention:
-            raise CallRefused(ErrorInfo.of(ErrorCode.INTERNAL_ERROR, f"meter {meter.name!r} of the policy looks back "
-                                           f"{meter.window_seconds} s, longer than the call history is kept "
-                                           f"({self._retention:g} s: store.history_retention_hours)"))
+        if (problem := window_problem(meter, self._retention)) is not None:  # an OPA server changed its policies
+            raise CallRefused(ErrorInfo.of(ErrorCode.INTERNAL_ERROR, problem))
         return Place(history_scope("meter", meter.name, *_keys(meter, call)), now - meter.window_seconds,
                      amount_of(meter, call), _key(call))
 

@@ -29,7 +29,7 @@ from sidecar.policy.decision import Stage
 from sidecar.policy.reads import ALL_MEMBERS
 
 __all__ = ["HISTORY_RULE", "MAX_WINDOW_SECONDS", "NO_HISTORY", "RETENTION_KEY", "HistoryNeeds", "Meter", "MeterKey",
-           "check_meter_windows", "parse_history_needs"]
+           "check_meter_windows", "parse_history_needs", "window_problem"]
 
 HISTORY_RULE = "data.toolbooth.history"
 MAX_WINDOW_SECONDS = 366 * 24 * 3600
@@ -113,10 +113,17 @@ def check_meter_windows(needs: HistoryNeeds, retention_seconds: float) -> None:
     """``PolicyLoadError`` naming the first meter of ``needs`` that looks back further than the call history is kept
     (``retention_seconds``): its count would miss the calls already deleted."""
     for meter in needs.meters:
-        if meter.window_seconds > retention_seconds:
-            raise PolicyLoadError(f"meter {meter.name!r} of the policy looks back {meter.window_seconds} s, longer "
-                                  f"than the call history is kept ({retention_seconds:.15g} s: {RETENTION_KEY}); "
-                                  f"shorten its window_seconds or raise {RETENTION_KEY}")
+        if (problem := window_problem(meter, retention_seconds)) is not None:
+            raise PolicyLoadError(problem)
+
+
+def window_problem(meter: Meter, retention_seconds: float) -> str | None:
+    """What is wrong with ``meter`` when it looks back further than the call history is kept, else ``None``."""
+    if meter.window_seconds <= retention_seconds:
+        return None
+    return (f"meter {meter.name!r} of the policy looks back {meter.window_seconds} s, longer than the call history "
+            f"is kept ({retention_seconds:.15g} s: {RETENTION_KEY}); shorten its window_seconds or raise "
+            f"{RETENTION_KEY}")
 
 
 def _meter(name: str, spec: Any) -> Meter:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sidecar.contract import ErrorCode, ErrorInfo
-from sidecar.errors import StoreUnavailableError
+from sidecar.errors import CallRefused, StoreUnavailableError
 from sidecar.pipeline import results
 from sidecar.pipeline.stored_history import StoreHistory
 from sidecar.policy.history import HistoryNeeds, Meter, MeterKey
@@ -86,3 +86,18 @@ async def test_a_stopping_sidecar_tries_once_more_then_stops(store: SqliteStore,
     await asyncio.wait_for(history.aclose(), 10)  # not an hour
     assert failing.calls == 2
     assert await counted(store, failing, scope) == 1  # it stays counted until it leaves its window
+
+
+async def test_a_meter_looking_back_further_than_the_history_is_kept_refuses_its_calls(store: SqliteStore) -> None:
+    """The backstop for policies an OPA server changes without the sidecar loading them (a directory or bundle
+    with such a meter is refused where it loads): the call is refused, nothing reserved."""
+    history = StoreHistory(store, retention_seconds=30)
+    with pytest.raises(CallRefused) as refused:
+        await history.seen(called({}, pay), NEEDS)
+    [error] = refused.value.errors
+    assert error.code is ErrorCode.INTERNAL_ERROR
+    assert error.message == ("meter 'calls' of the policy looks back 60 s, longer than the call history is kept "
+                             "(30 s: store.history_retention_hours); shorten its window_seconds or raise "
+                             "store.history_retention_hours")
+    assert await store.driver.fetch("SELECT count(*) FROM toolbooth_history") == [(0,)]
+    await history.aclose()
