@@ -10,7 +10,8 @@ Its input and output are pydantic models; the JSON schema shown to the model
 comes from the input model. A definition is checked when the decorator runs:
 a bad one raises ``ToolDefinitionError`` naming the plugin, the tool and the field.
 Decorating registers nothing globally; a plugin exposes its tools through the
-``toolbooth.tools`` entry-point group (see ``sidecar.tools.registry``).
+``toolbooth.tools`` entry-point group (see ``sidecar.tools.registry``). The definition stays callable:
+``await calculate(args, ctx)`` runs the handler (``ToolDefinition.__call__``).
 
 The handler may return ``Partial[Out]`` (annotated ``-> Out | Partial[Out]``) for a result with failed
 parts. An output model that declares top-level ``next_cursor`` (``str | None``), ``has_more`` or
@@ -188,6 +189,15 @@ class ToolDefinition(Generic[In, Out]):
     settings: BaseModel | None = None  # its plugin's validated settings, bound at load (``sidecar.tools.plugins``)
     labels: frozenset[str] = frozenset()  # the labels its results may carry (``ToolContext.add_label``)
 
+    async def __call__(self, args: In, ctx: ToolContext) -> Out | Partial[Out]:
+        """Run the handler on ``args`` as they are, so that a decorated tool stays callable in a test:
+        ``await calculate(args, ctx)``. An async handler is awaited, a sync one runs here, in this thread; no
+        validation, policy or timeout applies (the gate's: ``sidecar.plugin.testing.open_gate``)."""
+        returned = self.handler(args, ctx)
+        if inspect.isawaitable(returned):
+            returned = await returned
+        return typing.cast("Out | Partial[Out]", returned)
+
     @property
     def requires_idempotency_key(self) -> bool:
         """Tools with side effects must be called with an idempotency key."""
@@ -288,7 +298,8 @@ class _Checker:
                   f"({timeout}), got {limit!r}")
 
     def signature(self, handler: Handler) -> tuple[type[BaseModel], type[BaseModel]]:
-        self.that(callable(handler), "handler", "must be a function")
+        self.that(callable(handler) and not isinstance(handler, ToolDefinition), "handler",
+                  "must be a function (not a tool already decorated with @tool)")
         self.that(_takes_two(handler), "handler", "must take exactly two positional parameters: (args, ctx)")
         params = list(inspect.signature(handler).parameters.values())
         try:
