@@ -1,7 +1,8 @@
 """Toolbooth: a policy-as-code sidecar for AI-agent tool calls.
 
-The public face is ``PUBLIC_MODULES`` and the ``toolbooth`` command: ``sidecar.plugin`` (writing tools; a
-plugin's own command-line program takes its helpers from ``sidecar.plugin_cli``), ``sidecar.client``
+The public face is ``PUBLIC_MODULES`` and the ``toolbooth`` command: ``sidecar.plugin`` (writing tools, tested
+with ``sidecar.plugin.testing`` and its pytest fixtures, ``sidecar.plugin.fixtures``; a plugin's own command-line
+program takes its helpers from ``sidecar.plugin_cli``), ``sidecar.client``
 (calling the sidecar), ``sidecar.contract`` (the result and error types both share), the framework
 adapters of ``sidecar.integrations``, ``sidecar.config`` (the configuration the sidecar reads, for a
 program that finds it with ``load_settings``) and ``sidecar.masking`` (kept for plugins written before
@@ -15,6 +16,8 @@ __all__ = ["PUBLIC_MODULES", "__version__"]
 
 PUBLIC_MODULES = (
     "sidecar.plugin",
+    "sidecar.plugin.testing",
+    "sidecar.plugin.fixtures",
     "sidecar.plugin_cli",
     "sidecar.client",
     "sidecar.contract",
