@@ -1,10 +1,8 @@
-"""Tests of the ``calculate`` tool: operations, validation, limits, metadata and packaging."""
+"""Tests of the ``calculate`` tool: operations, validation, limits, through the gate, metadata and packaging."""
 
 from __future__ import annotations
 
-import inspect
 import json
-import logging
 import time
 import tomllib
 from importlib import metadata
@@ -15,31 +13,19 @@ import pytest
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from sidecar.contract import ErrorCode, Principal, Recovery, SideEffect, guidance
-from sidecar.plugin import ToolContext, ToolDefinition, ToolError
+from sidecar.contract import ErrorCode, Recovery, SideEffect, guidance
+from sidecar.plugin import ToolDefinition, ToolError
+from sidecar.plugin.fixtures import GateOpener
+from sidecar.plugin.testing import Status, make_context
 from toolbooth_calculator import MAX_OPERANDS, MAX_RESULT, TOOLS, CalculateInput, CalculateOutput, calculate
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
-def make_context() -> ToolContext:
-    """A real context, as the pipeline would build it."""
-    return ToolContext(
-        principal=Principal(id="t"),
-        request_id="req-1",
-        deadline=time.monotonic() + 1,
-        idempotency_key=None,
-        attempt=1,
-        logger=logging.LoggerAdapter(logging.getLogger("t"), {}),
-    )
-
-
 async def run(operation: str, operands: list[Any]) -> CalculateOutput:
-    """Validate the arguments like the pipeline does, then call the handler."""
+    """Validate the arguments like the pipeline does, then call the tool with the context the sidecar gives it."""
     args = CalculateInput.model_validate({"operation": operation, "operands": operands})
-    pending = calculate.handler(args, make_context())
-    assert inspect.isawaitable(pending)
-    output = await pending
+    output = await calculate(args, make_context(calculate))
     assert isinstance(output, CalculateOutput)
     return output
 
@@ -266,6 +252,19 @@ def test_input_schema_lists_operations() -> None:
     assert (operands["minItems"], operands["maxItems"]) == (2, MAX_OPERANDS)
     assert "p / 100 * x" in operands["description"]
     assert schema["additionalProperties"] is False
+
+
+# --- through the gate ----------------------------------------------------------
+
+
+async def test_through_the_gate_as_a_caller_gets_it(toolbooth_gate: GateOpener) -> None:
+    gate = await toolbooth_gate(TOOLS)
+    result = await gate.call(calculate, {"operation": "divide", "operands": [1, 8]})
+    assert (result.status, result.data) == (Status.SUCCESS, {"result": 0.125, "expression": "1 / 8 = 0.125"})
+    refused = await gate.call(calculate, {"operation": "divide", "operands": [1, 0]})
+    assert refused.error is not None and refused.error.code is ErrorCode.INVALID_ARGUMENT
+    assert [(event.status, event.error_code) for event in await gate.audit_events()] == [
+        ("success", None), ("error", "INVALID_ARGUMENT")]
 
 
 # --- metadata and packaging -----------------------------------------------------
