@@ -1,7 +1,7 @@
 """Fixtures of the tasks plugin's tests: every test runs on SQLite and on PostgreSQL (``backend``), with its own
 database; ``TasksDb`` runs SQL on it. ``SECTION`` is the plugin's ``plugins.config.tasks`` of the test (changed in
 place by the fixtures and tests), ``configured()`` its settings. The sidecar fixtures are those of
-``tests/integration``."""
+``tests/integration``; ``toolbooth_gate`` is the plugin test kit's."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from sidecar.plugin.fixtures import toolbooth_gate
 from tests.contract.conftest import postgres
 from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_key, socket_path
 from tests.support.postgres import PostgresServer
@@ -22,7 +23,7 @@ from toolbooth_tasks.config import TasksSettings
 from toolbooth_tasks.directory import BUNDLED
 
 __all__ = ["SECTION", "TasksDb", "configured", "jwt_auth", "make_settings", "make_token", "postgres", "rsa_key",
-           "socket_path"]
+           "socket_path", "toolbooth_gate"]
 
 SECTION: dict[str, Any] = {}
 

@@ -1,12 +1,11 @@
 """The tasks tools called directly, on SQLite and PostgreSQL: validation, the directory, warnings, the preview
-hash, whose a preview is, expiry, and one task per preview under concurrent calls. Also metadata and packaging."""
+hash, whose a preview is, expiry, and one task per preview under concurrent calls; the pair through the test kit's
+gate. Also metadata and packaging."""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
-import logging
 import time
 import tomllib
 from importlib import metadata
@@ -17,6 +16,8 @@ import pytest
 from pydantic import ValidationError
 
 from sidecar.plugin import ConfigError, ErrorCode, Principal, SideEffect, ToolContext, ToolError
+from sidecar.plugin.fixtures import GateOpener
+from sidecar.plugin.testing import Status, make_context
 from toolbooth_tasks import (
     PLUGIN,
     TOOLS,
@@ -43,24 +44,20 @@ SATURDAY = "2030-07-13T10:00:00Z"
 
 def context(principal: Principal = ALICE, conversation: str | None = "c-1",
             approved: dict[str, Any] | None = None) -> ToolContext:
-    return ToolContext(principal=principal, request_id="req-1", deadline=time.monotonic() + 5, idempotency_key="k-1",
-                       attempt=1, logger=logging.LoggerAdapter(logging.getLogger("t"), {}),
-                       approved_preview=approved, conversation_id=conversation, settings=configured())
+    """The context the sidecar gives ``create_task`` (and its preview), with the plugin's settings of the test."""
+    return make_context(create_task, principal=principal, idempotency_key="k-1", conversation_id=conversation,
+                        approved_preview=approved, settings=configured(), seconds=5)
 
 
 async def preview(ctx: ToolContext | None = None, **changes: Any) -> CreateTaskPreviewOutput:
     args = CreateTaskPreviewInput.model_validate({**TASK, **changes})
-    pending = create_task_preview.handler(args, ctx or context())
-    assert inspect.isawaitable(pending)
-    output = await pending
+    output = await create_task_preview(args, ctx or context())
     assert isinstance(output, CreateTaskPreviewOutput)
     return output
 
 
 async def create(preview_id: str, ctx: ToolContext | None = None) -> CreateTaskOutput:
-    pending = create_task.handler(CreateTaskInput(preview_id=preview_id), ctx or context())
-    assert inspect.isawaitable(pending)
-    output = await pending
+    output = await create_task(CreateTaskInput(preview_id=preview_id), ctx or context())
     assert isinstance(output, CreateTaskOutput)
     return output
 
@@ -308,6 +305,18 @@ def test_a_bad_directory_file_is_named_with_its_problem(tmp_path: Path) -> None:
 
 
 # --- metadata and packaging -----------------------------------------------------------------
+
+
+async def test_through_the_gate_a_task_is_created_once_approved(backend: TasksDb, toolbooth_gate: GateOpener) -> None:
+    gate = await toolbooth_gate(PLUGIN, plugin_name="tasks", plugin_settings=SECTION, principal=ALICE)
+    shown = await gate.call(create_task_preview, TASK, conversation_id="c-1")
+    assert shown.status is Status.SUCCESS, shown
+    args = {"preview_id": shown.data["preview_id"]}
+    held = await gate.call(create_task, args, idempotency_key="k-1", conversation_id="c-1")
+    assert held.status is Status.APPROVAL_REQUIRED and backend.task_count() == 0
+    approval_id = await gate.approve(held)
+    made = await gate.call(create_task, args, idempotency_key="k-1", conversation_id="c-1", approval_id=approval_id)
+    assert made.status is Status.SUCCESS and backend.task_count() == 1
 
 
 def test_tool_metadata() -> None:
