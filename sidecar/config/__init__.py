@@ -13,6 +13,7 @@ from sidecar.config.approvals_ui import ApprovalsUiSettings, OidcSettings
 from sidecar.config.auth import AuthMode, AuthSettings, JwtSettings
 from sidecar.config.base import (
     CLIENT_VARIABLES,
+    ENV_CONFIG,
     ENV_NO_PROGRESS,
     ENV_PREFIX,
     ENV_TARGET,
@@ -30,7 +31,15 @@ from sidecar.config.base import (
 )
 from sidecar.config.http_json import CALL_PATH, HttpJsonSettings
 from sidecar.config.isolation import IsolationSettings
-from sidecar.config.listen import LISTEN_FORMS, ListenAddress, ListenKind, is_loopback, parse_listen, socket_path
+from sidecar.config.listen import (
+    LISTEN_FORMS,
+    ListenAddress,
+    ListenKind,
+    client_target,
+    is_loopback,
+    parse_listen,
+    socket_path,
+)
 from sidecar.config.logs import LogFormat, LoggingSettings
 from sidecar.config.mcp import MCP_PATH, McpSettings
 from sidecar.config.metrics import METRICS_PATH, MetricsSettings
@@ -61,6 +70,7 @@ from sidecar.config.tls import ServerTlsSettings
 __all__ = [
     "CALL_PATH",
     "CLIENT_VARIABLES",
+    "ENV_CONFIG",
     "ENV_NO_PROGRESS",
     "ENV_PREFIX",
     "ENV_TARGET",
@@ -106,6 +116,7 @@ __all__ = [
     "Settings",
     "StoreSettings",
     "bundled_policy_dir",
+    "client_target",
     "default_socket_path",
     "default_state_dir",
     "is_loopback",

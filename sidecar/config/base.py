@@ -8,11 +8,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from sidecar.config.keys import working_directory_note
 from sidecar.errors import ConfigError
 
-__all__ = ["CLIENT_VARIABLES", "ENV_NO_PROGRESS", "ENV_PREFIX", "ENV_TARGET", "ENV_TLS", "ENV_TLS_CA", "ENV_TLS_CERT",
-           "ENV_TLS_KEY", "ENV_TLS_SERVER_NAME", "ENV_TOKEN", "ENV_TOKEN_FILE", "UNIX_PREFIX", "KeySource", "Section",
-           "bundled_policy_dir", "default_socket_path", "default_state_dir"]
+__all__ = ["CLIENT_VARIABLES", "ENV_CONFIG", "ENV_NO_PROGRESS", "ENV_PREFIX", "ENV_TARGET", "ENV_TLS", "ENV_TLS_CA",
+           "ENV_TLS_CERT", "ENV_TLS_KEY", "ENV_TLS_SERVER_NAME", "ENV_TOKEN", "ENV_TOKEN_FILE", "UNIX_PREFIX",
+           "KeySource", "Section", "bundled_policy_dir", "default_socket_path", "default_state_dir"]
 
 ENV_PREFIX = "TOOLBOOTH_"
 # Read by the command-line client, not settings of the sidecar.
@@ -22,8 +23,10 @@ ENV_TLS, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_SERVER_NAME = (
     "TOOLBOOTH_TLS", "TOOLBOOTH_TLS_CA", "TOOLBOOTH_TLS_CERT", "TOOLBOOTH_TLS_KEY", "TOOLBOOTH_TLS_SERVER_NAME")
 # The command line's progress bars off (``sidecar.cli.progress``).
 ENV_NO_PROGRESS = "TOOLBOOTH_NO_PROGRESS"
-CLIENT_VARIABLES = frozenset({ENV_TARGET, ENV_TOKEN, ENV_TOKEN_FILE, ENV_TLS, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY,
-                              ENV_TLS_SERVER_NAME, ENV_NO_PROGRESS})
+# The config file of every command, when ``--config`` is not given (``sidecar.cli.common.config_flag``).
+ENV_CONFIG = "TOOLBOOTH_CONFIG"
+CLIENT_VARIABLES = frozenset({ENV_CONFIG, ENV_TARGET, ENV_TOKEN, ENV_TOKEN_FILE, ENV_TLS, ENV_TLS_CA, ENV_TLS_CERT,
+                              ENV_TLS_KEY, ENV_TLS_SERVER_NAME, ENV_NO_PROGRESS})
 UNIX_PREFIX = "unix://"
 
 
@@ -73,4 +76,4 @@ class KeySource(Section):
             return self.key_file.read_text()
         except OSError as exc:
             raise ConfigError(f"config error at {where}.key_file: cannot read {self.key_file}: "
-                              f"{exc.strerror}") from None
+                              f"{exc.strerror}{working_directory_note(self.key_file)}") from None

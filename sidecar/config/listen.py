@@ -17,13 +17,14 @@ from enum import StrEnum
 from pathlib import Path
 
 __all__ = ["LISTEN_FORMS", "MAX_PORT", "MAX_SOCKET_PATH_BYTES", "Endpoint", "ListenAddress", "ListenKind",
-           "is_loopback", "one_tcp_endpoint", "parse_listen", "socket_path"]
+           "client_target", "is_loopback", "one_tcp_endpoint", "parse_listen", "socket_path"]
 
 LISTEN_FORMS = ("unix:PATH, unix:///ABSOLUTE/PATH, unix-abstract:NAME, HOST:PORT, [IPV6]:PORT, "
                 "dns:[///]HOST:PORT, ipv4:ADDRESS:PORT[,...] or ipv6:[ADDRESS]:PORT[,...]; PORT 1-65535, 0 for any")
 MAX_PORT = 65535
 MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes, the last one a NUL
 _LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]", "": "127.0.0.1"}  # a listener's any address, a client's host
 _HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]*"
                         r"[A-Za-z0-9_])?)*\.?$")
 
@@ -107,6 +108,19 @@ def one_tcp_endpoint(text: str, what: str) -> Endpoint:
     if address.kind is not ListenKind.TCP or len(address.endpoints) != 1:
         raise ValueError(f"{text!r}: {what} listens on one TCP address, HOST:PORT or [IPV6]:PORT")
     return address.endpoints[0]
+
+
+def client_target(listen: str) -> str:
+    """The address a client on this host reaches the listen address ``listen`` at: a socket as it is, TCP as
+    ``HOST:PORT`` of its first endpoint (any address, ``0.0.0.0`` or ``[::]``, becomes loopback); ``ValueError``
+    for port 0, which no client can find."""
+    address = parse_listen(listen)
+    if address.kind is not ListenKind.TCP:
+        return listen
+    endpoint = address.endpoints[0]
+    if endpoint.port == 0:
+        raise ValueError(f"{listen!r} listens on any free port, which a client cannot know")
+    return f"{_WILDCARDS.get(endpoint.host, endpoint.host)}:{endpoint.port}"
 
 
 def socket_path(target: str) -> Path | None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 from pydantic import (
+    BaseModel,
     Field,
     PrivateAttr,
     SecretStr,
@@ -29,6 +30,7 @@ from sidecar.config.base import (
 from sidecar.config.endpoints import ENDPOINTS, Workers
 from sidecar.config.http_json import HttpJsonSettings
 from sidecar.config.isolation import IsolationSettings
+from sidecar.config.keys import Anchored, anchor_paths, close_key, path_note, working_directory_note
 from sidecar.config.listen import MAX_PORT, ListenKind, parse_listen
 from sidecar.config.logs import LoggingSettings
 from sidecar.config.mcp import McpSettings
@@ -102,7 +104,8 @@ def _read_key(name: str, inline: SecretStr | None, file: Path | None) -> bytes |
     try:
         key = file.read_bytes().strip()
     except OSError as exc:
-        raise ConfigError(f"config error at audit.{name}: cannot read {file}: {exc.strerror or exc}") from exc
+        raise ConfigError(f"config error at audit.{name}: cannot read {file}: {exc.strerror or exc}"
+                          f"{working_directory_note(file)}") from exc
     if len(key) < MIN_MASK_KEY_BYTES:
         raise ConfigError(f"config error at audit.{name}: {file} holds fewer than {MIN_MASK_KEY_BYTES} bytes")
     return key
@@ -277,40 +280,52 @@ class Settings(Section):
 
 
 def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """Read ``path`` (optional), apply environment overrides and validate."""
+    """Read ``path`` (optional; its relative paths are read against its directory, ``sidecar.config.keys``), apply
+    environment overrides and validate."""
     raw: dict[str, Any] = {}
+    anchored: Anchored = {}
     if path is not None:
         raw = _read_yaml(path)
+        anchored = anchor_paths(raw, Settings, path.absolute().parent)
     origins = _apply_env(raw, os.environ if env is None else env)
-    return parse_settings(raw, origins=origins)
+    return parse_settings(raw, origins=origins, anchored=anchored)
 
 
-def parse_settings(raw: Mapping[str, Any], *, origins: Origins | None = None) -> Settings:
-    """Validate a mapping, turning pydantic errors into ``ConfigError`` naming each key
-    (and, for a value from the environment, the variable that set it)."""
+def parse_settings(raw: Mapping[str, Any], *, origins: Origins | None = None,
+                   anchored: Anchored | None = None) -> Settings:
+    """Validate a mapping, turning pydantic errors into ``ConfigError`` naming each key (and, for a value from
+    the environment, the variable that set it; for an unknown key, the known one nearest it)."""
     try:
         settings = Settings.model_validate(raw)
     except ValidationError as exc:
-        raise describe_errors(exc, origins=origins or {}) from None
+        raise describe_errors(exc, origins=origins or {}, model=Settings, anchored=anchored) from None
     settings._origins = dict(origins or {})
     return settings
 
 
-def describe_errors(exc: ValidationError, *, at: tuple[str, ...] = (), origins: Origins | None = None) -> ConfigError:
+def describe_errors(exc: ValidationError, *, at: tuple[str, ...] = (), origins: Origins | None = None,
+                    model: type[BaseModel] | None = None, anchored: Anchored | None = None) -> ConfigError:
     """One ``ConfigError`` naming every key ``exc`` found wrong, as paths under ``at`` (and, for a value from
-    the environment, the variable that set it); never the values themselves."""
-    return ConfigError("\n".join(_describe(err, at, origins or {}) for err in exc.errors()))
+    the environment, the variable that set it); never the values themselves. With the ``model`` validated, an
+    unknown key names the known key nearest it; ``anchored`` (``sidecar.config.keys``) says which relative paths
+    were read against the config file's directory."""
+    return ConfigError("\n".join(_describe(err, at, origins or {}, model, anchored or {}) for err in exc.errors()))
 
 
-def _describe(err: Mapping[str, Any], at: tuple[str, ...], origins: Origins) -> str:
+def _describe(err: Mapping[str, Any], at: tuple[str, ...], origins: Origins, model: type[BaseModel] | None,
+              anchored: Anchored) -> str:
     loc = at + tuple(str(part) for part in err["loc"])
     key = ".".join(loc) or "(top level)"
     message = str(err["msg"]).removeprefix("Value error, ")
     names = [name for path, name in origins.items() if loc and (path[:len(loc)] == loc or loc[:len(path)] == path)]
     if err["type"] == "extra_forbidden":
         message = "unknown key"
+        near = close_key(model, loc[len(at):]) if model is not None else None
+        message += f" (did you mean {near!r}?)" if near is not None else ""
         if len(loc) == 1 and names:
             message += f"; a plugin's settings are {ENV_PREFIX}PLUGINS__CONFIG__<PLUGIN>__<KEY> (plugins.config)"
+    else:
+        message += path_note(err["type"], err.get("input"), anchored.get(loc))
     source = f" (from {', '.join(names)})" if names else ""
     return f"config error at {key}{source}: {message}"
 
