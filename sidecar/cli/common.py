@@ -16,11 +16,13 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from sidecar.cli.output import error_document
 from sidecar.config import (
+    ENV_CONFIG,
     ENV_TARGET,
     ENV_TLS,
     ENV_TLS_CA,
@@ -28,7 +30,9 @@ from sidecar.config import (
     ENV_TLS_KEY,
     ENV_TLS_SERVER_NAME,
     ENV_TOKEN,
+    ListenKind,
     LogFormat,
+    client_target,
     load_settings,
     parse_listen,
     socket_path,
@@ -47,9 +51,11 @@ __all__ = [
     "EXIT_TOOL_ERROR",
     "EXIT_USAGE",
     "LOG_FORMAT",
+    "TARGET_ORDER",
     "CommandError",
     "Handler",
     "Subparsers",
+    "Target",
     "client_flags",
     "client_tls",
     "config_flag",
@@ -57,6 +63,7 @@ __all__ = [
     "dump_json",
     "fail",
     "field_flag",
+    "find_target",
     "print_result",
     "read_arguments",
     "setup_logging",
@@ -90,16 +97,25 @@ class CommandError(Exception):
 # --- flags ------------------------------------------------------------------------------------------------
 
 
-def config_flag(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE``: the YAML config file of the command."""
-    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config file (default: none)")
+def config_flag(parser: argparse.ArgumentParser, help: str = "YAML config file") -> None:
+    """``--config FILE``: the YAML config file of the command (default: ``$TOOLBOOTH_CONFIG``)."""
+    given = os.environ.get(ENV_CONFIG)
+    parser.add_argument("--config", type=Path, default=Path(given) if given else None, metavar="FILE",
+                        help=f"{help} (default: ${ENV_CONFIG}, else none)")
+
+
+# Where a client command looks for the sidecar, first to last: the ``--help`` text and the hints say it.
+TARGET_ORDER = f"--target ADDR, else ${ENV_TARGET}, else --config FILE (${ENV_CONFIG}), else the default socket"
 
 
 def client_flags(parser: argparse.ArgumentParser) -> None:
-    """``--target``, ``--token`` and ``--tls*``: where the running sidecar is, who calls it, and how its TLS is
-    checked (``client_tls``)."""
+    """``--target``, ``--config``, ``--token`` and ``--tls*``: where the running sidecar is, who calls it, and how
+    its TLS is checked (``find_target``, ``client_tls``)."""
     parser.add_argument("--target", metavar="ADDR",
-                        help=f"sidecar address (default: ${ENV_TARGET}, else the default server.listen)")
+                        help=f"sidecar address (default: ${ENV_TARGET}, else the first server.listen of --config; "
+                             f"the sidecar is looked for at {TARGET_ORDER})")
+    config_flag(parser, "the sidecar's YAML config file: reach it at its first server.listen, with TLS when "
+                        "server.tls is set (--target and $TOOLBOOTH_TARGET come first)")
     parser.add_argument("--token", default=os.environ.get(ENV_TOKEN), metavar="TOKEN",
                         help=f"bearer token (default: ${ENV_TOKEN})")
     tls = parser.add_argument_group("TLS (a TCP target whose sidecar has server.tls; any --tls-* flag implies --tls)")
@@ -116,12 +132,13 @@ def client_flags(parser: argparse.ArgumentParser) -> None:
                           f"(default: ${ENV_TLS_SERVER_NAME})")
 
 
-def client_tls(args: argparse.Namespace) -> ClientTls | None:
-    """The client's TLS from the ``--tls*`` flags (or their variables); ``None``: plaintext."""
+def client_tls(args: argparse.Namespace, *, implied: bool = False) -> ClientTls | None:
+    """The client's TLS from the ``--tls*`` flags (or their variables), or ``implied`` by the sidecar's config;
+    ``None``: plaintext."""
     from sidecar.client_tls import ClientTls  # gRPC loads only for commands that talk to a sidecar
 
     wanted = (args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
-    if not (args.tls or _variable_on(ENV_TLS) or any(value is not None for value in wanted)):
+    if not (implied or args.tls or _variable_on(ENV_TLS) or any(value is not None for value in wanted)):
         return None
     try:
         return ClientTls(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
@@ -225,22 +242,54 @@ def default_target() -> str:
     return os.environ.get(ENV_TARGET) or load_settings(None).server.listen[0]
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where a client command finds the sidecar: its ``address``, where that came from (``origin``, for messages),
+    and whether the config it came from (``config``) serves TLS there (``tls``)."""
+
+    address: str
+    origin: str
+    explicit: bool = False  # the caller named the address: --target or $TOOLBOOTH_TARGET
+    tls: bool = False
+    config: Path | None = None
+
+
+def find_target(args: argparse.Namespace) -> Target:
+    """The sidecar ``args`` point at, in the order of ``TARGET_ORDER``: from a config, its first listener (a TCP
+    one reached on loopback when it listens on any address), with TLS when ``server.tls`` is set."""
+    if args.target:
+        return Target(args.target, "--target", explicit=True)
+    if given := os.environ.get(ENV_TARGET):
+        return Target(given, f"${ENV_TARGET}", explicit=True)
+    config: Path | None = args.config
+    settings = load_settings(config)
+    origin = f"the first server.listen of {config}" if config is not None else "the default socket"
+    if (variable := settings.origins.get(("server", "listen"))) is not None:
+        origin = f"the first server.listen, from ${variable}"
+    listen = settings.server.listen[0]
+    try:
+        address = client_target(listen)
+    except ValueError as exc:
+        raise CommandError(f"{origin}: {exc}: give --target HOST:PORT", EXIT_USAGE) from None
+    tls = settings.server.tls is not None and parse_listen(listen).kind is ListenKind.TCP
+    return Target(address, origin, tls=tls, config=config)
+
+
 def with_client(args: argparse.Namespace, request: Callable[[Client], Reply]) -> Reply:
-    """Run ``request`` with a client for ``args.target``; a ``ClientError`` becomes exit code 1."""
+    """Run ``request`` with a client for the sidecar of ``find_target``; a ``ClientError`` becomes exit code 1."""
     from sidecar.client import Client, ClientError  # gRPC loads only for commands that talk to a sidecar
 
-    target: str = args.target or default_target()
-    tls = client_tls(args)
+    target = find_target(args)
+    tls = client_tls(args, implied=target.tls)
     try:
-        client = Client(target, token=args.token, tls=tls)
+        client = Client(target.address, token=args.token, tls=tls)
     except ValueError as exc:  # a TLS file that cannot be read, TLS towards a Unix socket
         raise CommandError(str(exc), EXIT_USAGE) from None
     try:
         with client:
             return request(client)
     except ClientError as exc:
-        raise CommandError(_client_failure(exc, target, explicit=args.target is not None, tls=tls),
-                           EXIT_FAILURE, exc.code.name) from None
+        raise CommandError(_client_failure(exc, target, tls=tls), EXIT_FAILURE, exc.code.name) from None
 
 
 # What gRPC says of a failed handshake, and what the caller can do about it.
@@ -251,26 +300,29 @@ _TLS_HINTS = (
 )
 
 
-def _client_failure(exc: ClientError, target: str, *, explicit: bool, tls: ClientTls | None) -> str:
-    """``CODE: details``, plus what to do about a failed TLS handshake, or how to start the sidecar when its
-    socket does not exist (``--listen TARGET`` only when ``serve`` accepts that target as it is)."""
+def _client_failure(exc: ClientError, target: Target, *, tls: ClientTls | None) -> str:
+    """``CODE: details``, plus what to do about a failed TLS handshake, or where the sidecar was looked for and
+    how to start it when nothing answers there."""
     message = f"{exc.code.name}: {exc.details}"
     hints = [hint for marker, hint in _TLS_HINTS if marker in exc.details]
-    if not hints and socket_path(target) is None and "Socket closed" in exc.details:  # the server ended the handshake
+    socket = socket_path(target.address)
+    if not hints and socket is None and "Socket closed" in exc.details:  # the server ended the handshake
         if tls is None:
             hints.append("if the sidecar serves TLS at this address (server.tls), connect with --tls and --tls-ca FILE")
         elif tls.cert_file is None:
             hints.append("if the sidecar requires client certificates (server.tls.client_ca_file), give "
                          "--tls-cert FILE and --tls-key FILE")
-    socket = socket_path(target)
     if socket is not None:
-        hints.extend(_socket_hints(socket, target, exc.details, explicit=explicit))
+        hints.extend(_socket_hints(socket, target, exc.details))
+    elif "Connection refused" in exc.details:
+        hints.append(f"{_looked_for(target)}; nothing answers at {target.address}: is the sidecar running? "
+                     f"start it with `{_start(target)}`")
     return message + "".join(f"\n{hint}" for hint in hints)
 
 
-def _socket_hints(socket: Path, target: str, details: str, *, explicit: bool) -> list[str]:
+def _socket_hints(socket: Path, target: Target, details: str) -> list[str]:
     """Why a Unix socket could not be reached: this user may not search its directory or connect to it, or it
-    does not exist (then how to start the sidecar: ``--listen TARGET`` only when ``serve`` accepts it as it is)."""
+    does not exist (then where the sidecar was looked for, and how to start it)."""
     try:
         present = socket.exists()
     except PermissionError:  # a directory on the way this user may not search
@@ -279,8 +331,19 @@ def _socket_hints(socket: Path, target: str, details: str, *, explicit: bool) ->
         return [_NO_ACCESS.format(what=socket)]
     if present:
         return []
-    start = "toolbooth serve" + (f" --listen {target}" if explicit and _listenable(target) else "")
-    return [f"no socket at {socket}: is the sidecar running? start it with `{start}`"]
+    return [f"{_looked_for(target)}; no socket at {socket}: is the sidecar running? start it with `{_start(target)}`"]
+
+
+def _looked_for(target: Target) -> str:
+    return f"the sidecar is looked for at {TARGET_ORDER}: here {target.origin}"
+
+
+def _start(target: Target) -> str:
+    """The command that starts a sidecar where ``target`` looks (``--listen`` only when ``serve`` accepts the
+    address as it is)."""
+    if target.explicit and _listenable(target.address):
+        return f"toolbooth serve --listen {target.address}"
+    return "toolbooth serve" + (f" --config {target.config}" if target.config is not None else "")
 
 
 _NO_ACCESS = ("permission denied: this user may not reach {what}; the sidecar makes its socket 0660 in a 0750 "

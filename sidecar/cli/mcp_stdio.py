@@ -36,7 +36,7 @@ from sidecar.cli.common import (
     Subparsers,
     client_flags,
     client_tls,
-    default_target,
+    find_target,
     setup_logging,
 )
 from sidecar.config import ENV_TOKEN_FILE, Limits
@@ -77,8 +77,9 @@ def cmd_mcp_stdio(args: argparse.Namespace) -> int:
         raise CommandError("--max-message-bytes must be a positive number of bytes", EXIT_USAGE)
     setup_logging(args.log_level)
     token = read_token(args.token, args.token_file)
+    target = find_target(args)
     try:
-        asyncio.run(_bridge(args.target or default_target(), token, client_tls(args),
+        asyncio.run(_bridge(target.address, token, client_tls(args, implied=target.tls),
                             max_message_bytes=args.max_message_bytes))
     except KeyboardInterrupt:
         return 130
