@@ -28,6 +28,7 @@ from sidecar.cli.common import (
     dump_json,
     with_client,
 )
+from sidecar.cli.flags import positive_seconds
 from sidecar.cli.output import output_flag
 from sidecar.contract import Status
 
@@ -63,7 +64,8 @@ def add_commands(commands: Subparsers) -> None:
                        help="the first permanent failure cancels the calls still waiting or running "
                             "(a started write always finishes)")
     client_flags(batch)
-    batch.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline of the whole batch")
+    batch.add_argument("--timeout", type=positive_seconds, metavar="SECONDS",
+                       help="deadline of the whole batch (more than 0)")
     output_flag(batch, None)
     batch.set_defaults(handler=cmd_call_batch)
 

@@ -17,8 +17,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError, Subparsers, dump_json
+from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError, Subparsers, config_flag, dump_json
+from sidecar.cli.flags import given_policies, policies_flag
 from sidecar.cli.output import json_output, output_flag
+from sidecar.config import load_settings
 from sidecar.errors import BundleError, PolicyLoadError
 from sidecar.policy.bundle import Bundle, build_bundle, load_bundle
 from sidecar.policy.bundle.signing import (
@@ -40,7 +42,8 @@ def add_bundle_commands(policy_actions: Subparsers) -> None:
     bundle = policy_actions.add_parser("bundle", help="build, inspect and verify OPA bundles")
     actions = bundle.add_subparsers(dest="bundle_action", required=True, metavar="ACTION")
     build = actions.add_parser("build", help="pack a policy directory into a bundle (.tar.gz)")
-    build.add_argument("dir", type=Path, metavar="DIR", help="policy directory")
+    policies_flag(build)
+    config_flag(build, "YAML config: its policy.path is built without --policies")
     build.add_argument("-o", "--out", type=Path, required=True, metavar="FILE", help="bundle file to write")
     build.add_argument("--revision", metavar="R", help="manifest revision (default: the directory's content hash)")
     build.add_argument("--signing-key", type=Path, metavar="FILE", help="PEM private key, or HMAC secret, to sign with")
@@ -72,8 +75,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.signing_key is None and (args.keyid or args.algorithm):
         raise CommandError("--keyid and --signing-alg need --signing-key", EXIT_USAGE)
     key = None if args.signing_key is None else read_key(args.signing_key, "--signing-key")
+    root = given_policies(args) or load_settings(args.config).policy.path
     try:
-        archive = build_bundle(args.dir, revision=args.revision, signing_key=key,
+        archive = build_bundle(root, revision=args.revision, signing_key=key,
                                signing_algorithm=args.algorithm or DEFAULT_ALGORITHM, keyid=args.keyid)
         bundle = load_bundle(archive, skip_verification=True)
         args.out.write_bytes(archive)

@@ -37,10 +37,12 @@ from sidecar.cli.common import (
     CommandError,
     Subparsers,
     client_flags,
+    config_flag,
     dump_json,
     read_arguments,
     with_client,
 )
+from sidecar.cli.flags import Deprecated, given_policies, policies_flag, renamed
 from sidecar.cli.output import json_output, output_flag
 from sidecar.cli.policy_inputs import read_history, read_principal, utc_time
 from sidecar.cli.progress import meter, progress_flag, progress_wanted
@@ -86,7 +88,7 @@ def add_commands(commands: Subparsers) -> None:
 
 def _add_test(actions: Subparsers) -> None:
     test = actions.add_parser("test", help="run the test_* rules of the *_test.rego files, like opa test")
-    _dir_argument(test)
+    policies_flag(test)
     test.add_argument("--coverage", action="store_true", help="print line coverage of each policy file")
     test.add_argument("--threshold", type=float, metavar="PERCENT",
                       help="fail unless every policy file reaches this line coverage (implies --coverage)")
@@ -98,7 +100,7 @@ def _add_test(actions: Subparsers) -> None:
 
 def _add_check(actions: Subparsers) -> None:
     check = actions.add_parser("check", help="compile the policies and check the decisions of sample calls")
-    _dir_argument(check)
+    policies_flag(check)
     _common_flags(check)
     upload_flag(check)
     check.set_defaults(handler=cmd_check)
@@ -107,11 +109,14 @@ def _add_check(actions: Subparsers) -> None:
 def _add_eval(actions: Subparsers) -> None:
     evaluate = actions.add_parser("eval", help="dry-run the decisions of one call; nothing executes")
     evaluate.add_argument("--tool", required=True, metavar="NAME", help="an installed tool")
-    evaluate.add_argument("--principal", required=True, type=Path, metavar="FILE",
-                          help='JSON file: {"id", "tenant", "roles", "permissions"}')
+    evaluate.add_argument("--principal-file", type=Path, metavar="FILE",
+                          help='the calling principal, a JSON file: {"id", "tenant", "roles", "permissions"} '
+                               "(required)")
+    evaluate.add_argument("--principal", dest="principal_flag", type=Path, action=Deprecated,
+                          instead="--principal-file FILE", metavar="FILE", help="deprecated: use --principal-file")
     evaluate.add_argument("--args", dest="arguments", default="{}", metavar="JSON",
                           help="arguments as a JSON object, @FILE to read a file, - to read stdin (default: {})")
-    evaluate.add_argument("--dir", type=Path, metavar="DIR", help="policy directory (default: policy.path)")
+    policies_flag(evaluate, positional=False)
     evaluate.add_argument("--history", type=Path, metavar="FILE", help="JSON: the history the call's decisions read "
                           '({"history": {"meters", "failures"}, "conversation": {"labels"}}; default: none)')
     evaluate.add_argument("--conversation-id", metavar="ID",
@@ -130,12 +135,8 @@ def _add_status(actions: Subparsers) -> None:
     status.set_defaults(handler=cmd_status)
 
 
-def _dir_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", nargs="?", type=Path, metavar="DIR", help="policy directory (default: policy.path)")
-
-
 def _common_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML config: its policy.path and engine")
+    config_flag(parser, "YAML config: its policy.path and engine")
     output_flag(parser)
 
 
@@ -166,7 +167,7 @@ def format_status(document: dict[str, Any]) -> str:
 
 def cmd_test(args: argparse.Namespace) -> int:
     """``toolbooth policy test``: run the Rego tests, optionally with a coverage threshold."""
-    root = policy_dir(args.dir, args.config)
+    root = policy_dir(given_policies(args), args.config)
     with meter("running the policy tests", enabled=progress_wanted(args)) as shown:
         report = _loading(lambda path: run_tests(path, progress=shown.update), root)
     threshold, coverage = args.threshold, args.coverage or args.threshold is not None
@@ -240,7 +241,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         may_send(policy, upload=args.upload)
     except PolicyLoadError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
-    report = asyncio.run(check_policies(policy, root := args.dir or policy.path))
+    report = asyncio.run(check_policies(policy, root := given_policies(args) or policy.path))
     print(dump_json(report.document(root)) if json_output(args) else report.text(root))
     return EXIT_OK if report.ok else EXIT_FAILURE
 
@@ -268,11 +269,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """``toolbooth policy eval``: the decisions one call would get, in the sidecar's order; nothing runs."""
     settings = load_settings(args.config)
     defn = installed_tool(settings, args.tool)
-    principal = read_principal(args.principal)
+    principal = read_principal(_principal_file(args))
     arguments = read_arguments(args.arguments)
     history = None if args.history is None else read_history(args.history)
     conversation = args.conversation_id or (history or {}).get("conversation", {}).get("id")
-    run = asyncio.run(_dry_run(settings, args.dir, defn, principal, arguments, time=args.time or now_utc(),
+    run = asyncio.run(_dry_run(settings, given_policies(args), defn, principal, arguments, time=args.time or now_utc(),
                                upload=args.upload, history=history, conversation_id=conversation))
     print(dump_json(run.document()) if json_output(args) else format_dry_run(run))
     return _VERDICT_EXIT[run.verdict]
@@ -292,6 +293,14 @@ async def _dry_run(settings: Settings, root: Path | None, defn: ToolDefinition[A
                              conversation_id=conversation_id)
     finally:
         await engine.aclose()
+
+
+def _principal_file(args: argparse.Namespace) -> Path:
+    """``--principal-file`` (``--principal``, its older spelling, too); a usage error without either."""
+    path: Path | None = renamed(args, "principal_file", "principal_flag", "--principal-file")
+    if path is None:
+        raise CommandError("policy eval needs --principal-file FILE: the calling principal", EXIT_USAGE)
+    return path
 
 
 def format_dry_run(run: DryRun) -> str:

@@ -29,6 +29,7 @@ from sidecar.cli.common import (
     valid_json,
     with_client,
 )
+from sidecar.cli.flags import positive_seconds
 from sidecar.cli.output import json_output, output_flag
 from sidecar.cli.table import Column, render_table
 from sidecar.contract import Status, ToolListing
@@ -77,7 +78,7 @@ def add_commands(commands: Subparsers) -> None:
     call.add_argument("--conversation-id", metavar="ID")
     call.add_argument("--approval-id", metavar="ID", help="the preview_id of an approved preview of this exact call")
     client_flags(call)
-    call.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline of the call")
+    call.add_argument("--timeout", type=positive_seconds, metavar="SECONDS", help="deadline of the call (more than 0)")
     field_flag(call, "data.preview_id")
     output_flag(call, None)
     call.set_defaults(handler=cmd_call)
