@@ -58,14 +58,16 @@ def validation_document(settings: Settings, checked: Checked) -> dict[str, Any]:
             "health_listen": server.health_listen,
             "mcp": next(row.url(settings) for row in ENDPOINTS if row.section == "mcp"),
             "endpoints": {row.section: url for row in ENDPOINTS if (url := row.url(settings)) is not None},
-            "workers": server.workers, "audit_chain": "keyed" if _chain_keyed(settings) else "unkeyed",
+            "metrics": _metrics(settings), "workers": server.workers,
+            "audit_chain": "keyed" if _chain_keyed(settings) else "unkeyed",
             "auth": {"mode": settings.auth.effective_mode.value, "jwks_url": jwt.jwks_url if jwt else None},
             "plugins": [asdict(plugin) for plugin in checked.plugins], "tools": list(checked.tools),
             "isolated": checked.isolated, "policy": checked.policy, "store": checked.store}
 
 
 def describe_settings(settings: Settings) -> str:
-    """Where it would listen and how it authenticates (the checks add plugins, tools, policy and store)."""
+    """Where it would listen (metrics, and the number of workers, even when off or one), how it authenticates,
+    whether the audit chain is keyed (the checks add plugins, tools, policy and store)."""
     server, jwt = settings.server, settings.auth.jwt
     tls = "" if server.tls is None else (" (TLS on TCP, client certificates required)" if server.tls.mutual
                                          else " (TLS on TCP)")
@@ -74,10 +76,16 @@ def describe_settings(settings: Settings) -> str:
         f"  listen:   {', '.join(server.listen)}{tls}",
         *([f"  health:   {server.health_listen} (health only, plaintext)"] if server.health_listen else []),
         *(f"  {row.section + ':':<9} {url}" for row in ENDPOINTS if (url := row.url(settings)) is not None),
-        *([f"  workers:  {server.workers}"] if server.workers > 1 else []),
+        *([] if _metrics(settings) else ["  metrics:  off (metrics.listen not set)"]),
+        f"  workers:  {server.workers}",
         f"  auth:     {settings.auth.effective_mode.value}{keys}",
         f"  audit:    chain {'keyed' if _chain_keyed(settings) else 'unkeyed (no audit.chain_key)'}",
     ])
+
+
+def _metrics(settings: Settings) -> str | None:
+    """The metrics endpoint's address, ``None`` when off."""
+    return next(row.url(settings) for row in ENDPOINTS if row.section == "metrics")
 
 
 def _chain_keyed(settings: Settings) -> bool:
