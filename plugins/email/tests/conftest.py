@@ -11,7 +11,8 @@ drafts in this test's own database) and validates it as the sidecar does; ``make
 settings of the latest. Every test that configures the plugin runs twice, with its drafts in SQLite and in
 PostgreSQL (``drafts_db``, which also runs SQL on that database; the server is the suite's own,
 ``tests/contract/conftest.py``). ``draft``, ``send``, ``send_error`` and ``state`` drive ``send_email`` on an
-approved draft. The sidecar fixtures are those of ``tests/integration/conftest.py``.
+approved draft. The sidecar fixtures are those of ``tests/integration/conftest.py``; ``toolbooth_gate`` is the plugin
+test kit's.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ import asyncio
 import email
 import email.policy
 import ipaddress
-import logging
 import sqlite3
 import ssl
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -41,6 +40,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from sidecar.plugin import Partial, Principal, ToolContext, ToolDefinition, ToolError
+from sidecar.plugin.fixtures import toolbooth_gate
+from sidecar.plugin.testing import make_context as kit_context
 from tests.contract.conftest import postgres
 from tests.integration.conftest import jwt_auth, make_settings, make_token, rsa_key, socket_path
 from tests.support.postgres import PostgresServer
@@ -49,7 +50,9 @@ from toolbooth_email.drafts import open_drafts
 from toolbooth_email.models import SendEmailInput, SendEmailOutput, SendEmailPreviewInput, SendEmailPreviewOutput
 from toolbooth_email.settings import EmailSettings
 
-__all__ = ["jwt_auth", "make_settings", "make_token", "postgres", "rsa_key", "socket_path"]
+__all__ = ["jwt_auth", "make_settings", "make_token", "postgres", "rsa_key", "socket_path", "toolbooth_gate"]
+
+ALICE = Principal(id="alice", tenant="acme", roles=("developer",))
 
 
 @dataclass
@@ -263,15 +266,14 @@ MakeContext = Callable[..., ToolContext]
 
 @pytest.fixture
 def make_context(configure: Configure) -> MakeContext:
-    """``make_context(principal, key=, approved=, seconds=)``: a context as the pipeline builds one (alice of
-    acme, a developer, by default), with the plugin's settings ``configure`` made last."""
+    """``make_context(principal, key=, approved=, seconds=)``: the context the sidecar gives ``send_email`` (the test
+    kit's, ``sidecar.plugin.testing.make_context``; alice of acme, a developer, by default), with the plugin's settings
+    ``configure`` made last."""
 
     def make(principal: Principal | None = None, *, key: str | None = "key-1", approved: dict[str, Any] | None = None,
              seconds: float = 10.0) -> ToolContext:
-        return ToolContext(principal=principal or Principal(id="alice", tenant="acme", roles=("developer",)),
-                           request_id="req-1", deadline=time.monotonic() + seconds, idempotency_key=key, attempt=1,
-                           logger=logging.LoggerAdapter(logging.getLogger("test.email"), {}), approved_preview=approved,
-                           settings=configure.settings)
+        return kit_context(send_email, principal=principal or ALICE, idempotency_key=key, approved_preview=approved,
+                           seconds=seconds, settings=configure.settings)
 
     return make
 
@@ -285,7 +287,7 @@ MAIL: dict[str, Any] = {"recipients": [{"email": "ana@example.com", "display_nam
 
 async def draft(make_context: Any, mail: dict[str, Any] = MAIL, principal: Principal | None = None) -> dict[str, Any]:
     """A stored draft, and its rendering as the approver approves it (``ctx.approved_preview``)."""
-    out = await send_email_preview.handler(SendEmailPreviewInput.model_validate(mail), make_context(principal))
+    out = await send_email_preview(SendEmailPreviewInput.model_validate(mail), make_context(principal))
     assert isinstance(out, SendEmailPreviewOutput)
     rendered = await render_send_email(SendEmailInput(preview_id=out.preview_id), make_context(principal))
     return rendered.model_dump(mode="json")
@@ -293,8 +295,8 @@ async def draft(make_context: Any, mail: dict[str, Any] = MAIL, principal: Princ
 
 async def send(make_context: Any, approved: dict[str, Any], *, key: str = "key-1", principal: Principal | None = None,
                seconds: float = 10.0) -> SendEmailOutput | Partial[SendEmailOutput]:
-    result = await send_email.handler(SendEmailInput(preview_id=approved["preview_id"]),
-                                      make_context(principal, key=key, approved=approved, seconds=seconds))
+    result = await send_email(SendEmailInput(preview_id=approved["preview_id"]),
+                              make_context(principal, key=key, approved=approved, seconds=seconds))
     assert isinstance(result, SendEmailOutput | Partial)
     return result
 

@@ -111,7 +111,7 @@ async def test_an_unreachable_postgres_is_a_store_error_that_never_shows_the_dsn
     configure(drafts_dsn=dsn)
     mail = {"recipients": [{"email": "ana@example.com"}], "subject": "Hi", "body_text": "Hello."}
     with pytest.raises(ToolError) as refused:
-        await send_email_preview.handler(SendEmailPreviewInput.model_validate(mail), make_context())
+        await send_email_preview(SendEmailPreviewInput.model_validate(mail), make_context())
     assert (refused.value.code, refused.value.retryable) == (ErrorCode.SERVICE_UNAVAILABLE, True)
     assert PASSWORD not in refused.value.message
 

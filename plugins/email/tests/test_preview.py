@@ -28,7 +28,7 @@ ADMIN = Principal(id="alice", tenant="acme", roles=("admin",))
 
 async def preview(make_context: Any, mail: dict[str, Any] = MAIL,
                   principal: Principal | None = None) -> SendEmailPreviewOutput:
-    output = await send_email_preview.handler(SendEmailPreviewInput.model_validate(mail), make_context(principal))
+    output = await send_email_preview(SendEmailPreviewInput.model_validate(mail), make_context(principal))
     assert isinstance(output, SendEmailPreviewOutput)
     return output
 

@@ -1,5 +1,6 @@
 """``send_email`` against a real SMTP server: exactly the approved message, once; accepted and rejected
-recipients apart; what a failing server means for the draft; the checks made again at send time."""
+recipients apart; what a failing server means for the draft; the checks made again at send time; the pair through
+the test kit's gate."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from typing import Any
 import pytest
 
 from sidecar.plugin import ErrorCode, Partial, Principal, ToolError
-from toolbooth_email import send_email
+from sidecar.plugin.fixtures import GateOpener
+from sidecar.plugin.testing import Status
+from toolbooth_email import PLUGIN, send_email, send_email_preview
 from toolbooth_email.models import SendEmailInput, SendEmailOutput
 
-from .conftest import MAIL, DraftsDb, draft, send, send_error, state
+from .conftest import ALICE, MAIL, Configure, DraftsDb, MailServer, draft, send, send_error, state
 
 ADMIN = Principal(id="alice", tenant="acme", roles=("admin",))
 
@@ -169,10 +172,10 @@ async def test_rechecks_external_recipient_policy_at_send_time(configure: Any, m
 async def test_rejects_unapproved_previews(configure: Any, make_context: Any, mail_server: Any) -> None:
     approved = await draft(make_context)
     with pytest.raises(ToolError) as caught:
-        await send_email.handler(SendEmailInput(preview_id=approved["preview_id"]), make_context())
+        await send_email(SendEmailInput(preview_id=approved["preview_id"]), make_context())
     assert caught.value.code is ErrorCode.APPROVAL_REQUIRED and mail_server.received == []
     configure(rules={"require_approval": False})  # an operator who lets the policy decide alone
-    result = await send_email.handler(SendEmailInput(preview_id=approved["preview_id"]), make_context())
+    result = await send_email(SendEmailInput(preview_id=approved["preview_id"]), make_context())
     assert isinstance(result, SendEmailOutput) and len(mail_server.received) == 1
 
 
@@ -191,3 +194,18 @@ async def test_an_expired_draft_is_not_sent(configure: Any, make_context: Any, m
     error = await send_error(make_context, approved)
     assert (error.code, error.field) == (ErrorCode.PREVIEW_EXPIRED, "preview_id")
     assert "make a new one" in error.message and mail_server.received == []
+
+
+async def test_through_the_kits_gate_the_approved_draft_is_sent_once(configure: Configure, mail_server: MailServer,
+                                                                    toolbooth_gate: GateOpener) -> None:
+    gate = await toolbooth_gate(PLUGIN, plugin_name="email", plugin_settings=configure.section, principal=ALICE)
+    previewed = await gate.call(send_email_preview, MAIL)
+    assert previewed.status is Status.SUCCESS, previewed
+    arguments = {"preview_id": previewed.data["preview_id"]}
+    held = await gate.call(send_email, arguments, idempotency_key="send-1")
+    assert held.status is Status.APPROVAL_REQUIRED and mail_server.received == []
+    approval_id = await gate.approve(held)
+    for _ in range(2):  # the second is the first's result, replayed
+        sent = await gate.call(send_email, arguments, idempotency_key="send-1", approval_id=approval_id)
+        assert sent.status is Status.SUCCESS, sent
+    assert len(mail_server.received) == 1
