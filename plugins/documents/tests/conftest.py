@@ -3,7 +3,7 @@
 ``settings`` is parametrized over SQLite (a file in ``tmp_path``) and PostgreSQL (a fresh schema of a
 database of this session on the test server; required when ``CI=true``, else skipped if unreachable), and
 points the plugin's variables (``TOOLBOOTH_PLUGINS__CONFIG__DOCUMENTS__*``) at it, so the installed plugin's
-tools and ``toolbooth-documents`` use the same index.
+tools and ``toolbooth-documents`` use the same index. ``toolbooth_gate`` is the plugin test kit's.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from plugins.documents.tests.support import (
     Sidecars,
     configured,
 )
+from sidecar.plugin.fixtures import toolbooth_gate
 from tests.contract.conftest import postgres  # the session's database on the test server (required when CI=true)
 from tests.support.postgres import PostgresServer
 from toolbooth_documents.index import Index, open_index
 from toolbooth_documents.settings import IndexSettings
 
-__all__ = ["postgres"]
+__all__ = ["postgres", "toolbooth_gate"]
 
 
 @pytest.fixture(autouse=True)

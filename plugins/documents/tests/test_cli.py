@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import time
 from pathlib import Path
 
 import pytest
 
 from sidecar.plugin import Principal, ToolContext
+from sidecar.plugin.testing import make_context
 from tests.support.postgres import PostgresServer, closed_port_dsn
 from tests.support.tables import table_rows
 from toolbooth_documents.cli import SAMPLE_PROJECT, SAMPLE_TENANT, main, sample_directory
@@ -35,8 +34,7 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 def context(tenant: str) -> ToolContext:
-    return ToolContext(principal=Principal(id="u", tenant=tenant), request_id="r", deadline=time.monotonic() + 5,
-                       idempotency_key=None, attempt=1, logger=logging.LoggerAdapter(logging.getLogger("t"), {}))
+    return make_context(principal=Principal(id="u", tenant=tenant), seconds=5)
 
 
 def test_index_reports_each_file_and_a_changed_file_gets_a_new_version(

@@ -1,4 +1,5 @@
-"""The plugin as the sidecar and its operator see it: metadata, packaging, configuration."""
+"""The plugin as the sidecar and its operator see it: metadata, packaging, configuration, its tools through the test
+kit's gate."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 import pytest
 
 import toolbooth_documents
-from plugins.documents.tests.support import ENV_POSTGRES_DSN
-from sidecar.plugin import ConfigError, ErrorCode, SideEffect, ToolDefinition, read_plugin_settings
+from plugins.documents.tests.support import ENV_POSTGRES_DSN, READER, Corpus, configured_section
+from sidecar.plugin import ConfigError, ErrorCode, Principal, SideEffect, ToolDefinition, read_plugin_settings
+from sidecar.plugin.fixtures import GateOpener
+from sidecar.plugin.testing import Status
 from toolbooth_documents import PLUGIN, TOOLS, read_document, search_documents
 from toolbooth_documents.models import (
     ReadDocumentInput,
@@ -97,3 +100,19 @@ def test_a_cursor_key_file_must_be_long_enough(tmp_path: Path) -> None:
     key.unlink()  # gone after start-up: the index cannot open
     with pytest.raises(ConfigurationError, match=f"plugins.config.documents.cursor_key_file: cannot read {key}"):
         settings.read_cursor_key()
+
+
+async def test_through_the_kits_gate_a_caller_reads_only_what_it_may(documents: Corpus,
+                                                                   toolbooth_gate: GateOpener) -> None:
+    reader = Principal(id="user-1", tenant="acme", permissions=READER)
+    gate = await toolbooth_gate(PLUGIN, plugin_name="documents", plugin_settings=configured_section(),
+                                principal=reader)
+    found = await gate.call(search_documents, {"query": "launch", "project_id": "alpha"})
+    assert found.status is Status.SUCCESS, found
+    assert {(hit["title"], bool(hit["snippet"])) for hit in found.data["items"]} == {
+        ("Launch plan", True), ("Meeting notes", True), ("Launch budget review", False)}  # restricted: no snippet
+    restricted = await gate.call(read_document, {"document_id": documents.ids["acme/alpha/budget.md"]})
+    assert restricted.error is not None and restricted.error.code is ErrorCode.PERMISSION_DENIED
+    other = await gate.call(read_document, {"document_id": documents.ids["acme/alpha/plan.md"]},
+                            principal=reader.model_copy(update={"tenant": "globex"}))
+    assert other.error is not None and other.error.code is ErrorCode.RESOURCE_NOT_FOUND
