@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from sidecar import __version__
-from sidecar.cli import approvals, audit, batch, config, mcp_stdio, operations, policy, serve, token, tools
+from sidecar.cli import approvals, audit, batch, config, mcp_stdio, operations, plugin_new, policy, serve, token, tools
 from sidecar.cli.common import EXIT_USAGE, CommandError, Handler, fail
 from sidecar.cli.output import OUTPUT_EPILOG, Parser, UsageError, json_errors, json_output, requested_json
 from sidecar.errors import ConfigError
@@ -26,7 +26,7 @@ __all__ = ["EXIT_BROKEN_PIPE", "GROUPS", "build_parser", "main"]
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a command killed by SIGPIPE
 
 # In the order ``toolbooth --help`` lists them.
-GROUPS = (serve, tools, batch, mcp_stdio, config, policy, audit, approvals, operations, token)
+GROUPS = (serve, tools, batch, mcp_stdio, config, policy, audit, approvals, operations, token, plugin_new)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
