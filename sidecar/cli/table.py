@@ -5,10 +5,12 @@ A table fits the width of the terminal stdout is (``$COLUMNS`` when set, for std
 that is not a terminal, without ``$COLUMNS``, has no width, so a table piped to a file or another command is
 never wrapped. When a table is wider than its width, long values wrap onto more lines within their column
 (a long word or id folds) or, in a column that does not wrap, are cut with an ellipsis; either way every
-column starts at the same place on every line. Columns keep their headers' words whole while they can
-and are never narrower than ``NARROWEST`` cells, so a table too wide even so is wider than its width,
-still aligned. Cells are plain text (no markup; control, bidirectional and invisible characters shown as
-their code points, ``⟦U+202E⟧``); columns are two spaces apart and lines carry no trailing spaces.
+column starts at the same place on every line. A ``whole`` column (ids, times: what a person copies) is
+neither: it keeps the width of its widest value, and the other columns give way. Columns keep their headers'
+words whole while they can and are never narrower than ``NARROWEST`` cells, so a table too wide even so is
+wider than its width, still aligned. Cells are plain text (no markup; control, bidirectional and invisible
+characters shown as their code points, ``⟦U+202E⟧``); columns are two spaces apart and lines carry no
+trailing spaces.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 from sidecar.display import visible
 
-__all__ = ["NARROWEST", "Column", "column_widths", "render_table", "table_width"]
+__all__ = ["NARROWEST", "Column", "column_widths", "fits", "render_table", "table_width"]
 
 _GUTTER = 2  # spaces between columns
 NARROWEST = 3  # cells: no column is made narrower (a header word then folds)
@@ -30,11 +32,13 @@ NARROWEST = 3  # cells: no column is made narrower (a header word then folds)
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    """A column: its header; whether a long value wraps (else it is cut with an ellipsis); right-aligned."""
+    """A column: its header; whether a long value wraps (else it is cut with an ellipsis); right-aligned; ``whole``:
+    never narrower than its widest value (neither wrapped nor cut)."""
 
     header: str
     wrap: bool = True
     right: bool = False
+    whole: bool = False
 
     @property
     def min_width(self) -> int:
@@ -55,20 +59,18 @@ def table_width() -> int | None:
 
 def render_table(columns: Sequence[Column], rows: Iterable[Sequence[str]], width: int | None = None) -> str:
     """``rows`` under the headers of ``columns``, fitted to ``width`` (default ``table_width()``)."""
-    from rich.cells import cell_len  # rich loads only for a command that prints a table
-    from rich.console import Console
+    from rich.console import Console  # rich loads only for a command that prints a table
     from rich.table import Table
     from rich.text import Text
 
     headers = [Text(column.header, no_wrap=False, overflow="fold") for column in columns]  # even over a column
     cells = [headers, *([Text(_printable(cell)) for cell in row] for row in rows)]  # that does not wrap
-    natural = [max(max((cell_len(line) for line in row[i].plain.splitlines()), default=0) for row in cells)
-               for i in range(len(columns))]
+    natural = _natural([[cell.plain for cell in row] for row in cells], len(columns))
     fit = width if width is not None else table_width()
     widths = natural if fit is None else column_widths(columns, natural, fit - _GUTTER * (len(columns) - 1))
     table = Table(box=None, pad_edge=False, padding=(0, _GUTTER // 2), header_style="", show_edge=False)
     for column, header, column_width in zip(columns, headers, widths, strict=True):
-        table.add_column(header, justify="right" if column.right else "left", no_wrap=not column.wrap,
+        table.add_column(header, justify="right" if column.right else "left", no_wrap=column.whole or not column.wrap,
                          overflow="fold" if column.wrap else "ellipsis", width=column_width)
     for row in cells[1:]:
         table.add_row(*row)
@@ -78,10 +80,22 @@ def render_table(columns: Sequence[Column], rows: Iterable[Sequence[str]], width
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
+def fits(columns: Sequence[Column], rows: Iterable[Sequence[str]], width: int | None = None) -> bool:
+    """Whether ``rows`` under ``columns`` fit ``width`` (default ``table_width()``; ``None``: any) without a value
+    wrapped or cut."""
+    fit = width if width is not None else table_width()
+    if fit is None:
+        return True
+    natural = _natural([[column.header for column in columns], *([_printable(cell) for cell in row] for row in rows)],
+                       len(columns))
+    return sum(natural) + _GUTTER * (len(columns) - 1) <= fit
+
+
 def column_widths(columns: Sequence[Column], natural: Sequence[int], room: int) -> list[int]:
     """Widths for columns of ``natural`` widths within ``room`` cells, taken a cell at a time from the widest
     column that may give one: first the columns that wrap, down to their ``min_width``, then those that do not,
-    then any, down to ``NARROWEST``; a table that does not fit even so is wider than ``room``."""
+    then any, down to ``NARROWEST``; a ``whole`` column keeps its natural width. A table that does not fit even so
+    is wider than ``room``."""
     widths = list(natural)
     passes = ((lambda column: column.wrap, lambda column: column.min_width),
               (lambda column: not column.wrap, lambda column: column.min_width),
@@ -89,7 +103,8 @@ def column_widths(columns: Sequence[Column], natural: Sequence[int], room: int) 
     for eligible, least in passes:
         floors = [min(n, least(column)) for n, column in zip(natural, columns, strict=True)]
         while sum(widths) > room:
-            shrinkable = [i for i, column in enumerate(columns) if eligible(column) and widths[i] > floors[i]]
+            shrinkable = [i for i, column in enumerate(columns)
+                          if not column.whole and eligible(column) and widths[i] > floors[i]]
             if not shrinkable:
                 break
             widest = max(shrinkable, key=lambda i: widths[i])
@@ -98,6 +113,14 @@ def column_widths(columns: Sequence[Column], natural: Sequence[int], room: int) 
             excess = sum(widths) - room
             widths[widest] = min(widths[widest] - 1, max(floors[widest], runner_up, widths[widest] - excess))
     return widths
+
+
+def _natural(rows: Sequence[Sequence[str]], count: int) -> list[int]:
+    """The width of each of ``count`` columns: its widest line of plain text, in terminal cells."""
+    from rich.cells import cell_len
+
+    return [max(max((cell_len(line) for line in row[i].splitlines()), default=0) for row in rows)
+            for i in range(count)]
 
 
 def _printable(cell: str) -> str:
