@@ -12,13 +12,13 @@ import pytest
 
 from sidecar.cli import approvals as cli
 from sidecar.cli import main
-from sidecar.contract import ApprovalResult, Preview
+from sidecar.contract import ApprovalResult, ErrorCode, ErrorInfo, Preview
 
 PAGES = [[f"p-{page}-{n}" for n in range(3)] for page in range(4)]  # newest first, three to a page
 
 
 class PagedClient:
-    """A sidecar's ListPreviews over ``PAGES`` (the token of a page is its number) that approves anything."""
+    """A sidecar's ListPreviews over ``PAGES`` (the token of a page is its number) that approves any of them."""
 
     def __init__(self) -> None:
         self.listed: list[str] = []  # the page tokens asked for
@@ -31,6 +31,8 @@ class PagedClient:
         return page, "" if number + 1 == len(PAGES) else str(number + 1)
 
     def approve(self, preview_id: str, preview_hash: str, *, comment: str | None = None) -> ApprovalResult:
+        if not any(preview_id in page for page in PAGES):
+            return ApprovalResult(ok=False, error=ErrorInfo.of(ErrorCode.RESOURCE_NOT_FOUND, "no such preview"))
         return ApprovalResult(ok=True, preview=Preview(preview_id=preview_id, preview_hash=preview_hash,
                                                        call_json="{}", reason="r", expires_at="2026-12-01T10:15:00Z"))
 
@@ -55,7 +57,7 @@ def test_approve_without_a_hash_reads_the_pages_up_to_the_one_it_approves(client
 
 def test_approving_a_preview_no_page_lists_reads_every_page_and_says_so(client: PagedClient,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["approve", "p-9-9"]) == 3  # refused
+    assert main(["approve", "p-9-9-unknown"]) == 3  # refused
     assert client.listed == ["", "1", "2", "3"]
-    assert capsys.readouterr().err.strip() == ("toolbooth: error: preview 'p-9-9' is not among the pending previews "
-                                               "you may approve; check the id, or pass --hash")
+    assert capsys.readouterr().err.strip() == ("toolbooth: error: preview 'p-9-9-unknown' is not among the pending "
+                                               "previews you may approve; check the id, or pass --hash")
