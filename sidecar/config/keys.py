@@ -11,6 +11,7 @@ was used. ``close_key`` finds the known key nearest an unknown one (``difflib``)
 from __future__ import annotations
 
 import difflib
+import os
 import types
 import typing
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -30,12 +31,13 @@ _PATH_ERRORS = frozenset({"path_not_file", "path_not_directory", "path_type"})
 
 def anchor_paths(raw: MutableMapping[str, Any], model: type[BaseModel],
                  base: Path) -> dict[tuple[str, ...], tuple[str, Path]]:
-    """Rewrite in ``raw`` (a config file's mapping for ``model``) every relative path as ``base / path``;
-    return what was rewritten."""
+    """Rewrite in ``raw`` (a config file's mapping for ``model``) every relative path as ``base / path``, ``..``
+    taken off lexically (the directory the file was named in, even through a symbolic link); return what was
+    rewritten."""
     anchored: dict[tuple[str, ...], tuple[str, Path]] = {}
     for loc, holder, key, value in _path_values(raw, model, ()):
         if isinstance(value, str) and value and not Path(value).is_absolute():
-            holder[key] = str(base / value)
+            holder[key] = os.path.normpath(base / value)
             anchored[loc] = (value, base)
     return anchored
 
