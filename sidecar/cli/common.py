@@ -112,8 +112,8 @@ def client_flags(parser: argparse.ArgumentParser) -> None:
     """``--target``, ``--config``, ``--token`` and ``--tls*``: where the running sidecar is, who calls it, and how
     its TLS is checked (``find_target``, ``client_tls``)."""
     parser.add_argument("--target", metavar="ADDR",
-                        help=f"sidecar address (default: ${ENV_TARGET}, else the first server.listen of --config; "
-                             f"the sidecar is looked for at {TARGET_ORDER})")
+                        help=f"sidecar address; the sidecar is looked for at {TARGET_ORDER} (a config's first "
+                             "server.listen)")
     config_flag(parser, "the sidecar's YAML config file: reach it at its first server.listen, with TLS when "
                         "server.tls is set (--target and $TOOLBOOTH_TARGET come first)")
     parser.add_argument("--token", default=os.environ.get(ENV_TOKEN), metavar="TOKEN",
