@@ -2,9 +2,15 @@
 
 A thin shell over ``sidecar.config``, ``sidecar.bootstrap.serve``, ``sidecar.client.Client`` and the
 policy, bundle and store tools: each group module (``serve``, ``tools``, ``batch``, ``mcp_stdio``, ``config``,
-``policy``, ``audit``, ``approvals``, ``operations``, ``token``) adds its commands and handlers; ``main``
-parses, runs the chosen handler and turns the outcome into an exit code (``sidecar.cli.common`` lists them);
-with ``--output json`` a failure, usage errors included, is printed as the JSON error of ``sidecar.cli.output``.
+``policy``, ``audit``, ``approvals``, ``operations``, ``token``, ``plugin_new``) adds its commands and handlers;
+``main`` parses, runs the chosen handler and turns the outcome into an exit code (``sidecar.cli.common`` lists
+them); with ``--output json`` a failure, usage errors included, is printed as the JSON error of
+``sidecar.cli.output``.
+
+Ctrl-C ends every command alike, however far it got (loading its modules, starting a sidecar, waiting for
+one): ``toolbooth: interrupted`` on stderr and exit 130, as a shell reports a command SIGINT ended, never a
+traceback. So that this holds from the start, this module imports nothing of the sidecar's at import time:
+``main`` does, once it can catch the interrupt.
 """
 
 from __future__ import annotations
@@ -14,25 +20,50 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from sidecar import __version__
-from sidecar.cli import approvals, audit, batch, config, mcp_stdio, operations, plugin_new, policy, serve, token, tools
-from sidecar.cli.common import EXIT_USAGE, CommandError, Handler, fail
-from sidecar.cli.output import OUTPUT_EPILOG, Parser, UsageError, json_errors, json_output, requested_json
-from sidecar.errors import ConfigError
+if TYPE_CHECKING:
+    from types import ModuleType
 
-__all__ = ["EXIT_BROKEN_PIPE", "GROUPS", "build_parser", "main"]
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERRUPTED", "build_parser", "groups", "main"]
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a command killed by SIGPIPE
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for a command Ctrl-C ended
 
-# In the order ``toolbooth --help`` lists them.
-GROUPS = (serve, tools, batch, mcp_stdio, config, policy, audit, approvals, operations, token, plugin_new)
+
+def groups() -> tuple[ModuleType, ...]:
+    """The command group modules, in the order ``toolbooth --help`` lists them."""
+    from sidecar.cli import (
+        approvals,
+        audit,
+        batch,
+        config,
+        mcp_stdio,
+        operations,
+        plugin_new,
+        policy,
+        serve,
+        token,
+        tools,
+    )
+
+    return (serve, tools, batch, mcp_stdio, config, policy, audit, approvals, operations, token, plugin_new)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``toolbooth`` command; return its exit code."""
+    """Run the ``toolbooth`` command; return its exit code (``EXIT_INTERRUPTED`` after Ctrl-C, whenever it came)."""
+    try:
+        return _run(sys.argv[1:] if argv is None else list(argv))
+    except KeyboardInterrupt:
+        return _interrupted()
+
+
+def _run(words: list[str]) -> int:
+    from sidecar.cli.common import EXIT_USAGE, CommandError, Handler, fail
+    from sidecar.cli.output import UsageError, json_errors, json_output, requested_json
+    from sidecar.errors import ConfigError
+
     parser = build_parser()
-    words = sys.argv[1:] if argv is None else list(argv)
     as_json = requested_json(words)
     token = json_errors.set(as_json)
     try:
@@ -54,7 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc), exc.exit_code, as_json=as_json, name=exc.code)
     except ConfigError as exc:
         return fail(str(exc), EXIT_USAGE, as_json=as_json, name="CONFIG")
-    return code
+    return _interrupted() if code == EXIT_INTERRUPTED else code  # one that caught Ctrl-C itself says so alike
+
+
+def _interrupted() -> int:
+    """Ctrl-C: one line on stderr (what was under way when it came would only be noise)."""
+    print("toolbooth: interrupted", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
 
 
 def _stdout_closed() -> int:
@@ -66,11 +103,14 @@ def _stdout_closed() -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
+    from sidecar import __version__
+    from sidecar.cli.output import OUTPUT_EPILOG, Parser
+
     parser = Parser(prog="toolbooth", description="Policy-as-code sidecar for AI-agent tool calls.",
                     epilog=OUTPUT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"toolbooth {__version__}",
                         help="print the version of the installed toolbooth package and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in GROUPS:
+    for group in groups():
         group.add_commands(commands)
     return parser
