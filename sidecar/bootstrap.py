@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sidecar.config import IsolationSettings, Limits, LogFormat, Settings
@@ -124,7 +126,8 @@ async def _open_policies(settings: Settings) -> ReloadingEngine:
 def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: Limits,
              mask_key: bytes | None = None, retention_hours: float = 24.0, history_retention_hours: float = 168.0,
              isolation: IsolationSettings | None = None, metrics: Metrics | None = None,
-             tracing: Tracing | None = None, log_context: bool = False, stages: Stages | None = None) -> Pipeline:
+             tracing: Tracing | None = None, log_context: bool = False, stages: Stages | None = None,
+             clock: Callable[[], float] = time.time) -> Pipeline:
     """The pipeline over these parts. ``mask_key`` masks sensitive values in the audit log and previews
     (default: a random key of this pipeline); finished idempotency records older than ``retention_hours``
     are deleted, and the call history (``sidecar.pipeline.stored_history``) older than
@@ -133,12 +136,13 @@ def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: 
     decisions and approvals are counted there. Calls are traced with ``tracing`` (default: not at all); with
     ``log_context`` their log lines carry their fields (JSON logs). ``stages`` are added to the chain in their
     slots (``sidecar.pipeline.order.Stages``; what each slot may rely on: ``sidecar.pipeline.chain.CallStage``),
-    and closed with the pipeline if they have an ``aclose``."""
+    and closed with the pipeline if they have an ``aclose``. Previews expire and finished idempotency records age by
+    ``clock`` (epoch seconds; tests move it on)."""
     if metrics is not None:
         policy = MeteredEngine(policy, metrics)
     tracing = Tracing() if tracing is None else tracing
     decider, masker = Decider(policy), Masker(mask_key or secrets.token_bytes(32))
-    approvals = Approvals(store, policy, metrics, max_pending=limits.max_pending_previews_per_principal)
+    approvals = Approvals(store, policy, metrics, max_pending=limits.max_pending_previews_per_principal, clock=clock)
     auditor = Auditor(store, masker)
     isolation = isolation or IsolationSettings()
     pools = ProcessPools(isolation_plan(registry, isolation), isolation)
@@ -146,7 +150,7 @@ def assemble(*, registry: Registry, policy: PolicyEngine, store: Store, limits: 
     history = StoreHistory(store, retention_seconds=history_retention_hours * 3600)
     deciding = DecidingStages.build(registry, decider, limits, approvals, masker, history, metrics)
     expiry = Expiry(lambda before: store.expire_operations(before), retention_hours * 3600,  # asked when it runs
-                    what="idempotency record", aged="completed")
+                    what="idempotency record", aged="completed", clock=clock)
     idempotency = IdempotencyStage(store, auditor, expiry)
     added = stages or Stages()
     if metrics is not None:

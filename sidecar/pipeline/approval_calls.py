@@ -4,7 +4,6 @@ must be exactly the previewed one (``mismatch``) and its approval approved, unex
 from __future__ import annotations
 
 import hmac
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -84,13 +83,13 @@ def mismatch(record: PreviewRecord, stored: dict[str, Any], call: CallToApprove)
     return None
 
 
-def unusable(record: PreviewRecord) -> Refusal | None:
-    """A refusal unless ``record`` is an approved, unexpired, unused approval."""
+def unusable(record: PreviewRecord, *, now: float) -> Refusal | None:
+    """A refusal unless ``record`` is an approved, unused approval unexpired at ``now`` (epoch seconds)."""
     if record.state is PreviewState.DENIED:
         return Refusal(approval_error(ErrorCode.PERMISSION_DENIED, f"an approver denied this call: {record.comment}"))
     if record.state is PreviewState.USED:
         return Refusal(approval_error(ErrorCode.PERMISSION_DENIED, "this approval was already used"))
-    if record.expires_at <= time.time():
+    if record.expires_at <= now:
         return Refusal(approval_error(ErrorCode.PREVIEW_EXPIRED, "the preview expired before the call ran"))
     if record.state is PreviewState.PENDING:
         return Refusal(ErrorInfo.of(ErrorCode.APPROVAL_REQUIRED, "this call is not approved yet"), to_preview(record))

@@ -26,7 +26,7 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from sidecar.canonical import canonical_json
@@ -72,18 +72,20 @@ READ_BATCH = 200  # previews a page reads from the store at once, at least (the 
 
 class Approvals:
     """Opens previews, records approvers' decisions, redeems approvals; a principal holds at most ``max_pending``
-    pending previews (``limits.max_pending_previews_per_principal``)."""
+    pending previews (``limits.max_pending_previews_per_principal``). Previews expire by ``clock`` (epoch seconds;
+    tests move it on)."""
 
     def __init__(self, store: Store, policy: PolicyEngine, metrics: Metrics | None = None, *,
-                 max_pending: int) -> None:
+                 max_pending: int, clock: Callable[[], float] = time.time) -> None:
         self.store, self.policy, self._metrics, self._max_pending = store, policy, metrics, max_pending
+        self._clock = clock
 
     async def open_preview(self, call: CallToApprove, decision: Decision) -> Preview:
         """Store a pending preview of ``call``, with the tool's rendering of it (``CallRefused`` with the error
         if it cannot render, or ``RATE_LIMITED`` if its principal holds ``max_pending`` pending previews already:
         nothing is stored; ``StoreUnavailableError`` if it cannot be stored)."""
         canonical = call.canonical(rendering=None if call.render is None else await call.render())
-        now = time.time()
+        now = self._clock()
         record = PreviewRecord(
             preview_id=secrets.token_hex(24), preview_hash=preview_hash(canonical), tenant=call.principal.tenant,
             principal_id=call.principal.id, tool=call.tool, tool_version=call.version,
@@ -117,7 +119,7 @@ class Approvals:
         """A page of the unexpired pending previews ``principal`` may approve, of their tenant (``all_of_them``:
         every one, for operators), newest first, after ``page_token`` (``InvalidRequestError`` if it is not
         one a page gave); only of ``tool`` and ``requester`` (a principal id) when given."""
-        now = time.time()
+        now = self._clock()
         query = PreviewQuery(PreviewState.PENDING, _batch(limit), tenant=None if all_of_them else principal.tenant,
                              expires_after=now, created_after=now - MAX_PREVIEW_TTL_SECONDS,
                              after=read_token(page_token), tool=tool, principal_id=requester)
@@ -128,7 +130,7 @@ class Approvals:
         """Pending previews ``principal`` could have approved, of their tenant (as for ``pending``), that expired
         undecided after ``since`` (epoch seconds), newest first, at most ``limit``."""
         query = PreviewQuery(PreviewState.PENDING, _batch(limit), tenant=None if all_of_them else principal.tenant,
-                             expires_after=since, expires_by=time.time(),
+                             expires_after=since, expires_by=self._clock(),
                              created_after=since - MAX_PREVIEW_TTL_SECONDS)
         return (await self._page(principal, all_of_them, query, limit)).previews
 
@@ -194,7 +196,7 @@ class Approvals:
         """Mark the checked approval used by the call with idempotency ``key``, atomically: of any number
         of calls, on any sidecar sharing the store, one gets ``None`` and runs. A failing store refuses."""
         try:
-            if await self.store.consume_approval(approval_id, now=time.time(), key=key):
+            if await self.store.consume_approval(approval_id, now=self._clock(), key=key):
                 return None
             record = await self.store.get_preview(approval_id)
         except DependencyError as exc:  # fail closed: refuse, nothing changes
@@ -227,7 +229,7 @@ class Approvals:
         approved = Approved(stored.get("rendering"))
         if record.state is PreviewState.USED and key is not None and record.used_key == key:
             return approved  # a retry of the call that used it: its idempotency record replays, never runs it twice
-        if refusal := unusable(record):
+        if refusal := unusable(record, now=self._clock()):
             return refusal
         if "conversation_id" not in stored or (call.render is not None and approved.rendering is None):
             fresh = await self.open_preview(call, decision)
@@ -274,7 +276,7 @@ class Approvals:
         allowed = await self._approver_decision(approver, record)
         if not allowed.allow:
             return _refused(ErrorInfo.of(ErrorCode.PERMISSION_DENIED, allowed.reason or "you may not decide this"))
-        if record.expires_at <= time.time():
+        if record.expires_at <= self._clock():
             return _refused(ErrorInfo.of(ErrorCode.PREVIEW_EXPIRED, "the preview expired", field="preview_id"),
                             record)
         if hash_seen is not None and not hmac.compare_digest(hash_seen.encode(), record.preview_hash.encode()):
@@ -284,7 +286,7 @@ class Approvals:
             return _refused(ErrorInfo.of(ErrorCode.PERMISSION_DENIED, CHANGED, field="preview_id"))
         decided_by = approver.model_dump_json()
         if not await self.store.decide_preview(preview_id, state, decided_by=decided_by, comment=comment or None,
-                                               now=time.time()):
+                                               now=self._clock()):
             current = await self.store.get_preview(preview_id) or record
             return _refused(ErrorInfo.of(ErrorCode.INVALID_ARGUMENT, f"the preview is already {current.state}",
                                          field="preview_id"), current)

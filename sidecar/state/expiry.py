@@ -20,11 +20,13 @@ class Expiry:
     """Deletes what is older than ``retention_seconds`` with ``delete`` (given the epoch seconds before which to
     delete, it says how many it deleted), in the background, at most once per ``EXPIRY_INTERVAL_SECONDS``; a
     failure is logged and tried again at the next interval. ``what`` (singular) and ``aged`` name them in the
-    log: ``deleted 3 idempotency record(s) completed over 24 hours ago``."""
+    log: ``deleted 3 idempotency record(s) completed over 24 hours ago``. ``clock`` (epoch seconds) says when now
+    is (tests move it on)."""
 
     def __init__(self, delete: Callable[[float], Awaitable[int]], retention_seconds: float, *, what: str,
-                 aged: str) -> None:
+                 aged: str, clock: Callable[[], float] = time.time) -> None:
         self._delete, self._retention, self._what, self._aged = delete, retention_seconds, what, aged
+        self._clock = clock
         self._next = 0.0  # ``time.monotonic()`` of the next allowed run
         self._running: set[asyncio.Task[None]] = set()
 
@@ -44,7 +46,7 @@ class Expiry:
 
     async def _expire(self) -> None:
         try:
-            count = await self._delete(time.time() - self._retention)
+            count = await self._delete(self._clock() - self._retention)
         except StoreUnavailableError as exc:
             log.error("expired %ss could not be deleted: %s", self._what, exc)
             return

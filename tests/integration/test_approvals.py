@@ -23,6 +23,7 @@ from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.support import tools
 from tests.support.approvals import NOTE, policies
+from tests.support.clock import MovedClock
 from tests.support.tables import table_columns
 
 Tokens = Callable[..., str]
@@ -52,8 +53,10 @@ class SwappableEngine(DelegatingEngine):
 class World:
     """One sidecar with approvals; ``client(sub, roles)`` connects with a token of that principal."""
 
-    def __init__(self, target: str, tokens: Tokens, engine: SwappableEngine, tmp: Path, store: SqliteStore) -> None:
+    def __init__(self, target: str, tokens: Tokens, engine: SwappableEngine, tmp: Path, store: SqliteStore,
+                 clock: MovedClock) -> None:
         self.target, self.tokens, self.engine, self.tmp, self.store = target, tokens, engine, tmp, store
+        self.clock = clock
         self.clients: list[AsyncClient] = []
 
     def client(self, sub: str = "alice", roles: Sequence[str] = ("developer",), tenant: str = "acme") -> AsyncClient:
@@ -91,12 +94,14 @@ async def world(tmp_path: Path, make_settings: Callable[..., Settings], jwt_auth
     async def make(**approval: Any) -> World:
         engine = SwappableEngine(policies(tmp_path / "policies", **approval))
         store = await SqliteStore.open(tmp_path / "store.db")
-        pipeline = assemble(registry=Registry.from_tools(tools.ALL), policy=engine, store=store, limits=Limits())
+        clock = MovedClock()
+        pipeline = assemble(registry=Registry.from_tools(tools.ALL), policy=engine, store=store, limits=Limits(),
+                            clock=clock)
         pipelines.append(pipeline)
         _, sidecar = await create_server(make_settings(auth=jwt_auth), pipeline, approvals=pipeline.approvals)
         servers.append(sidecar)
         await sidecar.start()
-        made.append(world := World(sidecar.addresses[-1], make_token, engine, tmp_path, store))
+        made.append(world := World(sidecar.addresses[-1], make_token, engine, tmp_path, store, clock))
         return world
 
     yield make
@@ -210,9 +215,9 @@ async def test_denied_call_never_runs(world: Callable[..., Awaitable[World]]) ->
 
 
 async def test_expired_preview(world: Callable[..., Awaitable[World]]) -> None:
-    w = await world(preview_ttl_seconds=1)
+    w = await world(preview_ttl_seconds=60)
     approved, pending = await w.approved(), await w.preview(key="k-2")
-    await asyncio.sleep(1.1)
+    w.clock.advance(60)
     late = await w.approver.approve(pending.preview_id, pending.preview_hash)
     assert not late.ok and late.error is not None and late.error.code is ErrorCode.PREVIEW_EXPIRED
     result = await w.agent.execute("file_note", NOTE, idempotency_key="k-3", approval_id=approved.preview_id)

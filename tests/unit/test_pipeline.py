@@ -27,6 +27,7 @@ from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.conftest import ADMIN, DEVELOPER, PipelineFactory
 from tests.support import tools
+from tests.support.clock import MovedClock
 from tests.support.history import with_meters
 from tests.support.waiting import until
 
@@ -264,12 +265,12 @@ async def test_a_keyed_call_records_its_deadline(make_pipeline: PipelineFactory)
 async def test_finished_records_past_the_retention_are_deleted(tmp_path: Path, default_engine: Any,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sidecar.state.expiry.EXPIRY_INTERVAL_SECONDS", 0.0)
-    store = await SqliteStore.open(tmp_path / "store.db")
+    store, clock = await SqliteStore.open(tmp_path / "store.db"), MovedClock()
     pipeline = assemble(registry=Registry.from_tools(tools.ALL), policy=default_engine, store=store, limits=Limits(),
-                        retention_hours=0.5 / 3600)
+                        retention_hours=1, clock=clock)
     try:
         await call(pipeline, "create_note", {"text": "x"}, idempotency_key="old")
-        await asyncio.sleep(0.6)
+        clock.advance(3600)  # the retention: what finished before the cleanup started is past it
         await call(pipeline, "create_note", {"text": "x"}, idempotency_key="new")  # starts the cleanup
         old, new = (KeyScope(DEVELOPER.tenant, DEVELOPER.id, "create_note", k) for k in ("old", "new"))
         async def deleted() -> bool:
