@@ -166,9 +166,11 @@ async def test_a_used_approval_never_runs_again_once_its_key_record_is_purged(wo
 async def test_a_key_whose_claim_outlived_the_deadline_is_free_for_a_retry(world: World) -> None:
     before = tools.CREATED.value
     world.store.late.add("k-late")
+    world.store.gate = gate = asyncio.Event()
     with pytest.raises(ClientError) as late:
         await world.agent.execute("create_note", {"text": "x"}, idempotency_key="k-late", timeout=0.3)
     assert late.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    gate.set()  # the caller gave up: now the claim goes on, past its deadline
     await asyncio.wait_for(world.store.settled.wait(), WAIT)  # the detached call has ended
     assert await world.store.operation(KeyScope("acme", "alice", "create_note", "k-late")) is None
     assert tools.CREATED.value == before
@@ -179,9 +181,12 @@ async def test_a_key_whose_claim_outlived_the_deadline_is_free_for_a_retry(world
 async def test_an_approval_whose_call_outlived_its_deadline_is_given_back(world: World) -> None:
     preview, before = await world.approved(), tools.CREATED.value
     world.store.late.add("k-late")
-    with pytest.raises(ClientError):
+    world.store.gate = gate = asyncio.Event()
+    with pytest.raises(ClientError) as late:
         await world.agent.execute("file_note", NOTE, idempotency_key="k-late", approval_id=preview.preview_id,
                                   timeout=0.3)
+    assert late.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    gate.set()
     await asyncio.wait_for(world.store.settled.wait(), WAIT)
     assert await world.state_of(preview) is PreviewState.APPROVED and tools.CREATED.value == before
     ran(await world.agent.execute("file_note", NOTE, idempotency_key="k-late", approval_id=preview.preview_id))

@@ -34,11 +34,13 @@ async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
 
 class LateClaims:
     """The store, but the claim of each key added to ``late`` (once each) first waits until the claimed call's
-    deadline has passed, as a claim queued behind a busy database does. ``settled`` is set once a key is
-    completed or released."""
+    deadline has passed, as a claim queued behind a busy database does, and until ``gate`` is set if a test set
+    one (once its caller gave up: the caller's own deadline then certainly passed first). ``settled`` is set once a
+    key is completed or released."""
 
     def __init__(self, inner: Store, late: set[str] | None = None) -> None:
         self.inner, self.late, self.settled = inner, set() if late is None else late, asyncio.Event()
+        self.gate: asyncio.Event | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -48,6 +50,8 @@ class LateClaims:
         if scope.key in self.late:
             self.late.discard(scope.key)
             assert deadline_at is not None
+            if self.gate is not None:
+                await self.gate.wait()
             await past(deadline_at)
         return await self.inner.claim(scope, request_hash, request_id, deadline_at=deadline_at,
                                       legacy_hash=legacy_hash)
