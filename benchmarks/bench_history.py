@@ -3,7 +3,8 @@
 on the same set reading a meter and the conversation's labels.
 
     python benchmarks/bench_history.py [--calls N] [--warmup N] [--concurrency 16] [--repeat 3]
-        [--configs none,meter+labels[,meter][,labels][,meter+labels:SECONDS][,bundled][,bundled+meter]]
+        [--configs none,meter+labels[,meter][,labels][,meter+labels:SECONDS][,meter+labels:reached][,bundled]
+                   [,bundled+meter][,bundled+meter:reached]]
         [--keep-callgrind DIR] [--json]
 
 Each config is the real sidecar (``bench_execute.py``'s config: dev auth, a fresh SQLite store, the decision cache on)
@@ -25,6 +26,10 @@ call is ``calculate`` add [2, 3] in the conversation ``bench-history``. The conf
 ``meter``, ``labels``
     ``history_policies/meter`` and ``history_policies/labels``: the same set reading only the meter (its data
     declares it, its authz reads it) or only the labels (no meter): what each of the two costs.
+``meter+labels:reached``, ``meter:reached``, ``bundled+meter:reached``
+    the same with the meter declared ``"facts": "reached"`` (a copy of the directory): below its limit the input
+    shows only ``{"reached": false}``, the same for every call, so the decisions that read it stay cached; the call
+    still takes its place on the meter in the store.
 ``meter+labels:SECONDS``, ``meter:SECONDS``
     the same with the meter's window set to ``SECONDS`` (a copy of the directory): the meter's count is the calls of
     its window, which its transaction counts row by row, so this tells the cost of the count from the rest.
@@ -96,6 +101,7 @@ class Config:
     name: str
     kind: str
     window_seconds: int | None = None  # ``meter+labels:SECONDS``, ``meter:SECONDS``
+    reached: bool = False  # ``meter+labels:reached``, ``meter:reached``, ``bundled+meter:reached``
 
     @property
     def meters(self) -> bool:
@@ -104,7 +110,7 @@ class Config:
 
     def policy_dir(self, tmp: Path) -> Path:
         """The directory of its policies (copied and edited under ``tmp`` for a window or the bundled meter)."""
-        if self.kind in DIRECTORIES and self.window_seconds is None:
+        if self.kind in DIRECTORIES and self.window_seconds is None and not self.reached:
             return POLICIES / DIRECTORIES[self.kind]
         if self.kind == "bundled":
             return _bundled()
@@ -117,6 +123,8 @@ class Config:
             meters.setdefault(METER, dict(BENCH_METER))
             if self.window_seconds is not None:
                 meters[METER]["window_seconds"] = self.window_seconds
+            if self.reached:
+                meters[METER]["facts"] = "reached"
             (target / "data.json").write_text(json.dumps(data, indent=2))
         return target
 
@@ -135,14 +143,18 @@ def _bundled() -> Path:
 
 
 def parse_config(text: str) -> Config:
-    kind, colon, seconds = text.partition(":")
+    kind, colon, modifier = text.partition(":")
     if kind not in KINDS:
-        raise ValueError(f"unknown config {text!r}: expected one of {', '.join(KINDS)} (meter+labels:SECONDS too)")
+        raise ValueError(f"unknown config {text!r}: expected one of {', '.join(KINDS)} "
+                         "(meter+labels:SECONDS and meter+labels:reached too)")
     if not colon:
         return Config(text, kind)
-    if kind not in ("meter+labels", "meter") or not seconds.isdigit() or int(seconds) < 1:
-        raise ValueError(f"{text!r}: only meter+labels and meter take a window, in whole seconds (meter+labels:1)")
-    return Config(text, kind, int(seconds))
+    if modifier == "reached" and kind in ("meter+labels", "meter", "bundled+meter"):
+        return Config(text, kind, reached=True)
+    if kind not in ("meter+labels", "meter") or not modifier.isdigit() or int(modifier) < 1:
+        raise ValueError(f"{text!r}: only meter+labels and meter take a window, in whole seconds (meter+labels:1); "
+                         "they and bundled+meter take :reached")
+    return Config(text, kind, int(modifier))
 
 
 def stored_history(db: Path, window: int | None, counted: int) -> dict[str, Any]:
@@ -276,7 +288,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="runs per config; medians reported (default: 1)")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS,
                         help=f"comma-separated, the first the baseline of the ratios: {', '.join(KINDS)}, "
-                             f"meter+labels:SECONDS, meter:SECONDS (default: {DEFAULT_CONFIGS})")
+                             f"meter+labels:SECONDS, meter:SECONDS, meter+labels:reached, meter:reached, "
+                             f"bundled+meter:reached (default: {DEFAULT_CONFIGS})")
     parser.add_argument("--max-seconds", type=float, default=900.0,
                         help="a run stops after this long even if calls remain (default: 900)")
     parser.add_argument("--keep-callgrind", type=Path, metavar="DIR",

@@ -507,6 +507,7 @@ test_default_data_history_values if {
 	data.toolbooth.history.meters.writes_per_principal == {
 		"by": ["principal"], "window_seconds": 60,
 		"side_effects": ["internal_reversible", "external_reversible", "external_irreversible"], "limit": 30,
+		"facts": "reached",
 	}
 	data.toolbooth.history.loop_after_failures == 3
 	data.toolbooth.email.no_external_after_labels == ["restricted"]

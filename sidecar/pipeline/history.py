@@ -22,13 +22,13 @@ from sidecar.contract import ErrorCode, ErrorInfo, ToolResult
 from sidecar.errors import CallRefused
 from sidecar.pipeline.call import Call, Reservation, Seen
 from sidecar.policy.decision import Stage
-from sidecar.policy.history import HistoryNeeds, Meter
+from sidecar.policy.history import HistoryNeeds, Meter, MeterFacts
 from sidecar.policy.input import dumps
 from sidecar.policy.reads import ALL_MEMBERS
 from sidecar.state import MeterCount
 
 __all__ = ["EMPTY", "MAX_AMOUNT", "READ_KEY", "TRAIL_KEY", "GivenHistory", "HistorySource", "Reservation", "Seen",
-           "amount_of", "label_entries", "members_read", "meter_entry", "read_by", "recorded"]
+           "amount_of", "label_entries", "members_read", "meter_entry", "read_by", "recorded", "shown"]
 
 
 EMPTY = Seen.of({}, [], None, [])
@@ -83,6 +83,7 @@ class _Given(BaseModel):
 
 
 class _MeterGiven(_Given):
+    reached: bool = False
     count: int = Field(default=0, ge=0)
     sum: int | float = 0
     amount: int | float = 0
@@ -137,10 +138,22 @@ class GivenHistory:
     async def seen(self, call: Call, needs: HistoryNeeds) -> Seen:
         """The given facts; a meter that applies to the call but is not given counts nothing."""
         applying = _applying(call, needs)
-        meters = {meter.name: {**meter_entry(meter, MeterCount(0, 0.0, None), amount_of(meter, call), 0.0),
-                               **self._meters.get(meter.name, {})} for meter in applying}
+        meters = {meter.name: self._entry(meter, call) for meter in applying}
         return Seen.of(meters, self._failures if needs.failures else [], call.request.conversation_id,
                        self._labels if needs.labels else [])
+
+    def _entry(self, meter: Meter, call: Call) -> dict[str, Any]:
+        """A meter's entry from what is given of it: the counts not given are none, and ``reached``, unless given,
+        is computed from them as the sidecar computes it."""
+        given = self._meters.get(meter.name, {})
+        counts = {"count": 0, "sum": 0, "amount": _number(amount_of(meter, call)),
+                  "window_seconds": meter.window_seconds, "retry_after_seconds": 0,
+                  **{key: value for key, value in given.items() if key != "reached"}}
+        if "reached" not in given:
+            return shown(meter, counts)
+        if not given["reached"] and meter.facts is MeterFacts.REACHED:
+            return {"reached": False}
+        return {**counts, "reached": given["reached"]}
 
     async def settle(self, call: Call, needs: HistoryNeeds, seen: Seen, result: ToolResult) -> ToolResult:
         """Nothing is recorded."""
@@ -163,8 +176,19 @@ def meter_entry(meter: Meter, counted: MeterCount, amount: float, now: float) ->
     # A call counted ahead of this one asked later when it waited less for the meter's lock: never past the window.
     retry = 0 if counted.oldest is None else min(meter.window_seconds,
                                                  max(1, math.ceil(counted.oldest + meter.window_seconds - now)))
-    return {"count": counted.count, "sum": _number(counted.total), "amount": _number(amount),
-            "window_seconds": meter.window_seconds, "retry_after_seconds": retry}
+    return shown(meter, {"count": counted.count, "sum": _number(counted.total), "amount": _number(amount),
+                         "window_seconds": meter.window_seconds, "retry_after_seconds": retry})
+
+
+def shown(meter: Meter, entry: dict[str, Any]) -> dict[str, Any]:
+    """What the input shows of a meter's ``entry`` (its counts): with ``reached`` for a meter with a limit, and only
+    ``{"reached": false}`` below the limit of a meter whose ``facts`` are ``reached``."""
+    reached = meter.reached(entry["count"], entry["sum"], entry["amount"])
+    if reached is None:
+        return entry
+    if not reached and meter.facts is MeterFacts.REACHED:
+        return {"reached": False}
+    return {**entry, "reached": reached}
 
 
 def amount_of(meter: Meter, call: Call) -> float:

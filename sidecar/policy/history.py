@@ -6,14 +6,17 @@ A policy set declares its meters in ``data.toolbooth.history.meters`` (``docs/po
                              "side_effects": ["internal_reversible", "external_reversible"], "limit": 30}
 
 ``by`` (any of ``principal``, ``tenant``, ``tool``, ``conversation``, at least one) says whose calls a meter counts
-together, ``window_seconds`` how far back; ``tools`` and ``side_effects`` (optional) which calls it counts;
-``sum`` (optional, a JSON pointer into the arguments) what each call adds to its sum (a number, or a list's length).
-Other keys are the policies' own, but ``limit``, which they compare counts and sums with, must be a number of 0
-or more (a string there would switch a limit off). The sidecar computes only what the set reads (``HistoryNeeds``):
-the meters it declares, and the conversation's labels or the call's failures only where its modules or data
-mention ``labels`` or ``failures``, as the decision cache learns whether ``idempotency_key`` is read. A set that
-reads none of it (``NO_HISTORY``) pays nothing. A meter may not look back further than the store keeps the history
-(``check_meter_windows``, run where a set loads: ``sidecar.policy.factory``).
+together, ``window_seconds`` how far back; ``tools`` and ``side_effects`` (optional) which calls it counts; ``sum``
+(optional, a JSON pointer into the arguments) what each call adds to its sum (a number, or a list's length). Other
+keys are the policies' own, but ``limit``, which they compare counts and sums with, must be a number of 0 or more (a
+string there would switch a limit off), and ``facts`` says what a call's input shows of a meter with a limit:
+``counts`` (the default: its count, sum and wait, and whether the call ``reached`` the limit) or ``reached`` (only
+``{"reached": false}`` below the limit, the counts from the limit on: an input that stays the same from one call to
+the next, so the decisions that read the meter stay in the decision cache). The sidecar computes only what the set
+reads (``HistoryNeeds``): the meters it declares, and the conversation's labels or the call's failures only where its
+modules or data mention ``labels`` or ``failures``, as the decision cache learns whether ``idempotency_key`` is read.
+A set that reads none of it (``NO_HISTORY``) pays nothing. A meter may not look back further than the store keeps the
+history (``check_meter_windows``, run where a set loads: ``sidecar.policy.factory``).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from sidecar.errors import MalformedDecisionError, PolicyLoadError
 from sidecar.policy.decision import Stage
 from sidecar.policy.reads import ALL_MEMBERS
 
-__all__ = ["HISTORY_RULE", "MAX_WINDOW_SECONDS", "NO_HISTORY", "RETENTION_KEY", "HistoryNeeds", "Meter", "MeterKey",
-           "check_meter_windows", "parse_history_needs", "window_problem"]
+__all__ = ["HISTORY_RULE", "MAX_WINDOW_SECONDS", "NO_HISTORY", "RETENTION_KEY", "HistoryNeeds", "Meter", "MeterFacts",
+           "MeterKey", "check_meter_windows", "parse_history_needs", "window_problem"]
 
 HISTORY_RULE = "data.toolbooth.history"
 MAX_WINDOW_SECONDS = 366 * 24 * 3600
@@ -46,6 +49,13 @@ class MeterKey(StrEnum):
     CONVERSATION = "conversation"
 
 
+class MeterFacts(StrEnum):
+    """What a call's input shows of a meter with a limit (``facts``)."""
+
+    COUNTS = "counts"  # always its counts
+    REACHED = "reached"  # its counts only once this call would pass the limit
+
+
 @dataclass(frozen=True, slots=True)
 class Meter:
     """One declared meter (``data.toolbooth.history.meters[name]``), checked."""
@@ -56,11 +66,20 @@ class Meter:
     tools: frozenset[str] | None = None
     side_effects: frozenset[SideEffect] | None = None
     sum: str | None = None  # a JSON pointer into the arguments
+    limit: float | None = None
+    facts: MeterFacts = MeterFacts.COUNTS
 
     def applies(self, tool: str, side_effect: SideEffect) -> bool:
         """Whether a call of ``tool`` counts on this meter."""
         return ((self.tools is None or tool in self.tools)
                 and (self.side_effects is None or side_effect in self.side_effects))
+
+    def reached(self, count: float, total: float, amount: float) -> bool | None:
+        """Whether a call adding ``amount`` to ``count`` calls summing ``total`` would pass the limit (for a meter
+        that sums: ``total + amount > limit``; else ``count >= limit``); ``None`` without a limit."""
+        if self.limit is None:
+            return None
+        return total + amount > self.limit if self.sum is not None else count >= self.limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +163,15 @@ def _meter(name: str, spec: Any) -> Meter:
     if limit is not None and (not isinstance(limit, int | float) or isinstance(limit, bool) or limit < 0):
         raise MalformedDecisionError(f"{where}.limit, which the policies compare counts and sums with, must be a "
                                      f"number of 0 or more, got {_shown(limit)}")
+    facts = spec.get("facts", MeterFacts.COUNTS.value)
+    if facts not in [value.value for value in MeterFacts]:
+        raise MalformedDecisionError(f"{where}.facts must be one of {', '.join(value.value for value in MeterFacts)}, "
+                                     f"got {_shown(facts)}")
+    if facts == MeterFacts.REACHED and limit is None:
+        raise MalformedDecisionError(f"{where}.facts is \"reached\", which needs a limit: the meter has none")
     return Meter(name, tuple(MeterKey(key) for key in by), window, _names(where, spec, "tools"),
-                 _side_effects(where, spec), _pointer(where, spec))
+                 _side_effects(where, spec), _pointer(where, spec), None if limit is None else float(limit),
+                 MeterFacts(facts))
 
 
 def _names(where: str, spec: Mapping[str, Any], key: str) -> frozenset[str] | None:

@@ -119,7 +119,7 @@ def test_a_full_meter_rate_limits_a_write(capsys: pytest.CaptureFixture[str], ad
         "reason": "rate limit writes_per_principal reached: 30 calls per 60 seconds; retry in 12 seconds"}
     assert result["history"] == {
         "history": {"meters": {"writes_per_principal": {"count": 30, "sum": 0, "amount": 0, "window_seconds": 60,
-                                                        "retry_after_seconds": 12}},
+                                                        "retry_after_seconds": 12, "reached": True}},
                     "failures": []},
         "conversation": {"id": "conv-2", "labels": []}}
 
@@ -145,7 +145,8 @@ def test_a_meter_with_room_lets_the_write_on(capsys: pytest.CaptureFixture[str],
     code, result = evaluate(capsys, admin, "create_task", '{"preview_id": "p1"}', "--history", history)
     assert (code, result["outcome"]) == (4, "approval_required")  # past authz: the bundled approval holds it
     assert authz(result)["allow"] is True
-    assert result["history"]["history"]["meters"]["writes_per_principal"]["count"] == count
+    # Below its limit the bundled meter shows only that (its facts are "reached"): the decisions stay cached.
+    assert result["history"]["history"]["meters"]["writes_per_principal"] == {"reached": False}
 
 
 def test_a_given_meter_that_does_not_count_the_call_is_not_shown(capsys: pytest.CaptureFixture[str], admin: Path,
@@ -186,9 +187,7 @@ def test_without_a_history_file_the_decisions_read_none(capsys: pytest.CaptureFi
     code, result = evaluate(capsys, admin, "create_task", '{"preview_id": "p1"}', "--conversation-id", "conv-3")
     assert code == 4
     assert result["history"] == {
-        "history": {"meters": {"writes_per_principal": {"count": 0, "sum": 0, "amount": 0, "window_seconds": 60,
-                                                        "retry_after_seconds": 0}},
-                    "failures": []},
+        "history": {"meters": {"writes_per_principal": {"reached": False}}, "failures": []},
         "conversation": {"id": "conv-3", "labels": []}}
 
 

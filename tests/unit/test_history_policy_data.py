@@ -28,6 +28,7 @@ from sidecar.policy.history import (
     NO_HISTORY,
     HistoryNeeds,
     Meter,
+    MeterFacts,
     MeterKey,
     parse_history_needs,
 )
@@ -206,8 +207,8 @@ def test_a_valid_declaration_reads_as_its_meters() -> None:
     needs = parsed(value)
     assert needs.meters == (
         Meter("amounts", (MeterKey.CONVERSATION, MeterKey.TENANT), 3600, frozenset({"pay", "refund"}),
-              frozenset({SideEffect.EXTERNAL_IRREVERSIBLE, SideEffect.NONE}), "/amount/value"),
-        Meter("writes", (MeterKey.TOOL, MeterKey.PRINCIPAL), 60),
+              frozenset({SideEffect.EXTERNAL_IRREVERSIBLE, SideEffect.NONE}), "/amount/value", 1000.0),
+        Meter("writes", (MeterKey.TOOL, MeterKey.PRINCIPAL), 60, limit=30.0),
     )
     amounts, writes = needs.meters
     assert isinstance(amounts.tools, frozenset) and isinstance(amounts.side_effects, frozenset)
@@ -405,3 +406,19 @@ def test_a_limit_the_policies_could_not_compare_is_refused(limit: object) -> Non
         parse_history_needs(declaration, lambda word: False)
     assert str(refused.value) == ("data.toolbooth.history.meters.writes.limit, which the policies compare counts and "
                                   f"sums with, must be a number of 0 or more, got {limit!r}")
+
+
+@pytest.mark.parametrize(("facts", "shown"), [("count", "'count'"), (None, "None"), (["reached"], "['reached']")])
+def test_facts_must_be_counts_or_reached(facts: Any, shown: str) -> None:
+    assert refusal(meter(limit=3, facts=facts)) == ("data.toolbooth.history.meters.m.facts must be one of counts, "
+                                                    f"reached, got {shown}")
+
+
+def test_facts_reached_needs_a_limit() -> None:
+    assert refusal(meter(facts="reached")) == ('data.toolbooth.history.meters.m.facts is "reached", which needs a '
+                                               "limit: the meter has none")
+
+
+def test_facts_default_to_counts_and_reached_is_read() -> None:
+    counts, reached = parsed(meter(limit=3)).meters[0], parsed(meter(limit=3, facts="reached")).meters[0]
+    assert (counts.facts, reached.facts) == (MeterFacts.COUNTS, MeterFacts.REACHED)
