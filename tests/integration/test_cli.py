@@ -17,7 +17,17 @@ import pytest
 
 from sidecar.client import Client
 from sidecar.config import bundled_policy_dir
-from tests.support.cli import ADD_2_3, Sidecar, cli_env, short_dir, start_sidecar, toolbooth, write_config
+from tests.support.cli import (
+    ADD_2_3,
+    ALLOW_BUNDLED,
+    Sidecar,
+    cli_env,
+    short_dir,
+    start_sidecar,
+    toolbooth,
+    write_config,
+)
+from tests.support.installed import ONLY_BUNDLED
 
 pytestmark = pytest.mark.integration
 
@@ -200,7 +210,7 @@ def test_no_sidecar_on_an_explicit_socket(env: dict[str, str], home: Path) -> No
 
 def test_serve_and_call_meet_with_no_flags_and_sigterm_stops_cleanly(home: Path, env: dict[str, str]) -> None:
     socket = home / "run" / "toolbooth" / "toolbooth.sock"
-    running = start_sidecar(home, socket)
+    running = start_sidecar(home, socket, env=cli_env(home, **ONLY_BUNDLED))  # no flags, and the bundled plugins
     try:
         done = toolbooth("call", "calculate", "--args", ADD_2_3, env=env)
         assert done.returncode == 0, done.stderr
@@ -235,7 +245,8 @@ def test_serve_with_a_bad_config_exits_2(home: Path, env: dict[str, str]) -> Non
     config.write_text(f"server:\n  listen: ['unix://{home}/tb.sock']\nstore:\n  sqlite_pth: {home}/tb.db\n")
     done = toolbooth("serve", "--config", str(config), env=env)
     assert done.returncode == 2
-    assert done.stderr == "toolbooth: error: config error at store.sqlite_pth: unknown key\n"
+    assert done.stderr == ("toolbooth: error: config error at store.sqlite_pth: unknown key "
+                           "(did you mean 'sqlite_path'?)\n")
     assert not (home / "tb.sock").exists()
 
 
@@ -257,17 +268,17 @@ def test_serve_refuses_a_meter_looking_back_further_than_the_history_is_kept(hom
 
 
 @pytest.mark.parametrize(("plugins", "variables", "error"), [
-    ("  config:\n    email:\n      smtp: {port: 70000}\n", {},
+    (ALLOW_BUNDLED + "  config:\n    email:\n      smtp: {port: 70000}\n", {},
      "config error at plugins.config.email.smtp.port: Input should be less than or equal to 65535"),
     ("  allow: [tasks]\n", {"TOOLBOOTH_PLUGINS__CONFIG__TASKS__PREVIEW_TTL_SECONDS": "0"},
      "config error at plugins.config.tasks.preview_ttl_seconds (from TOOLBOOTH_PLUGINS__CONFIG__TASKS__PREVIEW_TTL_"
      "SECONDS): Input should be greater than or equal to 1"),
-    ("  config:\n    emails: {}\n", {}, "config error at plugins.config.emails: no plugin 'emails' is loaded"),
+    (ALLOW_BUNDLED + "  config:\n    emails: {}\n", {},
+     "config error at plugins.config.emails: no plugin 'emails' is loaded"),
 ])
 def test_serve_refuses_to_start_with_bad_plugin_settings(home: Path, env: dict[str, str], plugins: str,
                                                          variables: dict[str, str], error: str) -> None:
-    config = write_config(home)
-    config.write_text(config.read_text() + "plugins:\n" + plugins)
+    config = write_config(home, plugins=plugins)
     done = toolbooth("serve", "--config", str(config), env={**env, **variables})
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"toolbooth: error: {error}") and "Traceback" not in done.stderr

@@ -109,7 +109,7 @@ def test_serve_with_bad_config_exits_2_before_starting(tmp_path: Path, capsys: p
     config = _config(tmp_path, "server:\n  listne: ['127.0.0.1:0']\n")
     assert main(["serve", "--config", str(config)]) == 2
     captured = capsys.readouterr()
-    assert captured.err == "toolbooth: error: config error at server.listne: unknown key\n"
+    assert captured.err == "toolbooth: error: config error at server.listne: unknown key (did you mean 'listen'?)\n"
     assert captured.out == ""
 
 
