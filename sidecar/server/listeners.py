@@ -11,21 +11,36 @@ resolve, a port that needs privileges — before gRPC binds it. A Unix socket's 
 With ``server.workers`` above 1 the supervisor holds each TCP port (``reserve_port``: bound with
 ``SO_REUSEPORT``, never listening, so it takes no connection) and every worker binds it with
 ``reuse_port``: the kernel spreads new connections across the workers listening there.
+
+A port that no socket listens on can still refuse a bind: a connection that has closed stays in TIME-WAIT
+for a minute, and one without ``SO_REUSEADDR`` (a client's, whose local port happened to be this one) holds
+the port against every bind meanwhile. So a bind that fails while the kernel shows nothing listening there
+(``/proc/net/tcp``) is tried again until ``FREED_WITHIN`` seconds have passed, said once in the log, rather
+than failing a restart with "the port is in use".
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import stat
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from sidecar.config import ListenAddress, ListenKind, parse_listen
 
-__all__ = ["bind_all", "remove_sockets", "reserve_port", "tcp_socket"]
+__all__ = ["FREED_WITHIN", "bind_all", "listening", "remove_sockets", "reserve_port", "tcp_socket"]
+
+log = logging.getLogger(__name__)
+
+FREED_WITHIN = 65.0  # seconds a port no socket listens on is waited for: TIME-WAIT lasts 60 s on Linux
+_RETRY_SECONDS = 0.2
+_LISTEN_STATE = "0A"  # TCP_LISTEN, as /proc/net/tcp writes it
 
 
 async def bind_all(server: grpc.aio.Server, addresses: Iterable[str], *, tls: grpc.ServerCredentials | None = None,
@@ -90,14 +105,31 @@ def reserve_port(text: str, host: str, port: int) -> socket.socket:
     return tcp_socket(text, host, port, reuse_port=True)
 
 
-def tcp_socket(text: str, host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+def tcp_socket(text: str, host: str, port: int, *, reuse_port: bool = False,
+               freed_within: float = FREED_WITHIN) -> socket.socket:
     """A TCP socket bound (not listening) to the first address of ``host`` (unbracketed) that binds, as gRPC
     binds (``SO_REUSEADDR``, and ``SO_REUSEPORT`` with ``reuse_port``); ``OSError`` ``cannot listen on TEXT:
-    <reason>`` when none does."""
+    <reason>`` when none does. A port in use that nothing listens on is tried again for ``freed_within`` seconds."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise OSError(f"cannot listen on {text}: the host {host!r} does not resolve ({exc.strerror})") from None
+    deadline, told = time.monotonic() + freed_within, False
+    while isinstance(bound := _bind_first(infos, reuse_port), list):
+        if port == 0 or time.monotonic() >= deadline or not _only_closing(bound, port):
+            problem = _reason(bound[0], port) if bound else "the host has no address"
+            raise OSError(f"cannot listen on {text}: {problem}")
+        if not told:
+            log.warning("%s: port %d is held by connections still closing (TIME-WAIT), not by a listener; waiting "
+                        "up to %.0f s for it to be free", text, port, freed_within)
+            told = True
+        time.sleep(_RETRY_SECONDS)
+    return bound
+
+
+def _bind_first(infos: Sequence[tuple[socket.AddressFamily, socket.SocketKind, int, str, Any]],
+                reuse_port: bool) -> socket.socket | list[OSError]:
+    """A socket bound to the first of ``infos`` that binds, or why each did not."""
     problems: list[OSError] = []
     for family, kind, proto, _, sockaddr in infos:
         bound = socket.socket(family, kind, proto)
@@ -111,10 +143,33 @@ def tcp_socket(text: str, host: str, port: int, *, reuse_port: bool = False) -> 
             problems.append(exc)
         else:
             return bound
-    raise OSError(f"cannot listen on {text}: {_reason(problems[0]) if problems else 'the host has no address'}")
+    return problems
 
 
-def _reason(exc: OSError) -> str:
+def _only_closing(problems: list[OSError], port: int) -> bool:
+    """Whether every bind failed for a port in use that no socket listens on (as far as the kernel says)."""
+    return bool(problems) and all(p.errno == errno.EADDRINUSE for p in problems) and listening(port) is False
+
+
+def listening(port: int) -> bool | None:
+    """Whether a socket listens on TCP ``port`` (any address) in this network namespace; ``None`` where the
+    kernel does not say (no ``/proc/net/tcp``: not Linux)."""
+    known = None
+    for table in (Path("/proc/net/tcp"), Path("/proc/net/tcp6")):
+        try:
+            rows = [line.split() for line in table.read_text().splitlines()[1:]]
+        except OSError:
+            continue
+        known = False
+        if any(len(row) > 3 and row[3] == _LISTEN_STATE and int(row[1].rsplit(":", 1)[1], 16) == port
+               for row in rows):
+            return True
+    return known
+
+
+def _reason(exc: OSError, port: int) -> str:
+    if exc.errno == errno.EADDRINUSE and listening(port) is False:
+        return "the port is in use, though nothing listens there (a socket bound there, or connections closing)"
     if exc.errno == errno.EADDRINUSE:
         return "the port is in use (another process is listening there)"
     if exc.errno == errno.EADDRNOTAVAIL:
