@@ -2,9 +2,11 @@
 
 The commands are the ``sh`` and ``python`` blocks of README.md's "Quickstart" section, run from a fresh
 directory that holds only the ``.venv`` of this interpreter and the repository's ``examples/`` (as a clone
-does), with a fresh home: the sidecar of the "Run" section first, and, where a block starts
-``toolbooth serve`` again, that one instead (the reader's first terminal). The blocks between two of them run
-in one shell, so a variable set in one block is there in the next (the reader's second terminal).
+does), with a fresh home and the plugins "Set up" installs allowed, and only them
+(``TOOLBOOTH_PLUGINS__ALLOW``: another plugin installed in this ``.venv`` is not the reader's): the sidecar of the
+"Run" section first, and, where a block starts ``toolbooth serve`` again, that one instead (the reader's first
+terminal). The blocks between two of them run in one shell, so a variable set in one block is there in the next
+(the reader's second terminal).
 
 What a block prints (stdout and stderr, as a terminal shows them) must match the block that follows it, fenced
 as plain or ``json``: an ``…`` stands for any text within its line, a line of only ``…`` for any lines. A
@@ -29,6 +31,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.support.installed import ONLY_BUNDLED
 from tests.support.waiting import until_blocking
 
 pytestmark = pytest.mark.integration
@@ -103,7 +106,8 @@ class Reader:
         self.root = root
         self.env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
         self.env.update(HOME=str(root / "home"), XDG_RUNTIME_DIR=str(root / "run"),
-                        XDG_STATE_HOME=str(root / "home" / ".local" / "state"))
+                        XDG_STATE_HOME=str(root / "home" / ".local" / "state"),
+                        **ONLY_BUNDLED)  # the plugins "Set up" installs, whatever else this environment holds
         self.sidecar: subprocess.Popen[bytes] | None = None
         self.socket = root / "run" / "toolbooth" / "toolbooth.sock"
         self.log = root / "serve.log"

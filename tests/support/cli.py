@@ -19,11 +19,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.support.installed import BUNDLED_PLUGINS
 from tests.support.waiting import until_blocking
 
 REPO = Path(__file__).resolve().parents[2]
 ADD_2_3 = '{"operation": "add", "operands": [2, 3]}'
 START_TIMEOUT = 30.0
+ALLOW_BUNDLED = f"  allow: [{', '.join(BUNDLED_PLUGINS)}]\n"  # the body of a config's ``plugins`` section
 
 
 @dataclass
@@ -62,21 +64,25 @@ def toolbooth(*args: str, env: dict[str, str], stdin: str | None = None) -> subp
                           capture_output=True, text=True, timeout=60, check=False)
 
 
-def write_config(home: Path, *, policy: Path | None = None) -> Path:
+def write_config(home: Path, *, policy: Path | None = None, plugins: str = ALLOW_BUNDLED) -> Path:
+    """``home/toolbooth.yaml``: listening on ``home/tb.sock``, the store in ``home``; ``plugins``: the body of the
+    ``plugins`` section (indented; by default the bundled plugins are allowed, and only them)."""
     lines = [f"server:\n  listen: ['unix://{home}/tb.sock']", f"store:\n  sqlite_path: {home}/tb.db"]
     if policy is not None:
         lines.append(f"policy:\n  path: {policy}")
+    lines.append(f"plugins:\n{plugins}".rstrip("\n"))
     path = home / "toolbooth.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def start_sidecar(home: Path, socket: Path, *args: str) -> Sidecar:
-    """Start ``toolbooth serve ARGS`` and wait until its health check says SERVING."""
+def start_sidecar(home: Path, socket: Path, *args: str, env: dict[str, str] | None = None) -> Sidecar:
+    """Start ``toolbooth serve ARGS`` (with ``env``, default ``cli_env(home)``) and wait until its health check
+    says SERVING."""
     log = home / "serve.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", *args], cwd=REPO, env=cli_env(home),
-                                   stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([sys.executable, "-m", "sidecar", "serve", *args], cwd=REPO,
+                                   env=cli_env(home) if env is None else env, stdout=out, stderr=subprocess.STDOUT)
     sidecar = Sidecar(process, socket, log)
     try:
         _wait_serving(sidecar)

@@ -1,5 +1,7 @@
 """Plugins installed for a test: a minimal distribution (dist-info with ``toolbooth.tools`` entry points, and its
-module) written into a directory on ``sys.path`` (the ``site`` fixture)."""
+module) written into a directory on ``sys.path`` (the ``site`` fixture); and the plugins this repository ships
+(``BUNDLED_PLUGINS``), which every test that serves installed plugins allows, and only them: a plugin installed
+besides them (``pip install -e examples/demo_tools``) changes no test's tools."""
 
 from __future__ import annotations
 
@@ -8,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["install", "site"]
+__all__ = ["BUNDLED_PLUGINS", "ONLY_BUNDLED", "install", "site"]
+
+BUNDLED_PLUGINS = ("calculator", "documents", "email", "tasks")  # entry-point names (plugins/*)
+# ``plugins.allow`` as a variable (its value is YAML), for a sidecar whose command line a test does not choose
+ONLY_BUNDLED = {"TOOLBOOTH_PLUGINS__ALLOW": f"[{', '.join(BUNDLED_PLUGINS)}]"}
 
 
 def install(site: Path, dist: str, module: str, entry_points: dict[str, str], source: str) -> None:
