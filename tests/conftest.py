@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,13 @@ def _state_outside_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))
         yield
+
+
+@pytest.fixture
+def bundled_policies(tmp_path: Path) -> Path:
+    """A copy of the bundled policies taken as the test starts: a test that reads them more than once (to compare
+    revisions, to put back a module it broke) reads one version of them, even while ``policies/`` is edited."""
+    return Path(shutil.copytree(bundled_policy_dir(), tmp_path / "bundled-policies"))
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,19 +24,19 @@ def server() -> Iterator[BundleServer]:
         yield state
 
 
-async def test_fetch_then_not_modified_then_a_new_bundle(server: BundleServer) -> None:
-    server.content = build_bundle(bundled_policy_dir())
+async def test_fetch_then_not_modified_then_a_new_bundle(server: BundleServer, bundled_policies: Path) -> None:
+    server.content = build_bundle(bundled_policies)
     fetcher = BundleFetcher(server.url + PATH, headers={"Authorization": "Bearer t0ken"})
 
     first = await fetcher.fetch()
     assert first.modified and first.content == server.content and first.etag == server.etag == fetcher.etag
     assert EmbeddedEngine.from_bundle(load_bundle(first.content)).revision == \
-        EmbeddedEngine.load(bundled_policy_dir()).revision
+        EmbeddedEngine.load(bundled_policies).revision
 
     second = await fetcher.fetch()
     assert not second.modified and second.content is None and second.etag == first.etag
 
-    server.content = build_bundle(bundled_policy_dir(), revision="v2")
+    server.content = build_bundle(bundled_policies, revision="v2")
     third = await fetcher.fetch()
     assert third.modified and third.etag == server.etag != first.etag
     assert third.content is not None and load_bundle(third.content).revision == "v2"

@@ -43,12 +43,13 @@ async def test_changes_load_and_broken_changes_are_refused(serving: Any, policie
         first = await client.policy_status()
         assert (await client.execute("echo", {"text": "x"})).data is not None
 
+        original = (policies / "availability.rego").read_text()
         rewrite(policies / "availability.rego", "package toolbooth.availability\n\ndecision := {")
         refused = await until_status(client, lambda status: not status.healthy)
         assert refused.revision == first.revision and "availability.rego" in (refused.last_error or "")
         assert (await client.execute("echo", {"text": "x"})).meta.policy_revision == first.revision
 
-        rewrite(policies / "availability.rego", (bundled_policy_dir() / "availability.rego").read_text())
+        rewrite(policies / "availability.rego", original)
         rewrite(policies / "data.json", (policies / "data.json").read_text().replace(
             '"admin_console": {', '"echo": {"roles": ["admin"]},\n      "admin_console": {'))
         loaded = await until_status(client, lambda status: status.healthy and status.revision != first.revision)

@@ -81,15 +81,16 @@ def served_policy_ids(opa: OpaServer) -> list[str]:
         return sorted(p["id"] for p in json.load(response)["result"] if p["id"].startswith("toolbooth/"))
 
 
-async def test_upload_replaces_the_policies_it_uploaded_before(open_opa: Open, opa: OpaServer, tmp_path: Path) -> None:
-    path = Path(shutil.copytree(bundled_policy_dir(), tmp_path / "policies"))
+async def test_upload_replaces_the_policies_it_uploaded_before(open_opa: Open, opa: OpaServer, tmp_path: Path,
+                                                               bundled_policies: Path) -> None:
+    path = Path(shutil.copytree(bundled_policies, tmp_path / "policies"))
     (path / "lib").mkdir()
     (path / "lib" / "extra.rego").write_text("package toolbooth.extra\n\nlimit := 3\n")
     await open_opa(opa.url, path)
     assert "toolbooth/lib/extra.rego" in served_policy_ids(opa)
-    engine = await open_opa(opa.url)
+    engine = await open_opa(opa.url, bundled_policies)
     assert served_policy_ids(opa) == ["toolbooth/approval.rego", "toolbooth/authz.rego", "toolbooth/availability.rego"]
-    assert engine.revision == EmbeddedEngine.load(bundled_policy_dir()).revision
+    assert engine.revision == EmbeddedEngine.load(bundled_policies).revision
 
 
 async def test_policies_managed_by_opa_are_used_as_served(open_opa: Open, opa: OpaServer) -> None:

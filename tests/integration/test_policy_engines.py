@@ -108,12 +108,13 @@ DECISIONS = {
 
 
 @pytest.mark.parametrize("name", list(DECISIONS))
-async def test_default_policies_decide(open_policy: OpenEngine, make_pipeline: PipelineFactory, name: str) -> None:
+async def test_default_policies_decide(open_policy: OpenEngine, make_pipeline: PipelineFactory, name: str,
+                                      bundled_policies: Path) -> None:
     principal, call, expected = DECISIONS[name]
-    pipeline = await make_pipeline(policy=await open_policy())
+    pipeline = await make_pipeline(policy=await open_policy(bundled_policies))
     result = await pipeline.execute(principal, call)
     assert (result.status, result.error.code if result.error else None) == expected, result.error
-    assert result.meta.policy_revision == EmbeddedEngine.load(bundled_policy_dir()).revision
+    assert result.meta.policy_revision == EmbeddedEngine.load(bundled_policies).revision
 
 
 async def test_listing_is_decided_per_role(open_policy: OpenEngine, make_pipeline: PipelineFactory) -> None:

@@ -62,6 +62,7 @@ async def test_status_follows_reloads(running: tuple[str, ReloadingEngine, Any],
         assert first.revision == reloader.revision and first.source == f"directory {policies}"
         assert first.healthy and await reload_health(address) == SERVING
 
+        original = (policies / "authz.rego").read_text()
         rewrite(policies / "authz.rego", "package toolbooth.authz\n\ndecision := {")
         await reloader.reload_if_changed()
         refused = await client.policy_status()
@@ -70,7 +71,7 @@ async def test_status_follows_reloads(running: tuple[str, ReloadingEngine, Any],
         served = await client.execute("echo", {"text": "still here"})
         assert served.meta.policy_revision == first.revision and served.data["text"] == "still here"
 
-        rewrite(policies / "authz.rego", (bundled_policy_dir() / "authz.rego").read_text() + "\n# changed\n")
+        rewrite(policies / "authz.rego", original + "\n# changed\n")
         await reloader.reload_if_changed()
         fixed = await client.policy_status()
         assert fixed.healthy and fixed.revision != first.revision
