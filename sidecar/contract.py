@@ -28,6 +28,7 @@ __all__ = [
     "Progress",
     "Recovery",
     "ReloadStatus",
+    "Requester",
     "ResultMeta",
     "SideEffect",
     "Status",
@@ -198,10 +199,18 @@ class ResultMeta(_Frozen):
     has_more: bool = False
 
 
+class Requester(_Frozen):
+    """The principal who asked for a held call (``Preview.requested_by``)."""
+
+    id: str
+    tenant: str
+
+
 class Preview(_Frozen):
     """The exact call a person is asked to approve (``docs/approvals.md``); ``rendering_json``: what the tool
     says the call will do (its ``preview`` renderer's JSON object, also under ``rendering`` in ``call_json``),
-    ``None`` for a tool without one."""
+    ``None`` for a tool without one. ``tool`` and ``requested_by`` are what the approver rule reads of the call
+    (``None`` from a sidecar older than them)."""
 
     preview_id: str
     preview_hash: str
@@ -215,6 +224,8 @@ class Preview(_Frozen):
     comment: str | None = None
     rendering_json: str | None = None
     created_at: str | None = None  # RFC 3339, UTC: when the call was held
+    tool: str | None = None
+    requested_by: Requester | None = None
 
 
 class ToolResult(_Frozen):

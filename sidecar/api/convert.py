@@ -28,6 +28,7 @@ from sidecar.contract import (
     Progress,
     Recovery,
     ReloadStatus,
+    Requester,
     ResultMeta,
     SideEffect,
     Status,
@@ -109,7 +110,7 @@ RECOVERY = EnumMap(Recovery, pb.Recovery)
 SIDE_EFFECT = EnumMap(SideEffect, pb.SideEffect)
 PREVIEW_STATE = EnumMap(PreviewState, pb.PreviewState)
 OPERATION_STATE = EnumMap(OperationState, pb.OperationState)
-_OPTIONAL_PREVIEW_FIELDS = ("decided_by", "decided_at", "comment", "rendering_json", "created_at")
+_OPTIONAL_PREVIEW_FIELDS = ("decided_by", "decided_at", "comment", "rendering_json", "created_at", "tool")
 
 
 def _dumps(value: Any) -> str:
@@ -187,9 +188,11 @@ def operation_from_pb(message: pb.Operation) -> Operation:
 
 def preview_to_pb(preview: Preview) -> pb.Preview:
     """A preview as proto; ``None`` becomes ``""``."""
-    fields = preview.model_dump(exclude={"state"})
+    fields = preview.model_dump(exclude={"state", "requested_by"})
     fields.update({name: fields[name] or "" for name in _OPTIONAL_PREVIEW_FIELDS})
-    return pb.Preview(**fields, state=PREVIEW_STATE.to_pb(preview.state))
+    by = preview.requested_by
+    return pb.Preview(**fields, state=PREVIEW_STATE.to_pb(preview.state),
+                      requested_by=None if by is None else pb.Requester(id=by.id, tenant=by.tenant))
 
 
 def preview_from_pb(message: pb.Preview) -> Preview:
@@ -198,6 +201,8 @@ def preview_from_pb(message: pb.Preview) -> Preview:
         preview_id=message.preview_id, preview_hash=message.preview_hash, call_json=message.call_json,
         reason=message.reason, expires_at=message.expires_at, state=PREVIEW_STATE.from_pb(message.state),
         approver_roles=tuple(message.approver_roles),
+        requested_by=Requester(id=message.requested_by.id, tenant=message.requested_by.tenant)
+        if message.HasField("requested_by") else None,
         **{name: getattr(message, name) or None for name in _OPTIONAL_PREVIEW_FIELDS},
     )
 

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from sidecar.canonical import canonical_json, hash_matches
-from sidecar.contract import Preview, Principal
+from sidecar.contract import Preview, Principal, Requester
 from sidecar.state import PreviewCursor, PreviewRecord
 
 __all__ = ["cursor_of", "same_principal", "stored_call", "to_preview"]
@@ -47,7 +47,8 @@ def to_preview(record: PreviewRecord) -> Preview:
                    approver_roles=record.approver_roles, decided_by=decided_by,
                    decided_at=None if record.decided_at is None else _rfc3339(record.decided_at),
                    comment=record.comment, rendering_json=_rendering_json(record.call_json),
-                   created_at=_rfc3339(record.created_at))
+                   created_at=_rfc3339(record.created_at), tool=record.tool,
+                   requested_by=Requester(id=record.principal_id, tenant=record.tenant))
 
 
 def _rendering_json(call_json: str) -> str | None:

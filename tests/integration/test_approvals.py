@@ -15,7 +15,7 @@ from sidecar.bootstrap import assemble
 from sidecar.cli import main
 from sidecar.client import AsyncClient
 from sidecar.config import Limits, Settings
-from sidecar.contract import ErrorCode, Preview, PreviewState, Recovery, Status, ToolResult
+from sidecar.contract import ErrorCode, Preview, PreviewState, Recovery, Requester, Status, ToolResult
 from sidecar.pipeline import Pipeline
 from sidecar.policy import DelegatingEngine, PolicyEngine
 from sidecar.server import create_server
@@ -247,6 +247,17 @@ async def test_list_previews_shows_what_the_caller_may_approve(world: Callable[.
     assert [p.preview_id for p in await w.approver.previews()] == [preview.preview_id]
     assert await w.client("carol").previews() == []
     assert [p.preview_id for p in await w.client("olga", ("operator",)).previews()] == [preview.preview_id]
+
+
+async def test_a_preview_names_its_tool_and_who_asked_as_the_approver_rule_reads_them(
+        world: Callable[..., Awaitable[World]]) -> None:
+    w = await world()
+    held = await w.preview()
+    [listed] = await w.approver.previews()
+    decided = (await w.approver.approve(held.preview_id, held.preview_hash)).preview
+    for preview in (held, listed, decided):
+        assert preview is not None and preview.tool == "file_note"
+        assert preview.requested_by == Requester(id="alice", tenant="acme")
 
 
 async def test_cli_lists_approves_and_denies(world: Callable[..., Awaitable[World]],

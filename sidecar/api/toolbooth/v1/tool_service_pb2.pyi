@@ -168,7 +168,7 @@ class Operation(_message.Message):
     def __init__(self, state: _Optional[_Union[OperationState, str]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ...) -> None: ...
 
 class Preview(_message.Message):
-    __slots__ = ("preview_id", "preview_hash", "call_json", "reason", "expires_at", "state", "approver_roles", "decided_by", "decided_at", "comment", "rendering_json", "created_at")
+    __slots__ = ("preview_id", "preview_hash", "call_json", "reason", "expires_at", "state", "approver_roles", "decided_by", "decided_at", "comment", "rendering_json", "created_at", "tool", "requested_by")
     PREVIEW_ID_FIELD_NUMBER: _ClassVar[int]
     PREVIEW_HASH_FIELD_NUMBER: _ClassVar[int]
     CALL_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +181,8 @@ class Preview(_message.Message):
     COMMENT_FIELD_NUMBER: _ClassVar[int]
     RENDERING_JSON_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     preview_id: str
     preview_hash: str
     call_json: str
@@ -193,7 +195,17 @@ class Preview(_message.Message):
     comment: str
     rendering_json: str
     created_at: str
-    def __init__(self, preview_id: _Optional[str] = ..., preview_hash: _Optional[str] = ..., call_json: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[str] = ..., state: _Optional[_Union[PreviewState, str]] = ..., approver_roles: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., decided_at: _Optional[str] = ..., comment: _Optional[str] = ..., rendering_json: _Optional[str] = ..., created_at: _Optional[str] = ...) -> None: ...
+    tool: str
+    requested_by: Requester
+    def __init__(self, preview_id: _Optional[str] = ..., preview_hash: _Optional[str] = ..., call_json: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[str] = ..., state: _Optional[_Union[PreviewState, str]] = ..., approver_roles: _Optional[_Iterable[str]] = ..., decided_by: _Optional[str] = ..., decided_at: _Optional[str] = ..., comment: _Optional[str] = ..., rendering_json: _Optional[str] = ..., created_at: _Optional[str] = ..., tool: _Optional[str] = ..., requested_by: _Optional[_Union[Requester, _Mapping]] = ...) -> None: ...
+
+class Requester(_message.Message):
+    __slots__ = ("id", "tenant")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    tenant: str
+    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class ApproveOperationRequest(_message.Message):
     __slots__ = ("preview_id", "preview_hash", "comment")
