@@ -1,6 +1,7 @@
 """Approvals in the audit log: an approver's decision as an event, and the calls later sent with an approval.
 
-``decision_event`` is the audit event of an approver's attempt (``ApproveOperation``/``DenyOperation``). A
+``decision_event`` is the audit event of an approver's attempt (``ApproveOperation``/``DenyOperation``), which
+``is_decision_event`` tells from a call's. A
 call sent with ``approval_id`` records it in its audit trail (``decisions_json``), whether it then ran or
 was refused; ``calls_with`` reads those steps from the audit log (``Store.approval_audit``) for a page of
 decided previews, from the moment the oldest of them was held, at most ``CALLS_LOOKBACK`` steps: what the
@@ -20,9 +21,10 @@ from sidecar.contract import ApprovalResult, Preview, Principal
 from sidecar.ids import random_uuid_hex
 from sidecar.state import AuditEvent, AuditRecord, PreviewRecord, Store
 
-__all__ = ["CALLS_LOOKBACK", "calls_with", "decision_event"]
+__all__ = ["CALLS_LOOKBACK", "calls_with", "decision_event", "is_decision_event"]
 
 CALLS_LOOKBACK = 10_000  # the newest audited steps of calls sent with an approval that are read
+_APPROVER = "approver"  # the one key of an approver's attempt's decisions_json
 
 
 async def calls_with(store: Store, previews: Sequence[Preview], *,
@@ -49,10 +51,19 @@ def decision_event(approver: Principal, record: PreviewRecord | None, action: di
         request_id=random_uuid_hex(), time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
         principal_id=approver.id, tenant=approver.tenant, tool=record.tool if record else "",
         tool_version=record.tool_version if record else "", input_hash=record.preview_hash if record else "",
-        decisions_json=canonical_json({"approver": action}), policy_revision=revision, idempotency_key=None,
+        decisions_json=canonical_json({_APPROVER: action}), policy_revision=revision, idempotency_key=None,
         call_id=None, conversation_id=None, status=action["decision"] if result.ok else "refused",
         error_code=result.error.code.value if result.error else None,
         duration_ms=round((time.monotonic() - started) * 1000))
+
+
+def is_decision_event(event: AuditEvent) -> bool:
+    """Whether ``event`` is an approver's attempt (``decision_event``), not a call's step."""
+    try:
+        decisions = json.loads(event.decisions_json)
+    except ValueError:
+        return False
+    return isinstance(decisions, dict) and decisions.keys() == {_APPROVER}
 
 
 def _approval_of(event: AuditEvent) -> str | None:

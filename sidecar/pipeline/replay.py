@@ -14,7 +14,8 @@ What cannot be replayed is said, not guessed: events from before the decision lo
 read (what their decisions would have read is not known) are skipped; a call whose arguments
 were never validated (the tool was hidden, or they were invalid) has none recorded, so a candidate
 that now lets it further ends there with ``arguments not recorded``. A write audited as
-``dispatching`` and again with its outcome is one call, replayed once.
+``dispatching`` and again with its outcome is one call, replayed once. An approver's decision (approve, deny)
+is not a call: it is neither replayed nor counted as skipped.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from sidecar.config import Limits
 from sidecar.contract import CallRequest, Principal, SideEffect
+from sidecar.pipeline.approval_audit import is_decision_event
 from sidecar.pipeline.dry_run import STEPS, VALIDATION, Step, decide, steps_of, verdict_of
 from sidecar.pipeline.history import TRAIL_KEY
 from sidecar.pipeline.history import recorded as recorded_history
@@ -165,6 +167,8 @@ async def replay_log(engine: PolicyEngine, records: AsyncIterable[AuditRecord], 
     async for record in records:
         event = record.event
         if (since is not None and event.time < since) or (tool is not None and event.tool != tool):
+            continue
+        if is_decision_event(event):  # an approver's, not a call
             continue
         if event.request_id in dispatched:
             dispatched.discard(event.request_id)

@@ -1,7 +1,8 @@
 """``toolbooth policy replay`` and ``audit export --format opa`` on an audit log written by a real sidecar.
 
 The sidecar (the default policies, ``echo``'s text masked in the audit log) serves calls that run, are
-denied, need approval, name a hidden tool, an unknown one, bad arguments and a write; its log is then
+denied, need approval (and an approver's attempt, which is no call), name a hidden tool, an unknown one, bad
+arguments and a write; its log is then
 replayed against edited copies of its policies, as a directory and as a bundle, on SQLite and PostgreSQL,
 by the embedded engine and by the opa engine (a local OPA server, OPA's own engine) alike.
 """
@@ -23,6 +24,7 @@ from sidecar.bootstrap import open_pipeline
 from sidecar.cli import main
 from sidecar.client import AsyncClient
 from sidecar.config import Settings, bundled_policy_dir
+from sidecar.contract import Principal
 from sidecar.policy.bundle import build_bundle
 from sidecar.state import AuditRecord
 from sidecar.state.chain import verify_store
@@ -35,6 +37,7 @@ from tests.support.opa_server import OpaServer
 pytestmark = pytest.mark.integration
 __all__ = ["postgres", "postgres_dsn"]
 
+APPROVER = Principal(id="bob", tenant="dev", roles=("approver",))
 CALLS: list[tuple[str, Any, dict[str, str]]] = [  # (tool, arguments, request fields), in this order
     ("echo", {"text": "hello"}, {}),  # runs
     ("echo", {"text": 5}, {}),  # invalid arguments
@@ -101,7 +104,10 @@ async def log(request: pytest.FixtureRequest, tmp_path: Path, make_settings: Cal
         sidecar = await start_sidecar(settings, pipeline)
         async with AsyncClient(str(sidecar.addresses[0]), timeout=10) as client:
             for tool, arguments, fields in CALLS:
-                await client.execute(tool, arguments, **fields)
+                result = await client.execute(tool, arguments, **fields)
+                if result.preview is not None:  # an approver's decision is audited too
+                    await pipeline.approvals.approve(APPROVER, result.preview.preview_id, result.preview.preview_hash,
+                                                     "fine")
         await pipeline.store.flush_audit()
         records = await pipeline.store.audit_records()
         assert (await verify_store(pipeline.store)).broken is None
