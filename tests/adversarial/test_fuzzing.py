@@ -309,12 +309,14 @@ def fuzz_settings(tmp_path: Path, make_settings: Callable[..., Settings]) -> Cal
 REGISTRY = Registry.from_tools([*tools.ALL, tally])
 
 
+@pytest.mark.slow
 async def test_fuzzed_requests_of_every_rpc_get_typed_answers_and_malformed_ones_change_nothing(
         fuzz_settings: Callable[..., Settings]) -> None:
     async with serving(fuzz_settings(), REGISTRY) as services:
         await _fuzz(services, FUZZ_REQUESTS)
 
 
+@pytest.mark.slow
 async def test_fuzzed_requests_of_every_rpc_on_postgres(fuzz_settings: Callable[..., Settings],
                                                         postgres_dsn: str) -> None:
     async with serving(fuzz_settings(postgres_dsn=postgres_dsn), REGISTRY) as services:

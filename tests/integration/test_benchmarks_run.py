@@ -32,6 +32,7 @@ pytestmark = pytest.mark.integration
      "--json"],
 ], ids=["bench_policy", "bench_execute", "bench_execute_targets", "bench_list_tools", "bench_workers",
         "bench_transport", "bench_batch", "bench_mcp", "bench_observability"])
+@pytest.mark.slow
 def test_a_benchmark_runs_to_its_report(command: list[str]) -> None:
     done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL)
@@ -40,6 +41,7 @@ def test_a_benchmark_runs_to_its_report(command: list[str]) -> None:
     assert report, "an empty report"
 
 
+@pytest.mark.slow
 def test_the_observability_benchmark_counts_the_spans_its_otlp_sink_received() -> None:
     command = ["benchmarks/bench_observability.py", "--calls", "40", "--warmup", "5", "--concurrency", "2",
                "--repeat", "2", "--variant", "otlp={}", "--variant-env", "otlp=OTEL_TRACES_EXPORTER=otlp", "--json"]
@@ -51,6 +53,7 @@ def test_the_observability_benchmark_counts_the_spans_its_otlp_sink_received() -
     assert otlp["spans"]["received"] == 3 * otlp["spans"]["calls"]  # every read traced: call, policy, handler
 
 
+@pytest.mark.slow
 def test_the_soak_runs_to_its_report() -> None:
     """A few seconds of soak; its timing verdicts (RSS, p99 drift) depend on the machine, the others do not."""
     command = ["benchmarks/soak.py", "--minutes", "0.1", "--bucket-seconds", "3", "--peak-seconds", "1", "--json"]
@@ -77,6 +80,7 @@ def test_a_bad_arguments_mode_is_refused() -> None:
     assert done.returncode == 2 and "--arguments: expected a comma-separated list of repeated, distinct" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_targets_run_puts_each_benchmarks_targets_in_one_table() -> None:
     command = ["benchmarks/targets.py", "--only", "workers,list_tools", "--calls", "20", "--repeat", "1", "--json"]
     done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -96,6 +100,7 @@ def test_the_targets_run_refuses_an_unknown_benchmark() -> None:
     assert done.returncode == 2 and "--only: unknown benchmark(s) ['soak']" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_targets_run_names_a_benchmark_that_failed_and_exits_1() -> None:
     env = {**os.environ, "TOOLBOOTH_TEST_POSTGRES_DSN": "postgresql://postgres@127.0.0.1:1/none?connect_timeout=2"}
     command = ["benchmarks/targets.py", "--only", "writes", "--calls", "20", "--repeat", "1"]
@@ -105,6 +110,7 @@ def test_the_targets_run_names_a_benchmark_that_failed_and_exits_1() -> None:
     assert "FAILED writes: bench_writes.py exited with" in done.stdout
 
 
+@pytest.mark.slow
 def test_the_instruction_count_benchmark_counts_each_config() -> None:
     """A few calls under callgrind: each config's count is a whole call's work (the dump's, not start-up's)."""
     command = ["benchmarks/bench_instructions.py", "--calls", "20", "--warmup", "5", "--concurrency", "2",
@@ -127,6 +133,7 @@ def test_the_instruction_count_benchmark_without_valgrind_says_what_to_install(t
     assert "valgrind is not installed (Debian: apt-get install valgrind)" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_history_benchmark_counts_a_set_reading_no_history_and_one_reading_a_meter_and_labels() -> None:
     """A few calls under callgrind for each config: the meter counted every call made to its sidecar, none else."""
     command = ["benchmarks/bench_history.py", "--calls", "20", "--warmup", "5", "--concurrency", "2", "--json"]

@@ -173,6 +173,7 @@ def test_tools_list_is_unchanged_when_piped_without_columns(logged: Logged, side
 # --- --output json ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_result_commands_print_json_with_output_json(logged: Logged, sidecar_of_log: str) -> None:
     target = ["--target", sidecar_of_log]
     listing = json.loads(toolbooth("tools", "list", *target, "--output", "json", env=logged.env).stdout)

@@ -35,7 +35,7 @@ from tests.support.required import missing
 from tests.support.signing_keys import key_pair
 from tests.support.waiting import until_blocking
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # builds the image first (~40 s)
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path("/var/cache/toolbooth")

@@ -163,6 +163,7 @@ async def _lines(target: str, token: str, *args: str) -> AsyncIterator[_Lines]:
             assert await bridge.wait() == 0
 
 
+@pytest.mark.slow
 async def test_every_line_gets_an_answer_even_one_that_is_no_json_rpc_message(sidecar: Sidecar,
                                                                              make_token: Callable[..., str]) -> None:
     async with _lines(sidecar.addresses[-1], make_token(sub="alice"), "--max-message-bytes", "65536") as lines:
@@ -174,6 +175,7 @@ async def test_every_line_gets_an_answer_even_one_that_is_no_json_rpc_message(si
     assert listed["id"] == 2 and "echo" in {tool["name"] for tool in listed["result"]["tools"]}
 
 
+@pytest.mark.slow
 async def test_a_request_id_in_flight_is_refused_and_the_first_runs_once(
     make_settings: Callable[..., Settings], start_sidecar: StartSidecar, make_pipeline: PipelineFactory,
 ) -> None:

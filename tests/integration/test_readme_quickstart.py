@@ -171,6 +171,7 @@ def reader() -> Iterator[Reader]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_the_quickstart_works_verbatim(reader: Reader) -> None:
     markdown = README.read_text()
     (run_block,) = [step.text for step in steps(section(markdown, "Run"))]

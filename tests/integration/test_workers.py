@@ -38,7 +38,7 @@ from tests.support.installed import install
 from tests.support.sidecar_process import APPEND_LOG_ENV, REPO, appended
 from tests.support.waiting import until, until_blocking
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # two worker processes a test, ~10 s each
 
 _SERVING = re.compile(r"toolbooth serving with 2 workers \(pids (\d+), (\d+)\) on 127\.0\.0\.1:(\d+)")
 _WORKER_SERVING = re.compile(r"worker (\d) serving: pid (\d+)")
