@@ -4,26 +4,32 @@ It writes ``NAME/`` (in the current directory, or ``--directory``): a ``pyprojec
 entry point names the package's tools, the package (one read-only tool, ``<package>_greet``, that needs the
 permission ``<package>:greet``), and its tests, which use the plugin test kit (``sidecar.plugin.testing``): the
 tool called directly and through the whole gate. ``pip install -e 'NAME[test]'`` then ``pytest NAME`` pass as
-written. Exit codes: 0 written, 2 a NAME that is not a distribution name usable as a package, or a directory
-that already exists (nothing is overwritten).
+written. A package name an import already finds (``json``, ``yaml``, an installed plugin's) is refused: the plugin
+would shadow that module, or be shadowed by it. Exit codes: 0 written, 2 a NAME that is not a distribution name
+usable as a package, or a directory that already exists (nothing is overwritten), 1 the files cannot be written
+there (what was written is removed).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import keyword
 import re
+import shutil
+import sys
 from pathlib import Path
 from string import Template
 
-from sidecar.cli.common import EXIT_OK, EXIT_USAGE, CommandError, Subparsers, dump_json
+from sidecar.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CommandError, Subparsers, dump_json
 from sidecar.cli.output import json_output, output_flag
 
 __all__ = ["NAME_PATTERN", "add_commands", "cmd_plugin_new", "package_name", "write_plugin"]
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*\Z")
 MAX_NAME = 50  # so that the tool's name, ``<package>_greet``, stays within the 64 characters of a tool name
-RESERVED = frozenset({"sidecar", "toolbooth", "tests", "test"})  # would shadow what the plugin imports or runs
+# would shadow what the plugin imports or runs (``conftest``: its tests' own conftest.py)
+RESERVED = frozenset({"sidecar", "toolbooth", "tests", "test", "conftest"})
 
 PYPROJECT = """\
 [build-system]
@@ -176,24 +182,49 @@ def package_name(name: str) -> str:
         raise CommandError(f"plugin name {name!r}: {package!r} cannot be the plugin's package "
                            f"({'a Python keyword' if keyword.iskeyword(package) else 'a name Toolbooth uses'})",
                            EXIT_USAGE)
+    if _importable(package):
+        raise CommandError(f"plugin name {name!r}: an import of {package!r} already finds a module (the standard "
+                           "library's or an installed package's), which the plugin's package would shadow or be "
+                           f"shadowed by: choose another NAME (e.g. acme-{name})", EXIT_USAGE)
     return package
 
 
+def _importable(package: str) -> bool:
+    """Whether ``import package`` finds a module already (without importing it); a namespace package, a bare
+    directory somewhere on the path, does not count."""
+    if package in sys.stdlib_module_names or package in sys.builtin_module_names:
+        return True
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None
+
+
 def write_plugin(name: str, root: Path) -> list[Path]:
-    """Write the plugin ``name`` into the new directory ``root``; the files written. ``CommandError`` (exit 2)
-    for a bad name or a ``root`` that exists."""
+    """Write the plugin ``name`` into the new directory ``root``; the files written. ``CommandError``: exit 2 for
+    a bad name or a ``root`` that exists, exit 1 when ``root`` or a file in it cannot be written."""
     package = package_name(name)
     try:
         root.mkdir(parents=True)
     except FileExistsError:
         raise CommandError(f"{root} already exists: choose another NAME or --directory (nothing was overwritten)",
                            EXIT_USAGE) from None
+    except OSError as exc:  # no such directory, not a directory, not writable
+        raise CommandError(f"cannot write {root}: {exc.strerror or exc} (nothing was written)", EXIT_FAILURE,
+                           "CANNOT_WRITE") from None
     files = {"pyproject.toml": PYPROJECT, "README.md": README, f"{package}/__init__.py": PACKAGE,
              f"{package}/py.typed": "", "tests/conftest.py": CONFTEST, f"tests/test_{package}.py": TESTS}
-    written = []
-    for relative, template in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(Template(template).substitute(name=name, package=package), encoding="utf-8")
-        written.append(path)
-    return written
+    try:
+        return [_write(root / relative, Template(template).substitute(name=name, package=package))
+                for relative, template in files.items()]
+    except OSError as exc:  # a full disk, a quota: what this command made goes
+        shutil.rmtree(root, ignore_errors=True)
+        raise CommandError(f"cannot write {root}: {exc.strerror or exc} (what it wrote was removed)", EXIT_FAILURE,
+                           "CANNOT_WRITE") from None
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
