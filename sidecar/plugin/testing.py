@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,12 +76,26 @@ def make_context(tool: ToolDefinition[Any, Any] | None = None, *, principal: Pri
         declared_labels=tool.labels if tool is not None else frozenset())
 
 
+@dataclass(slots=True)
+class _Lifetime:
+    closed: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Gate:
-    """A pipeline of the sidecar serving some tools in-process; calls are made as ``principal`` unless given."""
+    """A pipeline of the sidecar serving some tools in-process; calls are made as ``principal`` unless given.
+    Once its ``open_gate`` block (or the test of ``toolbooth_gate``) ended, every method raises ``RuntimeError``."""
 
     pipeline: Pipeline
     principal: Principal
+    _lifetime: _Lifetime = field(default_factory=_Lifetime, repr=False, compare=False)
+
+    def _open(self) -> Pipeline:
+        """The pipeline; ``RuntimeError`` saying so once the gate was closed (its store and threads are gone)."""
+        if self._lifetime.closed:
+            raise RuntimeError("this Gate is closed: its open_gate block (or the test that opened it with "
+                               "toolbooth_gate) has ended; use a gate inside the block that opened it")
+        return self.pipeline
 
     async def call(self, tool: str | ToolDefinition[Any, Any], arguments: Mapping[str, Any] | None = None,
                    *, principal: Principal | None = None, idempotency_key: str | None = None,
@@ -92,26 +106,27 @@ class Gate:
         request = CallRequest(tool=name, arguments_json=json.dumps(dict(arguments or {})),
                               idempotency_key=idempotency_key, approval_id=approval_id,
                               conversation_id=conversation_id, call_id=call_id)
-        return await self.pipeline.execute(principal or self.principal, request)
+        return await self._open().execute(principal or self.principal, request)
 
     async def list_tools(self, principal: Principal | None = None) -> ToolListing:
         """The tools the availability policy shows ``principal`` (default: the gate's)."""
-        return await self.pipeline.list_tools(principal or self.principal)
+        return await self._open().list_tools(principal or self.principal)
 
     async def approve(self, held: ToolResult, *, approver: Principal | None = None) -> str:
         """Approve the preview of a call ``held`` for approval, as a person of the role ``approver`` (of the
         gate principal's tenant) does; the approval id to call again with. ``AssertionError`` if it cannot be."""
         assert held.status is Status.APPROVAL_REQUIRED and held.preview is not None, f"not held for approval: {held}"
         approver = approver or Principal(id="test-approver", tenant=self.principal.tenant, roles=(TEST_APPROVER_ROLE,))
-        answer: ApprovalResult = await self.pipeline.approvals.approve(
+        answer: ApprovalResult = await self._open().approvals.approve(
             approver, held.preview.preview_id, held.preview.preview_hash, None)
         assert answer.ok, f"the approval was refused: {answer.error}"
         return held.preview.preview_id
 
     async def audit_events(self) -> list[AuditEvent]:
         """Every event the audit log holds, oldest first (arguments masked as the sidecar masks them)."""
-        await self.pipeline.store.flush_audit()
-        return [record.event for record in await self.pipeline.store.audit_records()]
+        store = self._open().store
+        await store.flush_audit()
+        return [record.event for record in await store.audit_records()]
 
 
 @asynccontextmanager
@@ -134,7 +149,9 @@ async def open_gate(tools: Plugin | Iterable[ToolDefinition[Any, Any]], *, princ
         if policies is not None:
             raw["policy"] = {**raw.get("policy", {}), "path": str(policies)}
         pipeline = await open_pipeline(parse_settings(raw), registry=Registry.from_tools(listed))
+        gate = Gate(pipeline, principal or principal_for(*listed))
         try:
-            yield Gate(pipeline, principal or principal_for(*listed))
+            yield gate
         finally:
+            gate._lifetime.closed = True
             await pipeline.aclose()
