@@ -31,13 +31,6 @@ from tests.support.installed import ONLY_BUNDLED
 
 pytestmark = pytest.mark.integration
 
-@pytest.fixture
-def home() -> Iterator[Path]:
-    path = short_dir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def sidecar() -> Iterator[Sidecar]:
     """One sidecar for the read-only tests of this module."""
@@ -46,11 +39,6 @@ def sidecar() -> Iterator[Sidecar]:
     yield running
     running.stop()
     shutil.rmtree(home, ignore_errors=True)
-
-
-@pytest.fixture
-def env(home: Path) -> dict[str, str]:
-    return cli_env(home)
 
 
 # --- against a running sidecar ------------------------------------------------------------------------------

@@ -15,24 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.certificates import Authority
-from tests.support.cli import ADD_2_3, Sidecar, cli_env, short_dir, start_sidecar, toolbooth
+from tests.support.cli import ADD_2_3, Sidecar, short_dir, start_sidecar, toolbooth
 from tests.support.inbox import free_port
 
 pytestmark = pytest.mark.integration
 
 ORDER = "--target ADDR, else $TOOLBOOTH_TARGET, else --config FILE ($TOOLBOOTH_CONFIG), else the default socket"
-
-
-@pytest.fixture
-def home() -> Iterator[Path]:
-    path = short_dir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def env(home: Path) -> dict[str, str]:
-    return cli_env(home)
 
 
 def tcp_config(home: Path, port: int, extra: str = "", name: str = "tcp.yaml") -> Path:

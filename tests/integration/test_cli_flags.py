@@ -5,32 +5,18 @@ on stderr. The real ``toolbooth`` command, run as a process."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sidecar.cli import main
 from sidecar.config import bundled_policy_dir
-from tests.support.cli import ADD_2_3, cli_env, run_tty_stderr, short_dir, toolbooth
+from tests.support.cli import ADD_2_3, run_tty_stderr, toolbooth
 
 pytestmark = pytest.mark.integration
 
 POLICIES = str(bundled_policy_dir())
-
-
-@pytest.fixture
-def home() -> Iterator[Path]:
-    path = short_dir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def env(home: Path) -> dict[str, str]:
-    return cli_env(home)
 
 
 @pytest.fixture

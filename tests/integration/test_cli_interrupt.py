@@ -8,7 +8,6 @@ to stderr as each import ends), or a connection it opened to a listener of the t
 from __future__ import annotations
 
 import contextlib
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import REPO, START_TIMEOUT, cli_env, short_dir
+from tests.support.cli import REPO, START_TIMEOUT, cli_env
 
 pytestmark = pytest.mark.integration
 
@@ -37,13 +36,6 @@ test_a_long_count if data.slow.total == 2000000
 
 test_another_long_count if data.slow.total > 1
 """
-
-
-@pytest.fixture
-def home() -> Iterator[Path]:
-    path = short_dir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
