@@ -7,7 +7,8 @@ script can pass it everywhere. ``serve`` and ``mcp-stdio`` print no result (``NO
 
 With ``--output json`` a failure is one line on stderr, ``{"error": {"code": ..., "message": ...,
 "exit_code": N}}``, with the exit code it has without it; ``code`` is ``USAGE``, ``CONFIG``, ``FAILURE``,
-``REFUSED`` or the gRPC status of a failed request (``UNAVAILABLE``, ``UNAUTHENTICATED``, ...).
+``REFUSED``, ``INTERRUPTED`` (Ctrl-C, exit 130) or the gRPC status of a failed request (``UNAVAILABLE``,
+``UNAUTHENTICATED``, ...).
 """
 
 from __future__ import annotations

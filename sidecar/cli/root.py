@@ -8,9 +8,9 @@ them); with ``--output json`` a failure, usage errors included, is printed as th
 ``sidecar.cli.output``.
 
 Ctrl-C ends every command alike, however far it got (loading its modules, starting a sidecar, waiting for
-one): ``toolbooth: interrupted`` on stderr and exit 130, as a shell reports a command SIGINT ended, never a
-traceback. So that this holds from the start, this module imports nothing of the sidecar's at import time:
-``main`` does, once it can catch the interrupt.
+one): ``toolbooth: interrupted`` on stderr (with ``--output json``, the JSON error of code ``INTERRUPTED``) and
+exit 130, as a shell reports a command SIGINT ended, never a traceback. So that this holds from the start, this
+module imports nothing of the sidecar's at import time: ``main`` does, once it can catch the interrupt.
 """
 
 from __future__ import annotations
@@ -52,10 +52,11 @@ def groups() -> tuple[ModuleType, ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``toolbooth`` command; return its exit code (``EXIT_INTERRUPTED`` after Ctrl-C, whenever it came)."""
+    words = sys.argv[1:] if argv is None else list(argv)
     try:
-        return _run(sys.argv[1:] if argv is None else list(argv))
+        return _run(words)
     except KeyboardInterrupt:
-        return _interrupted()
+        return _interrupted(words)
 
 
 def _run(words: list[str]) -> int:
@@ -85,12 +86,16 @@ def _run(words: list[str]) -> int:
         return fail(str(exc), exc.exit_code, as_json=as_json, name=exc.code)
     except ConfigError as exc:
         return fail(str(exc), EXIT_USAGE, as_json=as_json, name="CONFIG")
-    return _interrupted() if code == EXIT_INTERRUPTED else code  # one that caught Ctrl-C itself says so alike
+    return _interrupted(words) if code == EXIT_INTERRUPTED else code  # one that caught Ctrl-C itself says so alike
 
 
-def _interrupted() -> int:
-    """Ctrl-C: one line on stderr (what was under way when it came would only be noise)."""
-    print("toolbooth: interrupted", file=sys.stderr, flush=True)
+def _interrupted(words: list[str]) -> int:
+    """Ctrl-C: one line on stderr (what was under way when it came would only be noise), the JSON error of
+    ``sidecar.cli.output`` when the command line asked for ``--output json``."""
+    from sidecar.cli.output import error_document, requested_json  # the standard library's only
+
+    line = error_document("interrupted", EXIT_INTERRUPTED, "INTERRUPTED") if requested_json(words) else None
+    print(line or "toolbooth: interrupted", file=sys.stderr, flush=True)
     return EXIT_INTERRUPTED
 
 
