@@ -32,11 +32,16 @@ _PATH_ERRORS = frozenset({"path_not_file", "path_not_directory", "path_type"})
 def anchor_paths(raw: MutableMapping[str, Any], model: type[BaseModel],
                  base: Path) -> dict[tuple[str, ...], tuple[str, Path]]:
     """Rewrite in ``raw`` (a config file's mapping for ``model``) every relative path as ``base / path``, ``..``
-    taken off lexically (the directory the file was named in, even through a symbolic link); return what was
-    rewritten."""
+    taken off lexically (the directory the file was named in, even through a symbolic link), and a leading ``~``
+    as the home directory (never a directory named ``~`` in ``base``); return what was read against ``base``."""
     anchored: dict[tuple[str, ...], tuple[str, Path]] = {}
     for loc, holder, key, value in _path_values(raw, model, ()):
-        if isinstance(value, str) and value and not Path(value).is_absolute():
+        if not isinstance(value, str) or not value:
+            continue
+        home = os.path.expanduser(value) if value.startswith("~") else value  # ~/x, ~user/x: as a shell reads it
+        if Path(home).is_absolute():
+            holder[key] = home
+        else:
             holder[key] = os.path.normpath(base / value)
             anchored[loc] = (value, base)
     return anchored
