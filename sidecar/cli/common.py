@@ -331,7 +331,10 @@ def _socket_hints(socket: Path, target: Target, details: str) -> list[str]:
         return [_NO_ACCESS.format(what=socket)]
     if present:
         return []
-    return [f"{_looked_for(target)}; no socket at {socket}: is the sidecar running? start it with `{_start(target)}`"]
+    relative = "" if socket.is_absolute() else (f" (a relative socket path is read against the working directory, "
+                                                f"here {Path.cwd()}, as the sidecar reads it against its own)")
+    return [f"{_looked_for(target)}; no socket at {socket}{relative}: is the sidecar running? start it with "
+            f"`{_start(target)}`"]
 
 
 def _looked_for(target: Target) -> str:
