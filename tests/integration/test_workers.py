@@ -34,6 +34,7 @@ from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.config import bundled_policy_dir
 from sidecar.contract import ErrorCode, Status, ToolResult
+from tests.support.cli import stopped
 from tests.support.installed import install
 from tests.support.sidecar_process import APPEND_LOG_ENV, REPO, appended
 from tests.support.waiting import until, until_blocking
@@ -95,13 +96,7 @@ class Workers:
         return {int(index): int(pid) for index, pid in _WORKER_SERVING.findall(self.output())}
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                return self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        return self.process.wait(timeout=10)
+        return stopped(self.process)
 
 
 def settings(tmp: Path, **server: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.server.listeners import listening
-from tests.support.cli import REPO, cli_env
+from tests.support.cli import REPO, cli_env, stopped
 from tests.support.waiting import until_blocking
 
 pytestmark = [pytest.mark.integration,
@@ -59,13 +58,7 @@ class Serve:
         until_blocking(shown, timeout=90, what=what)
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait(timeout=10)
+        return stopped(self.process)
 
 
 @pytest.fixture

@@ -46,6 +46,18 @@ class Sidecar:
         return self.process.wait(timeout=20)
 
 
+def stopped(process: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
+    """``process`` sent SIGTERM (if still running) and waited for, killed if it has not exited within ``timeout``;
+    its exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait(timeout=10)
+
+
 def short_dir() -> Path:
     """A temporary directory with a short path: Unix socket paths are limited to ~107 bytes."""
     return Path(tempfile.mkdtemp(prefix="tb-cli-", dir="/tmp"))
