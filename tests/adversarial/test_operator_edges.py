@@ -135,10 +135,13 @@ def test_the_hint_for_an_absent_socket_is_a_command_that_works(form: str, short_
 
 
 # Run as a user the socket does not admit: nobody, when the tests run as root (the modules are imported first,
-# since nobody may not read this interpreter's); the owner itself, with the mode set to 0, otherwise.
+# every command group's with them, since nobody may not read this interpreter's); the owner itself, with the mode
+# set to 0, otherwise.
 _STRANGER = """import os, sys
 import grpc, sidecar.cli.tools, sidecar.client
 from sidecar.cli import main
+from sidecar.cli.root import build_parser
+build_parser()
 if os.geteuid() == 0:
     os.setgroups([]); os.setgid(65534); os.setuid(65534)
 sys.exit(main(sys.argv[1:]))
