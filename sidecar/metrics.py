@@ -23,11 +23,14 @@ import bisect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf import descriptor_pool
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+if TYPE_CHECKING:  # prometheus_client loads when a ``Metrics`` is made: with metrics on (``metrics.listen``)
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
 
 __all__ = ["NO_CODE", "UNKNOWN_TOOL", "Count", "DecisionMeter", "Metrics", "Observed", "RpcMeter", "ToolMeter",
            "go_code"]
@@ -91,6 +94,8 @@ class _Family:
         return child
 
     def collect(self) -> Metric:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
         if self.buckets is None:
             counters = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
             for values, child in self.children.items():
@@ -183,11 +188,15 @@ class Metrics:
         self._rpcs: dict[str, RpcMeter] = {}
         self._tools: dict[str, ToolMeter] = {}
         self._stages: dict[str, DecisionMeter] = {}
+        from prometheus_client import CollectorRegistry
+
         self.registry = registry or CollectorRegistry()
         self.registry.register(self)
 
     def collect(self) -> Iterator[Metric]:
         """Every family as it stands (prometheus_client's collector interface, called at each scrape)."""
+        from prometheus_client.core import GaugeMetricFamily
+
         yield from (family.collect() for family in self._families)
         depth = GaugeMetricFamily("toolbooth_audit_queue_depth", "Audit events queued and not yet written.")
         depth.add_metric((), 0 if self.audit_queue is None else self.audit_queue())

@@ -23,19 +23,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
 from opentelemetry.environment_variables import OTEL_TRACES_EXPORTER
-from opentelemetry.sdk.environment_variables import (
-    OTEL_EXPORTER_OTLP_PROTOCOL,
-    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
-    OTEL_SDK_DISABLED,
-)
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-from opentelemetry.trace import Tracer
 
 from sidecar.errors import ConfigError
+
+if TYPE_CHECKING:  # the SDK loads only when traces are exported (OTEL_TRACES_EXPORTER set)
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Tracer
 
 __all__ = ["EXPORTER_ENTRY_POINTS", "SERVICE", "Tracing"]
 
@@ -45,6 +43,10 @@ _UNNAMED_SERVICE = "unknown_service"  # the SDK's service.name when the environm
 _OFF = ("", "none")
 _OTLP = "otlp"
 _OTLP_BY_PROTOCOL = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
+# The SDK's variables (opentelemetry.sdk.environment_variables), named here so that reading them loads no SDK.
+_OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
+_OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+_OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,17 +68,21 @@ class Tracing:
         """The tracing ``OTEL_TRACES_EXPORTER`` asks for (``ConfigError`` for an exporter that is not installed);
         off when it is unset or ``none``, or when ``OTEL_SDK_DISABLED`` is true."""
         env = os.environ if env is None else env
-        if env.get(OTEL_SDK_DISABLED, "").strip().lower() == "true":
+        if env.get(_OTEL_SDK_DISABLED, "").strip().lower() == "true":
             return cls()
         names = [name.strip() for name in env.get(OTEL_TRACES_EXPORTER, "").split(",")]
         names = [name for name in names if name.lower() not in _OFF]
         if not names:
             return cls()
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
         return cls.exporting(*(BatchSpanProcessor(_exporter(name, env)) for name in names), exporters=tuple(names))
 
     @classmethod
     def exporting(cls, *processors: SpanProcessor, exporters: tuple[str, ...] = ()) -> Tracing:
         """Tracing whose spans go to ``processors`` (the sampler and resource from the environment)."""
+        from opentelemetry.sdk.trace import TracerProvider
+
         provider = TracerProvider(resource=_resource())
         for processor in processors:
             provider.add_span_processor(processor)
@@ -90,6 +96,8 @@ class Tracing:
 
 def _resource() -> Resource:
     """The SDK's resource from the environment, named ``toolbooth`` unless that names the service."""
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith(_UNNAMED_SERVICE):
         resource = resource.merge(Resource({SERVICE_NAME: SERVICE}))
@@ -100,7 +108,7 @@ def _entry_point(name: str, env: Mapping[str, str]) -> str:
     """The entry point ``name`` stands for: itself, unless it is ``otlp`` (then: that of the OTLP protocol)."""
     if name != _OTLP:
         return name
-    for variable in (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL):
+    for variable in (_OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, _OTEL_EXPORTER_OTLP_PROTOCOL):
         protocol = env.get(variable, "").strip()
         if protocol:
             if protocol not in _OTLP_BY_PROTOCOL:
@@ -120,6 +128,8 @@ def _exporter(name: str, env: Mapping[str, str]) -> SpanExporter:
         hint = " (toolbooth[otlp] installs otlp_proto_grpc)" if entry.startswith(_OTLP) else ""
         raise ConfigError(f"{OTEL_TRACES_EXPORTER}={name!r}: no such span exporter is installed{meant}{hint}; "
                           f"installed: {', '.join([*known, 'none'])}")
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+
     exporter_class = next(iter(found)).load()
     exporter = exporter_class(formatter=_one_line) if exporter_class is ConsoleSpanExporter else exporter_class()
     if not isinstance(exporter, SpanExporter):
