@@ -59,6 +59,7 @@ def validation_document(settings: Settings, checked: Checked) -> dict[str, Any]:
             "mcp": next(row.url(settings) for row in ENDPOINTS if row.section == "mcp"),
             "endpoints": {row.section: url for row in ENDPOINTS if (url := row.url(settings)) is not None},
             "metrics": _metrics(settings), "workers": server.workers,
+            "workers_auto": None if (auto := server.workers_auto) is None else asdict(auto),
             "audit_chain": "keyed" if _chain_keyed(settings) else "unkeyed",
             "auth": {"mode": settings.auth.effective_mode.value, "jwks_url": jwt.jwks_url if jwt else None},
             "plugins": [asdict(plugin) for plugin in checked.plugins], "tools": list(checked.tools),
@@ -77,10 +78,19 @@ def describe_settings(settings: Settings) -> str:
         *([f"  health:   {server.health_listen} (health only, plaintext)"] if server.health_listen else []),
         *(f"  {row.section + ':':<9} {url}" for row in ENDPOINTS if (url := row.url(settings)) is not None),
         *([] if _metrics(settings) else ["  metrics:  off (metrics.listen not set)"]),
-        f"  workers:  {server.workers}",
+        f"  workers:  {_workers(settings)}",
         f"  auth:     {settings.auth.effective_mode.value}{keys}",
         f"  audit:    chain {'keyed' if _chain_keyed(settings) else 'unkeyed (no audit.chain_key)'}",
     ])
+
+
+def _workers(settings: Settings) -> str:
+    """``2``; with ``workers: auto``, what it counted: ``auto (2: cgroup cpu.max 200000/100000 in /sys/fs/cgroup)``."""
+    server = settings.server
+    if (auto := server.workers_auto) is None:
+        return str(server.workers)
+    capped = f", at most {server.workers}" if auto.cpus > server.workers else ""
+    return f"auto ({server.workers}: {auto.source}{capped})"
 
 
 def _metrics(settings: Settings) -> str | None:

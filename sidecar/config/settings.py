@@ -11,6 +11,7 @@ import yaml
 from pydantic import (
     BaseModel,
     Field,
+    ModelWrapValidatorHandler,
     PrivateAttr,
     SecretStr,
     ValidationError,
@@ -18,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from sidecar.config import cpus
 from sidecar.config.approvals_ui import ApprovalsUiSettings
 from sidecar.config.auth import AuthMode, AuthSettings
 from sidecar.config.base import (
@@ -154,15 +156,44 @@ class ServerSettings(Section):
     health_listen: str | None = None
     reflection: bool | None = None
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
-    # processes serving the same TCP addresses (SO_REUSEPORT), each a whole sidecar (``sidecar.server.supervisor``)
+    # processes serving the same TCP addresses (SO_REUSEPORT), each a whole sidecar (``sidecar.server.supervisor``);
+    # ``auto``: counted once, as the settings load (``workers_auto`` says from what)
     workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
+    _workers_auto: cpus.CpuCount | None = PrivateAttr(default=None)
+
+    @property
+    def workers_auto(self) -> cpus.CpuCount | None:
+        """With ``workers: auto``, the CPUs counted (``sidecar.config.cpus``) and where; else ``None``."""
+        return self._workers_auto
 
     @field_validator("workers", mode="before")
     @classmethod
     def _whole_number(cls, value: Any) -> Any:  # not true, 1.5 or "2": YAML and the variables give numbers
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{value!r} is not a whole number of worker processes (1-{MAX_WORKERS})")
+            raise ValueError(f"{value!r} is not a whole number of worker processes (1-{MAX_WORKERS}) or auto "
+                             "(one per CPU the sidecar may use)")
+        if not 1 <= value <= MAX_WORKERS:
+            raise ValueError(f"Input should be a whole number of worker processes from 1 to {MAX_WORKERS}, or auto "
+                             "(one per CPU the sidecar may use)")
         return value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _auto_workers(cls, data: Any, handler: ModelWrapValidatorHandler[ServerSettings]) -> ServerSettings:
+        """``workers: auto``: one worker per CPU, at most ``MAX_WORKERS``. It needs TCP whatever it counts, so
+        that a configuration valid on one machine is valid on all."""
+        if not isinstance(data, Mapping) or data.get("workers") != "auto":
+            return handler(data)
+        one = handler({**data, "workers": 1})  # every other key, checked as for one process
+        for address in one.listen:
+            if parse_listen(address).kind is not ListenKind.TCP:
+                raise ValueError(f"workers: auto needs TCP addresses only in 'listen', and {address!r} is a Unix "
+                                 "socket, which gRPC servers in several processes cannot share: listen on loopback "
+                                 "TCP (e.g. 127.0.0.1:50051), or set a number of workers")
+        counted = cpus.usable_cpus()
+        server = handler({**data, "workers": min(counted.cpus, MAX_WORKERS)})
+        server._workers_auto = counted
+        return server
 
     @field_validator("listen", mode="before")
     @classmethod

@@ -1,5 +1,7 @@
 """``server.workers: N`` above 1: a supervisor process running N whole sidecars (``sidecar.cli.serve_worker``).
 
+``workers: auto`` was counted when the settings loaded (``sidecar.config.cpus``); the supervisor logs from what.
+
 ``supervise`` holds the TCP ports (``sidecar.server.worker_plan``), then starts every worker (a spawned
 interpreter in a process group of its own, sent its settings on stdin) and waits until each serves:
 
@@ -143,6 +145,9 @@ async def supervise(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(number, _on_signal, number, stop)
+    if (auto := settings.server.workers_auto) is not None:
+        log.info("server.workers: auto: %d workers, for %s", settings.server.workers, auto.source,
+                 extra={"workers": settings.server.workers, "workers_source": auto.source})
     plan = WorkerPlan.reserve(settings)
     workers = [_Worker(index, plan.settings_for(index)) for index in range(settings.server.workers)]
     grace = settings.server.shutdown_grace_seconds + _STOP_MARGIN_SECONDS
