@@ -60,7 +60,7 @@ class CpuLimit:
         return max(1, -(-self.quota // self.period))
 
     def __str__(self) -> str:
-        fraction = f" ({self.quota / self.period:g} CPUs, rounded up)" if self.quota % self.period else ""
+        fraction = f", {self.quota / self.period:g} CPUs rounded up" if self.quota % self.period else ""
         return f"cgroup {Path(self.file).name} {self.quota}/{self.period} in {Path(self.file).parent}{fraction}"
 
 

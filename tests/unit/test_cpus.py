@@ -45,7 +45,7 @@ def test_the_source_says_which_file_and_what_it_holds(tmp_path: Path) -> None:
     assert usable_cpus(v2(tmp_path, container="200000 100000\n")) == CpuCount(
         2, f"cgroup cpu.max 200000/100000 in {V2_MOUNT}{CONTAINER}")
     assert str(cgroup_limit(v2(tmp_path, container="150000 100000\n"))) == (
-        f"cgroup cpu.max 150000/100000 in {V2_MOUNT}{CONTAINER} (1.5 CPUs, rounded up)")
+        f"cgroup cpu.max 150000/100000 in {V2_MOUNT}{CONTAINER}, 1.5 CPUs rounded up")
 
 
 def test_max_is_no_limit_so_the_affinity_counts(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_a_mount_point_with_a_space_is_unescaped(tmp_path: Path) -> None:
 
 def test_cgroup_v1_quota_over_period(tmp_path: Path) -> None:
     assert usable_cpus(v1(tmp_path, "250000\n")) == CpuCount(
-        3, f"cgroup cpu.cfs_quota_us 250000/100000 in {V1_MOUNT}{CONTAINER} (2.5 CPUs, rounded up)")
+        3, f"cgroup cpu.cfs_quota_us 250000/100000 in {V1_MOUNT}{CONTAINER}, 2.5 CPUs rounded up")
 
 
 def test_a_v1_quota_of_minus_one_is_no_limit(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ def test_auto_from_the_environment(cgroup: list[str]) -> None:
     settings = load_settings(None, env={"TOOLBOOTH_SERVER__WORKERS": "auto", "TOOLBOOTH_SERVER__LISTEN": "127.0.0.1:0"})
     assert settings.server.workers == 2
     assert settings.server.workers_auto is not None
-    assert settings.server.workers_auto.source.endswith("(1.5 CPUs, rounded up)")
+    assert settings.server.workers_auto.source.endswith(", 1.5 CPUs rounded up")
 
 
 def test_auto_runs_at_most_the_largest_number_of_workers(tmp_path: Path, cgroup: list[str],
