@@ -13,10 +13,12 @@ import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import aiohttp
+from typing import TYPE_CHECKING
 
 from sidecar import __version__
+
+if TYPE_CHECKING:  # aiohttp loads at the first download: a bundle URL or a JWKS is configured
+    import aiohttp
 
 __all__ = ["Download", "TooLargeError", "download", "failure"]
 
@@ -38,6 +40,8 @@ async def download(url: str, *, timeout: float, max_bytes: int, headers: Mapping
                    tls: ssl.SSLContext | bool = True, redirects: bool = True) -> Download:
     """GET ``url``, the whole exchange within ``timeout`` seconds (``TimeoutError``) and a body of at most
     ``max_bytes`` (``TooLargeError``); proxies as the environment says. Any status is an answer."""
+    import aiohttp
+
     sent = {"User-Agent": f"toolbooth/{__version__}", **(headers or {})}
     async with asyncio.timeout(timeout), aiohttp.ClientSession(headers=sent, trust_env=True) as http, \
             http.get(url, ssl=tls, allow_redirects=redirects) as response:
@@ -51,6 +55,8 @@ async def download(url: str, *, timeout: float, max_bytes: int, headers: Mapping
 
 def failure(exc: aiohttp.ClientError | OSError) -> str:
     """What went wrong with a download, for a person: ``cannot connect to HOST:PORT: Connection refused``."""
+    import aiohttp
+
     if isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno:
         return f"cannot connect to {exc.host}:{exc.port}: {os.strerror(exc.os_error.errno)}"
     return str(exc) or type(exc).__name__

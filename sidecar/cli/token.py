@@ -13,9 +13,6 @@ import argparse
 import datetime as dt
 import time
 
-import jwt
-from jwt.algorithms import get_default_algorithms
-
 from sidecar.cli.common import EXIT_OK, EXIT_USAGE, CommandError, Subparsers, config_flag, dump_json
 from sidecar.cli.output import json_output, output_flag
 from sidecar.config import AuthMode, load_settings
@@ -75,6 +72,9 @@ def sign_token(settings: JwtSettings, *, subject: str, tenant: str, roles: list[
                            f"{' from ' + settings.jwks_url if settings.jwks_url else ''}: only a shared HMAC secret "
                            "(an HS* algorithm with key or key_file) can sign here; get the token from its issuer",
                            EXIT_USAGE)
+    import jwt  # PyJWT loads for this command only, not for every command the CLI parses
+    from jwt.algorithms import get_default_algorithms
+
     secret = settings.verification_key()
     try:
         get_default_algorithms()[algorithm].prepare_key(secret)

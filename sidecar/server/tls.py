@@ -18,15 +18,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
 from sidecar.config import ServerTlsSettings
 from sidecar.errors import ConfigError
+
+if TYPE_CHECKING:  # cryptography loads only with server.tls
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
 __all__ = ["CertificateFiles", "server_credentials"]
 
@@ -104,6 +105,8 @@ class CertificateFiles:
         settings = self._settings
         chain_pem, key_pem = _read(settings.cert_file, "cert_file"), _read(settings.key_file, "key_file")
         chain = _certificates(chain_pem, "cert_file", settings.cert_file)
+        from cryptography.hazmat.primitives import serialization
+
         try:
             key = serialization.load_pem_private_key(key_pem, password=None)
         except (ValueError, TypeError) as exc:
@@ -129,6 +132,8 @@ def _read(path: Path, key: str) -> bytes:
 
 
 def _certificates(pem: bytes, key: str, path: Path) -> list[x509.Certificate]:
+    from cryptography import x509
+
     try:
         certificates = x509.load_pem_x509_certificates(pem)
     except ValueError:
@@ -139,4 +144,6 @@ def _certificates(pem: bytes, key: str, path: Path) -> list[x509.Certificate]:
 
 
 def _der(key: PublicKeyTypes) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)

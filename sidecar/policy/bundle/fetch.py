@@ -15,8 +15,6 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from sidecar.downloads import TooLargeError, download, failure
 from sidecar.errors import BundleFetchError
 from sidecar.policy.bundle.archive import MAX_BUNDLE_BYTES
@@ -59,6 +57,8 @@ class BundleFetcher:
 
     async def fetch(self) -> FetchResult:
         """GET the bundle unless it is unchanged; ``BundleFetchError`` on any failure."""
+        import aiohttp  # loads only with a bundle URL
+
         conditional = {"If-None-Match": self.etag} if self.etag else {}
         try:
             answer = await download(self.url, timeout=self._timeout, max_bytes=MAX_BUNDLE_BYTES,

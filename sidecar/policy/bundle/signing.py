@@ -30,8 +30,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import jwt
-
 from sidecar.errors import BundleFormatError, BundleSignatureError, ConfigError
 
 if TYPE_CHECKING:
@@ -117,6 +115,8 @@ def sign_bundle(files: Mapping[str, bytes], key: str | bytes, algorithm: str = "
                                    f"{', '.join(SIGNING_ALGORITHMS)}")
     listed = [{"name": name, "hash": file_hash(name, content), "algorithm": DEFAULT_HASH}
               for name, content in sorted(files.items()) if name != SIGNATURES_FILE]
+    import jwt  # PyJWT (and cryptography) load only to sign or verify a bundle
+
     claims = {"keyid": keyid, "scope": scope}
     payload = {"files": listed, **{name: value for name, value in claims.items() if value}}
     try:
@@ -141,6 +141,8 @@ class VerificationKey:
         """A PEM public or private key (RS*, PS*, ES*) or a secret (HS*); ``ValueError`` saying what is wrong."""
         if algorithm not in SIGNING_ALGORITHMS:
             raise ValueError(f"unsupported algorithm {algorithm!r}; use one of {', '.join(SIGNING_ALGORITHMS)}")
+        import jwt
+
         try:
             prepared = jwt.get_algorithm_by_name(algorithm).prepare_key(material)
         except (jwt.PyJWTError, ValueError, TypeError) as exc:
@@ -212,6 +214,8 @@ def _token(files: Mapping[str, bytes]) -> str:
 
 def _unverified(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Header and payload, signature not checked: only to pick the key."""
+    import jwt
+
     try:
         decoded = jwt.PyJWS().decode_complete(token, options={"verify_signature": False})
         payload = json.loads(decoded["payload"])
@@ -229,6 +233,8 @@ def _named_key(token: str) -> str:
 
 
 def _verified_payload(token: str, keyid: str, key: VerificationKey) -> dict[str, Any]:
+    import jwt
+
     try:
         payload = json.loads(jwt.PyJWS().decode_complete(token, key.key, algorithms=[key.algorithm])["payload"])
     except (jwt.PyJWTError, ValueError) as exc:
