@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 __all__ = ["MIN_CURSOR_KEY_BYTES", "ConfigurationError", "IndexSettings"]
@@ -47,6 +45,9 @@ class IndexSettings(BaseModel):
     @classmethod
     def _a_connection_string(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
+            import psycopg  # loads only for a PostgreSQL index
+            from psycopg.conninfo import conninfo_to_dict
+
             try:
                 conninfo_to_dict(value.get_secret_value())
             except psycopg.ProgrammingError as exc:  # names the bad part, never the password
@@ -69,6 +70,8 @@ class IndexSettings(BaseModel):
         """The index in one line, for people: never with the database password."""
         if self.dsn is None:
             return f"sqlite {self.sqlite_path}"
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
         parts = conninfo_to_dict(self.dsn)
         if "password" in parts:
             parts["password"] = "***"

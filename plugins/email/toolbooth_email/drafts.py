@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import psycopg
-
 from toolbooth_email.models import SendEmailPreviewOutput
 from toolbooth_email.settings import EmailSettings
 
@@ -157,6 +155,8 @@ class PostgresDrafts(DraftStore):
         self._dsn, self._connect_timeout = dsn, connect_timeout
 
     async def _run(self, sql: str, params: tuple[Any, ...]) -> tuple[list[tuple[Any, ...]], int]:
+        import psycopg  # loads only for drafts kept in PostgreSQL
+
         try:
             async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True,
                                                              connect_timeout=self._connect_timeout) as connection:

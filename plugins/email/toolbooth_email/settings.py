@@ -20,8 +20,6 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from pydantic import BaseModel, ConfigDict, Field, FilePath, SecretStr, field_validator, model_validator
 
 __all__ = ["EmailSettings", "Rules", "Sender", "SmtpSettings"]
@@ -133,6 +131,9 @@ class EmailSettings(_Section):
     @classmethod
     def _a_dsn(cls, dsn: SecretStr | None) -> SecretStr | None:
         if dsn is not None:
+            import psycopg  # loads only for drafts kept in PostgreSQL
+            from psycopg.conninfo import conninfo_to_dict
+
             try:
                 conninfo_to_dict(dsn.get_secret_value())
             except psycopg.ProgrammingError:  # its message quotes the string, password included: not passed on

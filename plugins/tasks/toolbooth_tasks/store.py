@@ -16,8 +16,6 @@ from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-import psycopg
-
 __all__ = ["PostgresTasks", "SqliteTasks", "StoreUnavailable", "StoredPreview", "TaskRow", "TaskStore"]
 
 _SCHEMA = (
@@ -162,6 +160,8 @@ class PostgresTasks(_SqlTasks):
         self._ready = False
 
     async def _run(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        import psycopg  # loads only for a PostgreSQL task store
+
         try:
             async with await psycopg.AsyncConnection.connect(
                     self._dsn, autocommit=True, connect_timeout=max(1, round(self._connect_timeout))) as connection:
