@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Every performance target of the sidecar in one run: each figure, its ratio and whether it is met.
 
-    python benchmarks/targets.py [--repeat 3] [--calls N] [--only execute,list_tools,workers,writes] [--json]
+    python benchmarks/targets.py [--repeat 3] [--calls N] [--only execute,list_tools,workers,writes,footprint] [--json]
 
 Runs, one after the other and each with ``--json``, the benchmarks that measure the targets:
 
@@ -12,7 +12,9 @@ Runs, one after the other and each with ``--json``, the benchmarks that measure 
   with 200 tools against the installed ones (flat: at most ``FLAT`` times);
 * ``bench_workers.py``: ``server.workers: 2`` against the echo over loopback TCP;
 * ``bench_writes.py``: keyed writes on SQLite, through one sidecar on PostgreSQL and through two sharing
-  it, each run checked for exactly-once and a verified audit chain.
+  it, each run checked for exactly-once and a verified audit chain;
+* ``bench_footprint.py``: idle RSS and start to SERVING of the real ``serve``, with the defaults and with RS256
+  JWT auth and metrics on, against a bare ``import grpc`` process.
 
 and prints one table. Each benchmark keeps its own medians of ``--repeat`` runs, measured against its
 baseline within the same run; their own tables go to stderr as they run. The exit code is 1 if a benchmark
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_execute import TARGET_HEADER, format_rows, met, target_rows
+from bench_footprint import target_rows as footprint_rows
 
 HERE = Path(__file__).resolve().parent
 TARGET_LIST_P50_MS = 2.0
@@ -89,6 +92,7 @@ BENCHMARKS: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, Any]], lis
     "list_tools": ("bench_list_tools.py", (), list_tools_rows),
     "workers": ("bench_workers.py", (), workers_rows),
     "writes": ("bench_writes.py", (), writes_rows),
+    "footprint": ("bench_footprint.py", (), footprint_rows),
 }
 
 

@@ -30,8 +30,9 @@ pytestmark = pytest.mark.integration
      "--variant", "metrics=metrics: {listen: '127.0.0.1:$PORT'}",
      "--variant", "nocache=policy: {cache: {enabled: false}}", "--variant-env", "nocache=TOOLBOOTH_TEST_UNUSED=1",
      "--json"],
+    ["benchmarks/bench_footprint.py", "--repeat", "1", "--calls", "1", "--idle-seconds", "0", "--json"],
 ], ids=["bench_policy", "bench_execute", "bench_execute_targets", "bench_list_tools", "bench_workers",
-        "bench_transport", "bench_batch", "bench_mcp", "bench_observability"])
+        "bench_transport", "bench_batch", "bench_mcp", "bench_observability", "bench_footprint"])
 @pytest.mark.slow
 def test_a_benchmark_runs_to_its_report(command: list[str]) -> None:
     done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=120,
