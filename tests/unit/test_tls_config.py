@@ -64,7 +64,8 @@ def test_missing_files_and_misplaced_tls_are_config_errors(pair: tuple[Path, Pat
     cert, key = pair
     with pytest.raises(ConfigError) as missing:
         _settings({"cert_file": str(cert), "key_file": str(tmp_path / "missing.key")})
-    assert str(missing.value) == "config error at server.tls.key_file: Path does not point to a file"
+    assert str(missing.value) == (f"config error at server.tls.key_file: Path does not point to a file "
+                                  f"({tmp_path / 'missing.key'})")
     with pytest.raises(ConfigError) as caught:
         parse_settings({"server": {"listen": ["unix:/tmp/tb.sock"], "tls": {"cert_file": str(cert),
                                                                            "key_file": str(key)}}})
