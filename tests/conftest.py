@@ -21,11 +21,26 @@ from sidecar.state import Store
 from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
 from tests.support import tools
+from tests.support.cli import cli_env, short_dir
 
 DEVELOPER = Principal(id="dev-1", tenant="acme", roles=("developer",))
 ADMIN = Principal(id="admin-1", tenant="acme", roles=("admin",))
 
 PipelineFactory = Callable[..., Awaitable[Pipeline]]
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A short directory for a command-line test's sidecar (its socket path fits a Unix socket's limit)."""
+    path = short_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def env(home: Path) -> dict[str, str]:
+    """The environment a ``toolbooth`` command of a test runs in (``cli_env``)."""
+    return cli_env(home)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -8,9 +8,8 @@ its ``Sidecar`` handle (``.addresses`` holds the bound ``unix:///…`` and
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,25 +21,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from sidecar.config import Settings, parse_settings
 from sidecar.server import Sidecar, create_server
 from sidecar.server.tool_service import ToolGateway
-from tests.support.cli import cli_env, short_dir
 
 ISSUER, AUDIENCE = "https://issuer.example", "toolbooth"
 
 StartSidecar = Callable[[Settings, ToolGateway], Awaitable[Sidecar]]
-
-
-@pytest.fixture
-def home() -> Iterator[Path]:
-    """A short directory for a command-line test's sidecar (its socket path fits a Unix socket's limit)."""
-    path = short_dir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def env(home: Path) -> dict[str, str]:
-    """The environment a ``toolbooth`` command of a test runs in (``cli_env``)."""
-    return cli_env(home)
 
 
 @pytest.fixture

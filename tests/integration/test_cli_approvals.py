@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import shutil
 import sqlite3
 import subprocess
 import time
@@ -22,14 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from sidecar.client import Client
 from sidecar.contract import Preview, Status
-from tests.integration.conftest import AUDIENCE, ISSUER
-from tests.support.approvals import policy_dir
-from tests.support.cli import Sidecar, cli_env, short_dir, start_sidecar, toolbooth
+from tests.support.approvals import approvals_sidecar
+from tests.support.cli import Sidecar, cli_env, toolbooth
 
 pytestmark = pytest.mark.integration
 
@@ -75,18 +72,8 @@ class Desk:
 
 @pytest.fixture(scope="module")
 def served(rsa_key: rsa.RSAPrivateKey) -> Iterator[tuple[Sidecar, Path]]:
-    home = short_dir()
-    public = rsa_key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-    config = {"server": {"listen": [f"unix://{home}/tb.sock"]}, "store": {"sqlite_path": f"{home}/tb.db"},
-              "policy": {"path": str(policy_dir(home / "policies", tools=["calculate"]))},
-              "auth": {"mode": "jwt", "jwt": {"algorithms": ["RS256"], "issuer": ISSUER, "audience": AUDIENCE,
-                                              "key": public}}}
-    (home / "toolbooth.yaml").write_text(json.dumps(config))
-    sidecar = start_sidecar(home, home / "tb.sock", "--config", str(home / "toolbooth.yaml"))
-    yield sidecar, home
-    sidecar.stop()
-    shutil.rmtree(home, ignore_errors=True)
+    with approvals_sidecar(rsa_key) as running:
+        yield running
 
 
 @pytest.fixture
