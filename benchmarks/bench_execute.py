@@ -341,6 +341,16 @@ def distinct_grpc_call(stub: pb_grpc.ToolServiceStub, *, check_result: bool, con
     return call
 
 
+def call_of(arguments: str, stub: pb_grpc.ToolServiceStub, request: pb.ExecuteToolRequest, expected_data: str, *,
+            check_result: bool, first: int = 1) -> Call:
+    """The call of an ``--arguments`` mode: ``request`` every time expecting ``expected_data`` (``repeated``), or
+    ``distinct_grpc_call`` in ``request``'s conversation from ``first`` (``distinct``; ``check_result`` as there)."""
+    if arguments == "repeated":
+        return grpc_call(stub, request, expected_data)
+    return distinct_grpc_call(stub, check_result=check_result, conversation_id=request.conversation_id or None,
+                              first=first)
+
+
 async def measure(server: str, call: Call, *, concurrency: int, calls: int, max_seconds: float,
                   server_pid: int) -> Run:
     """``concurrency`` workers share ``calls`` calls; they stop early after ``max_seconds``.
@@ -609,11 +619,8 @@ async def _bench(args: argparse.Namespace, children: Children, channels: context
              f"{args.warmup} warm-up + {args.calls} calls per run, {args.repeat} runs per server and level")
 
     stubs = {"echo": echo_stub, "sidecar": sidecar_stub}
-    calls: dict[str, dict[str, Call]] = {
-        "repeated": {server: grpc_call(stub, request, expected_data) for server, stub in stubs.items()},
-        "distinct": {server: distinct_grpc_call(stub, check_result=server == "sidecar")
-                     for server, stub in stubs.items()},
-    }
+    calls = {arguments: {server: call_of(arguments, stub, request, expected_data, check_result=server == "sidecar")
+                         for server, stub in stubs.items()} for arguments in ARGUMENT_MODES}
     levels = []
     for arguments in args.arguments:
         for concurrency in args.levels:

@@ -56,7 +56,6 @@ import sqlite3
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,16 +67,14 @@ from bench_execute import (
     CALL_TIMEOUT_S,
     TOOL,
     Children,
-    distinct_grpc_call,
+    call_of,
     finish,
-    grpc_call,
     health_serving,
-    measure,
     progress,
     run_with_children,
     wait_ready,
 )
-from bench_instructions import START_TIMEOUT_S, callgrind, dumped_instructions, require_valgrind
+from bench_instructions import START_TIMEOUT_S, count_calls, require_valgrind, under_callgrind
 from bench_observability import Variant, start_sidecar, stop_child
 
 import sidecar
@@ -181,8 +178,7 @@ async def counted(args: argparse.Namespace, children: Children, config: Config, 
     policy_dir = config.policy_dir(children.tmp)
     variant = Variant(name, {"policy": {"path": str(policy_dir)}})
     out = children.tmp / f"{name}.callgrind"
-    target = start_sidecar(children, variant, wrapper=["valgrind", "--tool=callgrind", "--instr-atstart=no",
-                                                       f"--callgrind-out-file={out}"])
+    target = start_sidecar(children, variant, wrapper=under_callgrind(out))
     await wait_ready(children, name, target, health_serving, timeout=START_TIMEOUT_S)
     pid = children.procs[name].pid
     request = pb.ExecuteToolRequest(tool=TOOL, arguments_json=json.dumps(ARGUMENTS), conversation_id=CONVERSATION)
@@ -191,26 +187,8 @@ async def counted(args: argparse.Namespace, children: Children, config: Config, 
         reply = await stub.ExecuteTool(request, timeout=CALL_TIMEOUT_S)
         if reply.status != pb.STATUS_SUCCESS:
             raise RuntimeError(f"{name}: the first reply is not a success: {reply}")
-        call = (grpc_call(stub, request, reply.data_json) if args.arguments == "repeated"
-                else distinct_grpc_call(stub, check_result=True, conversation_id=CONVERSATION, first=10))
-
-        async def calls(count: int) -> int:
-            made = await measure(name, call, concurrency=args.concurrency, calls=count, max_seconds=args.max_seconds,
-                                 server_pid=pid)
-            for text, times in made.failure_samples.items():
-                progress(f"      FAILURE x{times}: {text}")
-            return made.failures + (count - made.calls - made.failures)  # calls --max-seconds left unmade fail
-
-        started = time.monotonic()
-        failures = await calls(args.warmup)
-        callgrind(pid, "-i", "on")
-        failures += await calls(args.warmup)
-        callgrind(pid, "-z")
-        failures += await calls(args.calls)
-        callgrind(pid, "-d")
-        callgrind(pid, "-i", "off")
-    seconds = time.monotonic() - started
-    instructions = dumped_instructions(out) / args.calls
+        call = call_of(args.arguments, stub, request, reply.data_json, check_result=True, first=10)
+        instructions, failures, seconds = await count_calls(args, name, pid, call, out)
     if args.keep_callgrind is not None:
         for path in out.parent.glob(f"{out.name}*"):
             shutil.copy(path, args.keep_callgrind / path.name)

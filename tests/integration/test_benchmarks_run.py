@@ -112,18 +112,24 @@ def test_the_targets_run_names_a_benchmark_that_failed_and_exits_1() -> None:
 
 
 @pytest.mark.slow
-def test_the_instruction_count_benchmark_counts_each_config() -> None:
-    """A few calls under callgrind: each config's count is a whole call's work (the dump's, not start-up's)."""
+def test_the_instruction_count_benchmark_counts_each_config_and_the_echo() -> None:
+    """A few calls under callgrind: each config's count is a whole call's work (the dump's, not start-up's), in each
+    argument mode, and the bare grpcio echo's count is less than the sidecar's."""
     command = ["benchmarks/bench_instructions.py", "--calls", "20", "--warmup", "5", "--concurrency", "2",
-               "--variant", "metrics=metrics: {listen: '127.0.0.1:$PORT'}", "--json"]
+               "--arguments", "repeated,distinct", "--variant", "metrics=metrics: {listen: '127.0.0.1:$PORT'}",
+               "--json"]
     done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=600,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-2000:]
-    configs = {config["name"]: config for config in json.loads(done.stdout)["configs"]}
-    assert set(configs) == {"baseline", "metrics"}
+    configs = {(config["name"], config["arguments"]): config for config in json.loads(done.stdout)["configs"]}
+    assert set(configs) == {(name, mode) for name in ("baseline", "metrics", "echo") for mode in ("repeated",
+                                                                                                 "distinct")}
     for config in configs.values():  # a call is hundreds of thousands of instructions; start-up is billions
         assert 100_000 < config["instructions_per_call"] < 50_000_000, config
-    assert configs["baseline"]["ratio"] == 1.0
+        assert config["failures"] == 0 and len(config["runs"]) == 1
+    for mode in ("repeated", "distinct"):
+        assert configs["baseline", mode]["ratio"] == 1.0 and configs["echo", mode]["echo_ratio"] == 1.0
+        assert configs["baseline", mode]["echo_ratio"] > 1.0  # the sidecar does all that the echo does, and more
 
 
 def test_the_instruction_count_benchmark_without_valgrind_says_what_to_install(tmp_path: Path) -> None:
@@ -148,3 +154,10 @@ def test_the_history_benchmark_counts_a_set_reading_no_history_and_one_reading_a
     assert configs["none"]["ratio"] == 1.0
     [none], [metered] = configs["none"]["runs"], configs["meter+labels"]["runs"]
     assert none["history"]["calls"] == 0 and metered["history"]["calls"] == 1 + 2 * 5 + 20
+
+
+def test_the_instruction_count_benchmark_refuses_an_unknown_arguments_mode() -> None:
+    done = subprocess.run([sys.executable, "benchmarks/bench_instructions.py", "--arguments", "repeated,cached"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2
+    assert "--arguments: expected a comma-separated list of repeated, distinct, each once" in done.stderr
