@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Every performance target of the sidecar in one run: each figure, its ratio and whether it is met.
 
-    python benchmarks/targets.py [--repeat 3] [--calls N] [--only execute,list_tools,workers,writes,footprint] [--json]
+    python benchmarks/targets.py [--repeat 3] [--calls N]
+        [--only execute,list_tools,workers,writes,footprint,instructions] [--json]
 
 Runs, one after the other and each with ``--json``, the benchmarks that measure the targets:
 
@@ -14,7 +15,10 @@ Runs, one after the other and each with ``--json``, the benchmarks that measure 
 * ``bench_writes.py``: keyed writes on SQLite, through one sidecar on PostgreSQL and through two sharing
   it, each run checked for exactly-once and a verified audit chain;
 * ``bench_footprint.py``: idle RSS and start to SERVING of the real ``serve``, with the defaults and with RS256
-  JWT auth and metrics on, against a bare ``import grpc`` process.
+  JWT auth and metrics on, against a bare ``import grpc`` process;
+* ``bench_instructions.py --targets``: the instructions per call of the sidecar at 16 in flight against the bare
+  grpcio echo's, both counted under callgrind, with repeated arguments (cache hits) and distinct ones (needs
+  ``valgrind``; the slowest of them: about a minute per run of 1000 calls, four runs per repetition).
 
 and prints one table. Each benchmark keeps its own medians of ``--repeat`` runs, measured against its
 baseline within the same run; their own tables go to stderr as they run. The exit code is 1 if a benchmark
@@ -35,6 +39,7 @@ from typing import Any
 
 from bench_execute import TARGET_HEADER, format_rows, met, target_rows
 from bench_footprint import target_rows as footprint_rows
+from bench_instructions import target_rows as instruction_rows
 
 HERE = Path(__file__).resolve().parent
 TARGET_LIST_P50_MS = 2.0
@@ -93,6 +98,7 @@ BENCHMARKS: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, Any]], lis
     "workers": ("bench_workers.py", (), workers_rows),
     "writes": ("bench_writes.py", (), writes_rows),
     "footprint": ("bench_footprint.py", (), footprint_rows),
+    "instructions": ("bench_instructions.py", ("--targets",), instruction_rows),
 }
 
 

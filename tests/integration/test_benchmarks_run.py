@@ -132,6 +132,19 @@ def test_the_instruction_count_benchmark_counts_each_config_and_the_echo() -> No
         assert configs["baseline", mode]["echo_ratio"] > 1.0  # the sidecar does all that the echo does, and more
 
 
+@pytest.mark.slow
+def test_the_targets_run_puts_the_instruction_ratios_to_the_echo_in_its_table() -> None:
+    command = ["benchmarks/targets.py", "--only", "instructions", "--calls", "20", "--repeat", "1", "--json"]
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    document = json.loads(done.stdout)
+    assert [(row["target"], row["wanted"]) for row in document["rows"]] == [
+        ("instructions c=16, cache hits / echo", "<= 2.0"), ("instructions c=16, distinct arguments / echo", "<= 2.5")]
+    assert {row["met"] for row in document["rows"]} <= {"yes", "NO"} and document["failed"] == []
+    assert {config["name"] for config in document["benchmarks"]["instructions"]["configs"]} == {"baseline", "echo"}
+
+
 def test_the_instruction_count_benchmark_without_valgrind_says_what_to_install(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "benchmarks/bench_instructions.py", "--calls", "1"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
