@@ -5,7 +5,9 @@ policy, bundle and store tools: each group module (``serve``, ``tools``, ``batch
 ``policy``, ``audit``, ``approvals``, ``operations``, ``token``, ``plugin_new``) adds its commands and handlers;
 ``main`` parses, runs the chosen handler and turns the outcome into an exit code (``sidecar.cli.common`` lists
 them); with ``--output json`` a failure, usage errors included, is printed as the JSON error of
-``sidecar.cli.output``.
+``sidecar.cli.output``. A command line whose first word is a command (``COMMANDS``) imports only that command's
+group (``serve`` loads no approvals, policy test runner or audit tools); any other (``--help``, no command, an
+unknown or abbreviated one, ``--version``) gets every group, so help and usage errors list every command.
 
 Ctrl-C ends every command alike, however far it got (loading its modules, starting a sidecar, waiting for
 one): ``toolbooth: interrupted`` on stderr (with ``--output json``, the JSON error of code ``INTERRUPTED``) and
@@ -25,29 +27,27 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from types import ModuleType
 
-__all__ = ["EXIT_BROKEN_PIPE", "EXIT_INTERRUPTED", "build_parser", "groups", "main"]
+__all__ = ["COMMANDS", "EXIT_BROKEN_PIPE", "EXIT_INTERRUPTED", "GROUPS", "build_parser", "groups", "main"]
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a command killed by SIGPIPE
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for a command Ctrl-C ended
 
 
-def groups() -> tuple[ModuleType, ...]:
-    """The command group modules, in the order ``toolbooth --help`` lists them."""
-    from sidecar.cli import (
-        approvals,
-        audit,
-        batch,
-        config,
-        mcp_stdio,
-        operations,
-        plugin_new,
-        policy,
-        serve,
-        token,
-        tools,
-    )
+# The command group modules of ``sidecar.cli``, in the order ``toolbooth --help`` lists them.
+GROUPS = ("serve", "tools", "batch", "mcp_stdio", "config", "policy", "audit", "approvals", "operations", "token",
+          "plugin_new")
+# Each command of ``toolbooth``, in that order, and the group module that adds it.
+COMMANDS = {"serve": "serve", "tools": "tools", "call": "tools", "call-batch": "batch", "mcp-stdio": "mcp_stdio",
+            "config": "config", "policy": "policy", "audit": "audit", "previews": "approvals",
+            "approve": "approvals", "deny": "approvals", "operations": "operations", "token": "token",
+            "plugin": "plugin_new"}
 
-    return (serve, tools, batch, mcp_stdio, config, policy, audit, approvals, operations, token, plugin_new)
+
+def groups(command: str | None = None) -> tuple[ModuleType, ...]:
+    """The group module that adds ``command`` when it is one of ``COMMANDS``, else every group, in help order."""
+    names = (COMMANDS[command],) if command in COMMANDS else GROUPS
+    # ``__import__``, not ``importlib.import_module``: ``python -X importtime`` shows only the former's imports.
+    return tuple(__import__(f"sidecar.cli.{name}", fromlist=["add_commands"]) for name in names)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,7 +64,7 @@ def _run(words: list[str]) -> int:
     from sidecar.cli.output import UsageError, json_errors, json_output, requested_json
     from sidecar.errors import ConfigError
 
-    parser = build_parser()
+    parser = build_parser(words)
     as_json = requested_json(words)
     token = json_errors.set(as_json)
     try:
@@ -106,8 +106,9 @@ def _stdout_closed() -> int:
     return EXIT_BROKEN_PIPE
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every command."""
+def build_parser(words: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The argument parser of every command; of the group of the first of ``words`` alone when that is a command
+    (what it prints is the same: the top level's usage names no command, only its help and an invalid choice do)."""
     from sidecar import __version__
     from sidecar.cli.output import OUTPUT_EPILOG, Parser
 
@@ -116,6 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"toolbooth {__version__}",
                         help="print the version of the installed toolbooth package and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in groups():
+    for group in groups(words[0] if words else None):
         group.add_commands(commands)
     return parser

@@ -83,7 +83,7 @@ def _assert_interrupted(process: subprocess.Popen[str], before: list[str] | None
     assert (process.returncode, said, out) == (130, _INTERRUPTED, ""), err
 
 
-@pytest.mark.parametrize("module", ["sidecar.config", "sidecar.cli.tools"])
+@pytest.mark.parametrize("module", ["sidecar.config", "sidecar.cli.serve"])  # serve imports its group alone
 def test_ctrl_c_while_serve_loads_its_modules(home: Path, module: str) -> None:
     config = home / "toolbooth.yaml"
     config.write_text(f"server:\n  listen: ['unix://{home}/tb.sock']\nstore:\n  sqlite_path: {home}/tb.db\n")
@@ -106,7 +106,7 @@ def test_ctrl_c_while_policy_test_runs(home: Path) -> None:
     (policies / "slow.rego").write_text(_SLOW_POLICY)
     (policies / "slow_test.rego").write_text(_SLOW_TESTS)
     process = _toolbooth(home, "policy", "test", "--policies", str(policies), imports=True)
-    _assert_interrupted(process, _interrupt_after_import(process, "sidecar.cli.tools"))  # the last group: it runs
+    _assert_interrupted(process, _interrupt_after_import(process, "sidecar.cli.policy"))  # its group: it runs
 
 
 def test_ctrl_c_while_a_call_waits_for_its_reply(home: Path, silent: socket.socket) -> None:
