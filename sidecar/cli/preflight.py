@@ -76,7 +76,6 @@ def check_files_named(settings: Settings) -> None:
     """The key files, policy directory and bundle file the settings name exist and are usable (else
     ``ConfigError``); the HTTP listeners' caps fit the file descriptors (else ``OSError``)."""
     from sidecar.config.endpoints import check_installed
-    from sidecar.policy.bundle.signing import VerificationConfig
     from sidecar.policy.engines import engine_for
     from sidecar.server.auth import Authenticator
     from sidecar.server.http_guard import check_descriptors
@@ -92,6 +91,8 @@ def check_files_named(settings: Settings) -> None:
     policy = settings.policy
     if policy.bundle is not None:
         if policy.bundle.verification is not None:
+            from sidecar.policy.bundle.signing import VerificationConfig  # a policy directory needs no bundle code
+
             VerificationConfig.from_settings(policy.bundle.verification)
         if policy.bundle.file is not None and not policy.bundle.file.is_file():
             raise ConfigError(f"config error at policy.bundle.file: {policy.bundle.file} is not a file")

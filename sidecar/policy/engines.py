@@ -16,7 +16,6 @@ from typing import Protocol
 
 from sidecar.config import OpaSettings, PolicyEngineKind, PolicySettings
 from sidecar.errors import PolicyLoadError
-from sidecar.policy.bundle.format import load_bundle
 from sidecar.policy.compiling import compiled
 from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.policy.engine import PolicyEngine
@@ -161,4 +160,6 @@ def _sending(settings: PolicySettings, path: Path) -> EngineFactory:
 
 
 def _bundle_files(path: Path) -> PolicyFiles:
+    from sidecar.policy.bundle.format import load_bundle  # only for a bundle file
+
     return check_files(load_bundle(path, skip_verification=True).policy_files())

@@ -15,11 +15,8 @@ from pathlib import Path
 
 from sidecar.config import PolicySettings
 from sidecar.errors import PolicyEvaluationError, PolicyLoadError
-from sidecar.policy.bundle.fetch import BundleFetcher
-from sidecar.policy.bundle.signing import VerificationConfig
 from sidecar.policy.cache import CachingEngine
 from sidecar.policy.compiling import compiled
-from sidecar.policy.devtools.runner import Outcome, run_tests
 from sidecar.policy.engine import PolicyEngine
 from sidecar.policy.engines import engine_for
 from sidecar.policy.files import checked_files
@@ -39,6 +36,9 @@ def policy_source(settings: PolicySettings) -> PolicySource:
     if (managed := factory.managed(settings)) is not None:
         return FixedSource(managed, lambda: factory.open_managed(settings))
     if settings.bundle is not None:
+        from sidecar.policy.bundle.fetch import BundleFetcher  # a policy directory loads nothing of bundles
+        from sidecar.policy.bundle.signing import VerificationConfig
+
         bundle = settings.bundle
         verification = None if bundle.verification is None else VerificationConfig.from_settings(bundle.verification)
         serve = functools.partial(factory.open_files, settings)
@@ -96,6 +96,8 @@ def meter_window_check(retention_seconds: float) -> PolicyCheck:
 
 
 async def _require_passing_tests(root: Path) -> None:
+    from sidecar.policy.devtools.runner import Outcome, run_tests  # the test runner loads only to run tests
+
     report = await compiled(run_tests, root)
     if not report.passed:
         failed = [test.rule for test in report.tests if test.outcome is not Outcome.PASS]

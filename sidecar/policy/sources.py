@@ -14,13 +14,15 @@ import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sidecar.policy.bundle.fetch import BundleFetcher
-from sidecar.policy.bundle.format import load_bundle
-from sidecar.policy.bundle.signing import VerificationConfig
 from sidecar.policy.compiling import compiled
 from sidecar.policy.engine import PolicyEngine
 from sidecar.policy.files import PolicyFiles, check_files, policy_paths
+
+if TYPE_CHECKING:  # bundles load their modules only when one is configured
+    from sidecar.policy.bundle.fetch import BundleFetcher
+    from sidecar.policy.bundle.signing import VerificationConfig
 
 __all__ = ["BundleSource", "DirectorySource", "FixedSource", "Loader", "Serve"]
 
@@ -112,6 +114,8 @@ class BundleSource:
         return await self.serve(await compiled(self._checked, self._content))
 
     def _checked(self, content: bytes) -> PolicyFiles:
+        from sidecar.policy.bundle.format import load_bundle
+
         bundle = load_bundle(content, self.verification, name=self.description.removeprefix("bundle "))
         return check_files(bundle.policy_files())
 

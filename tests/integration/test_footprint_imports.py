@@ -3,7 +3,8 @@
 ``python -X importtime`` writes a line to stderr as each import ends; the sidecar serves, answers a call and is
 stopped, and the modules it imported are read from those lines. With the defaults (dev auth, SQLite, in-process
 Rego, the bundled plugins, metrics and traces off) none of the libraries of the features that are off may be among
-them; with RS256 JWT auth and metrics on, theirs are, so the lines are seen to show lazy imports too.
+them, nor the sidecar's own modules of other commands and of policy bundles; with RS256 JWT auth and metrics on,
+their libraries are, so the lines are seen to show lazy imports too.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ OFF_BY_DEFAULT = {
     "starlette": "mcp.listen, http_json.listen, approvals_ui.listen",
     "uvicorn": "mcp.listen, http_json.listen, approvals_ui.listen",
     "rich": "the CLI's tables and progress bars",
+    # The sidecar's own: what other commands (``toolbooth serve`` imports only its own group) and bundles load.
+    "sidecar.cli.approvals": "toolbooth previews, approve, deny",
+    "sidecar.cli.policy": "toolbooth policy",
+    "sidecar.cli.audit": "toolbooth audit",
+    "sidecar.cli.tools": "toolbooth tools, call",
+    "sidecar.policy.devtools": "toolbooth policy test and check, policy.reload_requires_tests",
+    "sidecar.policy.bundle": "policy.bundle, toolbooth policy bundle",
 }
 
 
