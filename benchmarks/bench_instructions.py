@@ -93,7 +93,7 @@ def require_valgrind(parser: argparse.ArgumentParser) -> None:
 
 
 def callgrind(pid: int, *options: str) -> None:
-    """``callgrind_control OPTIONS PID``: switch instrumentation, zero or dump the counters of a running sidecar."""
+    """``callgrind_control OPTIONS PID``: switch instrumentation, zero or dump the counters of a running server."""
     done = subprocess.run(["callgrind_control", *options, str(pid)], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"callgrind_control {' '.join(options)} {pid} failed: {done.stderr or done.stdout}")
@@ -170,6 +170,8 @@ async def counted_sidecar(args: argparse.Namespace, children: Children, variant:
     spans = received_spans(children, run) if run.sink_count else None  # stops the sidecar
     if spans is None:
         stop_child(children, run.name)
+    else:
+        stop_child(children, f"{run.name}-sink")
     return {**counts, "spans_per_call": None if spans is None else spans / run.calls_sent,
             "log_problems": children.log_problems(run.name)}
 
