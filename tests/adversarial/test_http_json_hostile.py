@@ -10,6 +10,7 @@ authentication, the test tools), with its endpoint handle exposed to watch its c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -535,8 +536,11 @@ async def test_a_body_slower_than_the_request_timeout_is_cut_off_and_runs_nothin
                         break
             except TimeoutError:
                 pass
-        async with asyncio.timeout(10):
-            await reader.read()
+            except ConnectionError:  # cut off with a reset: the sidecar closed while bytes were still coming
+                break
+        with contextlib.suppress(ConnectionError):
+            async with asyncio.timeout(10):
+                await reader.read()
     finally:
         writer.close()
     assert loop.time() - started < REQUEST_TIMEOUT + 5
