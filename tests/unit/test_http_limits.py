@@ -89,9 +89,12 @@ def test_validate_and_serve_refuse_caps_past_half_the_file_limit(command: list[s
                                   "server": {"listen": [f"unix://{tmp_path / 's.sock'}"]},
                                   "metrics": {"listen": "127.0.0.1:0", "http": {"max_connections": 200}}}))
     env = {name: value for name, value in os.environ.items() if not name.startswith("TOOLBOOTH_")}
-    done = subprocess.run([sys.executable, "-m", "sidecar", *command, "--config", str(config)], env=env,
-                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, _hard())))
+    # The limit is set by a fresh interpreter that then becomes the sidecar, not by ``preexec_fn``: a fork of
+    # this process, which runs gRPC's threads, may abort in gRPC's fork handlers before the child execs.
+    lowered = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (256, int(sys.argv[1]))); "
+               "os.execv(sys.executable, [sys.executable, '-m', 'sidecar', *sys.argv[2:]])")
+    done = subprocess.run([sys.executable, "-c", lowered, str(_hard()), *command, "--config", str(config)],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert (done.returncode, done.stderr) == (1, (
         "toolbooth: error: the HTTP listeners may hold 200 connections (metrics.http.max_connections 200), more "
         "than half of the 256 files this process may open (RLIMIT_NOFILE); lower them or raise the limit "
