@@ -129,16 +129,18 @@ async def create_server(settings: Settings, gateway: ToolGateway, *, policy: Sta
     dev = settings.auth.effective_mode is AuthMode.DEV
     chain = interceptors.chain(Authenticator(settings.auth), metrics=metrics, trace_context=trace_context,
                                access_log=settings.logging.access)
-    server = grpc.aio.server(interceptors=[interceptors.Layered(chain)],
-                             options=_channel_options(settings, reuse_port))
-    pb_grpc.add_ToolServiceServicer_to_server(ToolServicer(gateway), server)
+    server = grpc.aio.server(options=_channel_options(settings, reuse_port))
+    layered = interceptors.Layered(chain)
+    layered.add(server, pb_grpc.add_ToolServiceServicer_to_server, ToolServicer(gateway))
     names = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
     operators = Operators(settings.auth)
     if approvals is not None:
-        pb_grpc.add_ApprovalServiceServicer_to_server(ApprovalServicer(ApprovalDesk(approvals, operators)), server)
+        layered.add(server, pb_grpc.add_ApprovalServiceServicer_to_server,
+                    ApprovalServicer(ApprovalDesk(approvals, operators)))
         names.append(APPROVAL_SERVICE_NAME)
     if policy is not None:
-        pb_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(PolicyStatusView(policy, operators)), server)
+        layered.add(server, pb_grpc.add_PolicyServiceServicer_to_server,
+                    PolicyServicer(PolicyStatusView(policy, operators)))
         names.append(POLICY_SERVICE_NAME)
     health_servicer = await _add_health(server)
     if settings.server.reflection or (settings.server.reflection is None and dev):

@@ -1,12 +1,15 @@
-"""The interceptors' pieces without a server: the status table, the principal hand-off, which methods."""
+"""The interceptors' pieces without a server: the status table, the principal hand-off, how methods are wrapped."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any, cast
 
 import grpc
 import pytest
 
+from sidecar.api.toolbooth.v1 import tool_service_pb2_grpc as pb_grpc
 from sidecar.errors import (
     AuthenticationError,
     InvalidRequestError,
@@ -15,8 +18,9 @@ from sidecar.errors import (
     StoreUnavailableError,
 )
 from sidecar.server.interceptors import current_principal
-from sidecar.server.interceptors.status import status_of
-from sidecar.server.interceptors.unary import behavior_of, is_toolbooth_method
+from sidecar.server.interceptors.status import StatusInterceptor, status_of
+from sidecar.server.interceptors.unary import Layered, behavior_of
+from sidecar.server.tool_service import ToolGateway, ToolServicer
 
 
 @pytest.mark.parametrize(("exc", "status"), [
@@ -36,15 +40,39 @@ def test_there_is_no_principal_outside_a_call() -> None:
         current_principal()
 
 
-@pytest.mark.parametrize(("method", "ours"), [
-    ("/toolbooth.v1.ToolService/ExecuteTool", True),
-    ("/toolbooth.v1.ApprovalService/ListPreviews", True),
-    ("/grpc.health.v1.Health/Check", False),
-    ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", False),
-    ("/toolbooth.v10.X/Y", False),
-])
-def test_only_toolbooth_methods_are_intercepted(method: str, ours: bool) -> None:
-    assert is_toolbooth_method(method) is ours
+class _Server:
+    """What ``Layered.add`` registers on a server."""
+
+    def __init__(self) -> None:
+        self.generic: list[grpc.GenericRpcHandler] = []
+        self.by_name: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = {}
+
+    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+        self.generic.extend(handlers)
+
+    def add_registered_method_handlers(self, service: str,
+                                       handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]) -> None:
+        self.by_name[service] = handlers
+
+
+def test_layered_registers_each_method_wrapped_by_name_and_as_a_generic_handler() -> None:
+    server, servicer = _Server(), ToolServicer(cast(ToolGateway, None))
+    Layered([StatusInterceptor()]).add(cast(grpc.aio.Server, server), pb_grpc.add_ToolServiceServicer_to_server,
+                                       servicer)
+    handlers = server.by_name["toolbooth.v1.ToolService"]
+    assert set(handlers) == {"ListTools", "ExecuteTool", "GetOperation", "ExecuteToolBatch", "ExecuteToolStream"}
+    assert handlers["ExecuteTool"].unary_unary not in (None, cast(Any, servicer.ExecuteTool))
+    [generic] = server.generic
+    details = cast(grpc.HandlerCallDetails, SimpleNamespace(method="/toolbooth.v1.ToolService/ExecuteTool"))
+    assert generic.service(details) is handlers["ExecuteTool"]
+
+
+def test_generated_code_that_registers_no_method_by_name_is_refused() -> None:
+    def old_add(servicer: object, server: Any) -> None:
+        server.add_generic_rpc_handlers(())
+
+    with pytest.raises(TypeError, match="'old_add' registered no method by name"):
+        Layered([]).add(cast(grpc.aio.Server, _Server()), old_add, object())
 
 
 async def _coroutine(request: object, context: object) -> None: ...

@@ -6,7 +6,8 @@
 ``AuthInterceptor`` authenticates the caller and hands servicers the ``current_principal()``;
 ``MetricsInterceptor`` (with ``metrics.listen``) counts and times every call, and ``AccessLogInterceptor``
 (``logging.access``) writes its access line, outside all of them.
-All are ``UnaryInterceptor`` layers, which ``Layered`` runs as the server's one gRPC interceptor.
+All are ``UnaryInterceptor`` layers, which ``Layered`` wraps every Toolbooth method's handler in when it registers
+the services.
 """
 
 from __future__ import annotations

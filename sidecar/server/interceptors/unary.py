@@ -1,5 +1,5 @@
 """``UnaryInterceptor``: code that runs around every RPC of Toolbooth's own services (each served by a coroutine),
-and ``Layered``, the one ``grpc.aio.ServerInterceptor`` that runs them.
+and ``Layered``, which registers those services with their handlers wrapped in the layers.
 
 A ``grpc.aio.ServerInterceptor`` only chooses the method handler: ``intercept_service`` returns
 before the servicer method runs, so an exception the servicer raises never passes through it, and
@@ -8,13 +8,15 @@ call and a ``proceed`` that runs the inner layers and the servicer method, in th
 any ``try`` or context variable it sets up. Status mapping, authentication, the access log, metrics
 and the trace context are such layers.
 
-``Layered`` wraps each method's handler in all the layers once, the first time the method is called,
-and hands gRPC that handler from then on: an RPC pays one ``intercept_service`` and a coroutine per
-layer, not one interceptor of gRPC's per layer, each making its handler anew. Request bytes that do not
-decode as the method's message reach the layers as ``Rpc.undecodable`` (the status layer refuses them
-with INVALID_ARGUMENT, before authentication), never the servicer.
+``Layered.add`` registers a service with each method's handler wrapped in all the layers, once: gRPC finds the
+wrapped handler by its method name as it finds any, and an RPC pays a coroutine per layer, with no
+``grpc.aio.ServerInterceptor`` (whose ``intercept_service`` and continuation coroutines gRPC would run for every
+RPC, health checks included). Request bytes that do not decode as the method's message reach the layers as
+``Rpc.undecodable`` (the status layer refuses them with INVALID_ARGUMENT, before authentication), never the
+servicer.
 
-Only ``toolbooth.v1.*`` methods are wrapped; health and reflection pass through untouched. Every
+Only the services added through ``Layered.add`` (``toolbooth.v1.*``) are wrapped; health and reflection are
+registered on the server directly and pass untouched. Every
 Toolbooth method is served by a coroutine: a unary one returns its reply; a server-streaming one
 (``ExecuteToolStream``) writes its replies with ``context.write`` and returns ``None``, so ``around``
 wraps the whole stream alike (authenticated before the first reply, an exception mapped to a status
@@ -32,21 +34,15 @@ from typing import Any, TypeVar, cast
 import grpc
 from google.protobuf.message import DecodeError
 
-from sidecar.api.toolbooth.v1 import tool_service_pb2 as pb
 from sidecar.errors import InvalidRequestError
 
-__all__ = ["TOOLBOOTH_METHOD_PREFIX", "UNDECODABLE_DETAILS", "Behavior", "Layered", "Proceed", "Rpc",
-           "UnaryInterceptor", "behavior_of", "is_toolbooth_method"]
+__all__ = ["UNDECODABLE_DETAILS", "Behavior", "Layered", "Proceed", "Rpc", "UnaryInterceptor", "behavior_of"]
 
-TOOLBOOTH_METHOD_PREFIX = f"/{pb.DESCRIPTOR.package}."
 UNDECODABLE_DETAILS = "the request is not a valid protobuf message of this method"
 
-Request = TypeVar("Request")
-Response = TypeVar("Response")
 T = TypeVar("T")
 Proceed = Callable[[], Awaitable[T]]
 _Context = grpc.aio.ServicerContext[Any, Any]
-_Continuation = Callable[[grpc.HandlerCallDetails], Awaitable["grpc.RpcMethodHandler[Request, Response] | None"]]
 Behavior = Callable[[Any, _Context], Awaitable[Any]]
 _Rewrap = Callable[[Behavior, Any, Any], "grpc.RpcMethodHandler[Any, Any]"]  # (behavior, deserializer, serializer)
 _Served = Callable[["Rpc", Any], Awaitable[Any]]  # one layer and all inside it, for one request
@@ -61,11 +57,6 @@ class Rpc:
     def __init__(self, method: str, metadata: Sequence[tuple[str, str | bytes]], context: _Context,
                  undecodable: bool = False) -> None:
         self.method, self.metadata, self.context, self.undecodable = method, metadata, context, undecodable
-
-
-def is_toolbooth_method(method: str) -> bool:
-    """Whether ``method`` (``/package.Service/Method``) belongs to one of Toolbooth's own services."""
-    return method.startswith(TOOLBOOTH_METHOD_PREFIX)
 
 
 def behavior_of(method: str, handler: grpc.RpcMethodHandler[Any, Any]) -> tuple[Behavior, _Rewrap]:
@@ -92,25 +83,21 @@ class _Undecodable:
     """What the lenient request deserializer gives for bytes that are not the method's message."""
 
 
-class Layered(grpc.aio.ServerInterceptor):
-    """``layers`` (outermost first) around every Toolbooth method, each method's handler wrapped once."""
+class Layered:
+    """``layers`` (outermost first) around every method of the services ``add`` registers, each method's handler
+    wrapped once."""
 
     def __init__(self, layers: Sequence[UnaryInterceptor]) -> None:
         self.layers = tuple(layers)
-        self._handlers: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
 
-    async def intercept_service(
-        self, continuation: _Continuation[Request, Response], handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Request, Response] | None:
-        """The handler of the method, wrapped in the layers for Toolbooth's methods (made once per method)."""
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or not is_toolbooth_method(method):
-            return handler
-        known = self._handlers.get(method)
-        if known is None or known[0] is not handler:
-            known = self._handlers[method] = (handler, self._wrapped(method, handler))
-        return cast("grpc.RpcMethodHandler[Request, Response]", known[1])
+    def add(self, server: grpc.aio.Server, add_servicer: Callable[[Any, Any], None], servicer: Any) -> None:
+        """Register ``servicer`` on ``server`` with ``add_servicer`` (a generated ``add_*Servicer_to_server``),
+        every method's handler wrapped in the layers."""
+        registering = _Registering(server, self._wrapped)
+        add_servicer(servicer, registering)
+        if not registering.services:
+            raise TypeError(f"{getattr(add_servicer, '__name__', add_servicer)!r} registered no method by name: "
+                            "the generated gRPC code is older than this server needs")
 
     def _wrapped(self, method: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
         behavior, rewrap = behavior_of(method, handler)
@@ -137,6 +124,27 @@ class Layered(grpc.aio.ServerInterceptor):
             return await served(rpc, request)
 
         return rewrap(serve, lenient, handler.response_serializer)
+
+
+class _Registering:
+    """What a generated ``add_*Servicer_to_server`` is given in place of the server: the handlers it registers by
+    name are wrapped, then registered on the server both by name and as a generic handler (what the generated code
+    registers itself, but wrapped)."""
+
+    def __init__(self, server: grpc.aio.Server,
+                 wrap: Callable[[str, grpc.RpcMethodHandler[Any, Any]], grpc.RpcMethodHandler[Any, Any]]) -> None:
+        self._server, self._wrap = server, wrap
+        self.services: list[str] = []
+
+    def add_registered_method_handlers(self, service: str,
+                                       handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]) -> None:
+        wrapped = {name: self._wrap(f"/{service}/{name}", handler) for name, handler in handlers.items()}
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
+        self._server.add_registered_method_handlers(service, wrapped)
+        self.services.append(service)
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        """Left out: the same handlers, registered by name, are wrapped and added as a generic handler too."""
 
 
 def _around(layer: UnaryInterceptor, inner: _Served) -> _Served:
