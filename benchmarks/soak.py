@@ -24,7 +24,9 @@ In one run this script
    and the server is started again whatever happens to the run);
 5. stops the sidecar (SIGTERM) and runs ``toolbooth audit verify`` and ``toolbooth audit export`` on its store.
 
-It reports, per bucket (a minute): calls/s, p50 and p99, RSS; and the verdicts: no error other than the
+It reports, per bucket (a minute): calls/s, p50 and p99, RSS; the sidecar's RSS at the end of the paced phase
+against its idle RSS (read ``--idle-seconds`` after it is SERVING, before any call), as issue 27's target row
+(``target_rows``: at most ``TARGET_RSS_TO_IDLE`` times); and the verdicts: no error other than the
 expected typed ones (``SERVICE_UNAVAILABLE`` counts as expected only from the cut until 10 s after the
 database is back), RSS growth from the end of the first bucket (the warm-up) to the end < 10%, p99 of the
 last bucket within 20% of the first's (the first after the warm-up when there are three or more), every
@@ -72,6 +74,7 @@ SAMPLES = 5
 STORE_SHARE = 0.3  # of the calls, those that write to the store before they answer (writes, approvals)
 RECOVERED_FOR_S = 5  # seconds in a row at the rate, with no failure, to count as recovered
 FAIL_FAST_MS = 1000.0  # a call refused for the outage answers within this (p99)
+TARGET_RSS_TO_IDLE = 1.5  # RSS at the end of the paced phase / idle RSS (issue 27)
 _CONVERSATION = "soak"
 _TASK = {"title": "Soak", "project_id": "proj-quickstart", "assignee_id": "u-dev"}  # the tasks plugin's sample
 
@@ -277,6 +280,8 @@ class Soak:
     reloads: int = 0
     behind: int = 0  # calls not sent on time: every slot in flight
     outage: tuple[float, float] | None = None
+    idle_rss: int | None = None  # bytes, after start and before any call
+    end_rss: int | None = None  # bytes, once the last paced call has ended
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -346,6 +351,7 @@ async def paced(mix: Mix, rate: float, args: argparse.Namespace, pid: int, polic
         task.add_done_callback(in_flight.discard)
     await side
     await asyncio.gather(*in_flight)
+    soak.end_rss = rss_bytes(pid)
     return soak
 
 
@@ -410,6 +416,7 @@ def report(soak: Soak, args: argparse.Namespace, peak: float, rate: float, execu
     growth = (warm[-1] - warm[0]) / warm[0] if warm else float("nan")
     drift = abs(rows[-1]["p99_ms"] - first["p99_ms"]) / first["p99_ms"] if first["p99_ms"] else float("nan")
     revisions = {o.revision for o in soak.outcomes if o.revision}
+    to_idle = soak.end_rss / soak.idle_rss if soak.end_rss is not None and soak.idle_rss else None
     verdicts = {
         "no unexpected errors": not unexpected,
         f"RSS growth after warm-up < {MAX_RSS_GROWTH:.0%}": growth < MAX_RSS_GROWTH,
@@ -425,9 +432,10 @@ def report(soak: Soak, args: argparse.Namespace, peak: float, rate: float, execu
         "minutes": args.minutes, "store": "postgres" if args.postgres else "sqlite", "peak_calls_per_s": peak,
         "target_calls_per_s": rate, "calls": len(soak.outcomes), "behind": soak.behind, "buckets": rows,
         "typed_results": dict(typed), "unexpected": dict(unexpected.most_common(SAMPLES)),
-        "rss_growth": growth, "p99_drift": drift, "reloads": soak.reloads, "revisions_seen": len(revisions),
-        "fresh_writes": len(fresh), "executions": sum(ran.values()), "store_check": store,
-        "load_average": os.getloadavg(), "verdicts": verdicts,
+        "load_fraction": args.load_fraction, "idle_rss_mb": _mb(soak.idle_rss), "end_rss_mb": _mb(soak.end_rss),
+        "rss_to_idle": to_idle, "rss_growth": growth, "p99_drift": drift, "reloads": soak.reloads,
+        "revisions_seen": len(revisions), "fresh_writes": len(fresh), "executions": sum(ran.values()),
+        "store_check": store, "load_average": os.getloadavg(), "verdicts": verdicts,
     }
     if soak.outage is not None:
         during = sorted(o.latency for o in soak.outcomes if o.result == "SERVICE_UNAVAILABLE")
@@ -437,7 +445,24 @@ def report(soak: Soak, args: argparse.Namespace, peak: float, rate: float, execu
         recovered, p99 = result["outage"]["recovered_after_s"], result["outage"]["their_p99_ms"]
         verdicts[f"outage calls fail fast (p99 <= {FAIL_FAST_MS:.0f} ms)"] = p99 is not None and p99 <= FAIL_FAST_MS
         verdicts["throughput back within 10 s"] = recovered is not None and recovered <= 10
+    result["target_rows"] = [dict(zip(be.TARGET_HEADER, row, strict=True)) for row in target_rows(result)]
     return result
+
+
+def _mb(rss: int | None) -> float | None:
+    return None if rss is None else rss / 2**20
+
+
+def target_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """Issue 27's target of the soak's report (its JSON document): RSS at the end of the paced phase against idle RSS,
+    as (target, figure, ratio, wanted, met)."""
+    fraction = result["load_fraction"]
+    load = "half of peak" if fraction == 0.5 else f"{fraction:g} of peak"
+    idle, end, ratio = result["idle_rss_mb"], result["end_rss_mb"], result["rss_to_idle"]
+    figure = "n/a" if idle is None or end is None else f"{end:.1f} MB (idle {idle:.1f})"
+    return [(f"RSS after {result['minutes']:g} min at {load} / idle", figure,
+             "n/a" if ratio is None else f"{ratio:.2f}", f"<= {TARGET_RSS_TO_IDLE}",
+             be.met(ratio is not None and ratio <= TARGET_RSS_TO_IDLE))]
 
 
 def print_report(result: dict[str, Any], out: Any) -> None:
@@ -465,6 +490,7 @@ def print_report(result: dict[str, Any], out: Any) -> None:
           file=out)
     for name, held in result["verdicts"].items():
         print(f"  {'PASS' if held else 'FAIL'}  {name}", file=out)
+    print("\n" + be.format_rows([be.TARGET_HEADER, *target_rows(result)]), file=out)
 
 
 # --- main -------------------------------------------------------------------------------------------------
@@ -553,6 +579,9 @@ async def _soak(args: argparse.Namespace, children: be.Children, outage: Outage 
                              pdeathsig=True)
     target = f"unix://{tmp / 'sidecar.sock'}"
     await be.wait_ready(children, "sidecar", target, be.health_serving)
+    await asyncio.sleep(args.idle_seconds)
+    idle_rss = rss_bytes(sidecar.pid)
+    be.progress("idle RSS " + ("n/a" if idle_rss is None else f"{idle_rss / 2**20:.1f} MB"))
     async with grpc.aio.insecure_channel(target) as channel:
         mix = Mix(pb_grpc.ToolServiceStub(channel))
         peak = await closed_loop(mix, args.concurrency, args.peak_seconds)
@@ -562,6 +591,7 @@ async def _soak(args: argparse.Namespace, children: be.Children, outage: Outage 
                     f"{args.minutes} min")
         mix.count = 0
         result = await paced(mix, rate, args, sidecar.pid, policies, outage)
+    result.idle_rss = idle_rss
     sidecar.send_signal(signal.SIGTERM)
     stopped = await asyncio.to_thread(sidecar.wait, 120)
     fresh = {o.key for o in result.outcomes if o.result == "fresh"}
@@ -578,6 +608,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="one report row, and one policy reload, per this many seconds (default: 60)")
     parser.add_argument("--load-fraction", type=float, default=0.5, help="of the peak rate (default: 0.5)")
     parser.add_argument("--peak-seconds", type=float, default=10.0, help="the peak measurement (default: 10)")
+    parser.add_argument("--idle-seconds", type=float, default=2.0,
+                        help="once SERVING, idle this long before reading idle RSS (default: 2)")
     parser.add_argument("--concurrency", type=int, default=16, help="in flight while measuring the peak (16)")
     parser.add_argument("--max-in-flight", type=int, default=256, help="paced calls in flight at most (256)")
     parser.add_argument("--postgres", action="store_true", help="PostgreSQL, cut off once halfway")
@@ -589,9 +621,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--proxy", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.proxy is None and (args.minutes <= 0 or args.bucket_seconds <= 0 or not 0 < args.load_fraction <= 1
-                               or args.peak_seconds <= 0 or args.concurrency < 1 or args.max_in_flight < 1):
+                               or args.peak_seconds <= 0 or args.concurrency < 1 or args.max_in_flight < 1
+                               or args.idle_seconds < 0):
         parser.error("--minutes, --bucket-seconds, --peak-seconds must be positive, --load-fraction in (0, 1], "
-                     "--concurrency and --max-in-flight at least 1")
+                     "--concurrency and --max-in-flight at least 1, --idle-seconds at least 0")
     if (args.stop_command is None) != (args.start_command is None) or (args.stop_command and not args.postgres):
         parser.error("--stop-command and --start-command go together, and with --postgres")
     return args

@@ -17,8 +17,6 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize("command", [
     ["benchmarks/bench_policy.py", "--rounds", "20", "--json"],
     ["benchmarks/bench_execute.py", "--calls", "40", "--warmup", "5", "--concurrency", "2", "--repeat", "1", "--json"],
-    ["benchmarks/bench_execute.py", "--calls", "40", "--warmup", "5", "--repeat", "1", "--targets",
-     "--half-peak-seconds", "0.2", "--json"],
     ["benchmarks/bench_list_tools.py", "--tools", "30", "--calls", "20", "--warmup", "2", "--concurrency", "2",
      "--repeat", "1", "--json"],
     ["benchmarks/bench_workers.py", "--calls", "40", "--warmup", "5", "--channels", "4", "--repeat", "1", "--json"],
@@ -31,7 +29,7 @@ pytestmark = pytest.mark.integration
      "--variant", "nocache=policy: {cache: {enabled: false}}", "--variant-env", "nocache=TOOLBOOTH_TEST_UNUSED=1",
      "--json"],
     ["benchmarks/bench_footprint.py", "--repeat", "1", "--calls", "1", "--idle-seconds", "0", "--json"],
-], ids=["bench_policy", "bench_execute", "bench_execute_targets", "bench_list_tools", "bench_workers",
+], ids=["bench_policy", "bench_execute", "bench_list_tools", "bench_workers",
         "bench_transport", "bench_batch", "bench_mcp", "bench_observability", "bench_footprint"])
 @pytest.mark.slow
 def test_a_benchmark_runs_to_its_report(command: list[str]) -> None:
@@ -40,6 +38,49 @@ def test_a_benchmark_runs_to_its_report(command: list[str]) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert report, "an empty report"
+
+
+def target_table(report: str) -> dict[str, list[str]]:
+    """The last target table of a benchmark's report: each row's figure, ratio, wanted and met, by target."""
+    lines = report.splitlines()
+    header = max(i for i, line in enumerate(lines) if line.split()[:2] == ["target", "figure"])
+    table = {}
+    for line in lines[header + 2:]:  # the rule under the header, then the rows
+        cells = [cell.strip() for cell in line.split("  ") if cell.strip()]
+        if len(cells) != 5:
+            break
+        table[cells[0]] = cells[1:]
+    return table
+
+
+@pytest.mark.slow
+def test_the_execute_benchmarks_targets_run_measures_each_of_its_targets() -> None:
+    command = ["benchmarks/bench_execute.py", "--calls", "40", "--warmup", "5", "--repeat", "1", "--targets",
+               "--half-peak-seconds", "0.2", "--json"]
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    document = json.loads(done.stdout)
+    assert [(level["concurrency"], level["arguments"]) for level in document["levels"]] == [
+        (1, "repeated"), (16, "repeated"), (1, "distinct"), (16, "distinct")]
+    assert document["half_peak"]["peak_concurrency"] == 16
+    table = target_table(done.stderr)
+    rate = f"{document['half_peak']['rate']:.0f}"
+    assert [(target, cells[2]) for target, cells in table.items()] == [
+        ("ExecuteTool c=16, cache hits", ">= 0.65"), ("ExecuteTool c=16, distinct arguments", ">= 0.5"),
+        (f"added p99 at {rate}/s (half of peak)", "<= 1.0 ms"),
+        ("server CPU per call c=16, cache hits / echo", "<= 2.0"),
+        ("server CPU per call c=16, distinct arguments / echo", "<= 2.5"),
+        ("added p50 at c=1, cache hits", "<= 0.25 ms"), ("added p99 at c=1, cache hits", "<= 0.5 ms"),
+        ("added p50 at c=1, distinct arguments", "<= 0.25 ms"), ("added p99 at c=1, distinct arguments", "<= 0.5 ms")]
+    assert {cells[3] for cells in table.values()} <= {"yes", "NO"}
+    c1 = document["levels"][0]
+    added_p50 = c1["sidecar"]["p50_ms"] - c1["echo"]["p50_ms"]  # the difference of the medians
+    assert table["added p50 at c=1, cache hits"][1] == f"{added_p50:.2f} ms"
+    c16 = document["levels"][1]
+    cpu = c16["sidecar"]["server_cpu_ms_per_call"], c16["echo"]["server_cpu_ms_per_call"]
+    ratio = table["server CPU per call c=16, cache hits / echo"][1]  # n/a if the echo's few calls took no tick
+    assert ratio == ("n/a" if not cpu[1] else f"{cpu[0] / cpu[1]:.2f}")
 
 
 @pytest.mark.slow
@@ -67,6 +108,13 @@ def test_the_soak_runs_to_its_report() -> None:
                  "audit chain verified", "sidecar stopped cleanly"):
         assert verdicts[name], (name, report)
     assert report["reloads"] >= 1 and report["fresh_writes"] > 0 and report["typed_results"]["approval_required"] > 0
+    idle, end = report["idle_rss_mb"], report["end_rss_mb"]
+    assert 10 < idle <= end and report["rss_to_idle"] == pytest.approx(end / idle), report
+    row = {"target": "RSS after 0.1 min at half of peak / idle", "figure": f"{end:.1f} MB (idle {idle:.1f})",
+           "ratio": f"{report['rss_to_idle']:.2f}", "wanted": "<= 1.5",
+           "met": "yes" if report["rss_to_idle"] <= 1.5 else "NO"}
+    assert report["target_rows"] == [row]
+    assert target_table(done.stderr) == {row["target"]: [row["figure"], row["ratio"], row["wanted"], row["met"]]}
 
 
 def test_a_stop_command_needs_a_start_command() -> None:
