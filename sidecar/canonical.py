@@ -36,6 +36,9 @@ __all__ = [
 ]
 
 MAX_SAFE_INTEGER = 2**53 - 1  # the largest integer JCS (an IEEE 754 double) represents exactly
+# Encoders made once: ``json.dumps`` with any non-default option builds a new ``JSONEncoder`` on every call.
+_encode_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+_encode_sorted = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 def canonical_bytes(value: Any) -> bytes:
@@ -50,7 +53,7 @@ def canonical_bytes(value: Any) -> bytes:
             fast = _python_form(value)
         except _NeedsJcs:
             return rfc8785.dumps(value)
-        return json.dumps(fast, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        return _encode_canonical(fast).encode()
     except UnicodeEncodeError as exc:  # a lone surrogate, met while sorting or encoding
         raise CanonicalizationError(f"input contains non-UTF-8 codepoints: {exc.reason}") from None
 
@@ -101,7 +104,7 @@ def sha256_hex(value: Any) -> str:
 def sorted_json(value: Any) -> str:
     """Sorted, compact JSON as Python writes it: what the audit log records (text, not a hash), and the form
     hashes were computed over before JCS (sorted keys by code point, Python number formatting)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _encode_sorted(value)
 
 
 def legacy_sha256_hex(value: Any) -> str | None:

@@ -25,6 +25,7 @@ from sidecar.policy.decision import Stage
 __all__ = ["IDEMPOTENCY_KEY", "CallInput", "InputBatch", "InputParts", "PolicyInput", "ToolFacts", "dumps", "now_utc",
            "principal_json", "tool_json"]
 
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode  # made once
 IDEMPOTENCY_KEY = "idempotency_key"  # ``input.call``'s field the decision cache leaves out where no policy reads it
 
 
@@ -197,4 +198,4 @@ def _text(value: str | None) -> str:
 
 def dumps(value: Any) -> str:
     """``value`` as compact JSON text, as every input document is written."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _encode(value)

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import astuple, dataclass, field, fields
 
-from sidecar.canonical import canonical_bytes, sha256_hex
+from sidecar.canonical import MAX_SAFE_INTEGER, CanonicalizationError, canonical_bytes
 from sidecar.state.driver import Row
 from sidecar.state.records import AuditEvent, AuditRecord, ChainHead, ChainStart
 from sidecar.state.store import Store
@@ -51,17 +52,52 @@ GENESIS_HASH = "sha256:" + "0" * 64
 KEYED_PREFIX = "hmac-sha256:"
 EVENT_COLUMNS = tuple(f.name for f in fields(AuditEvent))
 LATER_COLUMNS = frozenset({"decision_ids", "decision_input"})  # added after the chain: hashed only when set
+# (field, its ``"name":`` prefix) in canonical order: the names are ASCII, so code-point order is JCS's
+_LINKED_COLUMNS = (*EVENT_COLUMNS, "prev_hash")
+# (index in a linked row, its ``"name":`` prefix, whether ``None`` is left out), in canonical order: the names are
+# ASCII, so their code-point order is JCS's
+_SORTED_FIELDS = tuple((_LINKED_COLUMNS.index(name), f'"{name}":', name in LATER_COLUMNS)
+                       for name in sorted(_LINKED_COLUMNS))
+_encode_string: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def event_hash(row: Row, prev_hash: str, key: bytes | None = None) -> str:
     """The hash of an event (its values in ``EVENT_COLUMNS`` order) linked after ``prev_hash``:
     ``hmac-sha256:`` keyed with ``key``, or ``sha256:`` without one."""
-    linked = {name: value for name, value in zip(EVENT_COLUMNS, row, strict=True)
-              if value is not None or name not in LATER_COLUMNS}
-    linked["prev_hash"] = prev_hash
+    text = _linked_bytes(row, prev_hash)
     if key is None:
-        return sha256_hex(linked)
-    return KEYED_PREFIX + hmac.new(key, canonical_bytes(linked), hashlib.sha256).hexdigest()
+        return "sha256:" + hashlib.sha256(text).hexdigest()
+    return KEYED_PREFIX + hmac.digest(key, text, "sha256").hex()
+
+
+def _linked_bytes(row: Row, prev_hash: str) -> bytes:
+    """The canonical JSON (``sidecar.canonical.canonical_bytes``) of the event's fields and ``prev_hash``, a
+    ``LATER_COLUMNS`` field left out where it holds ``None``.
+
+    An event holds strings, ``None`` and small integers: for those, the object is written here field by field,
+    in the canonical (sorted) order, each string by Python's C encoder, which writes what ``canonical_bytes``
+    writes (``tests/unit/test_canonical.py`` checks both agree); any other value takes ``canonical_bytes``."""
+    if len(row) != len(EVENT_COLUMNS):
+        raise ValueError(f"an event has {len(EVENT_COLUMNS)} fields, not {len(row)}")
+    values = (*row, prev_hash)
+    parts = []
+    for index, prefix, optional in _SORTED_FIELDS:
+        value = values[index]
+        kind = type(value)
+        if kind is str:
+            parts.append(prefix + _encode_string(value))
+        elif value is None:
+            if not optional:
+                parts.append(prefix + "null")
+        elif kind is int and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            parts.append(prefix + str(value))
+        else:
+            return canonical_bytes({name: value for name, value in zip(_LINKED_COLUMNS, values, strict=True)
+                                    if value is not None or name not in LATER_COLUMNS})
+    try:
+        return ("{" + ",".join(parts) + "}").encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate
+        raise CanonicalizationError(f"input contains non-UTF-8 codepoints: {exc.reason}") from None
 
 
 def chained(last_hash: str | None, rows: Iterable[Row], key: bytes | None = None) -> Iterator[Row]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import math
 import random
@@ -24,9 +25,15 @@ from sidecar.canonical import (
     sorted_json,
 )
 from sidecar.state.audit import AuditBatcher
-from sidecar.state.chain import GENESIS_HASH, LATER_COLUMNS, ChainVerifier, event_hash
+from sidecar.state.chain import GENESIS_HASH, KEYED_PREFIX, LATER_COLUMNS, ChainVerifier, event_hash
 from sidecar.state.records import AuditEvent, AuditRecord
 from sidecar.state.rows import audit_row
+
+_EVENT = AuditEvent(request_id="r1", time="2026-01-01T00:00:00.000+00:00", principal_id="p", tenant="t",
+                    tool="calculate", tool_version="1.0.0", input_hash="sha256:00", decisions_json="{}",
+                    policy_revision="sha256:01", idempotency_key=None, call_id=None, conversation_id=None,
+                    status="success", error_code=None, duration_ms=3, arguments_json='{"a":1}',
+                    decision_ids=None, decision_input='{"x":"y"}')
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats(allow_nan=False) | st.text(),
@@ -106,6 +113,26 @@ def test_audit_chain_hashes_are_byte_identical_to_the_old_form(event: AuditEvent
     record = AuditRecord(id=1, event=event, prev_hash=GENESIS_HASH,
                          hash=event_hash(audit_row(event), GENESIS_HASH))
     assert ChainVerifier().feed(record) is None
+
+
+@pytest.mark.parametrize("value", [True, 2.5, 1e20, [1, None], {"b": 1, "a": None}, "\u2028\x00\x1f\"\\ \U0001f600"])
+def test_an_event_hash_is_over_the_canonical_json_of_the_event_whatever_its_values(value: object) -> None:
+    """The field-by-field encoder of ``event_hash`` takes strings, ``None`` and safe integers; anything else takes
+    ``canonical_bytes``; both give the canonical JSON of the linked event."""
+    row = (*astuple(_EVENT)[:-1], value)
+    named = zip([f.name for f in fields(AuditEvent)], row, strict=True)
+    columns = {**{name: value for name, value in named if value is not None or name not in LATER_COLUMNS},
+               "prev_hash": GENESIS_HASH}
+    assert event_hash(row, GENESIS_HASH) == "sha256:" + hashlib.sha256(canonical_bytes(columns)).hexdigest()
+    keyed = event_hash(row, GENESIS_HASH, b"k" * 32)
+    assert keyed == KEYED_PREFIX + hmac.new(b"k" * 32, canonical_bytes(columns), hashlib.sha256).hexdigest()
+
+
+def test_an_event_that_cannot_be_hashed_says_why() -> None:
+    with pytest.raises(CanonicalizationError, match="non-UTF-8"):
+        event_hash((*astuple(_EVENT)[:-1], "\ud800"), GENESIS_HASH)
+    with pytest.raises(ValueError, match=f"an event has {len(fields(AuditEvent))} fields, not 2"):
+        event_hash(("a", "b"), GENESIS_HASH)
 
 
 async def test_a_failing_row_is_retried_alone_and_the_others_are_written(caplog: pytest.LogCaptureFixture) -> None:

@@ -20,6 +20,8 @@ from sidecar.tools.masking import Masker
 
 __all__ = ["AuditStage", "Auditor"]
 
+_sorted_text = json.JSONEncoder(sort_keys=True).encode  # as ``json.dumps(..., sort_keys=True)``, made once
+
 
 class Auditor:
     """Builds a call's audit events (arguments masked) and hands them to the store."""
@@ -36,11 +38,11 @@ class Auditor:
             request_id=call.request_id, time=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
             principal_id=call.principal.id, tenant=call.principal.tenant,
             tool=request.tool, tool_version=call.tool.version if call.tool else "", input_hash=call.request_hash,
-            decisions_json=json.dumps(call.trail, sort_keys=True), policy_revision=call.policy_revision,
+            decisions_json=_sorted_text(call.trail), policy_revision=call.policy_revision,
             idempotency_key=request.idempotency_key, call_id=request.call_id,
             conversation_id=request.conversation_id, status=status, error_code=error_code,
             duration_ms=call.elapsed_ms, arguments_json=arguments,
-            decision_ids=json.dumps(call.decision_ids, sort_keys=True),
+            decision_ids=_sorted_text(call.decision_ids),
             decision_input=None if call.inputs is None else call.inputs.recorded())
 
     def _arguments(self, arguments: Arguments) -> str:
