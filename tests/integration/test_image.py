@@ -1,10 +1,10 @@
 """The image, built with buildah from the Dockerfile as it is, and run with podman as ``deploy/kubernetes`` runs it.
 
-No Docker daemon and no registry: the base (``PYTHON_IMAGE``) is the Debian Python image that
-``bash .ci/image-tools`` makes with debootstrap, which also installs buildah, podman and runc and writes the
-``containers.conf`` they run with. The build's ``pip`` reaches PyPI trusting what this machine trusts (its CA
-bundle is mounted into the build's ``RUN`` steps, not copied into the image). The module builds the image once
-and removes it at the end; each test runs containers of it and removes them.
+No Docker daemon and no registry: the bases are the Debian Python images that ``bash .ci/image-tools`` makes
+with debootstrap, the builder's with pip (``PYTHON_IMAGE``) and the runtime's without (``RUNTIME_IMAGE``); it
+also installs buildah, podman and runc and writes the ``containers.conf`` they run with. The build's ``pip``
+reaches PyPI trusting what this machine trusts (``tests/support/image_build.py``). The module builds the image
+once and removes it at the end; each test runs containers of it and removes them.
 
 The sidecar runs with ``deploy/kubernetes/config.yaml``'s configuration (a Unix socket on a shared volume, the
 health-only port, RS256 JWTs verified with a mounted public key, the policies mounted), as uid 10001 on a
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 import uuid
@@ -30,7 +29,9 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from packaging.utils import canonicalize_name
 
+from tests.support import image_build
 from tests.support.build_context import pinned_versions
+from tests.support.image_build import ENGINE_ENV, RUNTIME_BASE, TARGET_IMAGE_BYTES, engine
 from tests.support.required import missing
 from tests.support.signing_keys import key_pair
 from tests.support.waiting import until_blocking
@@ -38,45 +39,30 @@ from tests.support.waiting import until_blocking
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # builds the image first (~40 s)
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path("/var/cache/toolbooth")
-BASE = os.environ.get("TOOLBOOTH_PYTHON_IMAGE", "localhost/toolbooth-python:3.11-bookworm")
-CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-ENGINE_ENV = {**os.environ, "CONTAINERS_CONF": str(CACHE / "containers.conf")}
-MAX_IMAGE_BYTES = 400_000_000  # 334 MB on Debian's Python 3.11
+# 242.9 MB measured: the runtime base 126.4 MB (Debian's Python without pip, slimmed) and the Dockerfile's layer
+# 116.5 MB (the virtualenv, bytecode of start-up's imports only); 333 MB before both. Issue 27's target is
+# TARGET_IMAGE_BYTES (200 MB), not met: the test fails on growth beyond this margin, the target is reported.
+MAX_IMAGE_BYTES = 250_000_000
 SIDECAR_UID, AGENT_UID = 10001, 10002
 HARDENED = ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
 LISTING = "import importlib.metadata as m, json; print(json.dumps({d.name: d.version for d in m.distributions()}))"
 
 
-def _engine(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """buildah or podman with this machine's containers.conf; fails the test if it fails."""
-    done = subprocess.run(args, env=ENGINE_ENV, capture_output=True, text=True, timeout=timeout, check=False)
-    assert done.returncode == 0, f"{' '.join(args[:3])}: exit {done.returncode}\n{done.stderr[-3000:]}"
-    return done
-
-
 @pytest.fixture(scope="module")
 def image() -> Iterator[str]:
     """The image built from the repository, tagged uniquely; removed after the module's tests."""
-    if not all(shutil.which(tool) for tool in ("buildah", "podman", "runc")) \
-            or not (CACHE / "containers.conf").exists() \
-            or subprocess.run(["podman", "image", "exists", BASE], env=ENGINE_ENV, check=False).returncode:
-        missing("buildah, podman, runc or the base image are missing", install="bash .ci/image-tools")
+    if lacking := image_build.missing():
+        missing(lacking, install=image_build.INSTALL)
     tag = f"localhost/toolbooth-test:{uuid.uuid4().hex[:12]}"
-    mounts = ["--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"] if CA_BUNDLE.exists() else []
-    started = time.monotonic()
-    # docker format: an OCI image config has no HEALTHCHECK.
-    _engine("buildah", "bud", "--isolation", "chroot", "--format", "docker", "--layers=false", "--quiet",
-            "--build-arg", f"PYTHON_IMAGE={BASE}", *mounts, "--tag", tag, str(REPO), timeout=900)
-    print(f"built {tag} in {time.monotonic() - started:.0f} s")
     try:
+        print(f"built {tag} in {image_build.build(tag):.0f} s")
         yield tag
     finally:
-        subprocess.run(["podman", "rmi", "--force", tag], env=ENGINE_ENV, capture_output=True, check=False)
+        image_build.remove(tag)
 
 
 def _inspect(image: str) -> dict[str, object]:
-    document: list[dict[str, object]] = json.loads(_engine("podman", "image", "inspect", image).stdout)
+    document: list[dict[str, object]] = json.loads(engine("podman", "image", "inspect", image).stdout)
     return document[0]
 
 
@@ -91,18 +77,21 @@ def test_the_image_is_small_non_root_and_has_a_healthcheck(image: str, capsys: p
     assert isinstance(healthcheck, dict) and healthcheck["Test"][0] == "CMD"
     size = inspected["Size"]
     assert isinstance(size, int)
+    base = image_build.size(RUNTIME_BASE)
     with capsys.disabled():
-        print(f"\ntoolbooth image: {size / 1e6:.0f} MB")
+        print(f"\ntoolbooth image: {size / 1e6:.1f} MB (its base {base / 1e6:.1f} MB, the Dockerfile's layer "
+              f"{(size - base) / 1e6:.1f} MB); target <= {TARGET_IMAGE_BYTES / 1e6:.0f} MB: "
+              f"{'met' if size <= TARGET_IMAGE_BYTES else 'NOT met'}; test limit {MAX_IMAGE_BYTES / 1e6:.0f} MB")
     assert size < MAX_IMAGE_BYTES
 
 
 def test_the_image_installs_exactly_the_pinned_versions(image: str) -> None:
     def distributions(*run: str) -> dict[str, str]:
-        found: dict[str, str] = json.loads(_engine("podman", "run", "--rm", "--network", "none", *run,
-                                                   "-c", LISTING).stdout)
+        found: dict[str, str] = json.loads(engine("podman", "run", "--rm", "--network", "none", *run,
+                                                  "-c", LISTING).stdout)
         return {canonicalize_name(name): version for name, version in found.items()}
 
-    base, installed = distributions(BASE, "python3"), distributions("--entrypoint", "python", image)
+    base, installed = distributions(RUNTIME_BASE, "python3"), distributions("--entrypoint", "python", image)
     pins = pinned_versions(REPO)
     assert {name: installed.get(name) for name in pins} == pins
     added = {name for name, version in installed.items() if base.get(name) != version}
@@ -165,7 +154,7 @@ class Sidecar:
 
     def stop(self) -> int:
         """``podman stop`` (SIGTERM, the image's STOPSIGNAL); the container's exit status."""
-        _engine("podman", "stop", "--time", "30", self.name)
+        engine("podman", "stop", "--time", "30", self.name)
         return self.process.wait(timeout=60)
 
     def remove(self) -> None:
@@ -188,8 +177,8 @@ def sidecar(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Si
 
 
 def test_the_image_healthcheck_reports_healthy(sidecar: Sidecar) -> None:
-    _engine("podman", "healthcheck", "run", sidecar.name)  # exit 1: unhealthy
-    state = json.loads(_engine("podman", "inspect", "--format", "{{json .State.Health}}", sidecar.name).stdout)
+    engine("podman", "healthcheck", "run", sidecar.name)  # exit 1: unhealthy
+    state = json.loads(engine("podman", "inspect", "--format", "{{json .State.Health}}", sidecar.name).stdout)
     assert state["Status"] == "healthy" and state["Log"][-1]["ExitCode"] == 0
 
 
