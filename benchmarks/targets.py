@@ -2,7 +2,7 @@
 """Every performance target of the sidecar in one run: each figure, its ratio and whether it is met.
 
     python benchmarks/targets.py [--repeat 3] [--calls N]
-        [--only execute,list_tools,workers,writes,footprint,instructions] [--json]
+        [--only execute,list_tools,workers,writes,footprint,instructions,image] [--json]
 
 Runs, one after the other and each with ``--json``, the benchmarks that measure the targets:
 
@@ -18,7 +18,10 @@ Runs, one after the other and each with ``--json``, the benchmarks that measure 
   JWT auth and metrics on, against a bare ``import grpc`` process;
 * ``bench_instructions.py --targets``: the instructions per call of the sidecar at 16 in flight against the bare
   grpcio echo's, both counted under callgrind, with repeated arguments (cache hits) and distinct ones (needs
-  ``valgrind``; the slowest of them: about a minute per run of 1000 calls, four runs per repetition).
+  ``valgrind``; the slowest of them: about a minute per run of 1000 calls, four runs per repetition);
+* ``bench_image.py``: the image's size, built from the Dockerfile with buildah on the Debian bases
+  ``bash .ci/image-tools`` makes (as root), and estimated on ``python:3.11-slim-bookworm`` (one build, a
+  minute or two, whatever ``--repeat`` says).
 
 and prints one table. Each benchmark keeps its own medians of ``--repeat`` runs, measured against its
 baseline within the same run; their own tables go to stderr as they run. The exit code is 1 if a benchmark
@@ -39,6 +42,7 @@ from typing import Any
 
 from bench_execute import TARGET_HEADER, format_rows, met, target_rows
 from bench_footprint import target_rows as footprint_rows
+from bench_image import target_rows as image_rows
 from bench_instructions import target_rows as instruction_rows
 
 HERE = Path(__file__).resolve().parent
@@ -99,6 +103,7 @@ BENCHMARKS: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, Any]], lis
     "writes": ("bench_writes.py", (), writes_rows),
     "footprint": ("bench_footprint.py", (), footprint_rows),
     "instructions": ("bench_instructions.py", ("--targets",), instruction_rows),
+    "image": ("bench_image.py", (), image_rows),
 }
 
 

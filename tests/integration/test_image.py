@@ -3,8 +3,9 @@
 No Docker daemon and no registry: the bases are the Debian Python images that ``bash .ci/image-tools`` makes
 with debootstrap, the builder's with pip (``PYTHON_IMAGE``) and the runtime's without (``RUNTIME_IMAGE``); it
 also installs buildah, podman and runc and writes the ``containers.conf`` they run with. The build's ``pip``
-reaches PyPI trusting what this machine trusts (``tests/support/image_build.py``). The module builds the image
-once and removes it at the end; each test runs containers of it and removes them.
+reaches PyPI trusting what this machine trusts (``tests/support/image_build.py``, which
+``benchmarks/bench_image.py`` builds with too). The module builds the image once and removes it at the end; each
+test runs containers of it and removes them.
 
 The sidecar runs with ``deploy/kubernetes/config.yaml``'s configuration (a Unix socket on a shared volume, the
 health-only port, RS256 JWTs verified with a mounted public key, the policies mounted), as uid 10001 on a

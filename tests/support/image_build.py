@@ -1,11 +1,11 @@
 """The image built from the repository's ``Dockerfile`` with buildah, without a Docker daemon or a registry.
 
-Used by ``tests/integration/test_image.py``. The bases are the Debian images ``bash .ci/image-tools`` makes (as
-root) with debootstrap: the builder's, with pip (``PYTHON_IMAGE``), and the runtime's, the same without pip and
-slimmed as ``debian:bookworm-slim`` is (``RUNTIME_IMAGE``); the ``TOOLBOOTH_PYTHON_IMAGE`` and
-``TOOLBOOTH_RUNTIME_IMAGE`` variables name others. buildah and podman run with the ``containers.conf`` it writes.
-The build's pip reaches PyPI trusting what this machine trusts: its CA bundle is mounted into the build's ``RUN``
-steps, not copied into the image.
+Used by ``tests/integration/test_image.py`` and ``benchmarks/bench_image.py``. The bases are the Debian images
+``bash .ci/image-tools`` makes (as root) with debootstrap: the builder's, with pip (``PYTHON_IMAGE``), and the
+runtime's, the same without pip and slimmed as ``debian:bookworm-slim`` is (``RUNTIME_IMAGE``); the
+``TOOLBOOTH_PYTHON_IMAGE`` and ``TOOLBOOTH_RUNTIME_IMAGE`` variables name others. buildah and podman run with the
+``containers.conf`` it writes. The build's pip reaches PyPI trusting what this machine trusts: its CA bundle is
+mounted into the build's ``RUN`` steps, not copied into the image.
 """
 
 from __future__ import annotations
