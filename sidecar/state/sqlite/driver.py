@@ -114,7 +114,7 @@ def insert_many(db: sqlite3.Connection, sql: str, rows: Iterable[Params]) -> Non
         while chunk:
             size = 1 << (len(chunk).bit_length() - 1)  # the largest power of two it holds
             part, chunk = chunk[:size], chunk[size:]
-            db.execute(head + ", ".join(itertools.repeat(group, size)), [value for row in part for value in row])
+            db.execute(head + ", ".join(itertools.repeat(group, size)), list(itertools.chain.from_iterable(part)))
 
 
 def _named(sql: str, step: Callable[[sqlite3.Connection], object]) -> Callable[[sqlite3.Connection], None]:
