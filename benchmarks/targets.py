@@ -2,7 +2,7 @@
 """Every performance target of the sidecar in one run: each figure, its ratio and whether it is met.
 
     python benchmarks/targets.py [--repeat 3] [--calls N]
-        [--only execute,list_tools,workers,writes,footprint,instructions,image] [--json]
+        [--only execute,list_tools,workers,writes,footprint,instructions,image,soak] [--soak-minutes 60] [--json]
 
 Runs, one after the other and each with ``--json``, the benchmarks that measure the targets:
 
@@ -21,7 +21,9 @@ Runs, one after the other and each with ``--json``, the benchmarks that measure 
   ``valgrind``; the slowest of them: about a minute per run of 1000 calls, four runs per repetition);
 * ``bench_image.py``: the image's size, built from the Dockerfile with buildah on the Debian bases
   ``bash .ci/image-tools`` makes (as root), and estimated on ``python:3.11-slim-bookworm`` (one build, a
-  minute or two, whatever ``--repeat`` says).
+  minute or two, whatever ``--repeat`` says);
+* ``soak.py``: RSS after ``--soak-minutes`` (default 60, the target's hour) at half of the peak load against idle
+  RSS (one run, whatever ``--repeat`` and ``--calls`` say; it fails if its own checks of the run fail).
 
 and prints one table. Each benchmark keeps its own medians of ``--repeat`` runs, measured against its
 baseline within the same run; their own tables go to stderr as they run. The exit code is 1 if a benchmark
@@ -44,6 +46,7 @@ from bench_execute import TARGET_HEADER, format_rows, met, target_rows
 from bench_footprint import target_rows as footprint_rows
 from bench_image import target_rows as image_rows
 from bench_instructions import target_rows as instruction_rows
+from soak import target_rows as soak_rows
 
 HERE = Path(__file__).resolve().parent
 TARGET_LIST_P50_MS = 2.0
@@ -104,13 +107,18 @@ BENCHMARKS: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, Any]], lis
     "footprint": ("bench_footprint.py", (), footprint_rows),
     "instructions": ("bench_instructions.py", ("--targets",), instruction_rows),
     "image": ("bench_image.py", (), image_rows),
+    "soak": ("soak.py", (), soak_rows),
 }
+UNSIZED = frozenset({"soak"})  # one run of its own length: given neither --repeat nor --calls
 
 
-def run(name: str, calls: int | None, repeat: int) -> dict[str, Any]:
+def run(name: str, calls: int | None, repeat: int, soak_minutes: float) -> dict[str, Any]:
     """One benchmark's JSON document; its tables and progress go through to stderr."""
     script, own, _ = BENCHMARKS[name]
-    sized = ["--repeat", str(repeat), *(["--calls", str(calls)] if calls is not None else [])]
+    if name in UNSIZED:
+        sized = ["--minutes", f"{soak_minutes:g}"]
+    else:
+        sized = ["--repeat", str(repeat), *(["--calls", str(calls)] if calls is not None else [])]
     done = subprocess.run([sys.executable, str(HERE / script), *own, *sized, "--json"],
                           stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, check=False)
     if done.returncode != 0:
@@ -125,11 +133,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--calls", type=int, default=None, help="measured calls per run (default: each's own)")
     parser.add_argument("--only", default=",".join(BENCHMARKS),
                         help=f"comma-separated, of {', '.join(BENCHMARKS)} (default: all)")
+    parser.add_argument("--soak-minutes", type=float, default=60.0,
+                        help="the soak's paced phase, in minutes (default 60: the target's hour)")
     parser.add_argument("--json", action="store_true", help="the rows and each benchmark's document on stdout")
     args = parser.parse_args(argv)
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
     if unknown := sorted(set(args.only) - set(BENCHMARKS)):
         parser.error(f"--only: unknown benchmark(s) {unknown}: choose from {', '.join(BENCHMARKS)}")
+    if args.soak_minutes <= 0:
+        parser.error("--soak-minutes must be more than 0")
     if args.repeat < 1 or (args.calls is not None and args.calls < 1):
         parser.error("--repeat and --calls must be at least 1")
     return args
@@ -142,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[str] = []
     for name in args.only:
         try:
-            documents[name] = run(name, args.calls, args.repeat)
+            documents[name] = run(name, args.calls, args.repeat, args.soak_minutes)
         except (RuntimeError, json.JSONDecodeError) as exc:
             failed.append(f"{name}: {exc}")
             continue

@@ -144,9 +144,15 @@ def test_the_targets_run_puts_each_benchmarks_targets_in_one_table() -> None:
 
 
 def test_the_targets_run_refuses_an_unknown_benchmark() -> None:
-    done = subprocess.run([sys.executable, "benchmarks/targets.py", "--only", "execute,soak"], cwd=REPO,
+    done = subprocess.run([sys.executable, "benchmarks/targets.py", "--only", "execute,soaks"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert done.returncode == 2 and "--only: unknown benchmark(s) ['soak']" in done.stderr
+    assert done.returncode == 2 and "--only: unknown benchmark(s) ['soaks']" in done.stderr
+
+
+def test_the_targets_run_refuses_a_soak_of_no_length() -> None:
+    done = subprocess.run([sys.executable, "benchmarks/targets.py", "--only", "soak", "--soak-minutes", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "--soak-minutes must be more than 0" in done.stderr
 
 
 @pytest.mark.slow
