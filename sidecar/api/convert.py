@@ -142,7 +142,11 @@ def error_from_pb(message: pb.ToolError) -> ErrorInfo:
 
 def meta_to_pb(meta: ResultMeta) -> pb.ResultMeta:
     """Result facts as a proto ``ResultMeta`` (same field names on both sides; no ``next_cursor`` is ``""``)."""
-    return pb.ResultMeta(**{**meta.model_dump(), "next_cursor": meta.next_cursor or ""})
+    return pb.ResultMeta(request_id=meta.request_id, tool=meta.tool, tool_version=meta.tool_version,
+                         duration_ms=meta.duration_ms, attempt=meta.attempt,
+                         idempotency_replayed=meta.idempotency_replayed, truncated=meta.truncated,
+                         policy_revision=meta.policy_revision, next_cursor=meta.next_cursor or "",
+                         has_more=meta.has_more)
 
 
 def meta_from_pb(message: pb.ResultMeta) -> ResultMeta:

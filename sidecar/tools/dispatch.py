@@ -37,12 +37,12 @@ output, checked the same way, and its failed parts as errors (``Outcome.failed``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from types import TracebackType
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -226,15 +226,29 @@ class Dispatcher:
                 return False
         return not (job.done() and isinstance(job.exception(), _Late))
 
-    @contextlib.asynccontextmanager
-    async def _bounded(self, at: float) -> AsyncIterator[asyncio.Timeout]:
+    def _bounded(self, at: float) -> _Bounded:
         """A deadline at ``at`` (``time.monotonic()``) around the block, which ``stop_by`` may bring forward."""
-        async with asyncio.timeout_at(_loop_time(at)) as deadline:
-            self._deadlines.add(deadline)
-            try:
-                yield deadline
-            finally:
-                self._deadlines.discard(deadline)
+        return _Bounded(self._deadlines, asyncio.timeout_at(_loop_time(at)))
+
+
+class _Bounded:
+    """``deadline`` (an ``asyncio.timeout_at``) around a block, in ``deadlines`` while the block runs. A class, not
+    an ``asynccontextmanager``: one is entered on every call."""
+
+    __slots__ = ("_deadline", "_deadlines")
+
+    def __init__(self, deadlines: set[asyncio.Timeout], deadline: asyncio.Timeout) -> None:
+        self._deadlines, self._deadline = deadlines, deadline
+
+    async def __aenter__(self) -> asyncio.Timeout:
+        deadline = await self._deadline.__aenter__()
+        self._deadlines.add(deadline)
+        return deadline
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        self._deadlines.discard(self._deadline)
+        await self._deadline.__aexit__(kind, exc, traceback)  # turns the deadline's cancellation into TimeoutError
 
 
 class _Late(Exception):

@@ -123,6 +123,17 @@ def test_meta_flags_round_trip() -> None:
     assert convert.meta_from_pb(convert.meta_to_pb(meta)) == meta
 
 
+def test_every_meta_field_travels() -> None:
+    """Each field of ``ResultMeta``, set to something other than its default, survives the proto and back."""
+    others: dict[type, object] = {str: "x", int: 7, bool: True}
+    for name, field in ResultMeta.model_fields.items():
+        annotation = str(field.annotation)
+        kind = next(kind for kind in others if kind is field.annotation or f"{kind.__name__} |" in annotation)
+        meta = _meta(**{name: others[kind]})
+        assert getattr(meta, name) != field.default
+        assert convert.meta_from_pb(convert.meta_to_pb(meta)) == meta, name
+
+
 def test_listing_round_trips_with_schema_as_json() -> None:
     descriptor = ToolDescriptor(
         name="send_email",

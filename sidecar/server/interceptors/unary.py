@@ -148,10 +148,10 @@ class _Registering:
 
 
 def _around(layer: UnaryInterceptor, inner: _Served) -> _Served:
-    """``layer`` around ``inner``."""
+    """``layer`` around ``inner``: the layer's own coroutine, with no coroutine of its own around it."""
     around = layer.around
 
-    async def served(rpc: Rpc, request: Any) -> Any:
-        return await around(rpc, lambda: inner(rpc, request))
+    def served(rpc: Rpc, request: Any) -> Awaitable[Any]:
+        return around(rpc, lambda: inner(rpc, request))
 
     return served
