@@ -20,6 +20,7 @@ window is added as a ``RETRY`` event, which no meter counts; when the counted on
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -84,9 +85,10 @@ class HistoryEvent:
     at: float  # epoch seconds
 
 
+@functools.lru_cache(maxsize=4096)
 def history_scope(*parts: str) -> str:
     """A scope key: 32 hex digits of the SHA-256 of ``parts`` as a compact JSON list (fixed size, no PII in the
-    index)."""
+    index). Every call computes its conversation's: the keys of recent ones are kept."""
     return hashlib.sha256(json.dumps(list(parts), separators=(",", ":")).encode()).hexdigest()[:32]
 
 
