@@ -179,7 +179,10 @@ class ChainVerifier:
             return (f"prev_hash {record.prev_hash} is not the hash of the event before it ({expected_prev}): "
                     "an event was removed, inserted or reordered")
         key = self._key if _keyed(record.hash) else None
-        expected = event_hash(astuple(record.event), record.prev_hash, key)
+        try:
+            expected = event_hash(astuple(record.event), record.prev_hash, key)
+        except (ValueError, TypeError) as exc:  # CanonicalizationError: a value no event is written with
+            return f"the event holds a value no event is written with ({exc}): the event was changed"
         if not hmac.compare_digest(expected.encode(), record.hash.encode()):
             return ("the event's fields do not match its hash: the event was changed"
                     + (" (or the chain key is not the one it was written with)" if key else ""))
