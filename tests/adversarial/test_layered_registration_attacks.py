@@ -364,20 +364,15 @@ _METRICS_URL = re.compile(r"\[worker (\d)\]: metrics \(Prometheus\) on (http://1
 @pytest.fixture
 def workers(tmp_path: Path, jwt_auth: dict[str, Any]) -> Iterator[Workers]:
     """``toolbooth serve`` with two workers, JWT auth, metrics (a port per worker) and reflection."""
-    running = Workers(tmp_path, {
+    with Workers.serving(tmp_path, {
         "server": {"listen": ["127.0.0.1:0"], "workers": 2, "shutdown_grace_seconds": 5, "reflection": True},
         "auth": jwt_auth,
         "metrics": {"listen": "127.0.0.1:0"},
         "plugins": {"allow": ["append"]},
         "policy": {"reload_interval_seconds": 0},
         "store": {"sqlite_path": str(tmp_path / "state" / "toolbooth.db")},
-    })
-    try:
-        running.wait_serving()
+    }) as running:
         yield running
-    finally:
-        code = running.stop()
-        print(f"--- toolbooth serve exited with {code}:\n{running.output()}")
 
 
 @pytest.mark.slow

@@ -98,6 +98,18 @@ class Workers:
     def stop(self) -> int:
         return stopped(self.process)
 
+    @classmethod
+    @contextlib.contextmanager
+    def serving(cls, tmp: Path, settings: dict[str, Any]) -> Iterator[Workers]:
+        """Started and serving for the block; stopped after it, its output printed."""
+        running = cls(tmp, settings)
+        try:
+            running.wait_serving()
+            yield running
+        finally:
+            code = running.stop()
+            print(f"--- toolbooth serve exited with {code}:\n{running.output()}")
+
 
 def settings(tmp: Path, **server: Any) -> dict[str, Any]:
     return {
@@ -111,14 +123,9 @@ def settings(tmp: Path, **server: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Workers]:
-    running = Workers(tmp_path, {**settings(tmp_path, health_listen="127.0.0.1:0"),
-                                 "http_json": {"listen": "127.0.0.1:0"}})
-    try:
-        running.wait_serving()
+    with Workers.serving(tmp_path, {**settings(tmp_path, health_listen="127.0.0.1:0"),
+                                    "http_json": {"listen": "127.0.0.1:0"}}) as running:
         yield running
-    finally:
-        code = running.stop()
-        print(f"--- toolbooth serve exited with {code}:\n{running.output()}")
 
 
 async def call(target: str, text: str, key: str, tool: str = "append_line") -> ToolResult:
