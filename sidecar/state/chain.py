@@ -52,7 +52,6 @@ GENESIS_HASH = "sha256:" + "0" * 64
 KEYED_PREFIX = "hmac-sha256:"
 EVENT_COLUMNS = tuple(f.name for f in fields(AuditEvent))
 LATER_COLUMNS = frozenset({"decision_ids", "decision_input"})  # added after the chain: hashed only when set
-# (field, its ``"name":`` prefix) in canonical order: the names are ASCII, so code-point order is JCS's
 _LINKED_COLUMNS = (*EVENT_COLUMNS, "prev_hash")
 # (index in a linked row, its ``"name":`` prefix, whether ``None`` is left out), in canonical order: the names are
 # ASCII, so their code-point order is JCS's
