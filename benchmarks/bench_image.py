@@ -14,8 +14,8 @@ then removes it (``--keep``: leaves it tagged). Two rows against the target of 2
   its published size (``SLIM_BOOKWORM_BYTES``) plus the layer the Dockerfile adds, measured. That layer is the
   virtualenv and the user; it does not depend on the base.
 
-``--repeat`` and ``--calls``, which ``targets.py`` gives every benchmark, are accepted and change nothing: one
-build (its size does not vary with timing). ``--json`` puts a document on stdout and the tables on stderr.
+One build: its size does not vary with timing (``targets.py`` gives it no ``--repeat``). ``--json`` puts a document
+on stdout and the tables on stderr.
 """
 
 from __future__ import annotations
@@ -109,8 +109,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", action="store_true", help="leave the image tagged (its tag is in the report)")
-    parser.add_argument("--repeat", type=int, default=1, help="accepted for targets.py; one build whatever it says")
-    parser.add_argument("--calls", type=int, default=None, help="accepted for targets.py; no calls are made")
     parser.add_argument("--json", action="store_true", help="a JSON document on stdout (tables on stderr)")
     return parser.parse_args(argv)
 

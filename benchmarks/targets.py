@@ -21,7 +21,7 @@ Runs, one after the other and each with ``--json``, the benchmarks that measure 
   ``valgrind``; the slowest of them: about a minute per run of 1000 calls, four runs per repetition);
 * ``bench_image.py``: the image's size, built from the Dockerfile with buildah on the Debian bases
   ``bash .ci/image-tools`` makes (as root), and estimated on ``python:3.11-slim-bookworm`` (one build, a
-  minute or two, whatever ``--repeat`` says);
+  minute or two, given neither ``--repeat`` nor ``--calls``);
 * ``soak.py``: RSS after ``--soak-minutes`` (default 60, the target's hour) at half of the peak load against idle
   RSS (one run, whatever ``--repeat`` and ``--calls`` say; it fails if its own checks of the run fail).
 
@@ -98,27 +98,41 @@ def writes_rows(results: dict[str, Any]) -> list[Row]:
     return rows
 
 
-# name: (script, its own arguments, the rows of its JSON document)
-BENCHMARKS: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, Any]], list[Row]]]] = {
-    "execute": ("bench_execute.py", ("--targets",), target_rows),
-    "list_tools": ("bench_list_tools.py", (), list_tools_rows),
-    "workers": ("bench_workers.py", (), workers_rows),
-    "writes": ("bench_writes.py", (), writes_rows),
-    "footprint": ("bench_footprint.py", (), footprint_rows),
-    "instructions": ("bench_instructions.py", ("--targets",), instruction_rows),
-    "image": ("bench_image.py", (), image_rows),
-    "soak": ("soak.py", (), soak_rows),
+Sizing = Callable[[argparse.Namespace], list[str]]  # the arguments that size a benchmark's run, from targets.py's
+
+
+def repeated(args: argparse.Namespace) -> list[str]:
+    """``--repeat`` and ``--calls`` as given to targets.py."""
+    return ["--repeat", str(args.repeat), *(["--calls", str(args.calls)] if args.calls is not None else [])]
+
+
+def one_build(args: argparse.Namespace) -> list[str]:
+    """Nothing: one build of the image, whatever targets.py was given."""
+    return []
+
+
+def soak_length(args: argparse.Namespace) -> list[str]:
+    """One soak of ``--soak-minutes``."""
+    return ["--minutes", f"{args.soak_minutes:g}"]
+
+
+# name: (script, its own arguments, its sizing, the rows of its JSON document)
+BENCHMARKS: dict[str, tuple[str, tuple[str, ...], Sizing, Callable[[dict[str, Any]], list[Row]]]] = {
+    "execute": ("bench_execute.py", ("--targets",), repeated, target_rows),
+    "list_tools": ("bench_list_tools.py", (), repeated, list_tools_rows),
+    "workers": ("bench_workers.py", (), repeated, workers_rows),
+    "writes": ("bench_writes.py", (), repeated, writes_rows),
+    "footprint": ("bench_footprint.py", (), repeated, footprint_rows),
+    "instructions": ("bench_instructions.py", ("--targets",), repeated, instruction_rows),
+    "image": ("bench_image.py", (), one_build, image_rows),
+    "soak": ("soak.py", (), soak_length, soak_rows),
 }
-UNSIZED = frozenset({"soak"})  # one run of its own length: given neither --repeat nor --calls
 
 
-def run(name: str, calls: int | None, repeat: int, soak_minutes: float) -> dict[str, Any]:
+def run(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One benchmark's JSON document; its tables and progress go through to stderr."""
-    script, own, _ = BENCHMARKS[name]
-    if name in UNSIZED:
-        sized = ["--minutes", f"{soak_minutes:g}"]
-    else:
-        sized = ["--repeat", str(repeat), *(["--calls", str(calls)] if calls is not None else [])]
+    script, own, sizing, _ = BENCHMARKS[name]
+    sized = sizing(args)
     done = subprocess.run([sys.executable, str(HERE / script), *own, *sized, "--json"],
                           stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, check=False)
     if done.returncode != 0:
@@ -154,11 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[str] = []
     for name in args.only:
         try:
-            documents[name] = run(name, args.calls, args.repeat, args.soak_minutes)
+            documents[name] = run(name, args)
         except (RuntimeError, json.JSONDecodeError) as exc:
             failed.append(f"{name}: {exc}")
             continue
-        rows.extend(BENCHMARKS[name][2](documents[name]))
+        rows.extend(BENCHMARKS[name][3](documents[name]))
     out = sys.stderr if args.json else sys.stdout
     print(f"\nperformance targets; medians of {args.repeat} runs; {os.cpu_count()} CPUs shared by clients and "
           f"servers; load average now {' '.join(f'{x:.1f}' for x in os.getloadavg())}", file=out)
