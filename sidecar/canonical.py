@@ -36,8 +36,7 @@ __all__ = [
 ]
 
 MAX_SAFE_INTEGER = 2**53 - 1  # the largest integer JCS (an IEEE 754 double) represents exactly
-# Encoders made once: ``json.dumps`` with any non-default option builds a new ``JSONEncoder`` on every call.
-_encode_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+# Made once: ``json.dumps`` with any non-default option builds a new ``JSONEncoder`` on every call.
 _encode_sorted = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
@@ -53,7 +52,7 @@ def canonical_bytes(value: Any) -> bytes:
             fast = _python_form(value)
         except _NeedsJcs:
             return rfc8785.dumps(value)
-        return _encode_canonical(fast).encode()
+        return _encode_sorted(fast).encode()  # ``_python_form`` lets no NaN or infinity through
     except UnicodeEncodeError as exc:  # a lone surrogate, met while sorting or encoding
         raise CanonicalizationError(f"input contains non-UTF-8 codepoints: {exc.reason}") from None
 
