@@ -123,6 +123,21 @@ def test_a_stop_command_needs_a_start_command() -> None:
     assert done.returncode == 2 and "--stop-command and --start-command go together" in done.stderr
 
 
+def test_the_soak_refuses_a_negative_idle_time() -> None:
+    done = subprocess.run([sys.executable, "benchmarks/soak.py", "--idle-seconds", "-1"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "--idle-seconds at least 0" in done.stderr
+
+
+def test_the_image_benchmark_names_what_is_missing_and_how_to_make_it() -> None:
+    env = {**os.environ, "TOOLBOOTH_RUNTIME_IMAGE": "localhost/toolbooth-no-such-base:1"}
+    done = subprocess.run([sys.executable, "benchmarks/bench_image.py"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and done.stderr.endswith(": run bash .ci/image-tools (as root)\n"), done.stderr
+    assert ("the base image localhost/toolbooth-no-such-base:1 is missing" in done.stderr
+            or "buildah, podman, runc or their containers.conf are missing" in done.stderr)
+
+
 def test_a_bad_arguments_mode_is_refused() -> None:
     done = subprocess.run([sys.executable, "benchmarks/bench_execute.py", "--arguments", "repeated,random"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
