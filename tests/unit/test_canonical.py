@@ -8,7 +8,7 @@ import logging
 import math
 import random
 import struct
-from dataclasses import astuple, fields
+from dataclasses import astuple, fields, replace
 
 import pytest
 import rfc8785
@@ -126,6 +126,15 @@ def test_an_event_hash_is_over_the_canonical_json_of_the_event_whatever_its_valu
     assert event_hash(row, GENESIS_HASH) == "sha256:" + hashlib.sha256(canonical_bytes(columns)).hexdigest()
     keyed = event_hash(row, GENESIS_HASH, b"k" * 32)
     assert keyed == KEYED_PREFIX + hmac.new(b"k" * 32, canonical_bytes(columns), hashlib.sha256).hexdigest()
+
+
+def test_a_stored_event_that_cannot_be_hashed_is_the_broken_link_and_says_why() -> None:
+    changed = replace(_EVENT, duration_ms=2**53)
+    record = AuditRecord(id=4, event=changed, prev_hash=GENESIS_HASH, hash=event_hash(audit_row(_EVENT), GENESIS_HASH))
+    broken = ChainVerifier().feed(record)
+    assert broken is not None and broken.id == 4
+    assert broken.problem.startswith("the event holds a value no event is written with (")
+    assert broken.problem.endswith("): the event was changed")
 
 
 def test_an_event_that_cannot_be_hashed_says_why() -> None:
