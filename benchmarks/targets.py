@@ -19,9 +19,9 @@ Runs, one after the other and each with ``--json``, the benchmarks that measure 
 * ``bench_instructions.py --targets``: the instructions per call of the sidecar at 16 in flight against the bare
   grpcio echo's, both counted under callgrind, with repeated arguments (cache hits) and distinct ones (needs
   ``valgrind``; the slowest of them: about a minute per run of 1000 calls, four runs per repetition);
-* ``bench_image.py``: the image's size, built from the Dockerfile with buildah on the Debian bases
-  ``bash .ci/image-tools`` makes (as root), and estimated on ``python:3.11-slim-bookworm`` (one build, a
-  minute or two, given neither ``--repeat`` nor ``--calls``);
+* ``bench_image.py``: the image's size, built from the Dockerfile with buildah on the Debian 12 builder base
+  ``bash .ci/image-tools`` makes (as root); the runtime has no base, so it is the default build's size (one build,
+  a minute or two, given neither ``--repeat`` nor ``--calls``);
 * ``soak.py``: RSS after ``--soak-minutes`` (default 60, the target's hour) at half of the peak load against idle
   RSS (one run, whatever ``--repeat`` and ``--calls`` say; it fails if its own checks of the run fail).
 

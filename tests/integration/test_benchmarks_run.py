@@ -130,7 +130,7 @@ def test_the_soak_refuses_a_negative_idle_time() -> None:
 
 
 def test_the_image_benchmark_names_what_is_missing_and_how_to_make_it() -> None:
-    env = {**os.environ, "TOOLBOOTH_RUNTIME_IMAGE": "localhost/toolbooth-no-such-base:1"}
+    env = {**os.environ, "TOOLBOOTH_PYTHON_IMAGE": "localhost/toolbooth-no-such-base:1"}
     done = subprocess.run([sys.executable, "benchmarks/bench_image.py"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and done.stderr.endswith(": run bash .ci/image-tools (as root)\n"), done.stderr

@@ -1,9 +1,9 @@
 """The image built from the repository's ``Dockerfile`` with buildah, without a Docker daemon or a registry.
 
-Used by ``tests/integration/test_image.py`` and ``benchmarks/bench_image.py``. The bases are the Debian images
-``bash .ci/image-tools`` makes (as root) with debootstrap: the builder's, with pip (``PYTHON_IMAGE``), and the
-runtime's, the same without pip and slimmed as ``debian:bookworm-slim`` is (``RUNTIME_IMAGE``); the
-``TOOLBOOTH_PYTHON_IMAGE`` and ``TOOLBOOTH_RUNTIME_IMAGE`` variables name others. buildah and podman run with the
+Used by ``tests/integration/test_image.py`` and ``benchmarks/bench_image.py``. The builder's base
+(``PYTHON_IMAGE``) is the Debian 12 image ``bash .ci/image-tools`` makes (as root) with debootstrap, with the
+packages the Dockerfile installs on ``debian:bookworm-slim``; the ``TOOLBOOTH_PYTHON_IMAGE`` variable names another.
+The runtime has no base: its root is made of that image's packages in the build. buildah and podman run with the
 ``containers.conf`` it writes. The build's pip reaches PyPI trusting what this machine trusts: its CA bundle is
 mounted into the build's ``RUN`` steps, not copied into the image.
 """
@@ -17,13 +17,12 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["BASE", "ENGINE_ENV", "RUNTIME_BASE", "TARGET_IMAGE_BYTES", "EngineError", "build", "engine", "missing",
+__all__ = ["BASE", "ENGINE_ENV", "TARGET_IMAGE_BYTES", "EngineError", "build", "engine", "missing",
            "remove", "size"]
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path("/var/cache/toolbooth")
 BASE = os.environ.get("TOOLBOOTH_PYTHON_IMAGE", "localhost/toolbooth-python:3.11-bookworm")
-RUNTIME_BASE = os.environ.get("TOOLBOOTH_RUNTIME_IMAGE", "localhost/toolbooth-python:3.11-bookworm-runtime")
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 ENGINE_ENV = {**os.environ, "CONTAINERS_CONF": str(CACHE / "containers.conf")}
 TARGET_IMAGE_BYTES = 200_000_000  # issue 27: "Image <= 200 MB"
@@ -47,9 +46,8 @@ def missing() -> str | None:
     if not all(shutil.which(tool) for tool in ("buildah", "podman", "runc")) \
             or not (CACHE / "containers.conf").exists():
         return "buildah, podman, runc or their containers.conf are missing"
-    for image in (BASE, RUNTIME_BASE):
-        if subprocess.run(["podman", "image", "exists", image], env=ENGINE_ENV, check=False).returncode:
-            return f"the base image {image} is missing"
+    if subprocess.run(["podman", "image", "exists", BASE], env=ENGINE_ENV, check=False).returncode:
+        return f"the base image {BASE} is missing"
     return None
 
 
@@ -59,7 +57,7 @@ def build(tag: str) -> float:
     started = time.monotonic()
     # docker format: an OCI image config has no HEALTHCHECK.
     engine("buildah", "bud", "--isolation", "chroot", "--format", "docker", "--layers=false", "--quiet",
-           "--build-arg", f"PYTHON_IMAGE={BASE}", "--build-arg", f"RUNTIME_IMAGE={RUNTIME_BASE}", *mounts,
+           "--build-arg", f"PYTHON_IMAGE={BASE}", *mounts,
            "--tag", tag, str(REPO), timeout=900)
     return time.monotonic() - started
 
