@@ -47,8 +47,10 @@ key: $(python -c 'import secrets; print(secrets.token_hex(32))')}}" \
 # The runtime's root, /rootfs: the files of the Debian packages a Python 3.11 process needs (those distroless's
 # python3-debian12 is made of, its base's, cc's and python3's, less netbase, libgomp1 and python3-distutils), as
 # installed here (paths under the merged /usr), with what their scripts made (the CA bundle, the standard library's
-# bytecode), the python3 link, a passwd and group of root and nobody, no documentation but the copyrights: no shell,
-# coreutils, package manager or pip. /out holds the state and socket directories, empty.
+# bytecode), OpenSSL's default paths to that bundle (links of the openssl package in /usr/lib/ssl) and the C.UTF-8
+# locale (libc-bin's) the image's LANG names, the python3 link, a passwd and group of root and nobody, no
+# documentation but the copyrights: no shell, coreutils, package manager or pip. /out holds the state and socket
+# directories, empty.
 ARG RUNTIME_PACKAGES="base-files libc6 libssl3 ca-certificates tzdata libgcc-s1 libstdc++6 python3.11-minimal \
 libpython3.11-minimal libpython3.11-stdlib libbz2-1.0 libdb5.3 libexpat1 liblzma5 libsqlite3-0 libuuid1 libncursesw6 \
 libtinfo6 zlib1g libcom-err2 libcrypt1 libgssapi-krb5-2 libk5crypto3 libkeyutils1 libkrb5-3 libkrb5support0 libnsl2 \
@@ -59,7 +61,10 @@ RUN dpkg-query --show $RUNTIME_PACKAGES >/dev/null \
         if [ "$path" != / ] && { [ -e "$path" ] || [ -L "$path" ]; }; then echo ".$path"; fi; done > /tmp/files \
  && mkdir -m 0755 /rootfs && tar -C / --no-recursion -cf - -T /tmp/files | tar -C /rootfs -xf - \
  && cd / && find usr/lib/python3.11 -path '*/__pycache__*' -print0 | tar --null -cf - -T - | tar -C /rootfs -xf - \
- && cp -a /etc/ssl/certs /rootfs/etc/ssl/ && cp -a /bin /sbin /lib /lib64 /rootfs/ \
+ && cp -a /etc/ssl/certs /rootfs/etc/ssl/ \
+ && mkdir /rootfs/usr/lib/ssl && cp -a /usr/lib/ssl/cert.pem /usr/lib/ssl/certs /rootfs/usr/lib/ssl/ \
+ && mkdir /rootfs/usr/lib/locale && cp -a /usr/lib/locale/C.utf8 /rootfs/usr/lib/locale/ \
+ && cp -a /bin /sbin /lib /lib64 /rootfs/ \
  && ln -s python3.11 /rootfs/usr/bin/python3 \
  && printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
         > /rootfs/etc/passwd && printf '%s\n' 'root:x:0:' 'nogroup:x:65534:' > /rootfs/etc/group \

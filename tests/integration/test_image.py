@@ -91,6 +91,15 @@ def test_the_runtime_has_no_shell_and_no_package_manager(image: str) -> None:
     assert found.split() == ["[]", "False"], found
 
 
+def test_the_runtime_verifies_tls_and_has_its_locale(image: str) -> None:
+    # OpenSSL's default paths lead to the CA bundle (a JWKS URL, an OPA server, SMTP over TLS verify against it), and
+    # the C.UTF-8 locale that LANG names exists (setlocale raises if not).
+    found = engine("podman", "run", "--rm", "--read-only", "--network", "none", "--entrypoint", "python", image, "-c",
+                   "import locale, ssl; locale.setlocale(locale.LC_ALL, ''); "
+                   "print(len(ssl.create_default_context().get_ca_certs()))").stdout
+    assert int(found) > 100, found
+
+
 def test_the_image_installs_exactly_the_pinned_versions(image: str) -> None:
     def distributions(*run: str) -> dict[str, str]:
         found: dict[str, str] = json.loads(engine("podman", "run", "--rm", "--network", "none", *run,
