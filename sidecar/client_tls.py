@@ -1,14 +1,16 @@
 """The clients' channel to a sidecar: plaintext, or TLS when a ``ClientTls`` is given (``sidecar.client``).
 
 A sidecar serves TLS on its TCP addresses when ``server.tls`` is set; its Unix sockets stay plaintext, so
-TLS towards a ``unix:`` target is refused here. ``ClientTls()`` trusts the system's CAs; ``ca_file`` trusts
-that CA instead (a private one); ``cert_file`` and ``key_file`` present a client certificate (mutual TLS,
+TLS towards a ``unix:`` target is refused here. ``ClientTls()`` trusts the system's CAs (the bundle OpenSSL
+finds: ``SSL_CERT_FILE``, else its default file; gRPC's own roots where there is none); ``ca_file`` trusts that CA
+instead (a private one); ``cert_file`` and ``key_file`` present a client certificate (mutual TLS,
 ``server.tls.client_ca_file``); ``server_name`` is the name the server's certificate must carry when the
 target does not say it (an IP address, say). The files are read when the channel opens.
 """
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +41,8 @@ class ClientTls:
 
     def credentials(self) -> grpc.ChannelCredentials:
         """The channel credentials; ``ValueError`` naming a file that cannot be read."""
-        return grpc.ssl_channel_credentials(root_certificates=_read(self.ca_file, "CA"),
+        roots = _read(self.ca_file, "CA") if self.ca_file is not None else _system_roots()
+        return grpc.ssl_channel_credentials(root_certificates=roots,
                                             private_key=_read(self.key_file, "key"),
                                             certificate_chain=_read(self.cert_file, "certificate"))
 
@@ -66,6 +69,13 @@ def _tcp(target: str) -> str:
     if target.startswith(_PLAINTEXT_SCHEMES):
         raise ValueError(f"{target}: TLS is for TCP targets; a sidecar's Unix socket is plaintext")
     return target
+
+
+def _system_roots() -> bytes | None:
+    """The system's CA bundle as OpenSSL finds it, or ``None`` where there is none (gRPC then trusts its own roots,
+    which a system's added CAs are not among)."""
+    cafile = ssl.get_default_verify_paths().cafile
+    return None if cafile is None else _read(Path(cafile), "system CA bundle")
 
 
 def _read(path: Path | None, what: str) -> bytes | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,28 @@ from sidecar.policy.embedded import EmbeddedEngine
 from sidecar.state import Store
 from sidecar.state.sqlite import SqliteStore
 from sidecar.tools.registry import Registry
-from tests.support import tools
+from tests.support import image_build, tools
 from tests.support.cli import cli_env, short_dir
+from tests.support.required import missing
 
 DEVELOPER = Principal(id="dev-1", tenant="acme", roles=("developer",))
 ADMIN = Principal(id="admin-1", tenant="acme", roles=("admin",))
 
 PipelineFactory = Callable[..., Awaitable[Pipeline]]
+
+
+@pytest.fixture(scope="session")
+def image() -> Iterator[str]:
+    """The image built from the repository once for the session (``tests/support/image_build.py``), tagged
+    uniquely; removed at its end."""
+    if lacking := image_build.missing():
+        missing(lacking, install=image_build.INSTALL)
+    tag = f"localhost/toolbooth-test:{uuid.uuid4().hex[:12]}"
+    try:
+        print(f"built {tag} in {image_build.build(tag):.0f} s")
+        yield tag
+    finally:
+        image_build.remove(tag)
 
 
 @pytest.fixture

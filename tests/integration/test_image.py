@@ -5,8 +5,8 @@ No Docker daemon and no registry: the builder's base (``PYTHON_IMAGE``) is the D
 the runtime's root is made of its packages in the build (no shell in it); the script also installs buildah, podman
 and runc and writes the ``containers.conf`` they run with. The build's ``pip``
 reaches PyPI trusting what this machine trusts (``tests/support/image_build.py``, which
-``benchmarks/bench_image.py`` builds with too). The module builds the image once and removes it at the end; each
-test runs containers of it and removes them.
+``benchmarks/bench_image.py`` builds with too). The image is the session's (``tests/conftest.py``: built once,
+removed at the end); each test runs containers of it and removes them.
 
 The sidecar runs with ``deploy/kubernetes/config.yaml``'s configuration (a Unix socket on a shared volume, the
 health-only port, RS256 JWTs verified with a mounted public key, the policies mounted), as uid 10001 on a
@@ -31,10 +31,8 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from packaging.utils import canonicalize_name
 
-from tests.support import image_build
 from tests.support.build_context import pinned_versions
 from tests.support.image_build import ENGINE_ENV, TARGET_IMAGE_BYTES, engine
-from tests.support.required import missing
 from tests.support.signing_keys import key_pair
 from tests.support.waiting import until_blocking
 
@@ -50,19 +48,6 @@ HARDENED = ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privil
 LISTING = "import importlib.metadata as m, json; print(json.dumps({d.name: d.version for d in m.distributions()}))"
 
 
-@pytest.fixture(scope="module")
-def image() -> Iterator[str]:
-    """The image built from the repository, tagged uniquely; removed after the module's tests."""
-    if lacking := image_build.missing():
-        missing(lacking, install=image_build.INSTALL)
-    tag = f"localhost/toolbooth-test:{uuid.uuid4().hex[:12]}"
-    try:
-        print(f"built {tag} in {image_build.build(tag):.0f} s")
-        yield tag
-    finally:
-        image_build.remove(tag)
-
-
 def _inspect(image: str) -> dict[str, object]:
     document: list[dict[str, object]] = json.loads(engine("podman", "image", "inspect", image).stdout)
     return document[0]
@@ -73,7 +58,7 @@ def test_the_image_is_small_non_root_and_has_a_healthcheck(image: str, capsys: p
     config = inspected["Config"]
     assert isinstance(config, dict)
     assert config["User"] == f"{SIDECAR_UID}:{SIDECAR_UID}"
-    assert config["Entrypoint"] == ["toolbooth", "serve"]
+    assert config["Entrypoint"] == ["tini", "--", "toolbooth", "serve"]
     assert set(config["Volumes"]) == {"/var/lib/toolbooth", "/run/toolbooth"}
     healthcheck = inspected["Healthcheck"]
     assert isinstance(healthcheck, dict) and healthcheck["Test"][0] == "CMD"

@@ -96,6 +96,16 @@ async def test_a_client_that_does_not_trust_the_ca_is_refused_with_what_to_do(
         in capsys.readouterr().err
 
 
+async def test_a_client_trusts_the_system_bundle_openssl_finds(
+        make_settings: Callable[..., Settings], start_sidecar: StartSidecar, ca: Authority, tls_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without --tls-ca the client trusts the system's CAs, as OpenSSL finds them (here SSL_CERT_FILE, as a pod's
+    # mounted trust bundle or the image's own bundle): not only the roots gRPC ships.
+    sidecar = await start_sidecar(make_settings(server=_tls(ca, tls_dir)), FakeGateway())
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca.write(tls_dir / "system-bundle.crt")))
+    assert await _list(_tcp(sidecar), ClientTls()) == "rev-1"
+
+
 async def test_the_command_calls_over_tls_with_the_ca_from_the_environment(
         make_settings: Callable[..., Settings], start_sidecar: StartSidecar, ca: Authority, tls_dir: Path,
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
