@@ -54,9 +54,14 @@ async def download(url: str, *, timeout: float, max_bytes: int, headers: Mapping
 
 
 def failure(exc: aiohttp.ClientError | OSError) -> str:
-    """What went wrong with a download, for a person: ``cannot connect to HOST:PORT: Connection refused``."""
+    """What went wrong with a download, for a person: ``cannot connect to HOST:PORT: Connection refused``, ``the
+    certificate of HOST:PORT is not trusted: ...``."""
     import aiohttp
 
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):  # its errno is OpenSSL's, not the system's
+        error = exc.certificate_error
+        reason = getattr(error, "verify_message", None) or getattr(error, "reason", None) or error
+        return f"the certificate of {exc.host}:{exc.port} is not trusted: {reason}"
     if isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno:
         return f"cannot connect to {exc.host}:{exc.port}: {os.strerror(exc.os_error.errno)}"
     return str(exc) or type(exc).__name__

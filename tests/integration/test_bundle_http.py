@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import ssl
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +19,7 @@ from sidecar.policy.bundle.archive import MAX_BUNDLE_BYTES
 from sidecar.policy.bundle.fetch import BundleFetcher
 from sidecar.policy.embedded import EmbeddedEngine
 from tests.support.bundle_server import PATH, BundleServer, bundle_server
+from tests.support.certificates import Authority
 
 
 @pytest.fixture
@@ -60,6 +64,25 @@ async def test_a_server_that_is_down_is_a_fetch_error() -> None:
         port = probe.getsockname()[1]
     with pytest.raises(BundleFetchError, match=rf"GET http://127\.0\.0\.1:{port}{PATH}: .*refused"):
         await BundleFetcher(f"http://127.0.0.1:{port}{PATH}", timeout=2).fetch()
+
+
+async def test_a_server_whose_certificate_is_not_trusted_is_named_so(tmp_path: Path) -> None:
+    # aiohttp reports OpenSSL's verify error with errno 1, which once read "Operation not permitted".
+    cert, key = Authority().issue("localhost").write(tmp_path, "server")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def handshake() -> None:
+            connection, _ = listener.accept()
+            with contextlib.suppress(OSError), context.wrap_socket(connection, server_side=True):
+                pass
+
+        threading.Thread(target=handshake, daemon=True).start()
+        with pytest.raises(BundleFetchError, match=rf"GET https://localhost:{port}{PATH}: the certificate of "
+                                                   rf"localhost:{port} is not trusted: .*certificate"):
+            await BundleFetcher(f"https://localhost:{port}{PATH}", timeout=5).fetch()
 
 
 async def test_a_silent_server_is_a_fetch_error_after_the_timeout(server: BundleServer) -> None:
