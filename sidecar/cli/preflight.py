@@ -3,7 +3,8 @@
 ``check_files_named`` is cheap and has no side effects: the files the configuration names exist and are
 usable (the JWT key fits one of its algorithms, the TLS certificate, its key and client CA, the mask key
 file, the bundle verification keys, the policy directory or bundle file), the extra of each HTTP endpoint
-that is on is installed (``sidecar.config.endpoints``: the MCP SDK for ``mcp.listen``, …), and the HTTP
+that is on is installed (``sidecar.config.endpoints``: the MCP SDK for ``mcp.listen``, …), so is each span
+exporter ``OTEL_TRACES_EXPORTER`` names (``sidecar.telemetry.tracing.check_exporters``), and the HTTP
 listeners' caps fit the files this process may open (``sidecar.server.http_guard.check_descriptors``).
 ``serve`` runs it first, so such a mistake stops it before anything opens.
 ``preflight`` adds what takes longer, still changing nothing: the plugins load under the allow-list,
@@ -73,18 +74,21 @@ class Checked:
 
 
 def check_files_named(settings: Settings) -> None:
-    """The key files, policy directory and bundle file the settings name exist and are usable (else
-    ``ConfigError``); the HTTP listeners' caps fit the file descriptors (else ``OSError``)."""
+    """The key files, policy directory and bundle file the settings name exist and are usable, the endpoints' extras
+    and the span exporters are installed (else ``ConfigError``); the HTTP listeners' caps fit the file descriptors
+    (else ``OSError``)."""
     from sidecar.config.endpoints import check_installed
     from sidecar.policy.engines import engine_for
     from sidecar.server.auth import Authenticator
     from sidecar.server.http_guard import check_descriptors
     from sidecar.server.tls import CertificateFiles
+    from sidecar.telemetry.tracing import check_exporters
 
     Authenticator(settings.auth)  # reads the JWT key and parses it for each allowed algorithm
     if settings.server.tls is not None:
         CertificateFiles(settings.server.tls)  # the certificate and key parse and match, the client CA parses
     check_installed(settings)
+    check_exporters()
     check_descriptors(settings)
     settings.audit.read_mask_key()
     settings.audit.read_chain_key()

@@ -22,7 +22,7 @@ import asyncio
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING
 
 from opentelemetry.environment_variables import OTEL_TRACES_EXPORTER
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the SDK loads only when traces are exported (OTEL_TRACES_EX
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Tracer
 
-__all__ = ["EXPORTER_ENTRY_POINTS", "SERVICE", "Tracing"]
+__all__ = ["EXPORTER_ENTRY_POINTS", "SERVICE", "Tracing", "check_exporters"]
 
 EXPORTER_ENTRY_POINTS = "opentelemetry_traces_exporter"
 SERVICE = "toolbooth"
@@ -68,10 +68,7 @@ class Tracing:
         """The tracing ``OTEL_TRACES_EXPORTER`` asks for (``ConfigError`` for an exporter that is not installed);
         off when it is unset or ``none``, or when ``OTEL_SDK_DISABLED`` is true."""
         env = os.environ if env is None else env
-        if env.get(_OTEL_SDK_DISABLED, "").strip().lower() == "true":
-            return cls()
-        names = [name.strip() for name in env.get(OTEL_TRACES_EXPORTER, "").split(",")]
-        names = [name for name in names if name.lower() not in _OFF]
+        names = _named(env)
         if not names:
             return cls()
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -118,8 +115,24 @@ def _entry_point(name: str, env: Mapping[str, str]) -> str:
     return _OTLP_BY_PROTOCOL["grpc"]
 
 
-def _exporter(name: str, env: Mapping[str, str]) -> SpanExporter:
-    """A new exporter of the package that registered ``name`` (``otlp``: see ``_entry_point``)."""
+def check_exporters(env: Mapping[str, str] | None = None) -> None:
+    """Raise the ``ConfigError`` ``Tracing.from_env`` would for an exporter ``OTEL_TRACES_EXPORTER`` names that is
+    not installed (or an OTLP protocol that is none), making no exporter (``toolbooth config validate``)."""
+    env = os.environ if env is None else env
+    for name in _named(env):
+        _registered(name, env)
+
+
+def _named(env: Mapping[str, str]) -> list[str]:
+    """The exporters ``OTEL_TRACES_EXPORTER`` names; none when it is unset or ``none``, or the SDK is disabled."""
+    if env.get(_OTEL_SDK_DISABLED, "").strip().lower() == "true":
+        return []
+    names = [name.strip() for name in env.get(OTEL_TRACES_EXPORTER, "").split(",")]
+    return [name for name in names if name.lower() not in _OFF]
+
+
+def _registered(name: str, env: Mapping[str, str]) -> EntryPoint:
+    """The entry point of the exporter ``name`` (``otlp``: see ``_entry_point``); ``ConfigError`` if none is."""
     entry = _entry_point(name, env)
     found = entry_points(group=EXPORTER_ENTRY_POINTS, name=entry)
     if not found:
@@ -128,9 +141,14 @@ def _exporter(name: str, env: Mapping[str, str]) -> SpanExporter:
         hint = " (toolbooth[otlp] installs otlp_proto_grpc)" if entry.startswith(_OTLP) else ""
         raise ConfigError(f"{OTEL_TRACES_EXPORTER}={name!r}: no such span exporter is installed{meant}{hint}; "
                           f"installed: {', '.join([*known, 'none'])}")
+    return next(iter(found))
+
+
+def _exporter(name: str, env: Mapping[str, str]) -> SpanExporter:
+    """A new exporter of the package that registered ``name``."""
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
-    exporter_class = next(iter(found)).load()
+    exporter_class = _registered(name, env).load()
     exporter = exporter_class(formatter=_one_line) if exporter_class is ConsoleSpanExporter else exporter_class()
     if not isinstance(exporter, SpanExporter):
         raise ConfigError(f"{OTEL_TRACES_EXPORTER}={name!r}: {exporter_class!r} is not a span exporter")

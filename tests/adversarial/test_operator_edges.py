@@ -203,6 +203,18 @@ def test_validate_fails_where_serve_fails_and_both_exit_2(line: str, expected: s
     assert not (short_dir / "tb.sock").exists() and not (short_dir / "tb.db").exists()
 
 
+def test_validate_fails_where_serve_fails_for_a_span_exporter_not_installed(
+        short_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _config(short_dir, f"server:\n  listen: ['unix://{short_dir}/tb.sock']")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin_json")
+    expected = "toolbooth: error: OTEL_TRACES_EXPORTER='zipkin_json': no such span exporter is installed; installed: "
+    assert main(["config", "validate", "--config", str(config)]) == 2
+    assert _errors(capsys).startswith(expected)
+    assert main(["serve", "--config", str(config)]) == 2
+    assert _errors(capsys).splitlines()[-1].startswith(expected)
+    assert not (short_dir / "tb.sock").exists() and not (short_dir / "tb.db").exists()
+
+
 def test_serve_exits_2_as_a_process_for_a_missing_key_file(short_dir: Path) -> None:
     config = _config(short_dir, f"server:\n  listen: ['unix://{short_dir}/tb.sock']",
                      f"auth:\n  jwt: {{issuer: i, audience: a, key_file: {short_dir}/missing.pem}}")
