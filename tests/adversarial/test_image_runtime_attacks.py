@@ -38,6 +38,11 @@ def _python(image: str, script: str, *options: str) -> str:
     return done.stdout + done.stderr
 
 
+def _trusting_the_ca(image: str, script: str, tls_files: Path) -> str:
+    """``_python`` with ``tls_files`` at ``/tls`` and their CA as the system's bundle (a pod's mounted trust bundle)."""
+    return _python(image, script, "--volume", f"{tls_files}:/tls:ro", "--volume", f"{tls_files / 'ca.pem'}:{BUNDLE}:ro")
+
+
 @pytest.fixture
 def tls_files(tmp_path: Path) -> Path:
     """A CA (``ca.pem``, the bundle to mount) and a certificate for localhost it signed (``server.crt``/``.key``),
@@ -86,9 +91,7 @@ def test_postgres_sslrootcert_system_uses_the_image_ca_bundle(image: str, tls_fi
         "                    'gssencmode=disable connect_timeout=5')\n"
         "except psycopg.OperationalError as e:\n"
         "    print(e)\n")
-    output = _python(image, script, "--volume", f"{tls_files}:/tls:ro",
-                     "--volume", f"{tls_files / 'ca.pem'}:{BUNDLE}:ro")
-    assert "reached over TLS" in output, output
+    assert "reached over TLS" in (output := _trusting_the_ca(image, script, tls_files)), output
 
 
 def test_client_tls_trusts_the_system_bundle(image: str, tls_files: Path) -> None:
@@ -111,9 +114,7 @@ def test_client_tls_trusts_the_system_bundle(image: str, tls_files: Path) -> Non
         "    except grpc.RpcError as e:\n"
         "        print('refused', e.details())\n"
         "server.stop(None)\n")
-    output = _python(image, script, "--volume", f"{tls_files}:/tls:ro",
-                     "--volume", f"{tls_files / 'ca.pem'}:{BUNDLE}:ro")
-    assert "SERVING" in output, output
+    assert "SERVING" in (output := _trusting_the_ca(image, script, tls_files)), output
 
 
 def _start(image: str) -> str:
