@@ -75,9 +75,10 @@ class Hostile:
         finally:
             writer.close()
 
-    def head(self, body: bytes, *, path: str = "/v1/call", extra: str = "", close: bool = True) -> bytes:
-        """A whole request of ``body`` to ``path``, with alice's token."""
-        lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {self.token()}",
+    def head(self, body: bytes, *, path: str = "/v1/call", extra: str = "", close: bool = True,
+             token: str | None = None) -> bytes:
+        """A whole request of ``body`` to ``path``, with ``token`` (default: alice's)."""
+        lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {token or self.token()}",
                  "Content-Type: application/json", f"Content-Length: {len(body)}"]
         if close:
             lines.append("Connection: close")
@@ -359,8 +360,8 @@ async def test_a_forged_or_stale_token_runs_nothing_and_is_typed(hostile: Hostil
     }[forge]
     before, audited = tools.CREATED.value, len(await hostile.audit())
     body = json.dumps({"tool": "create_note", "arguments": {"text": "t"}, "idempotency_key": f"t-{forge}"}).encode()
-    request = hostile.head(body).replace(good.encode(), token.encode())
-    error = _typed_error(await hostile.raw(request), 401)
+    # the forged token given as it is: a token minted again would differ from ``good`` once a second turned
+    error = _typed_error(await hostile.raw(hostile.head(body, token=token)), 401)
     assert error["code"] == "UNAUTHENTICATED" and error["retryable"] is False
     assert tools.CREATED.value == before and len(await hostile.audit()) == audited
 
