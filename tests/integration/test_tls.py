@@ -106,6 +106,13 @@ async def test_a_client_trusts_the_system_bundle_openssl_finds(
     assert await _list(_tcp(sidecar), ClientTls()) == "rev-1"
 
 
+def test_a_system_bundle_that_cannot_be_read_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ssl, "get_default_verify_paths", lambda: ssl.DefaultVerifyPaths(
+        str(tmp_path), None, "SSL_CERT_FILE", str(tmp_path), "SSL_CERT_DIR", str(tmp_path)))  # a directory
+    with pytest.raises(ValueError, match=f"^cannot read the TLS system CA bundle file {tmp_path}: Is a directory$"):
+        ClientTls().credentials()
+
+
 async def test_the_command_calls_over_tls_with_the_ca_from_the_environment(
         make_settings: Callable[..., Settings], start_sidecar: StartSidecar, ca: Authority, tls_dir: Path,
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
