@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.certificates import Authority
-from tests.support.image_build import ENGINE_ENV
+from tests.support.image_build import ENGINE_ENV, python
 from tests.support.waiting import until_blocking
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # builds the image first
@@ -31,16 +31,11 @@ def _podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
                           check=False)
 
 
-def _python(image: str, script: str, *options: str) -> str:
-    """``python -c script`` in a container of the image; its stdout and stderr."""
-    done = _podman("run", "--rm", "--network", "none", *HARDENED, *options, "--entrypoint", "python", image,
-                   "-c", script)
-    return done.stdout + done.stderr
-
-
 def _trusting_the_ca(image: str, script: str, tls_files: Path) -> str:
-    """``_python`` with ``tls_files`` at ``/tls`` and their CA as the system's bundle (a pod's mounted trust bundle)."""
-    return _python(image, script, "--volume", f"{tls_files}:/tls:ro", "--volume", f"{tls_files / 'ca.pem'}:{BUNDLE}:ro")
+    """``python -c script`` in a hardened container with ``tls_files`` at ``/tls`` and their CA as the system's
+    bundle (a pod's mounted trust bundle)."""
+    return python(image, script, *HARDENED, "--volume", f"{tls_files}:/tls:ro",
+                  "--volume", f"{tls_files / 'ca.pem'}:{BUNDLE}:ro")
 
 
 @pytest.fixture
@@ -59,10 +54,10 @@ def test_libpq_and_getpass_know_the_image_user(image: str) -> None:
     # A DSN without a user (host=db dbname=app, PGUSER unset) makes libpq ask getpwuid() for the OS user name; the
     # root's passwd has root and nobody only, so it fails before connecting ("local user with ID 10001 does not
     # exist") where the Debian-based image, whose uid 10001 was `toolbooth`, tried that role.
-    output = _python(image, "import getpass, psycopg\n"
+    output = python(image, "import getpass, psycopg\n"
                             "try:\n    print('user', getpass.getuser())\nexcept KeyError as e:\n    print(e)\n"
                             "try:\n    psycopg.connect('host=127.0.0.1 port=9 dbname=app connect_timeout=2')\n"
-                            "except psycopg.OperationalError as e:\n    print(e)\n")
+                            "except psycopg.OperationalError as e:\n    print(e)\n", *HARDENED)
     assert "uid not found" not in output and "local user" not in output, output
 
 
@@ -147,7 +142,7 @@ def test_pid_1_reaps_orphaned_processes(image: str) -> None:
         until_blocking(lambda: _podman("healthcheck", "run", name).returncode == 0, timeout=60,
                        what="the HEALTHCHECK passing")
         started = _podman("exec", name, "python", "-c", "import subprocess; print(subprocess.Popen("
-                          "['python', '-c', 'import time; time.sleep(0.2)']).pid)")
+                          "['python', '-c', 'pass']).pid)")
         orphan = int(started.stdout)
         gone = f"import os; print(os.path.exists('/proc/{orphan}'))"
         until_blocking(lambda: _podman("exec", name, "python", "-c", gone).stdout.strip() == "False", timeout=30,

@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["BASE", "ENGINE_ENV", "TARGET_IMAGE_BYTES", "EngineError", "build", "engine", "missing",
+__all__ = ["BASE", "ENGINE_ENV", "TARGET_IMAGE_BYTES", "EngineError", "build", "engine", "missing", "python",
            "remove", "size"]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,6 +68,13 @@ def size(image: str) -> int:
     value = document[0]["Size"]
     assert isinstance(value, int)
     return value
+
+
+def python(image: str, script: str, *options: str) -> str:
+    """``python -c script`` in a throwaway container of ``image`` without network, run with ``options``; its
+    stdout (``EngineError`` with its stderr if it fails)."""
+    return engine("podman", "run", "--rm", "--network", "none", *options, "--entrypoint", "python", image, "-c",
+                  script).stdout
 
 
 def remove(tag: str) -> None:
